@@ -1,0 +1,44 @@
+"""``shardlab``: one entry point, one sub-command per job.
+
+Bad input ends with exit code 2 and one line on stderr naming the field, the value
+and what is allowed; ``--json`` prints one JSON document on stdout and nothing else.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from shardlab import __version__
+from shardlab.cli import budget, catalogs
+from shardlab.cli.args import Parser
+from shardlab.errors import SpecError
+
+COMMANDS = (budget, catalogs)
+
+
+def build_parser() -> Parser:
+    """The parser of every sub-command."""
+    parser = Parser(prog="shardlab", description="Plan, understand, check and run the "
+                    "parallel training of transformer language models.")
+    parser.add_argument("--version", action="version", version=f"shardlab {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for module in COMMANDS:
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; return its exit code (2 for bad input)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.run(args) or 0)
+    except SpecError as e:
+        sys.stderr.write(f"shardlab {args.command}: error: {e}\n")
+        return 2
+    except BrokenPipeError:  # `shardlab ... | head` closes the pipe: not an error
+        return 0

@@ -1,0 +1,118 @@
+"""``shardlab budget``: what it takes to train (and serve) a model, on a layout and a device."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from shardlab.cli.args import fraction, nonneg_int, positive_float, positive_int
+from shardlab.cli.output import print_json
+from shardlab.errors import SpecError
+from shardlab.spec.layout import RECOMPUTE, SCHEDULES
+
+
+def add_layout_args(p: argparse.ArgumentParser) -> None:
+    """The layout flags shared by every command that takes a layout."""
+    g = p.add_argument_group("layout")
+    g.add_argument("--dp", type=positive_int, help="data-parallel degree (default gpus/(tp*pp))")
+    g.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
+    g.add_argument("--pp", type=positive_int, default=1, help="pipeline stages")
+    g.add_argument("--virtual-stages", type=positive_int, default=1,
+                   help="model chunks per pipeline rank (interleaved, zbv, dualpipev)")
+    g.add_argument("--zero", type=nonneg_int, default=0, help="ZeRO stage 0-3 (3 = FSDP)")
+    g.add_argument("--sp", action="store_true", help="sequence parallel (needs tp > 1)")
+    g.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per micro-batch")
+    g.add_argument("--global-batch", type=positive_int,
+                   help="sequences per optimizer step (default dp*micro_batch*pp)")
+    g.add_argument("--seq", type=positive_int, help="sequence length (default: model context)")
+    g.add_argument("--recompute", choices=RECOMPUTE, default="none",
+                   help="activation recompute")
+    g.add_argument("--dtype", default="bf16",
+                   help="dtype policy: bf16 fp16 amp-bf16 bf16-pure fp32")
+    g.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
+
+
+def add_hardware_args(p: argparse.ArgumentParser) -> None:
+    """--gpu, --gpus and --hardware-file."""
+    g = p.add_argument_group("hardware")
+    g.add_argument("--gpu", default="H100 SXM", help="accelerator name (loose match; "
+                   "`shardlab hardware` lists them)")
+    g.add_argument("--gpus", type=positive_int, help="devices in the job (default dp*tp*pp)")
+    g.add_argument("--hardware-file", type=Path, help="TOML file of extra accelerators/links")
+
+
+def register(sub: Any) -> None:
+    """Add the ``budget`` sub-command."""
+    p = sub.add_parser("budget", help="parameters, FLOPs, memory, time, money, comm, inference",
+                       description="What it takes to train and serve MODEL on a layout.")
+    p.add_argument("model", nargs="?", help="catalog name or path to a Hugging Face config.json")
+    p.add_argument("--params", type=positive_float,
+                   help="a bare parameter count instead of MODEL (states, 6ND, time, DP comm)")
+    add_layout_args(p)
+    add_hardware_args(p)
+    g = p.add_argument_group("assumptions")
+    g.add_argument("--tokens", type=positive_float, help="training tokens (default 20 x params)")
+    g.add_argument("--mfu", type=fraction, default=0.4, help="model FLOPs utilisation, (0, 1]")
+    g.add_argument("--price-per-gpu-hour", type=positive_float, default=2.0,
+                   help="USD per device-hour (assumption, default 2.0)")
+    g.add_argument("--causal", action="store_true",
+                   help="count causal attention at half the s x s FLOPs")
+    g.add_argument("--dropout", action=argparse.BooleanOptionalAction, default=None,
+                   help="dropout masks in activation memory (default: gpt yes, llama no)")
+    g.add_argument("--decode-batch", type=positive_int, default=1, help="sequences decoded at once")
+    g.add_argument("--decode-context", type=positive_int,
+                   help="tokens of context per decoded sequence (default: model context)")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.set_defaults(run=run)
+
+
+def load_model(name: str) -> Any:
+    """A catalog name, or a path to a config.json (an existing path, or a name ending .json)."""
+    from shardlab.spec.catalog import get_model
+    from shardlab.spec.model import ModelShape
+
+    path = Path(name)
+    if path.suffix == ".json" or path.exists():
+        if path.is_dir():
+            path = path / "config.json"
+        return ModelShape.from_hf_config(str(path))
+    return get_model(name)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compute the budget and print it (tables, or one JSON document with --json)."""
+    from shardlab.estimate.budget import Assumptions, model_budget, params_budget
+    from shardlab.spec.dtypes import get_policy
+    from shardlab.spec.hardware import get_accelerator
+    from shardlab.spec.layout import make_layout
+
+    if (args.model is None) == (args.params is None):
+        raise SpecError("model", args.model, "give a MODEL or --params N, not both or neither")
+    acc = get_accelerator(args.gpu, args.hardware_file)
+    a = Assumptions(mfu=args.mfu, tokens=args.tokens, price_per_gpu_hour=args.price_per_gpu_hour,
+                    causal=args.causal, dropout=args.dropout, decode_batch=args.decode_batch,
+                    decode_context=args.decode_context)
+    if args.params is not None:
+        gpus = args.gpus or (args.dp or 1) * args.tp * args.pp
+        if gpus % (args.tp * args.pp):
+            raise SpecError("gpus", gpus, f"must be a multiple of tp*pp ({args.tp * args.pp})")
+        if args.zero > 3:
+            raise SpecError("zero", args.zero, "must be 0, 1, 2 or 3 (3 is FSDP)")
+        doc = params_budget(args.params, acc, gpus=gpus, tp=args.tp, pp=args.pp, zero=args.zero,
+                            policy=get_policy(args.dtype), a=a)
+    else:
+        model = load_model(args.model)
+        layout = make_layout(model, gpus=args.gpus, dp=args.dp, tp=args.tp, pp=args.pp,
+                             virtual_stages=args.virtual_stages, zero=args.zero, sp=args.sp,
+                             micro_batch=args.micro_batch, global_batch=args.global_batch,
+                             seq=args.seq, recompute=args.recompute, dtype=args.dtype,
+                             schedule=args.schedule)
+        doc = model_budget(model, layout, acc, a)
+    if args.json:
+        print_json(doc)
+    else:
+        from shardlab.report.budget_view import print_budget
+
+        print_budget(doc)
+    return 0

@@ -1,0 +1,107 @@
+"""Activation memory: the bytes forward keeps for backward, per layer and per pipeline stage.
+
+Per layer, for micro-batch b, sequence s, hidden h, a heads, tensor-parallel t
+(Korthikanti et al. 2022, arXiv 2205.05198, Sec. 4 and Table 2), with 16-bit
+activations and 1-byte dropout masks:
+
+=================================  ===========================
+no parallelism                     sbh·(34 + 5as/h)
+tensor parallel                    sbh·(10 + 24/t + 5as/(ht))
+tensor + sequence parallel         sbh·(34/t + 5as/(ht))
+tensor parallel + selective        sbh·(10 + 24/t)
+tensor + sequence + selective      sbh·34/t
+full recompute                     2·sbh (layer input; /t with sequence parallel)
+=================================  ===========================
+
+shardlab derives these term by term so that they hold for any shape and dtype:
+e bytes per activation element, q = heads·head_dim, k = kv_heads·head_dim, f =
+d_ff, and masks of 1 byte only when the model trains with dropout. Outside the
+tensor-parallel region (divided by t only with sequence parallel): the inputs of
+the two norms, of the QKV projection and of the MLP (4·e·sbh) and the two dropout
+masks (2·sbh). Inside it (always divided by t): Q, K, V (e·sb(q + 2k)), the
+output projection's input (e·sbq), the MLP's hidden activations (e·sb·2f for
+GELU: fc1 output and fc2 input; e·sb·3f for SwiGLU: gate, up and down input), and
+the attention core a·s²·b·(2e + 1): softmax output, dropout mask and dropout
+output. Selective recompute drops the attention core; full recompute keeps only
+the layer input. With kv_heads = heads, f = 4h, e = 2 and dropout, this is exactly
+Table 2 (checked in the tests).
+
+Beyond the layers (Korthikanti Sec. 4.3): the first stage keeps the embedding's
+dropout mask, the last stage the final norm's and head's inputs and the fp32
+logits for the cross-entropy (4·s·b·V/t bytes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardlab.spec.model import ModelShape
+
+
+@dataclass(frozen=True)
+class ActivationTerms:
+    """Bytes of one layer's saved activations for one micro-batch, split by where they live."""
+
+    outside_tp: float   # norms' and projections' inputs, dropout masks (split by sp)
+    inside_tp: float    # Q, K, V, projections' inputs, MLP hidden (split by tp)
+    attention_core: float  # a·s²·b terms (split by tp; dropped by selective recompute)
+    layer_input: float  # what full recompute keeps
+
+
+def activation_terms(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int,
+                     dropout: bool, moe_layer: bool = False) -> ActivationTerms:
+    """Term-by-term saved bytes of one layer, before any parallel split (see module doc)."""
+    sb = seq * micro_batch
+    mask = 1 if dropout else 0
+    if moe_layer and m.moe is not None:
+        e = m.moe
+        hidden = e.experts_per_token * e.expert_d_ff + e.shared_experts * e.shared_d_ff
+    else:
+        hidden = m.d_ff
+    mlp_hidden = (2 if m.style == "gpt" else 3) * hidden
+    return ActivationTerms(
+        outside_tp=sb * m.d_model * (4 * elem_bytes + 2 * mask),
+        inside_tp=sb * elem_bytes * (2 * m.q_dim + 2 * m.kv_dim + mlp_hidden),
+        attention_core=m.heads * seq * sb * (2 * elem_bytes + mask),
+        layer_input=sb * m.d_model * elem_bytes,
+    )
+
+
+def layer_activation_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int = 2, *,
+                           tp: int = 1, sp: bool = False, recompute: str = "none",
+                           dropout: bool = True, moe_layer: bool = False) -> float:
+    """Bytes one layer saves for backward, per micro-batch, on one tensor-parallel rank."""
+    t = activation_terms(m, micro_batch, seq, elem_bytes, dropout, moe_layer)
+    if recompute == "full":
+        return t.layer_input / tp if sp else t.layer_input
+    outside = t.outside_tp / tp if sp else t.outside_tp
+    core = 0.0 if recompute == "selective" else t.attention_core / tp
+    return outside + t.inside_tp / tp + core
+
+
+def first_stage_extra_bytes(m: ModelShape, micro_batch: int, seq: int, *, tp: int = 1,
+                            sp: bool = False, dropout: bool = True) -> float:
+    """Embedding output dropout mask kept by the first stage, per micro-batch (1 byte/elem)."""
+    mask = seq * micro_batch * m.d_model if dropout else 0
+    return mask / tp if sp else float(mask)
+
+
+def last_stage_extra_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int = 2, *,
+                           tp: int = 1, sp: bool = False) -> float:
+    """Final norm input, head input and fp32 logits kept by the last stage, per micro-batch."""
+    sb = seq * micro_batch
+    norm_and_head = 2 * sb * m.d_model * elem_bytes
+    return (norm_and_head / tp if sp else norm_and_head) + 4.0 * sb * m.vocab / tp
+
+
+def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
+                            recompute: str = "none") -> float:
+    """Korthikanti et al. 2022 Table 2, as printed: bytes per layer (16-bit, with dropout)."""
+    sbh = s * b * h
+    if recompute == "full":
+        return 2.0 * sbh
+    if recompute == "selective":
+        return sbh * 34 / t if sp else sbh * (10 + 24 / t)
+    if sp:
+        return sbh * (34 / t + 5 * a * s / (h * t))
+    return sbh * (10 + 24 / t + 5 * a * s / (h * t))

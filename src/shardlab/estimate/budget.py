@@ -1,0 +1,223 @@
+"""The whole budget of one model on one layout and accelerator, as one JSON-ready document.
+
+Every figure is in base units (bytes, FLOPs, seconds, FLOP/s); the human view and
+the reports format them. Field names are shared with measured results, so a
+"predicted vs measured" table is a join on names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from shardlab.estimate.activations import layer_activation_bytes
+from shardlab.estimate.comm import (
+    dp_bytes_per_step,
+    pp_bytes_per_step,
+    ring_allreduce_seconds,
+    tp_bytes_per_step,
+)
+from shardlab.estimate.flops import flops_per_token, train_flops_6nd
+from shardlab.estimate.inference import (
+    decode_step,
+    kv_bytes_per_token,
+    max_decode_batch,
+    prefill_step,
+)
+from shardlab.estimate.memory import peak_stage, stage_memory, zero_state_bytes
+from shardlab.estimate.operators import layer_operators
+from shardlab.estimate.params import count_params
+from shardlab.estimate.partition import rank_layers
+from shardlab.estimate.roofline import Roofline
+from shardlab.estimate.timing import train_time
+from shardlab.spec.dtypes import DtypePolicy
+from shardlab.spec.hardware import Accelerator
+from shardlab.spec.layout import Layout
+from shardlab.spec.model import ModelShape
+
+CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: compute-optimal D ≈ 20 N
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """What the budget cannot know and takes as given; printed with every answer."""
+
+    mfu: float = 0.4
+    tokens: float | None = None  # None: 20 tokens per parameter
+    price_per_gpu_hour: float = 2.0
+    causal: bool = False
+    dropout: bool | None = None  # None: the model style's habit (gpt yes, llama no)
+    decode_batch: int = 1
+    decode_context: int | None = None  # None: the model's context
+
+
+def _roof(r: Roofline) -> dict[str, Any]:
+    return {"seconds": r.seconds, "bound": r.bound, "flops": r.flops, "bytes": r.bytes,
+            "t_compute": r.t_compute, "t_memory": r.t_memory, "intensity": r.intensity}
+
+
+def _states(params: float, policy: DtypePolicy, dp: int) -> dict[str, dict[str, float]]:
+    out = {}
+    for z in range(4):
+        s = zero_state_bytes(params, policy, z, dp)
+        out[str(z)] = {"weights": s.weights, "gradients": s.gradients, "optimizer": s.optimizer,
+                       "total": s.total}
+    return out
+
+
+def _time(flops: float, tokens_per_step: float, per_step: float, gpus: int, acc: Accelerator,
+          policy: DtypePolicy, a: Assumptions) -> dict[str, Any]:
+    peak = acc.peak(policy.compute)
+    t = train_time(flops, gpus, peak, a.mfu, a.price_per_gpu_hour, acc.power_watts)
+    step = per_step / (gpus * peak * a.mfu)
+    return {"train_seconds": t.seconds, "train_days": t.days, "gpu_hours": t.gpu_hours,
+            "cost": t.cost, "energy_kwh": t.energy_kwh, "step_seconds": step,
+            "tokens_per_s": tokens_per_step / step}
+
+
+def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
+                 a: Assumptions = Assumptions()) -> dict[str, Any]:
+    """Parameters, FLOPs, memory, time, communication, inference and operators of ``m``."""
+    lay = layout
+    pc = count_params(m)
+    tokens = a.tokens if a.tokens is not None else CHINCHILLA_TOKENS_PER_PARAM * pc.total
+    dropout = (m.style == "gpt") if a.dropout is None else a.dropout
+    fpt = flops_per_token(m, lay.seq, lay.recompute, a.causal)
+
+    stages = stage_memory(m, lay, dropout)
+    peak = peak_stage(stages)
+    capacity = acc.memory_bytes
+    per_layer = layer_activation_bytes(
+        m, lay.micro_batch, lay.seq, lay.dtype.activation_bytes, tp=lay.tp, sp=lay.sp,
+        recompute=lay.recompute, dropout=dropout, moe_layer=m.moe_layers == m.layers)
+    max_params = max(s.params for s in stages)
+
+    link_dp = acc.inter_link if lay.tp * lay.dp > acc.gpus_per_node else acc.intra_link
+    link_tp = acc.intra_link if lay.tp <= acc.gpus_per_node else acc.inter_link
+    grad_bytes = max_params * lay.dtype.grad_bytes
+
+    context = a.decode_context or m.context
+    bp = lay.dtype.activation_bytes
+    devices = lay.tp
+    decode = decode_step(m, acc, a.decode_batch, context, devices, bp, lay.dtype.compute)
+    prefill = prefill_step(m, acc, a.decode_batch, context, devices, bp, lay.dtype.compute,
+                           causal=a.causal)
+    weights_bytes = pc.total * bp
+    kv_cache = kv_bytes_per_token(m, bp) * context * a.decode_batch
+    infer_mem = (weights_bytes + kv_cache) / devices
+
+    def ops(batch: int, q_len: int, kv_len: int) -> list[dict[str, Any]]:
+        return [{"name": o.name, "kind": o.kind, **_roof(o.roofline)}
+                for o in layer_operators(m, acc, batch, q_len, kv_len, bp, lay.dtype.compute)]
+
+    per_step = fpt.train * lay.tokens_per_step
+    return {
+        "model": {"name": m.name, "source": m.source, "describe": m.describe(),
+                  **{k: v for k, v in asdict(m).items() if k not in ("name", "source")}},
+        "layout": {"dp": lay.dp, "tp": lay.tp, "pp": lay.pp,
+                   "virtual_stages": lay.virtual_stages, "zero": lay.zero, "sp": lay.sp,
+                   "micro_batch": lay.micro_batch, "global_batch": lay.global_batch,
+                   "seq": lay.seq, "recompute": lay.recompute, "dtype": lay.dtype.name,
+                   "schedule": lay.schedule, "gpus": lay.gpus,
+                   "microbatches": lay.microbatches, "tokens_per_step": lay.tokens_per_step,
+                   "describe": lay.describe()},
+        "hardware": _hardware(acc, lay.dtype),
+        "assumptions": {**asdict(a), "tokens": tokens, "tokens_default": a.tokens is None,
+                        "dropout": dropout,
+                        "decode_context": context,
+                        "flops_convention": "matmuls only; logits counted; attention "
+                        + ("causal-halved" if a.causal else "full s x s")},
+        "params": {**pc.as_dict(), "per_device": max_params},
+        "flops": {"forward_per_token": fpt.forward, "train_per_token": fpt.train,
+                  "hardware_train_per_token": fpt.hardware_train,
+                  "attention_per_token": fpt.attention, "logits_per_token": fpt.logits,
+                  "per_step": per_step,
+                  "hardware_per_step": fpt.hardware_train * lay.tokens_per_step,
+                  "train_total": fpt.train * tokens,
+                  "hardware_train_total": fpt.hardware_train * tokens,
+                  "train_6nd": train_flops_6nd(pc.active_per_token, tokens)},
+        "memory": {
+            "per_device": {"weights": peak.states.weights, "gradients": peak.states.gradients,
+                           "optimizer": peak.states.optimizer, "activations": peak.activations,
+                           "total": peak.total},
+            "capacity": capacity, "fits": peak.total <= capacity,
+            "headroom": capacity - peak.total, "peak_stage": peak.stage,
+            "activations_per_layer": per_layer, "inflight_microbatches": peak.inflight,
+            "per_stage": [{"stage": s.stage, "params": s.params, "weights": s.states.weights,
+                           "gradients": s.states.gradients, "optimizer": s.states.optimizer,
+                           "activations": s.activations, "inflight": s.inflight,
+                           "layers": n, "total": s.total}
+                          for s, n in zip(stages, rank_layers(m.layers, lay.pp,
+                                                              lay.virtual_stages), strict=True)],
+            "by_zero_stage": _states(max_params, lay.dtype, lay.dp),
+        },
+        "time": _time(fpt.train * tokens, lay.tokens_per_step, per_step, lay.gpus, acc,
+                      lay.dtype, a),
+        "comm": {
+            "dp_bytes_per_step": dp_bytes_per_step(max_params, lay.dtype, lay.zero, lay.dp,
+                                                   lay.microbatches),
+            "tp_bytes_per_step": tp_bytes_per_step(
+                m, lay, max(rank_layers(m.layers, lay.pp, lay.virtual_stages))),
+            "pp_bytes_per_step": pp_bytes_per_step(m, lay),
+            "dp_bytes_per_step_by_zero": {
+                str(z): dp_bytes_per_step(max_params, lay.dtype, z, lay.dp, lay.microbatches)
+                for z in range(4)},
+            "dp_link": link_dp.name, "tp_link": link_tp.name,
+            "dp_allreduce_seconds": ring_allreduce_seconds(grad_bytes, lay.dp, link_dp),
+        },
+        "inference": {
+            "kv_bytes_per_token": kv_bytes_per_token(m, bp), "bytes_per_value": bp,
+            "batch": a.decode_batch, "context": context, "devices": devices,
+            "weights_bytes": weights_bytes, "kv_cache_bytes": kv_cache,
+            "memory_per_device": infer_mem, "fits": infer_mem <= capacity,
+            "max_batch": max_decode_batch(m, acc, context, devices, bp),
+            "prefill": {**_roof(prefill.roofline), "tokens_per_s": prefill.tokens_per_s},
+            "decode": {**_roof(decode.roofline), "tokens_per_s": decode.tokens_per_s},
+        },
+        "operators": {"train": ops(lay.micro_batch, lay.seq, lay.seq),
+                      "decode": ops(a.decode_batch, 1, context)},
+    }
+
+
+def _hardware(acc: Accelerator, policy: DtypePolicy) -> dict[str, Any]:
+    return {"name": acc.name, "source": acc.source, "peak_flops": acc.peak(policy.compute),
+            "compute_dtype": policy.compute, "memory_bytes": acc.memory_bytes,
+            "memory_bandwidth": acc.memory_bandwidth, "power_watts": acc.power_watts,
+            "gpus_per_node": acc.gpus_per_node,
+            "intra_link": asdict(acc.intra_link), "inter_link": asdict(acc.inter_link)}
+
+
+def params_budget(n_params: float, acc: Accelerator, *, gpus: int, tp: int, pp: int,
+                  zero: int, policy: DtypePolicy, a: Assumptions = Assumptions()
+                  ) -> dict[str, Any]:
+    """What a bare parameter count answers: model states per device, 6ND, time, DP traffic.
+
+    Parameters are taken as split evenly over tp x pp; everything that needs the
+    shape (activations, exact FLOPs, inference) is left out.
+    """
+    dp = gpus // (tp * pp)
+    tokens = a.tokens if a.tokens is not None else CHINCHILLA_TOKENS_PER_PARAM * n_params
+    per_rank = n_params / (tp * pp)
+    states = zero_state_bytes(per_rank, policy, zero, dp)
+    flops = train_flops_6nd(n_params, tokens)
+    peak = acc.peak(policy.compute)
+    t = train_time(flops, gpus, peak, a.mfu, a.price_per_gpu_hour, acc.power_watts)
+    return {
+        "layout": {"dp": dp, "tp": tp, "pp": pp, "zero": zero, "dtype": policy.name,
+                   "gpus": gpus},
+        "hardware": _hardware(acc, policy),
+        "assumptions": {"mfu": a.mfu, "tokens": tokens, "tokens_default": a.tokens is None,
+                        "price_per_gpu_hour": a.price_per_gpu_hour},
+        "params": {"total": n_params, "per_device": per_rank},
+        "flops": {"train_6nd": flops, "train_total": flops},
+        "memory": {"per_device": {"weights": states.weights, "gradients": states.gradients,
+                                  "optimizer": states.optimizer, "activations": None,
+                                  "total": states.total},
+                   "capacity": acc.memory_bytes, "fits": states.total <= acc.memory_bytes,
+                   "by_zero_stage": _states(per_rank, policy, dp)},
+        "time": {"train_seconds": t.seconds, "train_days": t.days, "gpu_hours": t.gpu_hours,
+                 "cost": t.cost, "energy_kwh": t.energy_kwh},
+        "comm": {"dp_bytes_per_step": dp_bytes_per_step(per_rank, policy, zero, dp),
+                 "dp_bytes_per_step_by_zero": {str(z): dp_bytes_per_step(per_rank, policy, z, dp)
+                                               for z in range(4)}},
+    }

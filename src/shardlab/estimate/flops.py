@@ -1,0 +1,100 @@
+"""Floating-point operations of a transformer LM, per token and per training run.
+
+Conventions (state them: tools differ):
+
+* A matmul [1, m] x [m, n] costs 2mn FLOPs (one multiply, one add). Only matmuls
+  are counted: norms, activations, softmax and biases are left out, as in
+  Korthikanti et al. 2022 and Narayanan et al. 2021.
+* Logits are counted (the head's 2·d·V per token); the embedding lookup is not a
+  matmul and costs nothing.
+* Attention scores and the weighted sum of values cost 4·s·(heads·head_dim) per
+  token and layer with the full s×s matrix (Megatron, PaLM, the seed calculator);
+  ``causal=True`` halves it (only the lower triangle is needed: FlashAttention's
+  convention).
+* Training = forward + backward, backward = 2x forward (input and weight
+  gradients), so 3x forward: these are *model* FLOPs, the ones MFU divides by.
+  *Hardware* FLOPs add what recompute runs again: selective recompute one more
+  forward of the attention core, full recompute one more forward of every
+  transformer layer (not the head). HFU divides by these (PaLM, Chowdhery 2022).
+
+For a gpt-style model with kv_heads = heads and d_ff = 4h this gives, for a batch
+of B sequences, exactly Korthikanti et al. 2022 (arXiv 2205.05198) Eq. 7,
+72·B·L·s·h²·(1 + s/(6h) + V/(12hL)), and with full recompute Narayanan et al.
+2021's 96·B·s·L·h²·(1 + s/(6h) + V/(16Lh)) (both checked in the tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardlab.spec.model import ModelShape
+
+
+def layer_matmul_weights(m: ModelShape, moe_layer: bool) -> int:
+    """Weights one token multiplies through in one layer: attention, MLP (top-k experts), router."""
+    attn = m.d_model * m.q_dim + 2 * m.d_model * m.kv_dim + m.q_dim * m.d_model
+    if not moe_layer or m.moe is None:
+        return attn + m.mlp_matrices * m.d_model * m.d_ff
+    e = m.moe
+    widths = e.experts_per_token * e.expert_d_ff + e.shared_experts * e.shared_d_ff
+    return attn + m.mlp_matrices * m.d_model * widths + m.d_model * e.experts
+
+
+def matmul_weights_per_token(m: ModelShape) -> int:
+    """Weights one token multiplies through in the whole model, the output head included."""
+    return (m.dense_layers * layer_matmul_weights(m, False)
+            + m.moe_layers * layer_matmul_weights(m, True) + m.vocab * m.d_model)
+
+
+def attention_core_flops_per_token(m: ModelShape, seq: int, causal: bool = False) -> float:
+    """Forward FLOPs of Q·Kᵀ and scores·V per token, all layers: 4·L·s·q_dim (halved if causal)."""
+    keys = seq / 2 if causal else seq
+    return 4.0 * m.layers * keys * m.q_dim
+
+
+@dataclass(frozen=True)
+class FlopsPerToken:
+    """FLOPs per trained token at sequence length ``seq``."""
+
+    forward: float
+    attention: float
+    logits: float
+    train: float
+    hardware_train: float
+
+
+def flops_per_token(m: ModelShape, seq: int, recompute: str = "none",
+                    causal: bool = False) -> FlopsPerToken:
+    """Forward, training (model) and training-with-recompute (hardware) FLOPs per token."""
+    attn = attention_core_flops_per_token(m, seq, causal)
+    logits = 2.0 * m.vocab * m.d_model
+    forward = 2.0 * matmul_weights_per_token(m) + attn
+    train = 3.0 * forward
+    if recompute == "none":
+        extra = 0.0
+    elif recompute == "selective":
+        extra = attn
+    elif recompute == "full":
+        extra = forward - logits
+    else:
+        raise ValueError(f"recompute={recompute!r}")
+    return FlopsPerToken(forward, attn, logits, train, train + extra)
+
+
+def train_flops_6nd(n_params: float, tokens: float) -> float:
+    """The usual approximation 6·N·D (Kaplan et al. 2020): 2 FLOPs per weight per token, x3."""
+    return 6.0 * n_params * tokens
+
+
+def korthikanti_model_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
+    """Korthikanti et al. 2022 Eq. 7: model FLOPs of one iteration, 72BLsh²(1 + s/6h + V/12hL)."""
+    b, s, L, h, V = batch, seq, layers, hidden, vocab
+    return 72.0 * b * L * s * h * h * (1 + s / (6 * h) + V / (12 * h * L))
+
+
+def narayanan_full_recompute_flops(batch: int, seq: int, layers: int, hidden: int,
+                                   vocab: int) -> float:
+    """Narayanan et al. 2021 Sec. 5.1: FLOPs of one iteration with full recompute,
+    96·B·s·L·h²·(1 + s/6h + V/16Lh)."""
+    b, s, L, h, V = batch, seq, layers, hidden, vocab
+    return 96.0 * b * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))

@@ -1,0 +1,83 @@
+"""One transformer layer's forward pass as its primitive operators, each on the roofline.
+
+Each operator reads its inputs from memory and writes its output (no fusion: what
+fusion saves is the point of looking), and a matmul also reads its weights. For
+``batch`` sequences of ``q_len`` new tokens attending to ``kv_len`` keys each
+(training and prefill: q_len = kv_len = sequence; decode: q_len = 1, kv_len =
+context, K and V read from the cache). Matmul FLOPs are exact (2mnk); those of
+element-wise and reduction operators are approximate counts per element, marked
+``~`` in the kind: LayerNorm 8, RMSNorm 4, softmax with scale and mask 5, GELU 8,
+SiLU-and-multiply 6, rotary embedding 3, residual add 1 (the seed calculator's
+counts where it has them). A mixture-of-experts MLP counts its top-k experts'
+FLOPs and the weights of every expert the batch touches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardlab.estimate.inference import weights_read_per_step
+from shardlab.estimate.params import count_params
+from shardlab.estimate.roofline import Roofline, roofline
+from shardlab.spec.hardware import Accelerator
+from shardlab.spec.model import ModelShape
+
+
+@dataclass(frozen=True)
+class Operator:
+    """One operator: name, kind, FLOPs, bytes moved, and its roofline."""
+
+    name: str
+    kind: str
+    roofline: Roofline
+
+
+def layer_operators(m: ModelShape, acc: Accelerator, batch: int, q_len: int, kv_len: int,
+                    bytes_per: int = 2, dtype: str = "bf16") -> list[Operator]:
+    """The operators of one layer's forward pass (module docstring), on ``acc``'s roofline."""
+    d, q, k, bp = m.d_model, m.q_dim, m.kv_dim, bytes_per
+    n = batch * q_len                       # new tokens
+    scores = batch * m.heads * q_len * kv_len  # attention score elements
+    kv_read = batch * kv_len * k
+    if m.moe is not None and m.moe_layers:
+        e = m.moe
+        f = e.experts_per_token * e.expert_d_ff + e.shared_experts * e.shared_d_ff
+        touched = weights_read_per_step(m, n) - (count_params(m).total - count_params(m).experts)
+        mlp_weights = touched / m.moe_layers
+    else:
+        f = m.d_ff
+        mlp_weights = m.mlp_matrices * d * f
+    llama = m.style == "llama"
+    norm = ("RMSNorm", "reduce~", 4) if llama else ("LayerNorm", "reduce~", 8)
+    ops: list[tuple[str, str, float, float]] = [
+        (f"{norm[0]} 1", norm[1], norm[2] * n * d, 2 * n * d * bp),
+        ("QKV projection", "matmul", 2 * n * d * (q + 2 * k),
+         (n * d + d * (q + 2 * k) + n * (q + 2 * k)) * bp),
+    ]
+    if llama:
+        ops.append(("rotary embedding", "elementwise~", 3 * n * (q + k), 2 * n * (q + k) * bp))
+    ops += [
+        ("Q·Kᵀ scores", "matmul", 2 * batch * q_len * kv_len * q, (n * q + kv_read + scores) * bp),
+        ("scale+mask+softmax", "reduce~", 5 * scores, 2 * scores * bp),
+        ("scores·V", "matmul", 2 * batch * q_len * kv_len * q, (scores + kv_read + n * q) * bp),
+        ("output projection", "matmul", 2 * n * q * d, (n * q + q * d + n * d) * bp),
+        ("residual add 1", "elementwise~", n * d, 3 * n * d * bp),
+        (f"{norm[0]} 2", norm[1], norm[2] * n * d, 2 * n * d * bp),
+    ]
+    if llama:
+        up_weights = 2 * mlp_weights / 3
+        ops += [
+            ("gate+up projection", "matmul", 4 * n * d * f, (n * d + up_weights + 2 * n * f) * bp),
+            ("SiLU·up", "elementwise~", 6 * n * f, 3 * n * f * bp),
+            ("down projection", "matmul", 2 * n * f * d,
+             (n * f + mlp_weights - up_weights + n * d) * bp),
+        ]
+    else:
+        ops += [
+            ("MLP up d→ff", "matmul", 2 * n * d * f, (n * d + mlp_weights / 2 + n * f) * bp),
+            ("GELU", "elementwise~", 8 * n * f, 2 * n * f * bp),
+            ("MLP down ff→d", "matmul", 2 * n * f * d, (n * f + mlp_weights / 2 + n * d) * bp),
+        ]
+    ops.append(("residual add 2", "elementwise~", n * d, 3 * n * d * bp))
+    peak, bw = acc.peak(dtype), acc.memory_bandwidth
+    return [Operator(name, kind, roofline(fl, by, peak, bw)) for name, kind, fl, by in ops]

@@ -1,0 +1,121 @@
+"""Exact parameter counts of a ModelShape, part by part.
+
+Per layer (d = d_model, q = heads*head_dim, k = kv_heads*head_dim, f = d_ff):
+
+* attention: Q d*q, K and V d*k each, output q*d; gpt style adds the biases
+  q + 2k + d, ``qkv_bias`` adds q + 2k.
+* dense MLP: gpt 2*d*f + f + d (GELU, biases); llama 3*d*f (SwiGLU, no biases).
+* norms: two per layer plus a final one; LayerNorm 2d each, RMSNorm d each.
+* MoE layer: ``experts`` routed + ``shared_experts`` MLPs of their widths, and a
+  router d*experts (+ experts with ``router_bias``).
+* embedding V*d; gpt style adds learned positions context*d; an untied head
+  adds V*d.
+
+With kv_heads = heads and f = 4d a gpt layer is 12d² + 13d: the "N ≈ 12·L·d²" rule
+(Kaplan et al. 2020; the seed calculator). These are the counts of the released
+checkpoints (tested: Llama-3-8B 8,030,261,248; GPT-3 175B 174,604,259,328).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardlab.spec.model import ModelShape
+
+
+def attention_params(m: ModelShape) -> int:
+    """Parameters of one attention block: Q, K, V, output projections and their biases."""
+    n = m.d_model * m.q_dim + 2 * m.d_model * m.kv_dim + m.q_dim * m.d_model
+    if m.biases:
+        n += m.q_dim + 2 * m.kv_dim + m.d_model
+    elif m.qkv_bias:
+        n += m.q_dim + 2 * m.kv_dim
+    return n
+
+
+def mlp_params(m: ModelShape, d_ff: int) -> int:
+    """Parameters of one dense MLP of hidden width ``d_ff`` (GELU+biases or SwiGLU)."""
+    n = m.mlp_matrices * m.d_model * d_ff
+    if m.biases:
+        n += d_ff + m.d_model
+    return n
+
+
+def norm_params(m: ModelShape) -> int:
+    """Parameters of one norm: LayerNorm has scale and shift (2d), RMSNorm a scale (d)."""
+    return 2 * m.d_model if m.style == "gpt" else m.d_model
+
+
+def router_params(m: ModelShape) -> int:
+    """Parameters of one MoE router: a d_model x experts linear layer (0 for dense models)."""
+    if m.moe is None:
+        return 0
+    return m.d_model * m.moe.experts + (m.moe.experts if m.moe.router_bias else 0)
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Parameter counts by part, summed over all layers."""
+
+    attention: int
+    mlp: int
+    experts: int
+    router: int
+    norms: int
+    embedding: int
+    position: int
+    head: int
+    active_experts: int
+
+    @property
+    def total(self) -> int:
+        """Every parameter of the checkpoint."""
+        return (self.attention + self.mlp + self.experts + self.router + self.norms
+                + self.embedding + self.position + self.head)
+
+    @property
+    def active_per_token(self) -> int:
+        """Parameters one token passes through: routed experts only for its top-k."""
+        return self.total - self.experts + self.active_experts
+
+    @property
+    def non_embedding(self) -> int:
+        """Total less the embedding, position table and untied head (Kaplan et al. 2020's N)."""
+        return self.total - self.embedding - self.position - self.head
+
+    def as_dict(self) -> dict[str, int]:
+        """Parts plus ``total``, ``active_per_token`` and ``non_embedding``."""
+        return {"total": self.total, "active_per_token": self.active_per_token,
+                "non_embedding": self.non_embedding, "attention": self.attention,
+                "mlp": self.mlp, "experts": self.experts, "router": self.router,
+                "norms": self.norms, "embedding": self.embedding, "position": self.position,
+                "head": self.head}
+
+
+def count_params(m: ModelShape) -> ParamCount:
+    """Exact parameter count of ``m``, broken down by part."""
+    experts = active = 0
+    if m.moe is not None:
+        e = m.moe
+        shared = e.shared_experts * mlp_params(m, e.shared_d_ff)
+        experts = m.moe_layers * (e.experts * mlp_params(m, e.expert_d_ff) + shared)
+        active = m.moe_layers * (e.experts_per_token * mlp_params(m, e.expert_d_ff) + shared)
+    return ParamCount(
+        attention=m.layers * attention_params(m),
+        mlp=m.dense_layers * mlp_params(m, m.d_ff),
+        experts=experts,
+        router=m.moe_layers * router_params(m),
+        norms=(2 * m.layers + 1) * norm_params(m),
+        embedding=m.vocab * m.d_model,
+        position=m.context * m.d_model if m.style == "gpt" else 0,
+        head=0 if m.tied else m.vocab * m.d_model,
+        active_experts=active,
+    )
+
+
+def layer_params(m: ModelShape) -> int:
+    """Parameters of the largest single transformer layer (an MoE layer if any)."""
+    c = count_params(m)
+    per_moe = (c.experts + c.router) // m.moe_layers if m.moe_layers else 0
+    per_dense = mlp_params(m, m.d_ff) if m.dense_layers else 0
+    return attention_params(m) + 2 * norm_params(m) + max(per_moe, per_dense)

@@ -1,0 +1,73 @@
+"""How a model's layers and parameters fall on pipeline stages and tensor-parallel ranks.
+
+Megatron-LM's placement (Shoeybi et al. 2019; Narayanan et al. 2021): column- and
+row-parallel weights and column-parallel biases are split over tp; norms and the
+bias of each row-parallel layer are replicated; the embedding and an untied head
+are split over the vocabulary; learned positions are replicated. The first
+pipeline stage holds the embedding (and positions), the last the final norm and
+the head; with a tied head and pp > 1 the last stage keeps its own copy of the
+embedding, as Megatron does. Vocabulary padding to a multiple of tp is ignored.
+"""
+
+from __future__ import annotations
+
+from shardlab.estimate.params import attention_params, mlp_params, norm_params, router_params
+from shardlab.spec.model import ModelShape
+
+
+def chunk_layers(layers: int, pp: int, virtual_stages: int = 1) -> list[int]:
+    """Layers in each of the pp*v model chunks, the first chunks one larger when uneven."""
+    chunks = pp * virtual_stages
+    base, extra = divmod(layers, chunks)
+    return [base + (1 if c < extra else 0) for c in range(chunks)]
+
+
+def rank_layers(layers: int, pp: int, virtual_stages: int = 1) -> list[int]:
+    """Layers each pipeline rank holds: chunk c lives on rank c mod pp (interleaved placement)."""
+    sizes = chunk_layers(layers, pp, virtual_stages)
+    return [sum(sizes[r::pp]) for r in range(pp)]
+
+
+def _split(total: int, replicated: int, tp: int) -> int:
+    """Per-rank count of a block whose ``replicated`` part is copied and the rest split by tp."""
+    return (total - replicated) // tp + replicated
+
+
+def layer_params_per_tp_rank(m: ModelShape, tp: int, moe_layer: bool) -> int:
+    """Parameters of one layer on one tensor-parallel rank."""
+    bias = m.d_model if m.biases else 0  # row-parallel output bias: replicated
+    n = _split(attention_params(m), bias, tp) + 2 * norm_params(m)
+    if moe_layer and m.moe is not None:
+        e = m.moe
+        experts = e.experts * mlp_params(m, e.expert_d_ff)
+        shared = e.shared_experts * mlp_params(m, e.shared_d_ff)
+        n += _split(experts + shared, bias * (e.experts + e.shared_experts), tp)
+        n += router_params(m)
+    else:
+        n += _split(mlp_params(m, m.d_ff), bias, tp)
+    return n
+
+
+def stage_params(m: ModelShape, tp: int, pp: int, virtual_stages: int = 1) -> list[int]:
+    """Parameters on one tensor-parallel rank of each pipeline rank (what ZeRO then shards)."""
+    vocab_shard = -(-m.vocab // tp) * m.d_model
+    out = []
+    # Dense layers come first (DeepSeek-style MoE keeps its dense layers at the bottom).
+    sizes = chunk_layers(m.layers, pp, virtual_stages)
+    dense_left = m.dense_layers
+    per_rank = [0] * pp
+    layer = 0
+    for c, n in enumerate(sizes):
+        for _ in range(n):
+            per_rank[c % pp] += layer_params_per_tp_rank(m, tp, moe_layer=layer >= dense_left)
+            layer += 1
+    for r in range(pp):
+        n = per_rank[r]
+        if r == 0:
+            n += vocab_shard + (m.context * m.d_model if m.style == "gpt" else 0)
+        if r == pp - 1:
+            n += norm_params(m)
+            if not m.tied or pp > 1:
+                n += vocab_shard
+        out.append(n)
+    return out

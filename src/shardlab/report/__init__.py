@@ -1,0 +1,1 @@
+"""What a person reads: terminal tables (rich) now; figures and HTML reports later."""

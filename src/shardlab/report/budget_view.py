@@ -1,0 +1,146 @@
+"""Terminal view of a budget document (the dict from :mod:`shardlab.estimate.budget`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardlab.report.tables import show, table
+from shardlab.units import human, human_bytes, human_gib, human_seconds
+
+PARTS = ("attention", "mlp", "experts", "router", "norms", "embedding", "position", "head")
+
+
+def _pct(x: float, total: float) -> str:
+    return f"{100 * x / total:.1f}%" if total else "-"
+
+
+def print_budget(b: dict[str, Any]) -> None:
+    """Print every section of the budget that ``b`` holds."""
+    lay, hw, a = b["layout"], b["hardware"], b["assumptions"]
+    if "model" in b:
+        show(f"[bold]{b['model']['name']}[/bold]: {b['model']['describe']}",
+             f"  source: {b['model']['source']}",
+             f"[bold]layout[/bold]: {lay['describe']}")
+    else:
+        show(f"[bold]{human(b['params']['total'])} parameters[/bold] (no shape: states, 6ND, "
+             f"time and DP traffic only); dp={lay['dp']} tp={lay['tp']} pp={lay['pp']} "
+             f"zero={lay['zero']} dtype={lay['dtype']}")
+    show(f"[bold]hardware[/bold]: {lay['gpus']} x {hw['name']}, "
+         f"{human(hw['peak_flops'], 'FLOP/s')} dense {hw['compute_dtype']}, "
+         f"{human_bytes(hw['memory_bytes'])}, {human(hw['memory_bandwidth'], 'B/s')}")
+    _params(b)
+    _flops(b)
+    _memory(b)
+    _time(b)
+    _comm(b)
+    if "inference" in b:
+        _inference(b)
+        _operators(b)
+    show(f"[dim]assumptions: MFU {a['mfu']:.0%}, {human(a['tokens'])} training tokens"
+         + (" (20 per parameter, Chinchilla)" if a.get("tokens_default") else "")
+         + f", ${a['price_per_gpu_hour']:.2f} per device-hour"
+         + (f"; {a['flops_convention']}" if "flops_convention" in a else "") + "[/dim]")
+
+
+def _params(b: dict[str, Any]) -> None:
+    p = b["params"]
+    total = p["total"]
+    rows = [(k, f"{p[k]:,}", _pct(p[k], total)) for k in PARTS if p.get(k)]
+    rows.append(("total", f"{total:,}", human(total)))
+    if p.get("active_per_token", total) != total:
+        rows.append(("active per token", f"{p['active_per_token']:,}",
+                     human(p["active_per_token"])))
+    rows.append(("per device (busiest rank)", f"{p['per_device']:,.0f}", human(p["per_device"])))
+    show(table("Parameters", ("part", "count", "share"), rows))
+
+
+def _flops(b: dict[str, Any]) -> None:
+    f = b["flops"]
+    rows = []
+    for key, label in (("forward_per_token", "forward per token"),
+                       ("train_per_token", "train per token (model, 3x fwd)"),
+                       ("hardware_train_per_token", "train per token with recompute (hardware)"),
+                       ("per_step", "per optimizer step (model)"),
+                       ("train_total", "whole run, exact (model)"),
+                       ("hardware_train_total", "whole run, with recompute (hardware)"),
+                       ("train_6nd", "whole run, 6ND")):
+        if key in f:
+            rows.append((label, human(f[key], "FLOP")))
+    show(table("FLOPs", ("what", "FLOPs"), rows))
+
+
+def _memory(b: dict[str, Any]) -> None:
+    mem = b["memory"]
+    d = mem["per_device"]
+    rows = [(k, human(d[k], "B"), human_gib(d[k]))
+            for k in ("weights", "gradients", "optimizer", "activations") if d[k] is not None]
+    rows.append(("total", human(d["total"], "B"), human_gib(d["total"])))
+    rows.append(("capacity", human(mem["capacity"], "B"), human_gib(mem["capacity"])))
+    verdict = "[green]fits[/green]" if mem["fits"] else "[red]does not fit[/red]"
+    caption = None
+    if "activations_per_layer" in mem:
+        caption = (f"activations: {human_bytes(mem['activations_per_layer'])} per layer per "
+                   f"micro-batch x {mem['inflight_microbatches']:g} in flight on stage "
+                   f"{mem['peak_stage']} (the busiest)")
+    show(table(f"Memory per device ({verdict})", ("what", "decimal", "binary"), rows, caption))
+    z = mem["by_zero_stage"]
+    show(table("Model states per device by ZeRO stage (decimal)", ("stage", "weights", "gradients",
+                                                          "optimizer", "total"),
+               [(f"ZeRO-{s}", human(v["weights"], "B"), human(v["gradients"], "B"),
+                 human(v["optimizer"], "B"), human(v["total"], "B")) for s, v in z.items()]))
+    if len(mem.get("per_stage", [])) > 1:
+        show(table("Per pipeline stage (decimal)", ("stage", "layers", "params", "states",
+                                                     "activations", "in flight", "total"),
+                   [(s["stage"], s["layers"], human(s["params"]),
+                     human(s["weights"] + s["gradients"] + s["optimizer"], "B"),
+                     human(s["activations"], "B"), f"{s['inflight']:g}",
+                     human(s["total"], "B")) for s in mem["per_stage"]]))
+
+
+def _time(b: dict[str, Any]) -> None:
+    t = b["time"]
+    rows = [("wall time", f"{t['train_days']:.1f} days"),
+            ("device-hours", human(t["gpu_hours"])),
+            ("cost", f"${t['cost']:,.0f}"),
+            ("energy (board power)", f"{t['energy_kwh'] / 1000:,.1f} MWh")]
+    if "step_seconds" in t:
+        rows.insert(0, ("step time", human_seconds(t["step_seconds"])))
+        rows.insert(1, ("throughput", human(t["tokens_per_s"], "tokens/s")))
+    show(table("Training time and money", ("what", "value"), rows))
+
+
+def _comm(b: dict[str, Any]) -> None:
+    c = b["comm"]
+    rows = [(f"{k} per step", human(c[f"{k}_bytes_per_step"], "B"))
+            for k in ("dp", "tp", "pp") if f"{k}_bytes_per_step" in c]
+    rows += [(f"dp with ZeRO-{z}", human(v, "B"))
+             for z, v in c["dp_bytes_per_step_by_zero"].items()]
+    if "dp_allreduce_seconds" in c:
+        rows.append((f"one gradient all-reduce ({c['dp_link']})",
+                     human_seconds(c["dp_allreduce_seconds"])))
+    show(table("Communication sent per device (decimal bytes)", ("what", "value"), rows))
+
+
+def _inference(b: dict[str, Any]) -> None:
+    i = b["inference"]
+    rows = [("KV cache per token", human_bytes(i["kv_bytes_per_token"])),
+            (f"KV cache (batch {i['batch']} x {i['context']} tokens)",
+             human_bytes(i["kv_cache_bytes"])),
+            (f"memory per device (tp={i['devices']})", human_bytes(i["memory_per_device"])),
+            ("largest batch that fits", f"{i['max_batch']:,}")]
+    for k in ("prefill", "decode"):
+        s = i[k]
+        rows.append((f"{k} step ({s['bound']}-bound)", human_seconds(s["seconds"])))
+        rows.append((f"{k} tokens/s", human(s["tokens_per_s"])))
+    show(table("Inference (roofline lower bounds)", ("what", "value"), rows))
+
+
+def _operators(b: dict[str, Any]) -> None:
+    ops = b["operators"]["train"]
+    lay = b["layout"]
+    show(table(f"One layer's forward operators (batch {lay['micro_batch']} x {lay['seq']} "
+               "tokens, unfused)",
+               ("operator", "kind", "FLOPs", "bytes", "FLOP/B", "roofline", "bound"),
+               [(o["name"], o["kind"], human(o["flops"]), human(o["bytes"], "B"),
+                 f"{o['intensity']:.1f}", human_seconds(o["seconds"]), o["bound"])
+                for o in ops]))

@@ -1,0 +1,34 @@
+"""Terminal view of the model and hardware catalogs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardlab.report.tables import show, table
+from shardlab.units import human, human_bytes
+
+
+def print_models(rows: list[dict[str, Any]]) -> None:
+    """One row per catalog model: shape, exact parameter count, source."""
+    show(table("Models", ("name", "style", "L", "d", "heads", "kv", "d_ff", "vocab", "context",
+                          "params", "active"),
+               [(r["name"], r["style"], r["layers"], r["d_model"], r["heads"], r["kv_heads"],
+                 r["d_ff"], r["vocab"], r["context"], f"{r['params']:,}",
+                 human(r["active_params"])) for r in rows]))
+    show(table("Sources", ("name", "source"), [(r["name"], r["source"]) for r in rows]))
+
+
+def print_hardware(doc: dict[str, Any]) -> None:
+    """Accelerators (dense peaks, memory, bandwidth, power, links) and links."""
+    accs = doc["accelerators"]
+    show(table("Accelerators (dense peaks; memory in decimal GB)",
+               ("name", "bf16", "fp32", "memory", "HBM bw", "power", "intra", "inter"),
+               [(a["name"], human(a["peak_flops"].get("bf16", 0), "FLOP/s"),
+                 human(a["peak_flops"].get("fp32", 0), "FLOP/s"),
+                 human_bytes(a["memory_bytes"]), human(a["memory_bandwidth"], "B/s"),
+                 f"{a['power_watts']:.0f} W", a["intra_link"]["name"], a["inter_link"]["name"])
+                for a in accs]))
+    show(table("Links (one direction)", ("name", "bandwidth", "latency", "source"),
+               [(k["name"], human(k["bandwidth"], "B/s"), f"{k['latency'] * 1e6:.0f} µs",
+                 k["source"]) for k in doc["links"]]))
+    show(table("Sources", ("name", "source"), [(a["name"], a["source"]) for a in accs]))

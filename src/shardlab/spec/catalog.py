@@ -1,0 +1,63 @@
+"""Public model shapes, each with the source of its numbers.
+
+Every entry's parameter count is checked in the tests against the published
+checkpoint's exact count (the sum of ``numel`` over its tensors).
+"""
+
+from __future__ import annotations
+
+from shardlab.spec.lookup import find
+from shardlab.spec.model import ModelShape, MoE
+
+_GPT2 = "OpenAI GPT-2 (Radford et al. 2019), Hugging Face config.json of openai-community/{}"
+_HF = "Hugging Face config.json of {}"
+
+
+def _gpt2(name: str, repo: str, layers: int, d: int, heads: int) -> ModelShape:
+    return ModelShape(name, layers, d, heads, vocab=50257, context=1024, style="gpt",
+                      tied=True, source=_GPT2.format(repo))
+
+
+def _llama(name: str, repo: str, layers: int, d: int, heads: int, kv: int, ff: int,
+           vocab: int, ctx: int, **extra: object) -> ModelShape:
+    return ModelShape(name, layers, d, heads, vocab=vocab, context=ctx, kv_heads=kv, d_ff=ff,
+                      style="llama", tied=False, source=_HF.format(repo), **extra)  # type: ignore[arg-type]
+
+
+MODELS: dict[str, ModelShape] = {m.name: m for m in (
+    _gpt2("gpt2", "gpt2", 12, 768, 12),
+    _gpt2("gpt2-medium", "gpt2-medium", 24, 1024, 16),
+    _gpt2("gpt2-large", "gpt2-large", 36, 1280, 20),
+    _gpt2("gpt2-xl", "gpt2-xl", 48, 1600, 25),
+    ModelShape("gpt3-175b", 96, 12288, 96, vocab=50257, context=2048, style="gpt", tied=True,
+               source="Brown et al. 2020, 'Language Models are Few-Shot Learners', Table 2.1"),
+    _llama("llama-2-7b", "meta-llama/Llama-2-7b-hf", 32, 4096, 32, 32, 11008, 32000, 4096),
+    _llama("llama-2-13b", "meta-llama/Llama-2-13b-hf", 40, 5120, 40, 40, 13824, 32000, 4096),
+    _llama("llama-2-70b", "meta-llama/Llama-2-70b-hf", 80, 8192, 64, 8, 28672, 32000, 4096),
+    _llama("llama-3-8b", "meta-llama/Meta-Llama-3-8B", 32, 4096, 32, 8, 14336, 128256, 8192),
+    _llama("llama-3-70b", "meta-llama/Meta-Llama-3-70B", 80, 8192, 64, 8, 28672, 128256, 8192),
+    _llama("llama-3.1-405b", "meta-llama/Llama-3.1-405B", 126, 16384, 128, 8, 53248, 128256,
+           131072),
+    _llama("mistral-7b", "mistralai/Mistral-7B-v0.1", 32, 4096, 32, 8, 14336, 32000, 32768),
+    _llama("mixtral-8x7b", "mistralai/Mixtral-8x7B-v0.1", 32, 4096, 32, 8, 14336, 32000, 32768,
+           moe=MoE(experts=8, experts_per_token=2, expert_d_ff=14336)),
+    _llama("qwen2.5-7b", "Qwen/Qwen2.5-7B", 28, 3584, 28, 4, 18944, 152064, 131072,
+           qkv_bias=True),
+    ModelShape("hypo-100b", 80, 10240, 80, vocab=50257, context=2048, style="gpt", tied=True,
+               source="the seed calculator's hypothetical GPT-3-style 100B model "
+                      "(80 layers, d=10240, 80 heads of 128, GPT-2 BPE vocabulary)"),
+)}
+
+ALIASES: dict[str, tuple[str, ...]] = {
+    "gpt2": ("gpt2-small", "gpt-2", "gpt2-124m"),
+    "gpt3-175b": ("gpt3", "gpt-3", "davinci"),
+    "llama-3-8b": ("meta-llama-3-8b", "llama3-8b"),
+    "llama-3-70b": ("meta-llama-3-70b", "llama3-70b"),
+    "llama-3.1-405b": ("llama-405b",),
+    "hypo-100b": ("100b", "hypothetical-100b"),
+}
+
+
+def get_model(name: str) -> ModelShape:
+    """The catalog entry ``name`` names (loose match, see :mod:`shardlab.spec.lookup`)."""
+    return find("model", name, MODELS, ALIASES)

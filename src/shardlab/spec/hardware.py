@@ -1,0 +1,183 @@
+"""Hardware: accelerators (dense peak FLOP/s per dtype, memory, bandwidth, power) and links.
+
+Peaks are the vendors' dense figures, never the 2:4-sparsity ones (a common error:
+quoting 1979e12 for H100 BF16). Links are one-direction bandwidths in bytes/s.
+Latencies (the alpha of the alpha-beta model) are not on spec sheets: the values
+here are stated assumptions of the usual order of a small NCCL message, and a
+user file can replace them.
+
+A user TOML file adds entries (see ``docs/guide/hardware.md``)::
+
+    [[accelerator]]
+    name = "My GPU"
+    peak_flops = { bf16 = 1.0e15, fp32 = 6.0e13 }
+    memory_bytes = 96e9
+    memory_bandwidth = 3.0e12
+    power_watts = 600
+    gpus_per_node = 8
+    intra_link = "NVLink 4"                      # a link by name, or a table
+    inter_link = { name = "IB NDR", bandwidth = 50e9, latency = 5e-6 }
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shardlab.errors import SpecError, require_positive_int, require_positive_number
+from shardlab.spec.lookup import find
+
+
+@dataclass(frozen=True)
+class Link:
+    """A link between devices: one-direction bandwidth (bytes/s) and latency (s)."""
+
+    name: str
+    bandwidth: float
+    latency: float
+    source: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """One device: dense peak FLOP/s per dtype, memory (bytes), HBM bandwidth (bytes/s), power (W).
+
+    ``intra_link`` joins devices within a node (NVLink, xGMI, PCIe), ``inter_link``
+    is each device's share of the network between nodes.
+    """
+
+    name: str
+    peak_flops: dict[str, float]
+    memory_bytes: float
+    memory_bandwidth: float
+    power_watts: float
+    intra_link: Link
+    inter_link: Link
+    gpus_per_node: int = 8
+    source: str = field(default="", compare=False)
+
+    def peak(self, dtype: str) -> float:
+        """Dense peak FLOP/s for matmuls in ``dtype`` (fp32 falls back to tf32 if listed)."""
+        if dtype in self.peak_flops:
+            return self.peak_flops[dtype]
+        raise SpecError("dtype", dtype, f"{self.name} lists peaks for "
+                        f"{', '.join(sorted(self.peak_flops))}")
+
+
+_LAT = "latency assumed (order of a small NCCL message), not a spec figure"
+LINKS: dict[str, Link] = {k.name: k for k in (
+    Link("PCIe 4.0 x16", 32e9, 10e-6, "PCI-SIG: 16 GT/s x 16 lanes, 128b/130b; " + _LAT),
+    Link("PCIe 5.0 x16", 64e9, 10e-6, "PCI-SIG: 32 GT/s x 16 lanes, 128b/130b; " + _LAT),
+    Link("NVLink 3", 300e9, 5e-6, "NVIDIA A100 datasheet: 600 GB/s both directions; " + _LAT),
+    Link("NVLink 4", 450e9, 5e-6, "NVIDIA H100 datasheet: 900 GB/s both directions; " + _LAT),
+    Link("Infinity Fabric (MI300X)", 448e9, 5e-6,
+         "AMD MI300X datasheet: 7 links x 64 GB/s per direction; " + _LAT),
+    Link("IB HDR 200G", 25e9, 10e-6, "NVIDIA ConnectX-6: 200 Gb/s per NIC; " + _LAT),
+    Link("IB NDR 400G", 50e9, 10e-6, "NVIDIA ConnectX-7: 400 Gb/s per NIC; " + _LAT),
+    Link("100 GbE", 12.5e9, 20e-6, "100 Gbit/s / 8; " + _LAT),
+)}
+
+
+def _gpu(name: str, flops: dict[str, float], mem: float, bw: float, watts: float,
+         intra: str, inter: str, source: str) -> Accelerator:
+    return Accelerator(name, flops, mem, bw, watts, LINKS[intra], LINKS[inter], 8, source)
+
+
+ACCELERATORS: dict[str, Accelerator] = {a.name: a for a in (
+    _gpu("H100 SXM", {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "tf32": 494.5e12,
+                      "fp32": 67e12},
+         80e9, 3.35e12, 700, "NVLink 4", "IB NDR 400G",
+         "NVIDIA H100 Tensor Core GPU datasheet (SXM5), dense figures"),
+    _gpu("H100 PCIe", {"bf16": 756e12, "fp16": 756e12, "fp8": 1513e12, "tf32": 378e12,
+                       "fp32": 51e12},
+         80e9, 2.0e12, 350, "PCIe 5.0 x16", "IB NDR 400G",
+         "NVIDIA H100 Tensor Core GPU datasheet (PCIe), dense figures"),
+    _gpu("H200 SXM", {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "tf32": 494.5e12,
+                      "fp32": 67e12},
+         141e9, 4.8e12, 700, "NVLink 4", "IB NDR 400G",
+         "NVIDIA H200 Tensor Core GPU datasheet (SXM), dense figures"),
+    _gpu("A100 SXM 80GB", {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+         80e9, 2.039e12, 400, "NVLink 3", "IB HDR 200G",
+         "NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB), dense figures"),
+    _gpu("A100 SXM 40GB", {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
+         40e9, 1.555e12, 400, "NVLink 3", "IB HDR 200G",
+         "NVIDIA A100 Tensor Core GPU datasheet (SXM 40GB), dense figures"),
+    _gpu("MI300X", {"bf16": 1307.4e12, "fp16": 1307.4e12, "fp8": 2614.9e12, "tf32": 653.7e12,
+                    "fp32": 163.4e12},
+         192e9, 5.3e12, 750, "Infinity Fabric (MI300X)", "IB NDR 400G",
+         "AMD Instinct MI300X datasheet, dense matrix figures"),
+)}
+
+ALIASES: dict[str, tuple[str, ...]] = {
+    "H100 SXM": ("h100", "h100-sxm5", "h100-80gb", "nvidia h100"),
+    "H200 SXM": ("h200", "nvidia h200"),
+    "A100 SXM 80GB": ("a100", "a100-80gb", "nvidia a100"),
+    "A100 SXM 40GB": ("a100-40gb",),
+    "MI300X": ("amd mi300x", "mi300"),
+}
+
+
+def _link(where: str, raw: object, links: dict[str, Link]) -> Link:
+    if isinstance(raw, str):
+        return find(where, raw, links)
+    if not isinstance(raw, dict):
+        raise SpecError(where, raw, "must be a link name or a table {name, bandwidth, latency}")
+    try:
+        return Link(str(raw["name"]),
+                    require_positive_number(f"{where}.bandwidth", raw["bandwidth"]),
+                    require_positive_number(f"{where}.latency", raw["latency"]))
+    except KeyError as e:
+        raise SpecError(f"{where}.{e.args[0]}", None, "is missing") from None
+
+
+def load_hardware_file(path: str | Path) -> tuple[dict[str, Accelerator], dict[str, Link]]:
+    """Read a user TOML file of ``[[link]]`` and ``[[accelerator]]`` tables.
+
+    Returns the catalogs with the file's entries added (a same-named entry replaces
+    the built-in one). Any missing or bad field is a SpecError naming it.
+    """
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except OSError as e:
+        raise SpecError("hardware_file", str(p), f"cannot be read ({e.strerror})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError("hardware_file", str(p), f"is not valid TOML ({e})") from None
+    links = dict(LINKS)
+    for i, raw in enumerate(data.get("link", [])):
+        link = _link(f"link[{i}]", raw, links)
+        links[link.name] = link
+    accels = dict(ACCELERATORS)
+    for i, raw in enumerate(data.get("accelerator", [])):
+        where = f"accelerator[{i}]"
+        try:
+            flops = raw["peak_flops"]
+            if not isinstance(flops, dict) or not flops:
+                raise SpecError(f"{where}.peak_flops", flops,
+                                "must be a table of dtype = FLOP/s, e.g. { bf16 = 1e15 }")
+            acc = Accelerator(
+                name=str(raw["name"]),
+                peak_flops={k: require_positive_number(f"{where}.peak_flops.{k}", v)
+                            for k, v in flops.items()},
+                memory_bytes=require_positive_number(f"{where}.memory_bytes",
+                                                     raw["memory_bytes"]),
+                memory_bandwidth=require_positive_number(f"{where}.memory_bandwidth",
+                                                         raw["memory_bandwidth"]),
+                power_watts=require_positive_number(f"{where}.power_watts", raw["power_watts"]),
+                intra_link=_link(f"{where}.intra_link", raw["intra_link"], links),
+                inter_link=_link(f"{where}.inter_link", raw["inter_link"], links),
+                gpus_per_node=require_positive_int(f"{where}.gpus_per_node",
+                                                   raw.get("gpus_per_node", 8)),
+                source=str(raw.get("source", f"user file {p}")),
+            )
+        except KeyError as e:
+            raise SpecError(f"{where}.{e.args[0]}", None, "is missing") from None
+        accels[acc.name] = acc
+    return accels, links
+
+
+def get_accelerator(name: str, hardware_file: str | Path | None = None) -> Accelerator:
+    """The accelerator ``name`` names, from the catalog and the optional user file."""
+    accels = load_hardware_file(hardware_file)[0] if hardware_file else ACCELERATORS
+    return find("gpu", name, accels, ALIASES)

@@ -1,0 +1,231 @@
+"""Build a ModelShape from a Hugging Face transformers ``config.json``.
+
+Each family keeps its own field names and its own defaults, and the importer follows
+the configuration class that transformers loads the file into (``LlamaConfig``,
+``MistralConfig``, ``MixtralConfig``, ``Qwen2Config``, ``GPT2Config`` in
+``transformers/models/<family>/configuration_<family>.py``) and the modeling code
+that builds the weights from it:
+
+* ``llama`` (LlamaConfig): ``hidden_size``, ``num_hidden_layers``,
+  ``num_attention_heads``, ``num_key_value_heads`` (absent or null: =
+  ``num_attention_heads``), ``intermediate_size``, ``vocab_size``,
+  ``max_position_embeddings``, ``head_dim`` (absent or null: ``hidden_size //
+  num_attention_heads``), ``tie_word_embeddings`` (absent: false).
+  ``attention_bias`` puts a bias on q, k, v *and* o (LlamaAttention) and ``mlp_bias``
+  on the three MLP matrices; ModelShape has neither, so either one true is refused.
+* ``mistral`` (MistralConfig): the llama fields, but an absent
+  ``num_key_value_heads`` is the class default 8; only an explicit null means
+  ``num_attention_heads``. No bias flags: MistralAttention has no biases at all.
+* ``mixtral`` (MixtralConfig): as mistral, plus ``num_local_experts`` and
+  ``num_experts_per_tok``; every expert has width ``intermediate_size`` and the router
+  (MixtralSparseMoeBlock.gate) has no bias.
+* ``qwen2`` (Qwen2Config): the llama fields with biases on q, k, v but not o
+  (Qwen2Attention, hard-wired); an absent ``num_key_value_heads`` is the class default
+  32, an explicit null means ``num_attention_heads``.
+* ``gpt2`` (GPT2Config): ``n_embd``, ``n_layer``, ``n_head``, ``n_positions`` (absent:
+  the older ``n_ctx``), ``vocab_size``, ``n_inner`` (absent or null: 4 * ``n_embd``,
+  GPT2Block), ``tie_word_embeddings`` (absent: true, the PretrainedConfig default);
+  ``add_cross_attention`` true adds encoder-attention weights and is refused.
+
+Where transformers would fill a sizing field (``hidden_size``, ``vocab_size``, expert
+counts, ...) from its class default we refuse instead: a config.json without it
+describes no published checkpoint, and a silent 4096 would be a guess.
+A file without ``model_type`` is identified by ``architectures[0]``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from shardlab.errors import SpecError
+from shardlab.spec.model import ModelShape, MoE
+
+Config = dict[str, Any]
+
+FAMILIES: tuple[str, ...] = ("llama", "mistral", "mixtral", "qwen2", "gpt2")
+ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2ForCausalLM": "qwen2",
+    "GPT2LMHeadModel": "gpt2",
+}
+
+# What an *absent* num_key_value_heads means: the config class's own default
+# (None for Llama, then = heads; a literal 8 for Mistral/Mixtral, 32 for Qwen2).
+_ABSENT_KV_HEADS: dict[str, int | None] = {"llama": None, "mistral": 8, "mixtral": 8,
+                                           "qwen2": 32}
+_MISSING = object()
+
+
+def shape_from_hf_config(path: str | Path, name: str | None = None) -> ModelShape:
+    """The ModelShape a Hugging Face ``config.json`` describes.
+
+    ``name`` defaults to the file's ``_name_or_path``, else the folder name for a
+    file called ``config.json``, else the file's stem. Bad input raises SpecError.
+    """
+    path = Path(path)
+    config = _load(path)
+    family = _family(config)
+    fields = _BUILDERS[family](_Reader(config, family))
+    shape_name = name if name is not None else _default_name(config, path)
+    return ModelShape(name=shape_name, source=f"Hugging Face config.json at {path}", **fields)
+
+
+def _load(path: Path) -> Config:
+    """The top-level JSON object of ``path``; every way of failing is one SpecError."""
+    try:
+        # utf-8-sig: tolerate a BOM, which some editors on Windows write.
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
+    except OSError as e:
+        raise SpecError("config", str(path), f"cannot be read: {e.strerror or e}") from e
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError
+        raise SpecError("config", str(path), f"is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise SpecError("config", str(path),
+                        f"must hold a JSON object at the top level, not {type(data).__name__}")
+    return data
+
+
+def _family(config: Config) -> str:
+    """``model_type``, or the family ``architectures[0]`` names when it is absent."""
+    allowed = f"must be one of {', '.join(FAMILIES)}"
+    if "model_type" in config:
+        model_type = config["model_type"]
+        if model_type not in FAMILIES:
+            raise SpecError("model_type", model_type, allowed)
+        return str(model_type)
+    architectures = config.get("architectures")
+    first = architectures[0] if isinstance(architectures, list) and architectures else None
+    if isinstance(first, str) and first in ARCHITECTURES:
+        return ARCHITECTURES[first]
+    raise SpecError("model_type", None,
+                    f"is missing, and architectures[0]={first!r} is not one of "
+                    f"{', '.join(ARCHITECTURES)}; model_type {allowed}")
+
+
+def _default_name(config: Config, path: Path) -> str:
+    """``_name_or_path`` if set; else the snapshot folder's name or the file's stem."""
+    stored = config.get("_name_or_path")
+    if isinstance(stored, str) and stored:
+        return stored
+    # A downloaded model is a folder holding config.json: the folder is the name.
+    if path.stem == "config" and path.parent.name:
+        return path.parent.name
+    return path.stem
+
+
+class _Reader:
+    """Typed access to one config's fields, with errors that name the field."""
+
+    def __init__(self, config: Config, family: str) -> None:
+        self.config = config
+        self.family = family
+
+    def positive_int(self, field: str, default: object = _MISSING) -> int:
+        """A required positive integer; ``default`` (if given) stands in when absent."""
+        value = self.config.get(field, default)
+        if value is _MISSING:
+            raise SpecError(field, None,
+                            f"is missing from config.json (needed for {self.family})")
+        # bool is an int subclass: refuse "hidden_size": true.
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SpecError(field, value,
+                            f"must be a positive integer ({self.family} config.json)")
+        return value
+
+    def optional_int(self, field: str, fallback: int) -> int:
+        """A positive integer that, absent or null, is ``fallback``."""
+        if self.config.get(field) is None:
+            return fallback
+        return self.positive_int(field)
+
+    def flag(self, field: str, default: bool) -> bool:
+        """A true/false field, ``default`` when absent."""
+        value = self.config.get(field, default)
+        if not isinstance(value, bool):
+            raise SpecError(field, value, f"must be true or false ({self.family} config.json)")
+        return value
+
+    def refuse_true(self, field: str, why: str) -> None:
+        """Raise when the boolean ``field`` is true: it adds weights ModelShape lacks."""
+        if self.flag(field, False):
+            raise SpecError(field, True, f"is not supported: {why}")
+
+
+def _rotary(r: _Reader) -> dict[str, Any]:
+    """Fields common to the RMSNorm + SwiGLU + RoPE families (llama, mistral, ...)."""
+    d_model = r.positive_int("hidden_size")
+    heads = r.positive_int("num_attention_heads")
+    kv_heads = _kv_heads(r, heads)
+    return {
+        "layers": r.positive_int("num_hidden_layers"),
+        "d_model": d_model,
+        "heads": heads,
+        "vocab": r.positive_int("vocab_size"),
+        "context": r.positive_int("max_position_embeddings"),
+        "kv_heads": kv_heads,
+        # transformers floors hidden_size // heads when head_dim is unset; passing the
+        # floored value keeps the shape identical to the module it would build (a floor
+        # of 0 passes 0, and ModelShape then refuses heads that do not divide d_model).
+        "head_dim": r.optional_int("head_dim", d_model // heads),
+        "d_ff": r.positive_int("intermediate_size"),
+        "style": "llama",
+        "tied": r.flag("tie_word_embeddings", False),
+    }
+
+
+def _kv_heads(r: _Reader, heads: int) -> int:
+    """num_key_value_heads: explicit null means = heads; absent means the class default."""
+    if "num_key_value_heads" not in r.config:
+        absent = _ABSENT_KV_HEADS[r.family]
+        return heads if absent is None else absent
+    return r.optional_int("num_key_value_heads", heads)
+
+
+def _llama(r: _Reader) -> dict[str, Any]:
+    r.refuse_true("attention_bias", "LlamaAttention then biases q, k, v and o; "
+                                    "ModelShape models q/k/v biases only")
+    r.refuse_true("mlp_bias", "ModelShape has no MLP biases in llama style")
+    return _rotary(r)
+
+
+def _mixtral(r: _Reader) -> dict[str, Any]:
+    fields = _rotary(r)
+    experts = r.positive_int("num_local_experts")
+    top_k = r.positive_int("num_experts_per_tok")
+    if top_k > experts:  # checked here so the error names the config.json field
+        raise SpecError("num_experts_per_tok", top_k,
+                        f"must be <= num_local_experts ({experts})")
+    fields["moe"] = MoE(experts=experts, experts_per_token=top_k, expert_d_ff=fields["d_ff"])
+    return fields
+
+
+def _qwen2(r: _Reader) -> dict[str, Any]:
+    # Qwen2Attention hard-wires bias=True on q/k/v (and False on o); no config flag.
+    return {**_rotary(r), "qkv_bias": True}
+
+
+def _gpt2(r: _Reader) -> dict[str, Any]:
+    r.refuse_true("add_cross_attention", "it adds encoder-attention weights to every block")
+    d_model = r.positive_int("n_embd")
+    # n_ctx is the pre-4.x name of the position-table size; newer files carry both.
+    context = r.positive_int("n_positions", r.config.get("n_ctx", _MISSING))
+    return {
+        "layers": r.positive_int("n_layer"),
+        "d_model": d_model,
+        "heads": r.positive_int("n_head"),
+        "vocab": r.positive_int("vocab_size"),
+        "context": context,
+        "d_ff": r.optional_int("n_inner", 4 * d_model),
+        "style": "gpt",
+        "tied": r.flag("tie_word_embeddings", True),
+    }
+
+
+_BUILDERS: dict[str, Callable[[_Reader], dict[str, Any]]] = {
+    "llama": _llama, "mistral": _rotary, "mixtral": _mixtral, "qwen2": _qwen2, "gpt2": _gpt2,
+}

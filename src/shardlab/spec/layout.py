@@ -1,0 +1,137 @@
+"""Layout: how one training job is split over devices, validated against a model.
+
+dp x tp x pp devices; ``virtual_stages`` model chunks per pipeline rank
+(interleaved schedules); ZeRO stage 0-3 over dp (3 is FSDP); sequence parallel
+across tp; micro-batch and global batch in sequences; sequence length in tokens;
+activation recompute; dtype policy; pipeline schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardlab.errors import SpecError, require_positive_int
+from shardlab.spec.dtypes import DtypePolicy, get_policy
+from shardlab.spec.model import ModelShape
+
+RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv",
+                              "dualpipev")
+# Schedules that place two model chunks on each rank in a V shape.
+V_SCHEDULES: tuple[str, ...] = ("zbv", "dualpipev")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A validated parallel layout. Build it with :func:`make_layout`."""
+
+    dp: int
+    tp: int
+    pp: int
+    virtual_stages: int
+    zero: int
+    sp: bool
+    micro_batch: int
+    global_batch: int
+    seq: int
+    recompute: str
+    dtype: DtypePolicy
+    schedule: str
+
+    @property
+    def gpus(self) -> int:
+        """Devices in the job: dp * tp * pp."""
+        return self.dp * self.tp * self.pp
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches per step on each data-parallel replica: global / (dp * micro_batch)."""
+        return self.global_batch // (self.dp * self.micro_batch)
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens in one optimizer step: global_batch * seq."""
+        return self.global_batch * self.seq
+
+    def describe(self) -> str:
+        """One line, in the form `--layout` reads later: ``dp=16 tp=8 pp=8 ...``."""
+        return (f"dp={self.dp} tp={self.tp} pp={self.pp} virtual={self.virtual_stages} "
+                f"zero={self.zero} sp={int(self.sp)} micro_batch={self.micro_batch} "
+                f"global_batch={self.global_batch} seq={self.seq} recompute={self.recompute} "
+                f"dtype={self.dtype.name} schedule={self.schedule}")
+
+
+def make_layout(model: ModelShape, *, gpus: int | None = None, dp: int | None = None,
+                tp: int = 1, pp: int = 1, virtual_stages: int = 1, zero: int = 0,
+                sp: bool = False, micro_batch: int = 1, global_batch: int | None = None,
+                seq: int | None = None, recompute: str = "none", dtype: str = "bf16",
+                schedule: str | None = None) -> Layout:
+    """Resolve defaults and check every constraint; raise SpecError naming the bad field.
+
+    ``dp`` defaults to gpus / (tp * pp) (or 1 without ``gpus``); ``global_batch`` to
+    dp * micro_batch * pp (pp micro-batches per replica, enough to fill a 1F1B
+    pipeline); ``seq`` to the model's context; ``schedule`` to 1f1b, or
+    interleaved-1f1b when virtual_stages > 1.
+    """
+    for name, v in (("tp", tp), ("pp", pp), ("virtual_stages", virtual_stages),
+                    ("micro_batch", micro_batch)):
+        require_positive_int(name, v)
+    if gpus is not None:
+        require_positive_int("gpus", gpus)
+        if dp is None:
+            if gpus % (tp * pp):
+                raise SpecError("gpus", gpus, f"must be a multiple of tp*pp ({tp}*{pp}={tp * pp})")
+            dp = gpus // (tp * pp)
+    dp = 1 if dp is None else require_positive_int("dp", dp)
+    if gpus is not None and dp * tp * pp != gpus:
+        raise SpecError("gpus", gpus, f"must equal dp*tp*pp ({dp}*{tp}*{pp}={dp * tp * pp})")
+    if isinstance(zero, bool) or zero not in (0, 1, 2, 3):
+        raise SpecError("zero", zero, "must be 0, 1, 2 or 3 (3 is FSDP)")
+    if recompute not in RECOMPUTE:
+        raise SpecError("recompute", recompute, f"must be one of {', '.join(RECOMPUTE)}")
+    policy = get_policy(dtype)
+    seq = model.context if seq is None else require_positive_int("seq", seq)
+    if model.style == "gpt" and seq > model.context:
+        raise SpecError("seq", seq, f"must be <= the learned position table ({model.context}) "
+                        "for a gpt-style model")
+    global_batch = (dp * micro_batch * pp if global_batch is None
+                    else require_positive_int("global_batch", global_batch))
+    if global_batch % (dp * micro_batch):
+        raise SpecError("global_batch", global_batch,
+                        f"must be a multiple of dp*micro_batch ({dp}*{micro_batch})")
+
+    # Tensor parallel splits heads, kv heads and MLP width across ranks (Megatron-LM).
+    for name, n in (("heads", model.heads), ("kv_heads", model.kv_heads), ("d_ff", model.d_ff)):
+        if n % tp:
+            raise SpecError("tp", tp, f"must divide {name} ({n})")
+    if model.moe is not None and model.moe.expert_d_ff % tp:
+        raise SpecError("tp", tp, f"must divide moe.expert_d_ff ({model.moe.expert_d_ff})")
+    if sp and tp == 1:
+        raise SpecError("sp", sp, "sequence parallel needs tp > 1")
+    if sp and seq % tp:
+        raise SpecError("seq", seq, f"must be divisible by tp ({tp}) with sequence parallel")
+
+    if schedule is None:
+        schedule = "interleaved-1f1b" if virtual_stages > 1 else "1f1b"
+    if schedule not in SCHEDULES:
+        raise SpecError("schedule", schedule, f"must be one of {', '.join(SCHEDULES)}")
+    chunks = pp * virtual_stages
+    if chunks > model.layers:
+        raise SpecError("pp", pp, f"pp*virtual_stages ({chunks}) must be <= layers "
+                        f"({model.layers})")
+    if schedule in V_SCHEDULES and virtual_stages != 2:
+        raise SpecError("virtual_stages", virtual_stages, f"must be 2 for {schedule}")
+    if schedule == "interleaved-1f1b":
+        if virtual_stages < 2 or pp < 2:
+            raise SpecError("schedule", schedule, "needs pp >= 2 and virtual_stages >= 2")
+    elif virtual_stages > 1 and schedule not in V_SCHEDULES:
+        raise SpecError("virtual_stages", virtual_stages,
+                        f"must be 1 for {schedule}; use interleaved-1f1b, zbv or dualpipev")
+    m = global_batch // (dp * micro_batch)
+    if schedule == "interleaved-1f1b" and m % pp:
+        # Megatron-LM's interleaved schedule runs micro-batches in groups of pp.
+        raise SpecError("global_batch", global_batch,
+                        f"gives {m} micro-batches per replica; interleaved-1f1b needs a "
+                        f"multiple of pp ({pp})")
+    return Layout(dp, tp, pp, virtual_stages, zero, sp, micro_batch, global_batch, seq,
+                  recompute, policy, schedule)

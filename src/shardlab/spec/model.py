@@ -1,0 +1,155 @@
+"""ModelShape: the architecture of a decoder-only transformer LM, as numbers.
+
+Two styles cover the models shardlab knows:
+
+* ``gpt``: LayerNorm (scale and shift), biases on every linear layer, GELU MLP
+  with two matrices, learned absolute positions (GPT-2, GPT-3).
+* ``llama``: RMSNorm (scale only), no biases (except q/k/v biases where
+  ``qkv_bias`` is set, as in the Qwen2 family), SwiGLU MLP with three matrices,
+  rotary positions with no parameters (Llama, Mistral, Mixtral, Qwen2).
+
+Mixture-of-experts layers (``moe``) replace the MLP with ``experts`` expert MLPs
+of width ``expert_d_ff``, a linear router of ``d_model x experts`` and
+``shared_experts`` always-on experts; each token goes through
+``experts_per_token`` routed experts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from shardlab.errors import SpecError, require_nonnegative_int, require_positive_int
+
+Style = Literal["gpt", "llama"]
+STYLES: tuple[str, ...] = ("gpt", "llama")
+
+
+@dataclass(frozen=True)
+class MoE:
+    """Mixture-of-experts MLP: routed experts, top-k routing, optional shared experts.
+
+    ``expert_d_ff`` is the hidden width of one expert; ``shared_d_ff`` of one shared
+    expert (defaults to ``expert_d_ff``). ``dense_layers`` first layers keep a dense
+    MLP of the model's ``d_ff`` (DeepSeek-style); the rest are MoE layers.
+    """
+
+    experts: int
+    experts_per_token: int
+    expert_d_ff: int
+    shared_experts: int = 0
+    shared_d_ff: int = 0
+    router_bias: bool = False
+    dense_layers: int = 0
+
+    def __post_init__(self) -> None:
+        require_positive_int("moe.experts", self.experts)
+        require_positive_int("moe.experts_per_token", self.experts_per_token)
+        require_positive_int("moe.expert_d_ff", self.expert_d_ff)
+        require_nonnegative_int("moe.shared_experts", self.shared_experts)
+        require_nonnegative_int("moe.shared_d_ff", self.shared_d_ff)
+        require_nonnegative_int("moe.dense_layers", self.dense_layers)
+        if self.experts_per_token > self.experts:
+            raise SpecError("moe.experts_per_token", self.experts_per_token,
+                            f"must be <= moe.experts ({self.experts})")
+        if self.shared_d_ff == 0:
+            object.__setattr__(self, "shared_d_ff", self.expert_d_ff)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only transformer, as the integers that fix its cost.
+
+    ``kv_heads`` (0 means = ``heads``: multi-head attention; fewer is GQA, 1 is MQA),
+    ``head_dim`` (0 means ``d_model // heads``; Hugging Face configs may set it
+    explicitly, e.g. Gemma, Mistral-Nemo), ``d_ff`` (0 means 4 * d_model).
+    ``context`` is the trained sequence length in tokens; for ``gpt`` style it is
+    also the size of the learned position table.
+    """
+
+    name: str
+    layers: int
+    d_model: int
+    heads: int
+    vocab: int
+    context: int
+    kv_heads: int = 0
+    head_dim: int = 0
+    d_ff: int = 0
+    style: Style = "gpt"
+    tied: bool = True
+    qkv_bias: bool = False
+    moe: MoE | None = None
+    source: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "d_model", "heads", "vocab", "context"):
+            require_positive_int(name, getattr(self, name))
+        for name in ("kv_heads", "head_dim", "d_ff"):
+            require_nonnegative_int(name, getattr(self, name))
+        if self.style not in STYLES:
+            raise SpecError("style", self.style, f"must be one of {', '.join(STYLES)}")
+        if self.kv_heads == 0:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.head_dim == 0:
+            if self.d_model % self.heads:
+                raise SpecError("heads", self.heads,
+                                f"must divide d_model ({self.d_model}) unless head_dim is given")
+            object.__setattr__(self, "head_dim", self.d_model // self.heads)
+        if self.d_ff == 0:
+            object.__setattr__(self, "d_ff", 4 * self.d_model)
+        if self.heads % self.kv_heads:
+            raise SpecError("kv_heads", self.kv_heads,
+                            f"must divide heads ({self.heads}): each kv head serves a group")
+        if self.moe is not None and self.moe.dense_layers > self.layers:
+            raise SpecError("moe.dense_layers", self.moe.dense_layers,
+                            f"must be <= layers ({self.layers})")
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection output: heads * head_dim."""
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of each of the key and value projection outputs: kv_heads * head_dim."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def biases(self) -> bool:
+        """Whether every linear layer carries a bias (gpt style)."""
+        return self.style == "gpt"
+
+    @property
+    def mlp_matrices(self) -> int:
+        """Matrices in one dense MLP: 2 for GELU (up, down), 3 for SwiGLU (gate, up, down)."""
+        return 2 if self.style == "gpt" else 3
+
+    @property
+    def moe_layers(self) -> int:
+        """How many layers carry a mixture-of-experts MLP (0 for a dense model)."""
+        return 0 if self.moe is None else self.layers - self.moe.dense_layers
+
+    @property
+    def dense_layers(self) -> int:
+        """How many layers carry a dense MLP of width d_ff."""
+        return self.layers - self.moe_layers
+
+    def describe(self) -> str:
+        """One line: style, layers, width, heads, vocab, context."""
+        gqa = f" kv={self.kv_heads}" if self.kv_heads != self.heads else ""
+        moe = (f" moe={self.moe.experts}x top{self.moe.experts_per_token}"
+               if self.moe else "")
+        return (f"{self.style} L={self.layers} d={self.d_model} heads={self.heads}{gqa} "
+                f"hd={self.head_dim} ff={self.d_ff} V={self.vocab} ctx={self.context}"
+                f"{' tied' if self.tied else ''}{moe}")
+
+    @classmethod
+    def from_hf_config(cls, path: str, name: str | None = None) -> ModelShape:
+        """Build a shape from a Hugging Face ``config.json`` (llama, mistral, mixtral, qwen2, gpt2).
+
+        See :func:`shardlab.spec.hf_config.shape_from_hf_config`.
+        """
+        from shardlab.spec.hf_config import shape_from_hf_config  # avoids an import cycle
+
+        return shape_from_hf_config(path, name)

@@ -1,0 +1,279 @@
+"""shape_from_hf_config: Hugging Face config.json files into ModelShapes.
+
+The fixtures under data/hf/ copy the published config.json files field for field
+(meta-llama/Meta-Llama-3-8B, mistralai/Mistral-7B-v0.1, mistralai/Mixtral-8x7B-v0.1,
+Qwen/Qwen2.5-7B, openai-community/gpt2, mistralai/Mistral-Nemo-Base-2407); the
+expected totals are the checkpoints' exact parameter counts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardlab.errors import SpecError
+from shardlab.estimate.params import count_params
+from shardlab.spec.catalog import get_model
+from shardlab.spec.hf_config import shape_from_hf_config
+from shardlab.spec.model import ModelShape, MoE
+
+DATA = Path(__file__).parent / "data" / "hf"
+
+CATALOG_CASES = [
+    ("llama-3-8b", 8_030_261_248),
+    ("mistral-7b", 7_241_732_096),
+    ("mixtral-8x7b", 46_702_792_704),
+    ("qwen2.5-7b", 7_615_616_512),
+    ("gpt2", 124_439_808),
+]
+
+
+def fixture(stem: str) -> dict[str, Any]:
+    """The parsed fixture ``data/hf/<stem>.json``."""
+    return json.loads((DATA / f"{stem}.json").read_text())
+
+
+def write(tmp_path: Path, config: object, filename: str = "config.json") -> Path:
+    """``config`` as JSON in a fresh file under tmp_path."""
+    path = tmp_path / filename
+    path.write_text(json.dumps(config))
+    return path
+
+
+def edited(tmp_path: Path, stem: str, **changes: object) -> Path:
+    """The fixture ``stem`` with ``changes`` applied (a value of ... deletes the key)."""
+    config = fixture(stem)
+    for key, value in changes.items():
+        if value is ...:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    return write(tmp_path, config)
+
+
+# --- published checkpoints --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("stem", "total"), CATALOG_CASES)
+def test_published_config_matches_catalog(stem: str, total: int) -> None:
+    shape = shape_from_hf_config(DATA / f"{stem}.json")
+    entry = get_model(stem)
+    assert count_params(shape).total == total
+    assert count_params(shape).total == count_params(entry).total
+    # Not just the total: every field the catalog fixes agrees (name and source aside).
+    assert dataclasses.replace(shape, name=entry.name) == entry
+
+
+def test_mistral_nemo_uses_explicit_head_dim() -> None:
+    shape = shape_from_hf_config(DATA / "mistral-nemo-12b.json")
+    assert shape.head_dim == 128  # not hidden_size / heads = 5120 / 32 = 160
+    assert (shape.q_dim, shape.kv_dim) == (4096, 1024)
+    assert not shape.tied
+    # By hand, per layer (d=5120, q=32*128=4096, k=v=8*128=1024, f=14336):
+    #   attention  5120*4096 + 2*5120*1024 + 4096*5120 = 52,428,800
+    #   SwiGLU MLP 3*5120*14336                          = 220,200,960
+    #   2 RMSNorms 2*5120                                = 10,240
+    #   layer total                                      = 272,640,000; x40 = 10,905,600,000
+    # embedding 131072*5120 = 671,088,640, untied lm_head the same: 1,342,177,280
+    # final RMSNorm 5,120
+    # total 10,905,600,000 + 1,342,177,280 + 5,120 = 12,247,782,400
+    assert count_params(shape).total == 12_247_782_400
+
+
+def test_mixtral_experts() -> None:
+    shape = shape_from_hf_config(DATA / "mixtral-8x7b.json")
+    assert shape.moe == MoE(experts=8, experts_per_token=2, expert_d_ff=14336)
+    assert shape.d_ff == 14336
+    assert shape.moe.router_bias is False
+
+
+def test_qwen2_has_qkv_bias_and_gpt2_is_gpt_style() -> None:
+    qwen = shape_from_hf_config(DATA / "qwen2.5-7b.json")
+    gpt2 = shape_from_hf_config(DATA / "gpt2.json")
+    assert qwen.qkv_bias and qwen.style == "llama" and not qwen.tied
+    assert gpt2.style == "gpt" and gpt2.tied and gpt2.d_ff == 4 * 768 and gpt2.context == 1024
+
+
+@pytest.mark.parametrize(("stem", "total"), CATALOG_CASES)
+def test_architectures_stand_in_for_missing_model_type(
+        tmp_path: Path, stem: str, total: int) -> None:
+    shape = shape_from_hf_config(edited(tmp_path, stem, model_type=...))
+    assert count_params(shape).total == total
+
+
+# --- names and sources ------------------------------------------------------------------
+
+
+def test_name_defaults_to_file_stem_and_source_names_path() -> None:
+    path = DATA / "llama-3-8b.json"
+    shape = shape_from_hf_config(str(path))
+    assert shape.name == "llama-3-8b"
+    assert shape.source == f"Hugging Face config.json at {path}"
+
+
+def test_name_from_name_or_path_folder_or_argument(tmp_path: Path) -> None:
+    stored = edited(tmp_path, "gpt2", _name_or_path="openai-community/gpt2")
+    assert shape_from_hf_config(stored).name == "openai-community/gpt2"
+    assert shape_from_hf_config(stored, name="mine").name == "mine"
+    folder = tmp_path / "Meta-Llama-3-8B"
+    folder.mkdir()
+    assert shape_from_hf_config(write(folder, fixture("llama-3-8b"))).name == "Meta-Llama-3-8B"
+
+
+def test_model_shape_classmethod_delegates() -> None:
+    path = DATA / "qwen2.5-7b.json"
+    assert ModelShape.from_hf_config(str(path), "q") == shape_from_hf_config(path, "q")
+
+
+# --- family defaults --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("stem", "kv_heads"), [
+    ("llama-3-8b", 32),   # LlamaConfig: None -> num_attention_heads
+    ("mistral-7b", 8),    # MistralConfig: class default 8, not num_attention_heads
+    ("mixtral-8x7b", 8),  # MixtralConfig: class default 8
+])
+def test_absent_kv_heads_takes_the_class_default(
+        tmp_path: Path, stem: str, kv_heads: int) -> None:
+    shape = shape_from_hf_config(edited(tmp_path, stem, num_key_value_heads=...))
+    assert shape.kv_heads == kv_heads
+
+
+def test_absent_kv_heads_is_32_for_qwen2(tmp_path: Path) -> None:
+    # Qwen2Config's default is a literal 32, whatever num_attention_heads says.
+    path = edited(tmp_path, "qwen2.5-7b", num_key_value_heads=..., hidden_size=4096,
+                  num_attention_heads=64)
+    assert shape_from_hf_config(path).kv_heads == 32
+    # With Qwen2.5-7B's 28 heads the default 32 cannot divide them: refused, as
+    # transformers' own grouping (28 // 32 == 0) would be broken.
+    with pytest.raises(SpecError, match=r"^kv_heads=32: must divide heads"):
+        shape_from_hf_config(edited(tmp_path, "qwen2.5-7b", num_key_value_heads=...))
+
+
+@pytest.mark.parametrize("stem", ["llama-3-8b", "mistral-7b", "mixtral-8x7b", "qwen2.5-7b"])
+def test_null_kv_heads_means_multi_head(tmp_path: Path, stem: str) -> None:
+    shape = shape_from_hf_config(edited(tmp_path, stem, num_key_value_heads=None))
+    assert shape.kv_heads == shape.heads
+
+
+def test_null_head_dim_and_absent_tie_fall_back(tmp_path: Path) -> None:
+    shape = shape_from_hf_config(edited(tmp_path, "mistral-nemo-12b", head_dim=None,
+                                        tie_word_embeddings=...))
+    assert shape.head_dim == 5120 // 32
+    assert not shape.tied
+
+
+def test_gpt2_n_ctx_n_inner_and_tying(tmp_path: Path) -> None:
+    shape = shape_from_hf_config(edited(tmp_path, "gpt2", n_positions=..., n_ctx=2048,
+                                        n_inner=1000, tie_word_embeddings=False))
+    assert (shape.context, shape.d_ff, shape.tied) == (2048, 1000, False)
+    assert shape_from_hf_config(edited(tmp_path, "gpt2", n_inner=None)).d_ff == 3072
+
+
+# --- bad input --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("stem", "field"), [
+    ("llama-3-8b", "hidden_size"),
+    ("mistral-7b", "intermediate_size"),
+    ("mixtral-8x7b", "num_local_experts"),
+    ("mixtral-8x7b", "num_experts_per_tok"),
+    ("qwen2.5-7b", "max_position_embeddings"),
+    ("gpt2", "n_embd"),
+    ("gpt2", "vocab_size"),
+])
+def test_missing_field_is_named(tmp_path: Path, stem: str, field: str) -> None:
+    with pytest.raises(SpecError, match=rf"^{field}=None: is missing") as err:
+        shape_from_hf_config(edited(tmp_path, stem, **{field: ...}))
+    assert err.value.field == field
+
+
+def test_gpt2_without_any_position_size(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"^n_positions=None: is missing"):
+        shape_from_hf_config(edited(tmp_path, "gpt2", n_positions=..., n_ctx=...))
+
+
+@pytest.mark.parametrize("value", ["4096", 4096.0, True, 0, -1, [4096], None])
+def test_wrong_type_is_named(tmp_path: Path, value: object) -> None:
+    with pytest.raises(SpecError, match=r"^hidden_size=.*must be a positive integer"):
+        shape_from_hf_config(edited(tmp_path, "llama-3-8b", hidden_size=value))
+
+
+def test_non_boolean_flag_is_named(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"^tie_word_embeddings='no': must be true or false"):
+        shape_from_hf_config(edited(tmp_path, "qwen2.5-7b", tie_word_embeddings="no"))
+
+
+@pytest.mark.parametrize(("stem", "field"), [
+    ("llama-3-8b", "attention_bias"),
+    ("llama-3-8b", "mlp_bias"),
+    ("gpt2", "add_cross_attention"),
+])
+def test_weights_shardlab_cannot_model_are_refused(
+        tmp_path: Path, stem: str, field: str) -> None:
+    with pytest.raises(SpecError, match=rf"^{field}=True: is not supported"):
+        shape_from_hf_config(edited(tmp_path, stem, **{field: True}))
+
+
+def test_too_many_experts_per_token(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"^num_experts_per_tok=9: must be <= num_local"):
+        shape_from_hf_config(edited(tmp_path, "mixtral-8x7b", num_experts_per_tok=9))
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_moe", "bert", "", None, 3])
+def test_unknown_model_type(tmp_path: Path, model_type: object) -> None:
+    with pytest.raises(SpecError, match=r"^model_type=.*must be one of llama, mistral, mixtral, "
+                                        "qwen2, gpt2"):
+        shape_from_hf_config(edited(tmp_path, "llama-3-8b", model_type=model_type))
+
+
+@pytest.mark.parametrize("architectures", [..., [], ["BertModel"], "LlamaForCausalLM", [7]])
+def test_no_model_type_and_no_known_architecture(tmp_path: Path, architectures: object) -> None:
+    path = edited(tmp_path, "llama-3-8b", model_type=..., architectures=architectures)
+    with pytest.raises(SpecError, match=r"^model_type=None: is missing, and architectures"):
+        shape_from_hf_config(path)
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    ("{not json", "is not valid JSON"),
+    ("", "is not valid JSON"),
+    ("[1, 2]", "must hold a JSON object at the top level, not list"),
+    ("null", "not NoneType"),
+])
+def test_bad_file_content(tmp_path: Path, text: str, reason: str) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    with pytest.raises(SpecError, match=rf"^config=.*{reason}") as err:
+        shape_from_hf_config(path)
+    assert err.value.value == str(path)
+
+
+def test_bad_bytes_missing_file_and_directory(tmp_path: Path) -> None:
+    binary = tmp_path / "config.json"
+    binary.write_bytes(b"\xff\xfe\x00{")
+    with pytest.raises(SpecError, match=r"^config=.*is not valid JSON"):
+        shape_from_hf_config(binary)
+    with pytest.raises(SpecError, match=r"^config=.*cannot be read"):
+        shape_from_hf_config(tmp_path / "absent.json")
+    with pytest.raises(SpecError, match=r"^config=.*cannot be read"):
+        shape_from_hf_config(tmp_path)
+
+
+JUNK: list[object] = [None, True, 0, -3, 2.5, "8", [], {}, 10**6]
+
+
+@pytest.mark.parametrize("stem", [stem for stem, _ in CATALOG_CASES] + ["mistral-nemo-12b"])
+def test_any_junk_value_gives_a_shape_or_a_spec_error(tmp_path: Path, stem: str) -> None:
+    # Whatever a field holds, the importer answers with a shape or a SpecError, never a
+    # KeyError/TypeError/ZeroDivisionError from inside.
+    config = fixture(stem)
+    for key in [*config, "head_dim", "num_key_value_heads", "n_inner"]:
+        for junk in JUNK:
+            path = write(tmp_path, {**config, key: junk})
+            with contextlib.suppress(SpecError):
+                shape_from_hf_config(path)
