@@ -73,7 +73,7 @@ def layer_activation_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes
     """Bytes one layer saves for backward, per micro-batch, on one tensor-parallel rank."""
     t = activation_terms(m, micro_batch, seq, elem_bytes, dropout, moe_layer)
     if recompute == "full":
-        return t.layer_input / tp if sp else t.layer_input
+        return t.layer_input / tp if sp else float(t.layer_input)
     outside = t.outside_tp / tp if sp else t.outside_tp
     core = 0.0 if recompute == "selective" else t.attention_core / tp
     return outside + t.inside_tp / tp + core

@@ -1,0 +1,64 @@
+"""Activation memory: the term-by-term derivation reproduces Korthikanti et al. 2022 Table 2."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.testing import assert_close
+
+from shardlab.estimate.activations import (
+    korthikanti_layer_bytes,
+    last_stage_extra_bytes,
+    layer_activation_bytes,
+)
+from shardlab.spec.catalog import get_model
+from shardlab.spec.model import ModelShape
+
+CASES = [(sp, rc) for sp in (False, True) for rc in ("none", "selective", "full")]
+
+
+@given(st.integers(1, 64), st.sampled_from([64, 128]), st.integers(1, 8),
+       st.sampled_from([1, 2, 4, 8]), st.sampled_from([256, 2048, 8192]))
+@pytest.mark.parametrize(("sp", "recompute"), CASES)
+def test_table2_every_combination(sp: bool, recompute: str, heads8: int, hd: int, b: int,
+                                  t: int, s: int) -> None:
+    a = heads8 * 8  # divisible by every t tried
+    m = ModelShape("k", 1, a * hd, a, 50257, s, style="gpt")
+    got = layer_activation_bytes(m, b, s, 2, tp=t, sp=sp, recompute=recompute, dropout=True)
+    want = korthikanti_layer_bytes(s, b, m.d_model, a, t, sp, recompute)
+    if recompute == "full" and sp:
+        want /= t  # the kept layer input is sequence-sharded too (Megatron); Table 2 says 2sbh
+    assert_close(got, want, rtol=1e-12, atol=0)
+
+
+def test_gpt3_paper_example() -> None:
+    # Korthikanti 2022 Sec. 4: 34 + 5as/h with a=96, s=2048, h=12288 is 34 + 80 = 114 sbh.
+    m = get_model("gpt3-175b")
+    got = layer_activation_bytes(m, 1, 2048, 2, dropout=True)
+    assert got == 2048 * 12288 * 114
+
+
+def test_llama_without_dropout_counts_gqa_and_swiglu() -> None:
+    m = get_model("llama-3-8b")  # h 4096, q 4096, kv 1024, f 14336, 32 heads
+    s, b, e = 8192, 1, 2
+    inside = s * b * e * (2 * 4096 + 2 * 1024 + 3 * 14336)
+    outside = s * b * 4096 * 4 * e
+    core = 32 * s * s * b * 2 * e
+    assert layer_activation_bytes(m, b, s, e, dropout=False) == outside + inside + core
+    assert layer_activation_bytes(m, b, s, e, dropout=False, recompute="selective") == (
+        outside + inside)
+
+
+def test_fp32_activations_double_the_elements_not_the_masks() -> None:
+    m = ModelShape("k", 1, 1024, 16, 1000, 512)
+    two = layer_activation_bytes(m, 1, 512, 2, dropout=True)
+    four = layer_activation_bytes(m, 1, 512, 4, dropout=True)
+    masks = 2 * 512 * 1024 + 16 * 512 * 512  # two sbh masks + the as²b attention mask
+    assert four - masks == 2 * (two - masks)
+
+
+def test_logits_are_fp32_and_vocab_parallel() -> None:
+    m = get_model("llama-3-8b")
+    one = last_stage_extra_bytes(m, 1, 4096, 2, tp=1)
+    eight = last_stage_extra_bytes(m, 1, 4096, 2, tp=8)
+    assert one - 2 * 4096 * 4096 * 2 == 4 * 4096 * 128256
+    assert eight - 2 * 4096 * 4096 * 2 == 4 * 4096 * 128256 / 8

@@ -1,0 +1,80 @@
+"""Hardware catalog: dense peaks from the spec sheets, loose names, user TOML files."""
+
+from pathlib import Path
+
+import pytest
+
+from shardlab.errors import SpecError
+from shardlab.spec.hardware import ACCELERATORS, get_accelerator, load_hardware_file
+
+
+def test_dense_bf16_peaks_not_sparse() -> None:
+    # REFERENCE.md: vendor dense figures; H100's 1979e12 is the sparse one.
+    assert ACCELERATORS["H100 SXM"].peak("bf16") == 989e12
+    assert ACCELERATORS["H200 SXM"].peak("bf16") == 989e12
+    assert ACCELERATORS["A100 SXM 80GB"].peak("bf16") == 312e12
+    assert ACCELERATORS["MI300X"].peak("bf16") == 1307.4e12
+    assert ACCELERATORS["H200 SXM"].memory_bandwidth == 4.8e12
+    assert ACCELERATORS["MI300X"].memory_bytes == 192e9
+
+
+@pytest.mark.parametrize(("query", "name"), [
+    ("A100", "A100 SXM 80GB"), ("a100-80gb", "A100 SXM 80GB"), ("h100", "H100 SXM"),
+    ("H200", "H200 SXM"), ("mi300x", "MI300X"), ("a100 sxm 40gb", "A100 SXM 40GB"),
+])
+def test_loose_names(query: str, name: str) -> None:
+    assert get_accelerator(query).name == name
+
+
+def test_unknown_dtype_and_name() -> None:
+    with pytest.raises(SpecError, match="dtype"):
+        ACCELERATORS["A100 SXM 80GB"].peak("fp8")
+    with pytest.raises(SpecError, match="gpu"):
+        get_accelerator("H900")
+
+
+def test_user_file_adds_an_accelerator(tmp_path: Path) -> None:
+    f = tmp_path / "hw.toml"
+    f.write_text('''
+[[link]]
+name = "EFA"
+bandwidth = 25e9
+latency = 15e-6
+
+[[accelerator]]
+name = "Trainium2"
+peak_flops = { bf16 = 667e12 }
+memory_bytes = 96e9
+memory_bandwidth = 2.9e12
+power_watts = 500
+gpus_per_node = 16
+intra_link = "NVLink 4"
+inter_link = "EFA"
+''')
+    acc = get_accelerator("trainium2", f)
+    assert acc.peak("bf16") == 667e12 and acc.gpus_per_node == 16
+    assert acc.inter_link.bandwidth == 25e9
+    accels, links = load_hardware_file(f)
+    assert "H100 SXM" in accels and "EFA" in links
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ('[[accelerator]]\nname = "x"\n', "accelerator[0].peak_flops"),
+    ('[[accelerator]]\nname="x"\npeak_flops={bf16=-1}\nmemory_bytes=1\nmemory_bandwidth=1\n'
+     'power_watts=1\nintra_link="NVLink 4"\ninter_link="100 GbE"\n',
+     "accelerator[0].peak_flops.bf16"),
+    ('[[accelerator]]\nname="x"\npeak_flops={bf16=1}\nmemory_bytes=1\nmemory_bandwidth=1\n'
+     'power_watts=1\nintra_link="warp drive"\ninter_link="100 GbE"\n', "accelerator[0].intra_link"),
+    ("this is = not toml [", "hardware_file"),
+])
+def test_bad_user_file_names_the_field(tmp_path: Path, text: str, field: str) -> None:
+    f = tmp_path / "hw.toml"
+    f.write_text(text)
+    with pytest.raises(SpecError) as e:
+        load_hardware_file(f)
+    assert e.value.field == field
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="cannot be read"):
+        load_hardware_file(tmp_path / "nope.toml")
