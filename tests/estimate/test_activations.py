@@ -62,3 +62,12 @@ def test_logits_are_fp32_and_vocab_parallel() -> None:
     eight = last_stage_extra_bytes(m, 1, 4096, 2, tp=8)
     assert one - 2 * 4096 * 4096 * 2 == 4 * 4096 * 128256
     assert eight - 2 * 4096 * 4096 * 2 == 4 * 4096 * 128256 / 8
+
+
+@pytest.mark.parametrize("t", [1, 4])
+def test_flash_attention_keeps_only_softmax_statistics(t: int) -> None:
+    m = get_model("llama-3-8b")
+    s, b = 8192, 2
+    eager_sel = layer_activation_bytes(m, b, s, 2, tp=t, recompute="selective", dropout=False)
+    flash = layer_activation_bytes(m, b, s, 2, tp=t, dropout=False, flash=True)
+    assert flash == eager_sel + 4 * 32 * s * b / t

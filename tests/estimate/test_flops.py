@@ -70,3 +70,11 @@ def test_moe_counts_only_routed_experts() -> None:
 def test_6nd_linear_in_tokens(a: float, b: float) -> None:
     assert_close(train_flops_6nd(7e9, a + b), train_flops_6nd(7e9, a) + train_flops_6nd(7e9, b),
                  rtol=1e-12, atol=0)
+
+
+def test_flash_recomputes_half_the_attention_core() -> None:
+    m = get_model("llama-3-8b")
+    f = flops_per_token(m, 8192, flash=True)
+    assert f.hardware_train == f.train + f.attention / 2
+    # Selective recompute already runs the whole core again: flash adds nothing on top.
+    assert flops_per_token(m, 8192, "selective", flash=True).hardware_train == f.train + f.attention

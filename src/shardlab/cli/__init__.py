@@ -6,6 +6,7 @@ and what is allowed; ``--json`` prints one JSON document on stdout and nothing e
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -33,12 +34,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.print_help()
+        sys.stderr.write("shardlab: error: a command is required (budget, models, hardware); "
+                         "see shardlab --help\n")
         return 2
     try:
         return int(args.run(args) or 0)
     except SpecError as e:
         sys.stderr.write(f"shardlab {args.command}: error: {e}\n")
         return 2
-    except BrokenPipeError:  # `shardlab ... | head` closes the pipe: not an error
+    except BrokenPipeError:
+        # `shardlab ... | head` closed the pipe: not an error. Point stdout at /dev/null so
+        # the interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
         return 0

@@ -58,6 +58,9 @@ def register(sub: Any) -> None:
                    help="USD per device-hour (assumption, default 2.0)")
     g.add_argument("--causal", action="store_true",
                    help="count causal attention at half the s x s FLOPs")
+    g.add_argument("--attention", choices=("eager", "flash"), default="eager",
+                   help="eager keeps the s x s scores (Korthikanti's formulas); flash, a fused "
+                   "kernel, keeps only softmax statistics and recomputes Q·Kᵀ in backward")
     g.add_argument("--dropout", action=argparse.BooleanOptionalAction, default=None,
                    help="dropout masks in activation memory (default: gpt yes, llama no)")
     g.add_argument("--decode-batch", type=positive_int, default=1, help="sequences decoded at once")
@@ -72,6 +75,8 @@ def load_model(name: str) -> Any:
     from shardlab.spec.catalog import get_model
     from shardlab.spec.model import ModelShape
 
+    if not name.strip():
+        raise SpecError("model", name, "must name a catalog model or a config.json")
     path = Path(name)
     if path.suffix == ".json" or path.exists():
         if path.is_dir():
@@ -91,10 +96,12 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("model", args.model, "give a MODEL or --params N, not both or neither")
     acc = get_accelerator(args.gpu, args.hardware_file)
     a = Assumptions(mfu=args.mfu, tokens=args.tokens, price_per_gpu_hour=args.price_per_gpu_hour,
-                    causal=args.causal, dropout=args.dropout, decode_batch=args.decode_batch,
-                    decode_context=args.decode_context)
+                    causal=args.causal, attention=args.attention, dropout=args.dropout,
+                    decode_batch=args.decode_batch, decode_context=args.decode_context)
     if args.params is not None:
         gpus = args.gpus or (args.dp or 1) * args.tp * args.pp
+        if args.dp is not None and args.dp * args.tp * args.pp != gpus:
+            raise SpecError("gpus", gpus, f"must equal dp*tp*pp ({args.dp}*{args.tp}*{args.pp})")
         if gpus % (args.tp * args.pp):
             raise SpecError("gpus", gpus, f"must be a multiple of tp*pp ({args.tp * args.pp})")
         if args.zero > 3:

@@ -26,6 +26,11 @@ output. Selective recompute drops the attention core; full recompute keeps only
 the layer input. With kv_heads = heads, f = 4h, e = 2 and dropout, this is exactly
 Table 2 (checked in the tests).
 
+A fused attention kernel (``flash=True``: FlashAttention, Dao et al. 2022, and
+torch's scaled_dot_product_attention) never stores the s x s matrices: it keeps
+the softmax statistics, a·s·b fp32 values (4·a·s·b bytes, divided by t), and
+regenerates dropout masks from the RNG state.
+
 Beyond the layers (Korthikanti Sec. 4.3): the first stage keeps the embedding's
 dropout mask, the last stage the final norm's and head's inputs and the fp32
 logits for the cross-entropy (4·s·b·V/t bytes).
@@ -69,13 +74,17 @@ def activation_terms(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int,
 
 def layer_activation_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int = 2, *,
                            tp: int = 1, sp: bool = False, recompute: str = "none",
-                           dropout: bool = True, moe_layer: bool = False) -> float:
+                           dropout: bool = True, moe_layer: bool = False,
+                           flash: bool = False) -> float:
     """Bytes one layer saves for backward, per micro-batch, on one tensor-parallel rank."""
     t = activation_terms(m, micro_batch, seq, elem_bytes, dropout, moe_layer)
     if recompute == "full":
         return t.layer_input / tp if sp else float(t.layer_input)
     outside = t.outside_tp / tp if sp else t.outside_tp
-    core = 0.0 if recompute == "selective" else t.attention_core / tp
+    if flash:
+        core = 4.0 * m.heads * seq * micro_batch / tp  # softmax statistics only
+    else:
+        core = 0.0 if recompute == "selective" else t.attention_core / tp
     return outside + t.inside_tp / tp + core
 
 

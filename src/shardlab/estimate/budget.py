@@ -46,6 +46,7 @@ class Assumptions:
     tokens: float | None = None  # None: 20 tokens per parameter
     price_per_gpu_hour: float = 2.0
     causal: bool = False
+    attention: str = "eager"  # "flash": a fused kernel that keeps no s x s matrices
     dropout: bool | None = None  # None: the model style's habit (gpt yes, llama no)
     decode_batch: int = 1
     decode_context: int | None = None  # None: the model's context
@@ -82,14 +83,16 @@ def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
     pc = count_params(m)
     tokens = a.tokens if a.tokens is not None else CHINCHILLA_TOKENS_PER_PARAM * pc.total
     dropout = (m.style == "gpt") if a.dropout is None else a.dropout
-    fpt = flops_per_token(m, lay.seq, lay.recompute, a.causal)
+    flash = a.attention == "flash"
+    fpt = flops_per_token(m, lay.seq, lay.recompute, a.causal, flash)
 
-    stages = stage_memory(m, lay, dropout)
+    stages = stage_memory(m, lay, dropout, flash)
     peak = peak_stage(stages)
     capacity = acc.memory_bytes
     per_layer = layer_activation_bytes(
         m, lay.micro_batch, lay.seq, lay.dtype.activation_bytes, tp=lay.tp, sp=lay.sp,
-        recompute=lay.recompute, dropout=dropout, moe_layer=m.moe_layers == m.layers)
+        recompute=lay.recompute, dropout=dropout, moe_layer=m.moe_layers == m.layers,
+        flash=flash)
     max_params = max(s.params for s in stages)
 
     link_dp = acc.inter_link if lay.tp * lay.dp > acc.gpus_per_node else acc.intra_link

@@ -16,6 +16,8 @@ Conventions (state them: tools differ):
   *Hardware* FLOPs add what recompute runs again: selective recompute one more
   forward of the attention core, full recompute one more forward of every
   transformer layer (not the head). HFU divides by these (PaLM, Chowdhery 2022).
+  A fused attention kernel (``flash=True``) recomputes Q·Kᵀ in its backward (Dao et
+  al. 2022, FlashAttention-2 Alg. 2): half the attention core's forward again.
 
 For a gpt-style model with kv_heads = heads and d_ff = 4h this gives, for a batch
 of B sequences, exactly Korthikanti et al. 2022 (arXiv 2205.05198) Eq. 7,
@@ -64,14 +66,14 @@ class FlopsPerToken:
 
 
 def flops_per_token(m: ModelShape, seq: int, recompute: str = "none",
-                    causal: bool = False) -> FlopsPerToken:
+                    causal: bool = False, flash: bool = False) -> FlopsPerToken:
     """Forward, training (model) and training-with-recompute (hardware) FLOPs per token."""
     attn = attention_core_flops_per_token(m, seq, causal)
     logits = 2.0 * m.vocab * m.d_model
     forward = 2.0 * matmul_weights_per_token(m) + attn
     train = 3.0 * forward
     if recompute == "none":
-        extra = 0.0
+        extra = attn / 2 if flash else 0.0
     elif recompute == "selective":
         extra = attn
     elif recompute == "full":

@@ -105,11 +105,13 @@ class StageMemory:
         return self.states.total + self.activations
 
 
-def stage_memory(m: ModelShape, layout: Layout, dropout: bool) -> list[StageMemory]:
+def stage_memory(m: ModelShape, layout: Layout, dropout: bool,
+                 flash: bool = False) -> list[StageMemory]:
     """Per pipeline stage: model states under ZeRO and peak activations."""
     lay = layout
     e = lay.dtype.activation_bytes
-    kw = {"tp": lay.tp, "sp": lay.sp, "recompute": lay.recompute, "dropout": dropout}
+    kw = {"tp": lay.tp, "sp": lay.sp, "recompute": lay.recompute, "dropout": dropout,
+          "flash": flash}
     per_layer = [layer_activation_bytes(m, lay.micro_batch, lay.seq, e,
                                         moe_layer=i >= m.dense_layers, **kw)
                  for i in range(m.layers)]

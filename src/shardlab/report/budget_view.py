@@ -46,9 +46,9 @@ def _params(b: dict[str, Any]) -> None:
     p = b["params"]
     total = p["total"]
     rows = [(k, f"{p[k]:,}", _pct(p[k], total)) for k in PARTS if p.get(k)]
-    rows.append(("total", f"{total:,}", human(total)))
+    rows.append(("total", f"{total:,.0f}", human(total)))
     if p.get("active_per_token", total) != total:
-        rows.append(("active per token", f"{p['active_per_token']:,}",
+        rows.append(("active per token", f"{p['active_per_token']:,.0f}",
                      human(p["active_per_token"])))
     rows.append(("per device (busiest rank)", f"{p['per_device']:,.0f}", human(p["per_device"])))
     show(table("Parameters", ("part", "count", "share"), rows))
@@ -64,7 +64,7 @@ def _flops(b: dict[str, Any]) -> None:
                        ("train_total", "whole run, exact (model)"),
                        ("hardware_train_total", "whole run, with recompute (hardware)"),
                        ("train_6nd", "whole run, 6ND")):
-        if key in f:
+        if key in f and (key != "train_total" or "forward_per_token" in f):
             rows.append((label, human(f[key], "FLOP")))
     show(table("FLOPs", ("what", "FLOPs"), rows))
 
@@ -77,12 +77,11 @@ def _memory(b: dict[str, Any]) -> None:
     rows.append(("total", human(d["total"], "B"), human_gib(d["total"])))
     rows.append(("capacity", human(mem["capacity"], "B"), human_gib(mem["capacity"])))
     verdict = "[green]fits[/green]" if mem["fits"] else "[red]does not fit[/red]"
-    caption = None
+    show(table(f"Memory per device ({verdict})", ("what", "decimal", "binary"), rows))
     if "activations_per_layer" in mem:
-        caption = (f"activations: {human_bytes(mem['activations_per_layer'])} per layer per "
-                   f"micro-batch x {mem['inflight_microbatches']:g} in flight on stage "
-                   f"{mem['peak_stage']} (the busiest)")
-    show(table(f"Memory per device ({verdict})", ("what", "decimal", "binary"), rows, caption))
+        show(f"  activations: {human_bytes(mem['activations_per_layer'])} per layer per "
+             f"micro-batch x {mem['inflight_microbatches']:g} in flight on stage "
+             f"{mem['peak_stage']} (the busiest)")
     z = mem["by_zero_stage"]
     show(table("Model states per device by ZeRO stage (decimal)", ("stage", "weights", "gradients",
                                                           "optimizer", "total"),

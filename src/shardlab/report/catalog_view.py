@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from shardlab.report.tables import show, table
-from shardlab.units import human, human_bytes
+from shardlab.units import human
 
 
 def print_models(rows: list[dict[str, Any]]) -> None:
@@ -15,20 +15,21 @@ def print_models(rows: list[dict[str, Any]]) -> None:
                [(r["name"], r["style"], r["layers"], r["d_model"], r["heads"], r["kv_heads"],
                  r["d_ff"], r["vocab"], r["context"], f"{r['params']:,}",
                  human(r["active_params"])) for r in rows]))
-    show(table("Sources", ("name", "source"), [(r["name"], r["source"]) for r in rows]))
+    show(table("Sources", ("name", "source"), [(r["name"], r["source"]) for r in rows], left=2))
 
 
 def print_hardware(doc: dict[str, Any]) -> None:
     """Accelerators (dense peaks, memory, bandwidth, power, links) and links."""
     accs = doc["accelerators"]
     show(table("Accelerators (dense peaks; memory in decimal GB)",
-               ("name", "bf16", "fp32", "memory", "HBM bw", "power", "intra", "inter"),
-               [(a["name"], human(a["peak_flops"].get("bf16", 0), "FLOP/s"),
-                 human(a["peak_flops"].get("fp32", 0), "FLOP/s"),
-                 human_bytes(a["memory_bytes"]), human(a["memory_bandwidth"], "B/s"),
+               ("name", "bf16 TFLOP/s", "fp32 TFLOP/s", "memory", "HBM bw", "power", "intra",
+                "inter"),
+               [(a["name"], f"{a['peak_flops'].get('bf16', 0) / 1e12:,.1f}",
+                 f"{a['peak_flops'].get('fp32', 0) / 1e12:,.1f}",
+                 human(a["memory_bytes"], "B"), human(a["memory_bandwidth"], "B/s"),
                  f"{a['power_watts']:.0f} W", a["intra_link"]["name"], a["inter_link"]["name"])
                 for a in accs]))
     show(table("Links (one direction)", ("name", "bandwidth", "latency", "source"),
                [(k["name"], human(k["bandwidth"], "B/s"), f"{k['latency'] * 1e6:.0f} µs",
-                 k["source"]) for k in doc["links"]]))
-    show(table("Sources", ("name", "source"), [(a["name"], a["source"]) for a in accs]))
+                 k["source"]) for k in doc["links"]], left=1))
+    show(table("Sources", ("name", "source"), [(a["name"], a["source"]) for a in accs], left=2))

@@ -71,7 +71,7 @@ LINKS: dict[str, Link] = {k.name: k for k in (
     Link("PCIe 5.0 x16", 64e9, 10e-6, "PCI-SIG: 32 GT/s x 16 lanes, 128b/130b; " + _LAT),
     Link("NVLink 3", 300e9, 5e-6, "NVIDIA A100 datasheet: 600 GB/s both directions; " + _LAT),
     Link("NVLink 4", 450e9, 5e-6, "NVIDIA H100 datasheet: 900 GB/s both directions; " + _LAT),
-    Link("Infinity Fabric (MI300X)", 448e9, 5e-6,
+    Link("Infinity Fabric", 448e9, 5e-6,
          "AMD MI300X datasheet: 7 links x 64 GB/s per direction; " + _LAT),
     Link("IB HDR 200G", 25e9, 10e-6, "NVIDIA ConnectX-6: 200 Gb/s per NIC; " + _LAT),
     Link("IB NDR 400G", 50e9, 10e-6, "NVIDIA ConnectX-7: 400 Gb/s per NIC; " + _LAT),
@@ -105,7 +105,7 @@ ACCELERATORS: dict[str, Accelerator] = {a.name: a for a in (
          "NVIDIA A100 Tensor Core GPU datasheet (SXM 40GB), dense figures"),
     _gpu("MI300X", {"bf16": 1307.4e12, "fp16": 1307.4e12, "fp8": 2614.9e12, "tf32": 653.7e12,
                     "fp32": 163.4e12},
-         192e9, 5.3e12, 750, "Infinity Fabric (MI300X)", "IB NDR 400G",
+         192e9, 5.3e12, 750, "Infinity Fabric", "IB NDR 400G",
          "AMD Instinct MI300X datasheet, dense matrix figures"),
 )}
 
@@ -131,6 +131,14 @@ def _link(where: str, raw: object, links: dict[str, Link]) -> Link:
         raise SpecError(f"{where}.{e.args[0]}", None, "is missing") from None
 
 
+def _tables(data: dict, key: str) -> list[dict]:
+    """The ``[[key]]`` array of tables of a TOML document (empty when absent)."""
+    items = data.get(key, [])
+    if not isinstance(items, list) or not all(isinstance(x, dict) for x in items):
+        raise SpecError(key, items, f"must be an array of tables written [[{key}]]")
+    return items
+
+
 def load_hardware_file(path: str | Path) -> tuple[dict[str, Accelerator], dict[str, Link]]:
     """Read a user TOML file of ``[[link]]`` and ``[[accelerator]]`` tables.
 
@@ -139,17 +147,19 @@ def load_hardware_file(path: str | Path) -> tuple[dict[str, Accelerator], dict[s
     """
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text())
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
     except OSError as e:
         raise SpecError("hardware_file", str(p), f"cannot be read ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise SpecError("hardware_file", str(p), "is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as e:
         raise SpecError("hardware_file", str(p), f"is not valid TOML ({e})") from None
     links = dict(LINKS)
-    for i, raw in enumerate(data.get("link", [])):
+    for i, raw in enumerate(_tables(data, "link")):
         link = _link(f"link[{i}]", raw, links)
         links[link.name] = link
     accels = dict(ACCELERATORS)
-    for i, raw in enumerate(data.get("accelerator", [])):
+    for i, raw in enumerate(_tables(data, "accelerator")):
         where = f"accelerator[{i}]"
         try:
             flops = raw["peak_flops"]

@@ -1,0 +1,411 @@
+"""``shardlab budget`` on the command line: the JSON contract, loose names, bad input.
+
+Most tests call :func:`shardlab.cli.main` in-process and read stdout/stderr with
+``capsys`` (fast); a few start ``python -m shardlab`` where the process boundary is
+the point (no traceback reaches stderr, torch is never imported, exit codes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardlab.cli import main
+
+HF_DATA = Path(__file__).resolve().parents[1] / "spec" / "data" / "hf"
+LLAMA3_CONFIG = HF_DATA / "llama-3-8b.json"
+
+LLAMA3_8B_PARAMS = 8_030_261_248  # sum of numel over meta-llama/Meta-Llama-3-8B's tensors
+GPT3_175B_PARAMS = 174_604_259_328
+
+# Dotted fields every model budget carries, each a finite number in base units.
+NUMERIC_FIELDS = (
+    "params.total", "params.attention", "params.mlp", "params.embedding", "params.head",
+    "flops.forward_per_token", "flops.train_per_token", "flops.hardware_train_per_token",
+    "flops.train_total", "flops.train_6nd",
+    "memory.per_device.weights", "memory.per_device.gradients", "memory.per_device.optimizer",
+    "memory.per_device.activations", "memory.per_device.total", "memory.activations_per_layer",
+    "time.train_days",
+    "comm.dp_bytes_per_step", "comm.tp_bytes_per_step", "comm.pp_bytes_per_step",
+    "inference.kv_bytes_per_token",
+    "inference.decode.seconds", "inference.decode.tokens_per_s",
+)
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run ``shardlab ARGV`` in-process: (exit code, stdout, stderr).
+
+    argparse errors leave through SystemExit, SpecErrors through main's return value;
+    both count. Any other exception propagates and fails the test, as it should.
+    """
+    try:
+        code = main(list(argv))
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _no_constants(name: str) -> Any:
+    raise AssertionError(f"stdout holds {name}, which is not JSON")
+
+
+def parse_one_document(out: str) -> dict[str, Any]:
+    """The whole of stdout as exactly one strict JSON document (no NaN/Infinity)."""
+    doc = json.loads(out, parse_constant=_no_constants)
+    assert isinstance(doc, dict)
+    return doc
+
+
+def budget_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    """``shardlab budget ARGV --json``, checked to succeed quietly, as a dict."""
+    code, out, err = run_cli(capsys, "budget", *argv, "--json")
+    assert code == 0, err
+    assert err == ""
+    return parse_one_document(out)
+
+
+def dotted(doc: dict[str, Any], path: str) -> Any:
+    """``doc["a"]["b"]`` for ``"a.b"``; a KeyError names the missing part."""
+    value: Any = doc
+    for part in path.split("."):
+        assert isinstance(value, dict) and part in value, f"{path}: no {part!r}"
+        value = value[part]
+    return value
+
+
+def is_number(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def assert_one_line_error(code: int, out: str, err: str, *needles: str) -> None:
+    """Exit code 2, nothing on stdout, one line on stderr naming each needle, no traceback."""
+    assert code == 2, (code, err)
+    assert out == ""
+    assert "Traceback" not in err
+    assert err.endswith("\n") and err.count("\n") == 1, repr(err)
+    for needle in needles:
+        assert needle in err, f"{needle!r} not in {err!r}"
+
+
+def shardlab_process(*argv: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """``python -m shardlab ARGV`` in a fresh interpreter."""
+    kw.setdefault("stdout", subprocess.PIPE)
+    return subprocess.run([sys.executable, "-m", "shardlab", *argv], stderr=subprocess.PIPE,
+                          text=True, timeout=60, check=False, **kw)
+
+
+# -- the JSON document -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["llama-3-8b", "gpt3-175b", "mixtral-8x7b", "gpt2"])
+def test_json_is_one_document_with_the_documented_fields(
+        capsys: pytest.CaptureFixture[str], model: str) -> None:
+    doc = budget_json(capsys, model)
+    for path in NUMERIC_FIELDS:
+        value = dotted(doc, path)
+        assert is_number(value), f"{path} = {value!r}"
+    assert isinstance(dotted(doc, "memory.fits"), bool)
+    assert dotted(doc, "inference.decode.bound") in ("compute", "memory")
+
+
+def test_json_parts_sum_to_the_total(capsys: pytest.CaptureFixture[str]) -> None:
+    p = budget_json(capsys, "llama-3-8b")["params"]
+    parts = ("attention", "mlp", "experts", "router", "norms", "embedding", "position", "head")
+    assert sum(p.get(k, 0) for k in parts) == p["total"]
+
+
+@pytest.mark.parametrize(("model", "total"), [
+    ("llama-3-8b", LLAMA3_8B_PARAMS), ("gpt3-175b", GPT3_175B_PARAMS),
+])
+def test_exact_parameter_counts(capsys: pytest.CaptureFixture[str], model: str,
+                                total: int) -> None:
+    assert budget_json(capsys, model)["params"]["total"] == total
+
+
+def test_kv_cache_bytes_per_token_llama3_bf16(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = budget_json(capsys, "llama-3-8b", "--dtype", "bf16")
+    # K and V x 32 layers x 8 kv heads x head_dim 128 x 2 bytes.
+    assert doc["inference"]["kv_bytes_per_token"] == 2 * 32 * 8 * 128 * 2 == 131072
+
+
+def test_recompute_costs_hardware_flops_only(capsys: pytest.CaptureFixture[str]) -> None:
+    f = {r: budget_json(capsys, "llama-3-8b", "--recompute", r)["flops"]
+         for r in ("none", "selective", "full")}
+    # The model FLOPs (what MFU counts) do not change with recompute.
+    assert f["none"]["train_per_token"] == f["selective"]["train_per_token"] \
+        == f["full"]["train_per_token"]
+    assert f["none"]["hardware_train_per_token"] == f["none"]["train_per_token"]
+    assert f["full"]["hardware_train_per_token"] > f["full"]["train_per_token"]
+    assert (f["none"]["hardware_train_per_token"] < f["selective"]["hardware_train_per_token"]
+            < f["full"]["hardware_train_per_token"])
+
+
+def test_zero1_shards_the_optimizer_over_dp(capsys: pytest.CaptureFixture[str]) -> None:
+    z0 = budget_json(capsys, "llama-3-8b", "--gpus", "8", "--zero", "0")
+    z1 = budget_json(capsys, "llama-3-8b", "--gpus", "8", "--zero", "1")
+    assert z0["layout"]["dp"] == z1["layout"]["dp"] == 8
+    m0, m1 = z0["memory"]["per_device"], z1["memory"]["per_device"]
+    assert m1["optimizer"] == pytest.approx(m0["optimizer"] / 8, rel=1e-12)
+    # ZeRO-1 leaves weights and gradients whole.
+    assert m1["weights"] == m0["weights"]
+    assert m1["gradients"] == m0["gradients"]
+
+
+def test_gpt3_does_not_fit_one_h100(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = budget_json(capsys, "gpt3-175b", "--gpu", "H100 SXM")
+    assert doc["layout"]["gpus"] == 1
+    assert doc["memory"]["fits"] is False
+    assert doc["memory"]["per_device"]["total"] > doc["memory"]["capacity"]
+
+
+def test_config_json_path_is_a_model(capsys: pytest.CaptureFixture[str]) -> None:
+    from_file = budget_json(capsys, str(LLAMA3_CONFIG))
+    from_catalog = budget_json(capsys, "llama-3-8b")
+    assert from_file["params"]["total"] == from_catalog["params"]["total"] == LLAMA3_8B_PARAMS
+    assert from_file["flops"] == from_catalog["flops"]
+
+
+def test_snapshot_folder_is_a_model(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    folder = tmp_path / "Meta-Llama-3-8B"
+    folder.mkdir()
+    shutil.copy(LLAMA3_CONFIG, folder / "config.json")
+    doc = budget_json(capsys, str(folder))
+    assert doc["params"]["total"] == LLAMA3_8B_PARAMS
+    assert doc["model"]["name"] == "Meta-Llama-3-8B"
+
+
+# -- a bare parameter count ------------------------------------------------------------------
+
+
+def test_params_only_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = budget_json(capsys, "--params", "7.5e9", "--gpus", "64")
+    n = 7.5e9
+    tokens = doc["assumptions"]["tokens"]
+    assert tokens == 20 * n  # the Chinchilla default
+    assert doc["params"]["total"] == n
+    assert doc["flops"]["train_6nd"] == pytest.approx(6 * n * tokens, rel=1e-12)
+    # bf16 mixed precision with Adam, ZeRO-0: 2 + 2 + 12 bytes per parameter.
+    assert doc["memory"]["per_device"]["total"] == pytest.approx(16 * n, rel=1e-12)
+    seconds = 6 * n * tokens / (64 * doc["hardware"]["peak_flops"] * doc["assumptions"]["mfu"])
+    assert doc["time"]["train_days"] == pytest.approx(seconds / 86400, rel=1e-9)
+
+
+def test_params_only_budget_takes_explicit_tokens(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = budget_json(capsys, "--params", "7.5e9", "--gpus", "64", "--tokens", "1e12")
+    assert doc["assumptions"]["tokens"] == 1e12
+    assert doc["flops"]["train_6nd"] == pytest.approx(6 * 7.5e9 * 1e12, rel=1e-12)
+
+
+# -- hardware --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("query", "name"), [
+    ("a100", "A100 SXM 80GB"), ("A100", "A100 SXM 80GB"), ("nvidia a100", "A100 SXM 80GB"),
+    ("h200", "H200 SXM"), ("H100 SXM", "H100 SXM"), ("mi300x", "MI300X"),
+])
+def test_loose_gpu_names(capsys: pytest.CaptureFixture[str], query: str, name: str) -> None:
+    assert budget_json(capsys, "llama-3-8b", "--gpu", query)["hardware"]["name"] == name
+
+
+USER_HARDWARE = """\
+[[accelerator]]
+name = "My GPU"
+peak_flops = { bf16 = 1.0e15, fp32 = 6.0e13 }
+memory_bytes = 96e9
+memory_bandwidth = 3.0e12
+power_watts = 600
+gpus_per_node = 8
+intra_link = "NVLink 4"
+inter_link = { name = "IB NDR", bandwidth = 50e9, latency = 5e-6 }
+"""
+
+
+@pytest.fixture
+def hardware_file(tmp_path: Path) -> Path:
+    path = tmp_path / "hardware.toml"
+    path.write_text(USER_HARDWARE)
+    return path
+
+
+@pytest.mark.parametrize("query", ["My GPU", "my-gpu", "mygpu"])
+def test_hardware_file_adds_a_gpu(capsys: pytest.CaptureFixture[str], hardware_file: Path,
+                                  query: str) -> None:
+    doc = budget_json(capsys, "llama-3-8b", "--gpu", query, "--hardware-file", str(hardware_file))
+    hw = doc["hardware"]
+    assert hw["name"] == "My GPU"
+    assert hw["peak_flops"] == 1.0e15
+    assert hw["memory_bytes"] == 96e9
+    assert hw["intra_link"]["name"] == "NVLink 4"
+    assert hw["inter_link"] == {"name": "IB NDR", "bandwidth": 50e9, "latency": 5e-6,
+                                "source": hw["inter_link"]["source"]}
+    assert doc["memory"]["capacity"] == 96e9
+
+
+def test_user_gpu_needs_the_hardware_file(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, "budget", "llama-3-8b", "--gpu", "My GPU", "--json")
+    assert_one_line_error(code, out, err, "gpu", "My GPU")
+
+
+# -- the human view --------------------------------------------------------------------------
+
+
+def test_human_view_prints_every_section(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, "budget", "llama-3-8b")
+    assert code == 0, err
+    assert err == ""
+    for title in ("Parameters", "FLOPs", "Memory per device", "Training time", "Communication",
+                  "Inference"):
+        assert title in out, title
+    assert "llama-3-8b" in out
+    assert "H100 SXM" in out
+
+
+def test_human_view_of_a_bare_parameter_count(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, "budget", "--params", "7.5e9", "--gpus", "64")
+    assert code == 0, err
+    for title in ("Parameters", "Memory per device", "Training time", "Communication"):
+        assert title in out, title
+    assert "Inference" not in out  # needs a shape
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def bad_files(tmp_path: Path) -> dict[str, str]:
+    """Broken config.json files, by the name a BAD_INPUT entry uses for them."""
+    not_json = tmp_path / "not-json.json"
+    not_json.write_text("{ this is not JSON\n")
+    bert = tmp_path / "bert.json"
+    bert.write_text(json.dumps({"model_type": "bert", "hidden_size": 768,
+                                "num_hidden_layers": 12, "num_attention_heads": 12}))
+    no_hidden = tmp_path / "no-hidden.json"
+    config = json.loads(LLAMA3_CONFIG.read_text())
+    del config["hidden_size"]
+    no_hidden.write_text(json.dumps(config))
+    return {"not_json": str(not_json), "bert": str(bert), "no_hidden": str(no_hidden)}
+
+
+# (id, argv after `budget` with {placeholders} for bad_files, strings the error line names)
+BAD_INPUT: list[tuple[str, list[str], list[str]]] = [
+    ("unknown-model", ["llama-3-9b"], ["model", "llama-3-9b", "llama-3-8b"]),
+    ("config-not-json", ["{not_json}"], ["{not_json}", "JSON"]),
+    ("config-unknown-family", ["{bert}"], ["model_type", "bert"]),
+    ("config-missing-hidden-size", ["{no_hidden}"], ["hidden_size", "missing"]),
+    ("tp-zero", ["llama-3-8b", "--tp", "0"], ["--tp", "0"]),
+    ("tp-negative", ["llama-3-8b", "--tp", "-2"], ["--tp", "-2"]),
+    ("gpus-zero", ["llama-3-8b", "--gpus", "0"], ["--gpus", "0"]),
+    ("mfu-zero", ["llama-3-8b", "--mfu", "0"], ["--mfu", "0"]),
+    ("mfu-above-one", ["llama-3-8b", "--mfu", "1.5"], ["--mfu", "1.5"]),
+    ("mfu-not-a-number", ["llama-3-8b", "--mfu", "abc"], ["--mfu", "abc"]),
+    ("tp-not-dividing-heads", ["llama-3-8b", "--tp", "3"], ["tp", "3", "heads"]),
+    ("zero-4", ["llama-3-8b", "--zero", "4"], ["zero", "4"]),
+    ("recompute-unknown", ["llama-3-8b", "--recompute", "sometimes"],
+     ["--recompute", "sometimes"]),
+    ("dtype-unknown", ["llama-3-8b", "--dtype", "fp8x"], ["dtype", "fp8x", "bf16"]),
+    ("gpu-unknown", ["llama-3-8b", "--gpu", "H900"], ["gpu", "H900"]),
+    ("gpus-not-multiple-of-tp", ["llama-3-8b", "--gpus", "10", "--tp", "4"], ["gpus", "10"]),
+    ("gpus-not-dp-tp-pp", ["llama-3-8b", "--gpus", "8", "--dp", "2"], ["gpus", "8"]),
+    ("model-and-params", ["llama-3-8b", "--params", "7e9"], ["MODEL", "--params"]),
+    ("neither-model-nor-params", [], ["MODEL", "--params"]),
+    ("params-zero-4", ["--params", "7.5e9", "--zero", "4"], ["zero", "4"]),
+    ("params-gpus-not-multiple", ["--params", "7.5e9", "--gpus", "10", "--tp", "4"],
+     ["gpus", "10"]),
+    ("params-not-positive", ["--params", "0"], ["--params", "0"]),
+    ("hardware-file-missing", ["llama-3-8b", "--hardware-file", "/nonexistent/hw.toml"],
+     ["hardware_file", "/nonexistent/hw.toml"]),
+]
+
+
+@pytest.mark.parametrize(("argv", "needles"), [(a, n) for _, a, n in BAD_INPUT],
+                         ids=[i for i, _, _ in BAD_INPUT])
+def test_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str],
+                                          bad_files: dict[str, str], argv: list[str],
+                                          needles: list[str]) -> None:
+    argv = [a.format(**bad_files) for a in argv]
+    code, out, err = run_cli(capsys, "budget", *argv, "--json")
+    assert_one_line_error(code, out, err, *(n.format(**bad_files) for n in needles))
+
+
+@pytest.mark.parametrize(("argv", "needles"), [
+    (["budget", "llama-3-9b", "--json"], ["llama-3-9b", "llama-3-8b"]),  # a SpecError
+    (["budget", "llama-3-8b", "--mfu", "abc"], ["--mfu", "abc"]),  # an argparse error
+    (["budget", "{bert}", "--json"], ["model_type", "bert"]),  # a config.json error
+], ids=["unknown-model", "bad-mfu", "bert-config"])
+def test_bad_input_in_a_real_process_has_no_traceback(bad_files: dict[str, str],
+                                                      argv: list[str],
+                                                      needles: list[str]) -> None:
+    p = shardlab_process(*(a.format(**bad_files) for a in argv))
+    assert_one_line_error(p.returncode, p.stdout, p.stderr,
+                          *(n.format(**bad_files) for n in needles))
+
+
+# -- process boundary ------------------------------------------------------------------------
+
+
+def test_json_in_a_real_process(tmp_path: Path) -> None:
+    p = shardlab_process("budget", "llama-3-8b", "--json", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == ""
+    assert parse_one_document(p.stdout)["params"]["total"] == LLAMA3_8B_PARAMS
+
+
+def test_budget_does_not_import_torch() -> None:
+    code = ("import sys\n"
+            "from shardlab.cli import main\n"
+            "rc = main(['budget', 'hypo-100b', '--json'])\n"
+            "heavy = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
+            "sys.stderr.write(f'{rc} {heavy}')\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       check=False)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == "0 []"
+    parse_one_document(p.stdout)
+
+
+# -- bugs found and fixed: kept as regressions ------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["inf", "1e400"])
+def test_infinite_integer_flag_is_one_line(capsys: pytest.CaptureFixture[str],
+                                           value: str) -> None:
+    code, out, err = run_cli(capsys, "budget", "llama-3-8b", "--tp", value)
+    assert_one_line_error(code, out, err, "--tp", value)
+
+
+def test_params_refuses_dp_that_contradicts_gpus(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(capsys, "budget", "--params", "7.5e9", "--gpus", "64", "--dp", "2")
+    assert_one_line_error(code, out, err, "gpus", "64")
+
+
+def _closed_pipe_run(*argv: str) -> subprocess.CompletedProcess[str]:
+    """Run shardlab with stdout a pipe whose reader is already gone (`... | head -0`)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return shardlab_process(*argv, stdout=write_end)
+    finally:
+        os.close(write_end)
+
+
+def test_closed_pipe_json_exits_0() -> None:
+    p = _closed_pipe_run("budget", "llama-3-8b", "--json")
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_closed_pipe_human_view_exits_0() -> None:
+    p = _closed_pipe_run("budget", "llama-3-8b")
+    assert p.returncode == 0, p.stderr
