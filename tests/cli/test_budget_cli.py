@@ -409,3 +409,12 @@ def test_closed_pipe_json_exits_0() -> None:
 def test_closed_pipe_human_view_exits_0() -> None:
     p = _closed_pipe_run("budget", "llama-3-8b")
     assert p.returncode == 0, p.stderr
+
+
+def test_hfu_counts_recompute(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "budget", "gpt2", "--recompute", "full", "--mfu", "0.5",
+                           "--json")
+    doc = json.loads(out)
+    ratio = doc["flops"]["hardware_train_per_token"] / doc["flops"]["train_per_token"]
+    assert code == 0 and doc["time"]["mfu"] == 0.5
+    assert doc["time"]["hfu"] == pytest.approx(0.5 * ratio, rel=1e-12) and ratio > 1.2

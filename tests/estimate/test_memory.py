@@ -55,7 +55,7 @@ def test_policy_bytes() -> None:
     ("1f1b", 4, 2, 1, [2, 2, 2, 1]),
     ("zb-h1", 4, 16, 1, [4, 3, 2, 1]),
     ("zb-h2", 4, 16, 1, [7, 5, 3, 1]),
-    ("zbv", 4, 16, 2, [4, 4, 4, 4]),
+    ("zb-v", 4, 16, 2, [4, 4, 4, 4]),
     ("dualpipev", 4, 16, 2, [5, 5, 5, 5]),
 ])
 def test_inflight(schedule: str, p: int, m: int, v: int, want: list[int]) -> None:

@@ -32,7 +32,7 @@ def test_defaults() -> None:
     ({"dp": 4, "global_batch": 6}, "global_batch", "multiple of dp*micro_batch"),
     ({"pp": 4, "virtual_stages": 2, "global_batch": 6}, "global_batch", "multiple of pp"),
     ({"virtual_stages": 2, "schedule": "1f1b"}, "virtual_stages", "must be 1"),
-    ({"pp": 4, "schedule": "zbv"}, "virtual_stages", "must be 2"),
+    ({"pp": 4, "schedule": "zb-v"}, "virtual_stages", "must be 2"),
     ({"schedule": "interleaved-1f1b"}, "schedule", "pp >= 2"),
     ({"schedule": "wavy"}, "schedule", "gpipe"),
     ({"tp": 0}, "tp", "positive"),

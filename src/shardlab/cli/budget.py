@@ -19,7 +19,7 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
     g.add_argument("--pp", type=positive_int, default=1, help="pipeline stages")
     g.add_argument("--virtual-stages", type=positive_int, default=1,
-                   help="model chunks per pipeline rank (interleaved, zbv, dualpipev)")
+                   help="model chunks per pipeline rank (interleaved, zb-v, dualpipev)")
     g.add_argument("--zero", type=nonneg_int, default=0, help="ZeRO stage 0-3 (3 = FSDP)")
     g.add_argument("--sp", action="store_true", help="sequence parallel (needs tp > 1)")
     g.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per micro-batch")

@@ -67,13 +67,15 @@ def _states(params: float, policy: DtypePolicy, dp: int) -> dict[str, dict[str, 
 
 
 def _time(flops: float, tokens_per_step: float, per_step: float, gpus: int, acc: Accelerator,
-          policy: DtypePolicy, a: Assumptions) -> dict[str, Any]:
+          policy: DtypePolicy, a: Assumptions, hardware_ratio: float) -> dict[str, Any]:
     peak = acc.peak(policy.compute)
     t = train_time(flops, gpus, peak, a.mfu, a.price_per_gpu_hour, acc.power_watts)
     step = per_step / (gpus * peak * a.mfu)
+    # HFU counts the recomputed work too (PaLM, Chowdhery et al. 2022): MFU x hardware/model.
     return {"train_seconds": t.seconds, "train_days": t.days, "gpu_hours": t.gpu_hours,
             "cost": t.cost, "energy_kwh": t.energy_kwh, "step_seconds": step,
-            "tokens_per_s": tokens_per_step / step}
+            "tokens_per_s": tokens_per_step / step, "mfu": a.mfu,
+            "hfu": a.mfu * hardware_ratio}
 
 
 def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
@@ -155,7 +157,7 @@ def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
             "by_zero_stage": _states(max_params, lay.dtype, lay.dp),
         },
         "time": _time(fpt.train * tokens, lay.tokens_per_step, per_step, lay.gpus, acc,
-                      lay.dtype, a),
+                      lay.dtype, a, fpt.hardware_train / fpt.train),
         "comm": {
             "dp_bytes_per_step": dp_bytes_per_step(max_params, lay.dtype, lay.zero, lay.dp,
                                                    lay.microbatches),

@@ -82,7 +82,7 @@ def inflight_microbatches(schedule: str, pp: int, rank: int, microbatches: int,
         return float(min(2 * (p - r) - 1, m))
     if schedule == "interleaved-1f1b":
         return min(2 * (p - r - 1) + (v - 1) * p + 1, m * v) / v
-    if schedule == "zbv":
+    if schedule == "zb-v":
         return float(min(p, m))
     if schedule == "dualpipev":
         return float(min(p + 1, m))

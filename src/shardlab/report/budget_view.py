@@ -105,6 +105,7 @@ def _time(b: dict[str, Any]) -> None:
     if "step_seconds" in t:
         rows.insert(0, ("step time", human_seconds(t["step_seconds"])))
         rows.insert(1, ("throughput", human(t["tokens_per_s"], "tokens/s")))
+        rows.insert(2, ("MFU / HFU (with recompute)", f"{t['mfu']:.1%} / {t['hfu']:.1%}"))
     show(table("Training time and money", ("what", "value"), rows))
 
 

@@ -15,10 +15,10 @@ from shardlab.spec.dtypes import DtypePolicy, get_policy
 from shardlab.spec.model import ModelShape
 
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zbv",
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v",
                               "dualpipev")
 # Schedules that place two model chunks on each rank in a V shape.
-V_SCHEDULES: tuple[str, ...] = ("zbv", "dualpipev")
+V_SCHEDULES: tuple[str, ...] = ("zb-v", "dualpipev")
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ def make_layout(model: ModelShape, *, gpus: int | None = None, dp: int | None = 
             raise SpecError("schedule", schedule, "needs pp >= 2 and virtual_stages >= 2")
     elif virtual_stages > 1 and schedule not in V_SCHEDULES:
         raise SpecError("virtual_stages", virtual_stages,
-                        f"must be 1 for {schedule}; use interleaved-1f1b, zbv or dualpipev")
+                        f"must be 1 for {schedule}; use interleaved-1f1b, zb-v or dualpipev")
     m = global_batch // (dp * micro_batch)
     if schedule == "interleaved-1f1b" and m % pp:
         # Megatron-LM's interleaved schedule runs micro-batches in groups of pp.
