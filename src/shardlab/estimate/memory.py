@@ -16,13 +16,18 @@ micro-batches each pipeline rank holds at its peak. Rank r of p holds, in units
 of its own layers' micro-batches (capped by the m micro-batches of the step):
 
 * GPipe: m (all forwards before any backward);
-* 1F1B and ZB-H1: p - r (Narayanan et al. 2021; Qi et al. 2024);
-* ZB-H2: 2(p - r) - 1 (Qi et al. 2024, up to 2p - 1 on the first stage);
+* 1F1B: p - r (Narayanan et al. 2021);
+* ZB-H1: p on every rank (rank r postpones its W by r steps and activations stay
+  until W: the first stage's 1F1B peak, Qi et al. 2024);
+* ZB-H2: 2p - 1 on every rank (Qi et al. 2024);
 * interleaved 1F1B, v chunks: Megatron-LM's warm-up count 2(p - r - 1) + (v - 1)p + 1
   chunk micro-batches, which on the first stage is p·(1 + (p-1)/(p·v)) stage
   micro-batches (Korthikanti et al. 2022 Sec. 4.2.3);
-* ZB-V: p on every rank (Qi et al. 2024, same as 1F1B's first stage);
-* DualPipeV: p + 1 on every rank (DeepSeek-V3 report, Table 2).
+* ZB-V: p on every rank (2p half-size chunk micro-batches; Qi et al. 2024 Sec. 6);
+* DualPipeV: p + 1/2 on every rank (2p + 1 half-size chunk micro-batches).
+
+Every count is the peak that :mod:`shardlab.schedules.simulate` measures on the
+generated schedule (``tests/schedules`` checks that they agree).
 
 Not modelled: allocator fragmentation, communication buffers, FSDP's transient
 unsharded parameters, CUDA context and workspace (budget a few GB for them).
@@ -76,16 +81,18 @@ def inflight_microbatches(schedule: str, pp: int, rank: int, microbatches: int,
     p, r, m, v = pp, rank, microbatches, virtual_stages
     if schedule == "gpipe":
         return float(m)
-    if schedule in ("1f1b", "zb-h1"):
+    if schedule == "1f1b":
         return float(min(p - r, m))
+    if schedule == "zb-h1":
+        return float(min(p, m))
     if schedule == "zb-h2":
-        return float(min(2 * (p - r) - 1, m))
+        return float(min(2 * p - 1, m))
     if schedule == "interleaved-1f1b":
         return min(2 * (p - r - 1) + (v - 1) * p + 1, m * v) / v
     if schedule == "zb-v":
         return float(min(p, m))
     if schedule == "dualpipev":
-        return float(min(p + 1, m))
+        return min(2 * p + 1, 2 * m) / 2
     raise ValueError(f"schedule={schedule!r}")
 
 

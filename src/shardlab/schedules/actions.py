@@ -1,0 +1,101 @@
+"""The vocabulary of a pipeline schedule: actions, stage placement, and the schedule itself.
+
+A schedule is, for each pipeline rank, the ordered list of compute actions it runs.
+An action is (kind, stage, microbatch), with the kinds torch.distributed.pipelining
+uses (``torch/distributed/pipelining/schedules.py``):
+
+* ``F`` forward of one micro-batch through one stage (model chunk);
+* ``B`` full backward (input and weight gradients together);
+* ``I`` backward for the input gradient only (the zero-bubble papers call it B);
+* ``W`` backward for the weight gradient only.
+
+A model of ``pp * v`` stages is placed on ``pp`` ranks either in a loop (stage s on
+rank s mod pp: interleaved 1F1B, Narayanan et al. 2021) or in a V (stage s on
+rank s for s < pp, else on 2pp - 1 - s: ZB-V and DualPipeV, so the first and last
+stage share rank 0). Sends and receives are not listed: they follow from the
+placement (a forward output goes from stage s to s+1, its gradient back), see
+:meth:`Schedule.messages`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+KINDS_OF_ACTION = ("F", "B", "I", "W")
+
+
+class Action(NamedTuple):
+    """One compute action: kind F/B/I/W, stage (model chunk index), micro-batch."""
+
+    kind: str
+    stage: int
+    microbatch: int
+
+    def __str__(self) -> str:
+        # torch's notation: stage, kind, micro-batch (e.g. "2F0").
+        return f"{self.stage}{self.kind}{self.microbatch}"
+
+
+def loop_placement(pp: int, v: int) -> list[int]:
+    """Rank of each of the pp*v stages when they wrap around the ranks v times."""
+    return [s % pp for s in range(pp * v)]
+
+
+def v_placement(pp: int) -> list[int]:
+    """Rank of each of the 2*pp stages in a V: down the ranks and back up."""
+    return [s if s < pp else 2 * pp - 1 - s for s in range(2 * pp)]
+
+
+class Message(NamedTuple):
+    """A point-to-point transfer implied by the placement: activation or gradient."""
+
+    kind: str  # "activation" (forward) or "gradient" (backward)
+    src_rank: int
+    dst_rank: int
+    stage: int  # the stage whose output is sent
+    microbatch: int
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per-rank ordered compute actions of a pipeline schedule."""
+
+    name: str
+    pp: int
+    microbatches: int
+    virtual_stages: int
+    placement: tuple[int, ...]  # stage -> rank
+    ranks: tuple[tuple[Action, ...], ...]
+
+    @property
+    def stages(self) -> int:
+        """Model chunks in the pipeline: pp * virtual_stages."""
+        return len(self.placement)
+
+    @property
+    def splits_backward(self) -> bool:
+        """Whether backward runs as separate I and W actions anywhere."""
+        return any(a.kind == "W" for actions in self.ranks for a in actions)
+
+    @property
+    def num_actions(self) -> int:
+        """Compute actions over all ranks."""
+        return sum(len(r) for r in self.ranks)
+
+    def messages(self) -> list[Message]:
+        """Every send between different ranks: each forward's output to the next stage, each
+        backward's input gradient to the previous stage (same-rank hand-overs are not sent)."""
+        out = []
+        last = self.stages - 1
+        for actions in self.ranks:
+            for a in actions:
+                if a.kind == "F" and a.stage < last:
+                    src, dst = self.placement[a.stage], self.placement[a.stage + 1]
+                    if src != dst:
+                        out.append(Message("activation", src, dst, a.stage, a.microbatch))
+                elif a.kind in ("B", "I") and a.stage > 0:
+                    src, dst = self.placement[a.stage], self.placement[a.stage - 1]
+                    if src != dst:
+                        out.append(Message("gradient", src, dst, a.stage, a.microbatch))
+        return out
