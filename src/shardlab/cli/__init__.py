@@ -11,11 +11,11 @@ import sys
 from collections.abc import Sequence
 
 from shardlab import __version__
-from shardlab.cli import budget, catalogs
+from shardlab.cli import budget, catalogs, schedule
 from shardlab.cli.args import Parser
 from shardlab.errors import SpecError
 
-COMMANDS = (budget, catalogs)
+COMMANDS = (budget, catalogs, schedule)
 
 
 def build_parser() -> Parser:
@@ -34,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        sys.stderr.write("shardlab: error: a command is required (budget, models, hardware); "
+        sys.stderr.write("shardlab: error: a command is required (budget, models, hardware, schedule); "
                          "see shardlab --help\n")
         return 2
     try:

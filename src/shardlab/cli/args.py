@@ -43,6 +43,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+def nonneg_float(text: str) -> float:
+    """A finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (0 <= value < float("inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
+    return value
+
+
 def fraction(text: str) -> float:
     """A number in (0, 1]."""
     value = positive_float(text)

@@ -20,6 +20,7 @@ placement (a forward output goes from stage s to s+1, its gradient back), see
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple
 
 KINDS_OF_ACTION = ("F", "B", "I", "W")
@@ -72,6 +73,16 @@ class Schedule:
     def stages(self) -> int:
         """Model chunks in the pipeline: pp * virtual_stages."""
         return len(self.placement)
+
+    @cached_property
+    def chunk_of_stage(self) -> tuple[int, ...]:
+        """For each stage, its model-chunk index on its own rank (0 .. v-1, in stage order)."""
+        seen = [0] * self.pp
+        out = []
+        for rank in self.placement:
+            out.append(seen[rank])
+            seen[rank] += 1
+        return tuple(out)
 
     @property
     def splits_backward(self) -> bool:

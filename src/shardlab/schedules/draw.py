@@ -1,0 +1,134 @@
+"""Pictures of a timed schedule: ASCII rows in the terminal, PNG/SVG, Chrome trace JSON.
+
+Ranks are rows, time runs left to right; forward F, backward B (or its input half I)
+and weight-gradient W each have a colour. The Chrome trace (``chrome://tracing`` or
+https://ui.perfetto.dev) has one thread per rank and one slice per action.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from shardlab.schedules.simulate import Timing
+
+COLOURS = {"F": "#4C78A8", "B": "#54A24B", "I": "#72B7B2", "W": "#F2A93B"}
+RICH_STYLES = {"F": "bold white on blue", "B": "bold white on green", "I": "black on cyan",
+               "W": "black on yellow"}
+
+
+def ascii_rows(t: Timing, width: int = 100) -> list[list[tuple[str, str | None]]]:
+    """Per rank, a row of (character, kind) cells: the action's label where it fits, its kind
+    letter elsewhere, ``·`` when idle. ``width`` columns span the makespan."""
+    scale = width / t.makespan if t.makespan else 1.0
+    rows = []
+    for ev in t.events:
+        row: list[tuple[str, str | None]] = [("·", None)] * width
+        for e in ev:
+            a, b = round(e.start * scale), max(round(e.end * scale), round(e.start * scale) + 1)
+            label = f"{e.action.kind}{e.action.microbatch}"
+            cells = (label + e.action.kind * (b - a))[: b - a] if b - a > len(label) else (
+                e.action.kind * (b - a))
+            for i, ch in enumerate(cells):
+                if a + i < width:
+                    row[a + i] = (ch, e.action.kind)
+        rows.append(row)
+    return rows
+
+
+def ascii_timeline(t: Timing, width: int = 100) -> str:
+    """Plain-text timeline, one line per rank (``r0 |F0F·F1...|``)."""
+    return "\n".join(f"r{r:<3}|{''.join(c for c, _ in row)}|"
+                     for r, row in enumerate(ascii_rows(t, width)))
+
+
+def rich_timeline(t: Timing, width: int = 100) -> Any:
+    """The same timeline as a rich ``Text`` with a colour per kind."""
+    from rich.text import Text
+
+    out = Text()
+    for r, row in enumerate(ascii_rows(t, width)):
+        out.append(("\n" if r else "") + f"r{r:<3}|")
+        for ch, kind in row:
+            out.append(ch, style=RICH_STYLES.get(kind or "", "dim"))
+        out.append("|")
+    return out
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    """Write through a temporary file in the same folder, then rename: never a half file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_figure(t: Timing, path: str | Path) -> None:
+    """PNG or SVG (by suffix) of the timeline: ranks as rows, bars coloured by kind."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    s = t.schedule
+    fig, ax = plt.subplots(figsize=(min(24.0, 5 + t.makespan / 4), 1.2 + 0.45 * s.pp))
+    for r, ev in enumerate(t.events):
+        for kind, colour in COLOURS.items():
+            for chunk in range(s.virtual_stages):
+                bars = [(e.start, e.end - e.start) for e in ev
+                        if e.action.kind == kind and s.chunk_of_stage[e.action.stage] == chunk]
+                if bars:  # later chunks lighter, so a rank's two halves of a V stand apart
+                    ax.broken_barh(bars, (r - 0.4, 0.8), facecolors=colour,
+                                   alpha=1.0 - 0.35 * chunk / max(1, s.virtual_stages - 1),
+                                   edgecolor="white", linewidth=0.5)
+        if s.num_actions <= 400:  # label micro-batches while they stay legible
+            for e in ev:
+                ax.text((e.start + e.end) / 2, r, str(e.action.microbatch), ha="center",
+                        va="center", fontsize=7, color="white")
+    ax.set_yticks(range(s.pp), [f"rank {r}" for r in range(s.pp)])
+    ax.invert_yaxis()
+    ax.set_xlim(0, t.makespan)
+    ax.set_xlabel("time")
+    ax.set_title(f"{s.name}: p={s.pp} m={s.microbatches} v={s.virtual_stages}, "
+                 f"bubble {t.bubble:.1%}, makespan {t.makespan:g}")
+    used = {e.action.kind for ev in t.events for e in ev}
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in COLOURS.items() if k in used],
+              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    fig.tight_layout()
+    fmt = Path(path).suffix.lstrip(".").lower()
+    _atomic_write(Path(path), lambda tmp: fig.savefig(tmp, format=fmt, dpi=120))
+    plt.close(fig)
+
+
+def chrome_trace(t: Timing, time_unit_s: float = 1.0) -> dict[str, Any]:
+    """Chrome trace-event JSON: one thread per rank, one complete ("X") slice per action.
+    Times are multiplied by ``time_unit_s`` to seconds, then written in microseconds."""
+    us = 1e6 * time_unit_s
+    chunk = t.schedule.chunk_of_stage
+    events: list[dict[str, Any]] = [
+        {"name": "thread_name", "ph": "M", "pid": 0, "tid": r, "args": {"name": f"rank {r}"}}
+        for r in range(t.schedule.pp)]
+    for ev in t.events:
+        for e in ev:
+            a = e.action
+            events.append({"name": f"{a.kind}{a.microbatch}", "cat": a.kind, "ph": "X",
+                           "pid": 0, "tid": e.rank, "ts": e.start * us,
+                           "dur": (e.end - e.start) * us,
+                           "args": {"stage": a.stage, "microbatch": a.microbatch,
+                                    "chunk": chunk[a.stage]}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def save_trace(t: Timing, path: str | Path) -> None:
+    """Write :func:`chrome_trace` to ``path`` atomically."""
+    doc = chrome_trace(t)
+    _atomic_write(Path(path), lambda tmp: Path(tmp).write_text(json.dumps(doc)))
