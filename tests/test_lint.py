@@ -13,8 +13,9 @@ def test_ruff_clean() -> None:
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_estimate_does_not_import_torch() -> None:
-    code = ("import sys, shardlab.estimate.budget, shardlab.cli; "
+def test_estimate_and_schedules_do_not_import_torch() -> None:
+    code = ("import sys, shardlab.estimate.budget, shardlab.cli, shardlab.schedules.generators, "
+            "shardlab.schedules.simulate, shardlab.schedules.closed_forms; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, "importing the cost model pulled in torch"
+    assert r.returncode == 0, "importing the cost model or the schedules pulled in torch"

@@ -34,8 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        sys.stderr.write("shardlab: error: a command is required (budget, models, hardware, schedule); "
-                         "see shardlab --help\n")
+        sys.stderr.write("shardlab: error: a command is required (budget, models, hardware, "
+                         "schedule); see shardlab --help\n")
         return 2
     try:
         return int(args.run(args) or 0)

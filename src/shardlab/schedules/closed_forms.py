@@ -30,12 +30,12 @@ def bubble_interleaved(p: int, m: int, v: int) -> float:
 
 def zb_h1_idle(p: int, t_f: float, t_b: float, t_w: float) -> float:
     """ZB-H1: idle time inside the first rank's span, (p-1)(t_f + t_b - t_w)."""
-    return (p - 1) * (t_f + t_b - t_w)
+    return float((p - 1) * (t_f + t_b - t_w))
 
 
 def zb_h2_idle(p: int, t_f: float, t_b: float, t_w: float) -> float:
     """ZB-H2: idle time inside each rank's span, (p-1)(t_f + t_b - 2t_w), not below 0."""
-    return max(0.0, (p - 1) * (t_f + t_b - 2 * t_w))
+    return max(0.0, float((p - 1) * (t_f + t_b - 2 * t_w)))
 
 
 def zb_overall_bubble(p: int, m: int) -> float:

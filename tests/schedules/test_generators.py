@@ -1,0 +1,59 @@
+"""Generators: preconditions, placement, and every action exactly once."""
+
+import pytest
+
+from shardlab.errors import SpecError
+from shardlab.schedules.actions import loop_placement, v_placement
+from shardlab.schedules.generators import KINDS, build
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("p", "m"), [(1, 1), (2, 4), (4, 8), (4, 12), (5, 10), (8, 16)])
+def test_every_action_once_on_its_rank(kind: str, p: int, m: int) -> None:
+    if kind == "dualpipev" and m < 2 * p:
+        pytest.skip("dualpipev needs m >= 2p")
+    if kind == "interleaved-1f1b" and m % p:
+        pytest.skip("interleaved needs m % p == 0")
+    s = build(kind, p, m)
+    seen = [a for rank in s.ranks for a in rank]
+    assert len(seen) == len(set(seen))
+    per_pair = 3 if s.splits_backward else 2
+    assert len(seen) <= s.stages * m * 3 and len(seen) >= s.stages * m * 2
+    for r, actions in enumerate(s.ranks):
+        assert all(s.placement[a.stage] == r for a in actions)
+    if not s.splits_backward:
+        assert len(seen) == s.stages * m * per_pair
+
+
+def test_placements() -> None:
+    assert loop_placement(2, 3) == [0, 1, 0, 1, 0, 1]
+    assert v_placement(3) == [0, 1, 2, 2, 1, 0]
+    assert build("zb-v", 3, 6).chunk_of_stage == (0, 0, 0, 1, 1, 1)
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (("ring", 4, 8), "kind"),
+    (("1f1b", 0, 8), "stages"),
+    (("1f1b", 4, -1), "microbatches"),
+    (("interleaved-1f1b", 4, 6, 2), "microbatches"),
+    (("interleaved-1f1b", 4, 8, 1), "virtual"),
+    (("1f1b", 4, 8, 2), "virtual"),
+    (("zb-v", 4, 8, 3), "virtual"),
+    (("dualpipev", 4, 7), "microbatches"),
+])
+def test_preconditions_name_the_field(args: tuple, field: str) -> None:
+    with pytest.raises(SpecError) as e:
+        build(*args)
+    assert e.value.field == field
+
+
+def test_messages_follow_placement() -> None:
+    s = build("1f1b", 3, 2)
+    msgs = s.messages()
+    # Each micro-batch crosses 2 boundaries forward and 2 backward.
+    assert len(msgs) == 2 * 2 * 2
+    assert {(m.src_rank, m.dst_rank) for m in msgs if m.kind == "activation"} == {(0, 1), (1, 2)}
+    # In a V the turn at the bottom stays on the last rank: no message for it.
+    v = build("zb-v", 2, 4)
+    assert all(m.src_rank != m.dst_rank for m in v.messages())
+    assert len(v.messages()) == 4 * 2 * 2

@@ -1,0 +1,135 @@
+"""The simulator against the papers' closed forms, over many (p, m, v), and its validator."""
+
+import pytest
+from torch.testing import assert_close
+
+from shardlab.errors import SpecError
+from shardlab.estimate.memory import inflight_microbatches
+from shardlab.schedules.actions import Action, Schedule
+from shardlab.schedules.closed_forms import (
+    bubble_1f1b,
+    bubble_interleaved,
+    zb_h1_idle,
+    zb_h2_idle,
+    zb_overall_bubble,
+)
+from shardlab.schedules.generators import build
+from shardlab.schedules.simulate import Durations, simulate
+
+SIZES = [(p, m) for p in (1, 2, 3, 4, 6, 8) for m in (1, 2, 3, 4, 7, 8, 16, 33)]
+TOL = {"rtol": 1e-12, "atol": 1e-12}
+
+
+@pytest.mark.parametrize(("p", "m"), SIZES)
+def test_gpipe_and_1f1b_bubble(p: int, m: int) -> None:
+    for kind in ("gpipe", "1f1b"):
+        t = simulate(build(kind, p, m))
+        assert_close(t.bubble, bubble_1f1b(p, m), **TOL)
+        assert_close(t.makespan, 3.0 * (m + p - 1), **TOL)
+
+
+@pytest.mark.parametrize(("p", "m"), SIZES)
+def test_peak_inflight_gpipe_m_and_1f1b_p(p: int, m: int) -> None:
+    assert simulate(build("gpipe", p, m)).peak_inflight == (m,) * p
+    peaks = simulate(build("1f1b", p, m)).peak_inflight
+    assert peaks[0] == min(p, m)
+    assert list(peaks) == [min(p - r, m) for r in range(p)]
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+@pytest.mark.parametrize("groups", [1, 2, 5])
+@pytest.mark.parametrize("v", [2, 3, 4])
+def test_interleaved_bubble_and_peak(p: int, groups: int, v: int) -> None:
+    m = groups * p
+    t = simulate(build("interleaved-1f1b", p, m, v))
+    assert_close(t.bubble, bubble_interleaved(p, m, v), **TOL)
+    # Megatron's warm-up count + 1 chunk micro-batches, as the estimate uses.
+    for r in range(p):
+        assert_close(t.peak_inflight[r] / v, inflight_microbatches("interleaved-1f1b", p, r, m, v),
+                     **TOL)
+
+
+ZB_SIZES = [(p, m) for p in (2, 3, 4, 6, 8) for m in (p, 2 * p, 3 * p + 1, 40)]
+
+
+@pytest.mark.parametrize(("p", "m"), ZB_SIZES)
+@pytest.mark.parametrize("d", [Durations(1, 1, 1), Durations(1, 1.25, 0.75), Durations(2, 1.5, 1),
+                               Durations(1, 1, 0.5)])
+def test_zero_bubble_closed_forms(p: int, m: int, d: Durations) -> None:
+    h1 = simulate(build("zb-h1", p, m), d)
+    first = h1.events[0]
+    idle = (first[-1].end - first[0].start) - sum(e.end - e.start for e in first)
+    assert_close(idle, zb_h1_idle(p, d.t_f, d.t_b, d.t_w), **TOL)
+    assert max(h1.peak_inflight) == min(p, m)  # the memory of 1F1B's first stage
+    h2 = simulate(build("zb-h2", p, m), d)
+    assert max(h2.peak_inflight) <= 2 * p - 1
+    if m >= 2 * p - 1:
+        ev = h2.events[0]
+        idle2 = (ev[-1].end - ev[0].start) - sum(e.end - e.start for e in ev)
+        assert_close(idle2, zb_h2_idle(p, d.t_f, d.t_b, d.t_w), **TOL)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+@pytest.mark.parametrize("m", [8, 16, 31])
+def test_zb_h2_parallelogram(p: int, m: int) -> None:
+    if m < 2 * p - 1:
+        pytest.skip("the warm-up cannot fill before 2p - 1 micro-batches")
+    t = simulate(build("zb-h2", p, m))
+    for r, ev in enumerate(t.events):
+        assert (ev[0].start, ev[-1].end) == (r, 3 * m + r)  # busy without a gap
+    assert t.bubble_per_rank == (0.0,) * p
+    assert_close(t.bubble, zb_overall_bubble(p, m), **TOL)
+    assert t.peak_inflight == (2 * p - 1,) * p
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+@pytest.mark.parametrize("m", [8, 16, 24])
+def test_zb_v_zero_bubble_at_1f1b_memory(p: int, m: int) -> None:
+    t = simulate(build("zb-v", p, m))
+    if m >= 2 * p:
+        assert t.bubble_per_rank == (0.0,) * p
+    assert max(t.peak_inflight) <= 2 * p  # 2p half-size chunks = p stage micro-batches
+
+
+@pytest.mark.parametrize(("kind", "p", "m"), [("zb-v", 4, 16), ("dualpipev", 4, 16),
+                                              ("zb-h1", 4, 16), ("zb-h2", 4, 16)])
+def test_estimate_inflight_matches_simulation(kind: str, p: int, m: int) -> None:
+    s = build(kind, p, m)
+    t = simulate(s)
+    for r in range(p):
+        assert_close(t.peak_inflight[r] / s.virtual_stages,
+                     inflight_microbatches(kind, p, r, m, s.virtual_stages), **TOL)
+
+
+def test_latency_and_imbalance_lengthen_the_makespan() -> None:
+    s = build("1f1b", 4, 8)
+    base = simulate(s).makespan
+    assert simulate(s, Durations(p2p=0.5)).makespan > base
+    slow_last = simulate(s, Durations(stage_scale=(1, 1, 1, 2))).makespan
+    assert slow_last > base
+
+
+def _one(ranks: list[list[Action]], p: int = 2, m: int = 1) -> Schedule:
+    return Schedule("custom", p, m, 1, tuple(range(p)), tuple(tuple(r) for r in ranks))
+
+
+def test_validator_rejects_deadlock_missing_and_duplicates() -> None:
+    f0, f1 = Action("F", 0, 0), Action("F", 1, 0)
+    b0, b1 = Action("B", 0, 0), Action("B", 1, 0)
+    assert simulate(_one([[f0, b0], [f1, b1]])).makespan == 6
+    with pytest.raises(SpecError, match="deadlocks: rank 0"):
+        simulate(_one([[b0, f0], [f1, b1]]))
+    with pytest.raises(SpecError, match="missing"):
+        simulate(_one([[f0], [f1, b1]]))
+    with pytest.raises(SpecError, match="twice"):
+        simulate(_one([[f0, f0, b0], [f1, b1]]))
+    with pytest.raises(SpecError, match="lives on rank 1"):
+        simulate(_one([[f0, b0, f1], [b1]]))
+    with pytest.raises(SpecError, match="t-f"):
+        Durations(t_f=-1)
+
+
+def test_interleaved_200k_scale_is_linear() -> None:
+    # The benchmark prints the ratio; here only that the big case completes and is valid.
+    t = simulate(build("interleaved-1f1b", 16, 64, 2))
+    assert_close(t.bubble, bubble_interleaved(16, 64, 2), **TOL)
