@@ -1,0 +1,1 @@
+"""The torch side: the LM built from a ModelShape, its loss, and the corpora it trains on."""

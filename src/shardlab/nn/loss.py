@@ -1,0 +1,23 @@
+"""The causal-LM loss, summed over real tokens, so any split of a batch sums to the same.
+
+Dividing by the number of real tokens in the *whole global batch* (not averaging the
+per-device or per-micro-batch means) makes data-parallel and micro-batched training
+equal one device on the whole batch when documents have different lengths (seed 002's
+point; the mean of local means weights short documents too much).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def lm_loss_sum(logits: torch.Tensor, targets: torch.Tensor,
+                loss_mask: torch.Tensor) -> torch.Tensor:
+    """Sum of next-token cross-entropy over positions where ``loss_mask`` is 1.
+
+    logits [b, s, V], targets [b, s] (already shifted), loss_mask [b, s] of 0/1.
+    """
+    per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                reduction="none")
+    return (per_token * loss_mask.reshape(-1).to(per_token.dtype)).sum()

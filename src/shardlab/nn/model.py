@@ -1,0 +1,198 @@
+"""A decoder-only transformer LM built from a ModelShape, parameter for parameter.
+
+``gpt`` style: LayerNorm, biases on every linear layer, GELU MLP, learned positions,
+head tied to the embedding. ``llama`` style: RMSNorm, no biases (q/k/v biases with
+``qkv_bias``, as Qwen2), SwiGLU MLP, rotary positions (Su et al. 2021), grouped-query
+attention, untied head. ``numel`` equals :func:`shardlab.estimate.params.count_params`
+exactly (tested over many shapes).
+
+The layout suits sharding: blocks in ``blocks`` (a ModuleList), linear layers named
+``attn.{q,k,v,o}_proj`` and ``mlp.{gate,up,down}_proj`` so a tensor-parallel plan can
+address them (column-parallel q/k/v/gate/up, row-parallel o/down), and ``embed``,
+``pos``, ``final_norm``, ``lm_head`` that pipeline stages can own.
+
+Attention is causal and padding-aware: a key that is padding is never attended to.
+Batches are right-padded, so every real query sees at least itself.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shardlab.errors import SpecError
+from shardlab.spec.model import ModelShape
+
+ROPE_THETA = 10_000.0  # Su et al. 2021; Llama 1/2's base
+
+
+def rope_tables(seq: int, head_dim: int, dtype: torch.dtype,
+                theta: float = ROPE_THETA) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles, each [seq, head_dim] (halves repeated)."""
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.outer(torch.arange(seq, dtype=torch.float64), inv)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (i, i + hd/2) of ``x`` [b, heads, s, hd] by the position's angle."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def attention_mask(pad_mask: torch.Tensor | None, seq: int, device: torch.device) -> torch.Tensor:
+    """Boolean [b or 1, 1, s, s]: True where query i may attend key j (j <= i, key real)."""
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=device).tril()
+    if pad_mask is None:
+        return causal[None, None]
+    return causal[None, None] & pad_mask[:, None, None, :].bool()
+
+
+def make_norm(shape: ModelShape, dtype: torch.dtype) -> nn.Module:
+    """LayerNorm (scale and shift) for gpt style, RMSNorm (scale) for llama style."""
+    if shape.style == "gpt":
+        return nn.LayerNorm(shape.d_model, eps=1e-5, dtype=dtype)
+    return nn.RMSNorm(shape.d_model, eps=1e-6, dtype=dtype)
+
+
+class Attention(nn.Module):
+    """Multi-head attention with grouped K/V heads; q/k/v/o projections by name."""
+
+    def __init__(self, shape: ModelShape, dtype: torch.dtype) -> None:
+        super().__init__()
+        d, q, kv = shape.d_model, shape.q_dim, shape.kv_dim
+        qkv_bias = shape.biases or shape.qkv_bias
+        self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
+        self.rotary = shape.style == "llama"
+        self.q_proj = nn.Linear(d, q, bias=qkv_bias, dtype=dtype)
+        self.k_proj = nn.Linear(d, kv, bias=qkv_bias, dtype=dtype)
+        self.v_proj = nn.Linear(d, kv, bias=qkv_bias, dtype=dtype)
+        self.o_proj = nn.Linear(q, d, bias=shape.biases, dtype=dtype)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor,
+                rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """x [b, s, d] -> [b, s, d]."""
+        return self.o_proj(attend(self.q_proj(x), self.k_proj(x), self.v_proj(x),
+                                  self.head_dim, mask, rope if self.rotary else None))
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_dim: int,
+           mask: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """Scaled dot-product attention of projected q [b, s, hq*hd] over k, v [b, s, hkv*hd].
+
+    Shared with the tensor-parallel simulator, which calls it on a rank's own heads.
+    """
+    b, s, _ = q.shape
+    q = q.view(b, s, -1, head_dim).transpose(1, 2)  # [b, hq, s, hd]
+    k = k.view(b, s, -1, head_dim).transpose(1, 2)  # [b, hkv, s, hd]
+    v = v.view(b, s, -1, head_dim).transpose(1, 2)
+    if rope is not None:
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    group = q.shape[1] // k.shape[1]
+    if group > 1:  # each kv head serves `group` query heads (GQA, Ainslie et al. 2023)
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return out.transpose(1, 2).reshape(b, s, -1)
+
+
+class MLP(nn.Module):
+    """GELU MLP (up, down) for gpt style; SwiGLU (gate, up, down) for llama style."""
+
+    def __init__(self, shape: ModelShape, dtype: torch.dtype) -> None:
+        super().__init__()
+        d, f = shape.d_model, shape.d_ff
+        self.swiglu = shape.style == "llama"
+        if self.swiglu:
+            self.gate_proj = nn.Linear(d, f, bias=False, dtype=dtype)
+        self.up_proj = nn.Linear(d, f, bias=shape.biases, dtype=dtype)
+        self.down_proj = nn.Linear(f, d, bias=shape.biases, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [b, s, d] -> [b, s, d]."""
+        if self.swiglu:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then + mlp(norm(.))."""
+
+    def __init__(self, shape: ModelShape, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.attn_norm = make_norm(shape, dtype)
+        self.attn = Attention(shape, dtype)
+        self.mlp_norm = make_norm(shape, dtype)
+        self.mlp = MLP(shape, dtype)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """x [b, s, d] -> [b, s, d]."""
+        x = x + self.attn(self.attn_norm(x), mask, rope)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class TransformerLM(nn.Module):
+    """The LM of a ModelShape: embed -> blocks -> final norm -> head (logits)."""
+
+    def __init__(self, shape: ModelShape, dtype: torch.dtype = torch.float32,
+                 seed: int = 0) -> None:
+        super().__init__()
+        if shape.moe is not None:
+            raise SpecError("model", shape.name, "mixture-of-experts layers are not built "
+                            "in torch by shardlab yet (the cost model covers them)")
+        self.shape = shape
+        self.embed = nn.Embedding(shape.vocab, shape.d_model, dtype=dtype)
+        self.pos = (nn.Embedding(shape.context, shape.d_model, dtype=dtype)
+                    if shape.style == "gpt" else None)
+        self.blocks = nn.ModuleList(Block(shape, dtype) for _ in range(shape.layers))
+        self.final_norm = make_norm(shape, dtype)
+        self.lm_head = nn.Linear(shape.d_model, shape.vocab, bias=False, dtype=dtype)
+        if shape.tied:
+            self.lm_head.weight = self.embed.weight
+        self.reset_parameters(seed)
+
+    @torch.no_grad()
+    def reset_parameters(self, seed: int) -> None:
+        """GPT-2's init (Radford et al. 2019): N(0, 0.02) weights, zero biases, unit norms;
+        deterministic from ``seed`` and independent of the global RNG."""
+        gen = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+            elif "norm" in name:
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.02)
+
+    def rope(self, seq: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Rotary tables for ``seq`` positions (None for learned positions)."""
+        if self.shape.style == "gpt":
+            return None
+        return rope_tables(seq, self.shape.head_dim, self.embed.weight.dtype)
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [b, s] -> hidden [b, s, d] (token plus learned position for gpt style)."""
+        h = self.embed(ids)
+        if self.pos is not None:
+            h = h + self.pos(torch.arange(ids.shape[1], device=ids.device))
+        return h
+
+    def forward(self, ids: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """ids [b, s] (and 1/0 pad_mask [b, s]) -> logits [b, s, vocab]."""
+        seq = ids.shape[1]
+        if seq > self.shape.context and self.pos is not None:
+            raise SpecError("seq", seq, f"must be <= context ({self.shape.context})")
+        mask = attention_mask(pad_mask, seq, ids.device)
+        rope = self.rope(seq)
+        h = self.embed_tokens(ids)
+        for block in self.blocks:
+            h = block(h, mask, rope)
+        return self.lm_head(self.final_norm(h))
+
+
+def numel(model: nn.Module) -> int:
+    """Distinct parameters (a tied head counted once)."""
+    return sum(p.numel() for p in model.parameters())
