@@ -28,8 +28,8 @@ def test_numel_equals_cost_model(shape: ModelShape) -> None:
 
 def test_a_catalog_shape_cut_to_two_layers() -> None:
     big = get_model("qwen2.5-7b")  # GQA, qkv biases, untied head, explicit sizes
-    cut = ModelShape("q", 1, big.d_model // 16, big.heads // 4, 1000, 64,
-                     kv_heads=big.kv_heads, d_ff=big.d_ff // 16, style="llama", tied=False,
+    cut = ModelShape("q", 1, big.d_model // 14, big.heads // 7 * 2, 1000, 64,
+                     kv_heads=big.kv_heads // 2, d_ff=big.d_ff // 16, style="llama", tied=False,
                      qkv_bias=True)
     assert numel(TransformerLM(cut)) == count_params(cut).total
 
