@@ -13,9 +13,10 @@ from typing import Any
 from shardlab.estimate.activations import layer_activation_bytes
 from shardlab.estimate.comm import (
     dp_bytes_per_step,
-    pp_bytes_per_step,
+    embedding_sync_bytes,
+    pp_bytes_per_rank,
     ring_allreduce_seconds,
-    tp_bytes_per_step,
+    tp_bytes_per_stage,
 )
 from shardlab.estimate.flops import flops_per_token, train_flops_6nd
 from shardlab.estimate.inference import (
@@ -161,9 +162,9 @@ def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
         "comm": {
             "dp_bytes_per_step": dp_bytes_per_step(max_params, lay.dtype, lay.zero, lay.dp,
                                                    lay.microbatches),
-            "tp_bytes_per_step": tp_bytes_per_step(
-                m, lay, max(rank_layers(m.layers, lay.pp, lay.virtual_stages))),
-            "pp_bytes_per_step": pp_bytes_per_step(m, lay),
+            "tp_bytes_per_step": max(tp_bytes_per_stage(m, lay)),
+            "pp_bytes_per_step": max(pp_bytes_per_rank(m, lay)),
+            "embedding_sync_bytes_per_step": embedding_sync_bytes(m, lay),
             "dp_bytes_per_step_by_zero": {
                 str(z): dp_bytes_per_step(max_params, lay.dtype, z, lay.dp, lay.microbatches)
                 for z in range(4)},

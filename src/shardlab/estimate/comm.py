@@ -16,14 +16,19 @@ weights again for every micro-batch: 2m gathers per step.
 Tensor parallel (Megatron-LM, Shoeybi et al. 2019): per layer and micro-batch two
 all-reduces of the b·s·h activations in forward and two in backward (sequence
 parallel turns each into an all-gather plus a reduce-scatter: the same bytes);
-full recompute runs the two forward ones again. Pipeline parallel: each chunk
-boundary sends a b·s·h activation forward and its gradient back per micro-batch,
-divided by t when tensor-parallel ranks split it (Narayanan et al. 2021's
-scatter/gather optimisation).
+full recompute runs the two forward ones again; see :func:`tp_bytes_per_stage` for
+the embedding, the head and sequence parallelism's gradient all-reduce. Pipeline
+parallel: each chunk boundary sends a b·s·h activation forward and its gradient
+back per micro-batch, divided by t when tensor-parallel ranks split it (Narayanan
+et al. 2021's scatter/gather optimisation).
+
+Every function gives what one rank sends; the simulator counts the same bytes per
+virtual device and ``shardlab simulate`` checks them for equality.
 """
 
 from __future__ import annotations
 
+from shardlab.estimate.partition import layer_replicated_params, rank_layers
 from shardlab.spec.dtypes import DtypePolicy
 from shardlab.spec.hardware import Link
 from shardlab.spec.layout import Layout
@@ -66,19 +71,39 @@ def dp_bytes_per_step(params: float, policy: DtypePolicy, zero: int, dp: int,
     return ring_gather_bytes(2 * microbatches * w + g, dp)
 
 
-def tp_bytes_per_step(m: ModelShape, layout: Layout, layers: int) -> float:
-    """Bytes one tensor-parallel rank sends per step for ``layers`` layers (module docstring).
+def tp_bytes_per_stage(m: ModelShape, layout: Layout, vocab_parallel: bool = True
+                       ) -> list[float]:
+    """Bytes one tensor-parallel rank of each pipeline stage sends per step.
 
-    One more all-reduce per micro-batch is counted for the vocabulary-parallel
-    embedding's output (first stage) or the head's input gradient (last stage).
+    Per layer and micro-batch 4 all-reduces of b·s·h (6 with full recompute; sequence
+    parallel sends the same bytes as all-gathers and reduce-scatters). Around the
+    layers, per micro-batch: with a vocabulary-parallel embedding and head (Megatron),
+    one all-reduce-worth each on the first and the last stage; with both kept whole on
+    every rank (``vocab_parallel=False``, the simulator), nothing without sequence
+    parallelism, and with it one all-gather on each: the embedding output's scatter
+    is gathered back in backward, the last layer's output is gathered for the head.
+    With sequence parallelism the gradients of the norms and row-parallel biases are
+    all-reduced once per step.
     """
-    lay = layout
-    if lay.tp == 1:
-        return 0.0
+    lay, t = layout, layout.tp
+    if t == 1:
+        return [0.0] * lay.pp
     act = lay.micro_batch * lay.seq * m.d_model * lay.dtype.activation_bytes
     per_layer = 6 if lay.recompute == "full" else 4
-    calls = lay.microbatches * (per_layer * layers + 1)
-    return calls * ring_allreduce_bytes(act, lay.tp)
+    out = []
+    for r, layers in enumerate(rank_layers(m.layers, lay.pp, lay.virtual_stages)):
+        ends = (r == 0) + (r == lay.pp - 1)
+        calls = lay.microbatches * per_layer * layers
+        nbytes = calls * ring_allreduce_bytes(act, t)
+        if vocab_parallel:
+            nbytes += lay.microbatches * ends * ring_allreduce_bytes(act, t)
+        elif lay.sp:
+            nbytes += lay.microbatches * ends * ring_gather_bytes(act, t)
+        if lay.sp:
+            grads = layers * layer_replicated_params(m) * lay.dtype.grad_bytes
+            nbytes += ring_allreduce_bytes(grads, t)
+        out.append(nbytes)
+    return out
 
 
 def pp_messages_per_rank(pp: int, virtual_stages: int = 1) -> list[int]:
@@ -91,10 +116,24 @@ def pp_messages_per_rank(pp: int, virtual_stages: int = 1) -> list[int]:
     return sends
 
 
-def pp_bytes_per_step(m: ModelShape, layout: Layout) -> float:
-    """Bytes the busiest pipeline rank sends per step (activations forward, gradients back)."""
+def pp_bytes_per_rank(m: ModelShape, layout: Layout, split_by_tp: bool = True) -> list[float]:
+    """Bytes each pipeline rank sends per step (activations forward, gradients back).
+
+    Each tensor-parallel rank sends b·s·h/t (Megatron's scatter/gather, or sequence
+    parallel's natural shard); ``split_by_tp=False`` sends the whole b·s·h from each.
+    """
     lay = layout
-    if lay.pp == 1:
+    act = lay.micro_batch * lay.seq * m.d_model * lay.dtype.activation_bytes
+    if split_by_tp:
+        act /= lay.tp
+    return [n * lay.microbatches * act for n in pp_messages_per_rank(lay.pp, lay.virtual_stages)]
+
+
+def embedding_sync_bytes(m: ModelShape, layout: Layout, vocab_parallel: bool = True) -> float:
+    """Bytes the first and the last stage each send per step to keep a tied embedding and
+    head equal when they sit on different stages: an all-reduce of the embedding gradient
+    between the two (Megatron-LM's embedding group); zero otherwise."""
+    if not m.tied or layout.pp == 1:
         return 0.0
-    act = lay.micro_batch * lay.seq * m.d_model * lay.dtype.activation_bytes / lay.tp
-    return max(pp_messages_per_rank(lay.pp, lay.virtual_stages)) * lay.microbatches * act
+    rows = -(-m.vocab // layout.tp) if vocab_parallel else m.vocab
+    return ring_allreduce_bytes(rows * m.d_model * layout.dtype.grad_bytes, 2)

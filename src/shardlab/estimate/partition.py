@@ -48,9 +48,22 @@ def layer_params_per_tp_rank(m: ModelShape, tp: int, moe_layer: bool) -> int:
     return n
 
 
-def stage_params(m: ModelShape, tp: int, pp: int, virtual_stages: int = 1) -> list[int]:
-    """Parameters on one tensor-parallel rank of each pipeline rank (what ZeRO then shards)."""
-    vocab_shard = -(-m.vocab // tp) * m.d_model
+def layer_replicated_params(m: ModelShape) -> int:
+    """Parameters of one dense layer that every tensor-parallel rank holds in full: the two
+    norms and the row-parallel biases (attention output, MLP down). Under sequence
+    parallelism each rank sees only part of the sequence, so their gradients are partial
+    and need an all-reduce over the tensor-parallel group (Korthikanti et al. 2022)."""
+    return 2 * norm_params(m) + (2 * m.d_model if m.biases else 0)
+
+
+def stage_params(m: ModelShape, tp: int, pp: int, virtual_stages: int = 1,
+                 vocab_parallel: bool = True) -> list[int]:
+    """Parameters on one tensor-parallel rank of each pipeline rank (what ZeRO then shards).
+
+    ``vocab_parallel=False`` keeps the embedding and head whole on every tensor-parallel
+    rank (as shardlab's simulator does) instead of splitting the vocabulary.
+    """
+    vocab_shard = (-(-m.vocab // tp) if vocab_parallel else m.vocab) * m.d_model
     out = []
     # Dense layers come first (DeepSeek-style MoE keeps its dense layers at the bottom).
     sizes = chunk_layers(m.layers, pp, virtual_stages)

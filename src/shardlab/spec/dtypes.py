@@ -14,6 +14,7 @@ amp-bf16       4       4      8          2            torch autocast / FSDP2 Mix
                                                       fp32 params and grads, bf16 compute
 bf16-pure      2       2      4          2            everything bf16, Adam m, v in bf16
 fp32           4       4      8          4            plain fp32 Adam
+fp64           8       8      16         8            float64 Adam (the simulator's exact mode)
 =============  ======  =====  =========  ===========  ======================================
 """
 
@@ -48,6 +49,7 @@ POLICIES: dict[str, DtypePolicy] = {p.name: p for p in (
     DtypePolicy("amp-bf16", 4, 4, 8, 2, "bf16", "fp32 params/grads/Adam, bf16 autocast compute"),
     DtypePolicy("bf16-pure", 2, 2, 4, 2, "bf16", "bf16 everywhere, Adam m, v in bf16"),
     DtypePolicy("fp32", 4, 4, 8, 4, "fp32", "fp32 everywhere, Adam m, v in fp32"),
+    DtypePolicy("fp64", 8, 8, 16, 8, "fp64", "float64 everywhere (exact checks)"),
 )}
 
 
