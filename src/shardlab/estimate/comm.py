@@ -98,7 +98,10 @@ def tp_bytes_per_stage(m: ModelShape, layout: Layout, vocab_parallel: bool = Tru
         if vocab_parallel:
             nbytes += lay.microbatches * ends * ring_allreduce_bytes(act, t)
         elif lay.sp:
-            nbytes += lay.microbatches * ends * ring_gather_bytes(act, t)
+            # The embedding's split is gathered back in backward; the head's gather runs in
+            # forward, twice when the whole stage is recomputed.
+            gathers = (r == 0) + (r == lay.pp - 1) * (2 if lay.recompute == "full" else 1)
+            nbytes += lay.microbatches * gathers * ring_gather_bytes(act, t)
         if lay.sp:
             grads = layers * layer_replicated_params(m) * lay.dtype.grad_bytes
             nbytes += ring_allreduce_bytes(grads, t)

@@ -1,0 +1,157 @@
+"""Run a simulated layout beside one device, and hold both to each other and to the cost model.
+
+Checks, each with its tolerance:
+
+* ``loss``: largest relative difference of the per-step losses from one device's;
+* ``params``: largest difference of any parameter after the last step, relative to the
+  largest parameter magnitude (fp32: 1e-5; float64: 1e-12);
+* ``comm.<kind>``: bytes each device sent in every step (``tp``, ``pp``, ``embedding``,
+  ``dp``) against :mod:`shardlab.estimate.comm` for the same layout (exact; with
+  ZeRO's flat shards of unequal length, within the shards' difference);
+* ``state``: bytes of weights, gradients and AdamW moments each device holds against
+  :func:`shardlab.estimate.memory.zero_state_bytes` of its real parameter count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from shardlab.estimate.comm import (
+    dp_bytes_per_step,
+    embedding_sync_bytes,
+    pp_bytes_per_rank,
+    tp_bytes_per_stage,
+)
+from shardlab.estimate.memory import zero_state_bytes
+from shardlab.estimate.partition import stage_params
+from shardlab.nn.data import Batch
+from shardlab.nn.model import TransformerLM
+from shardlab.sim.comm import Ledger
+from shardlab.sim.engine import DEFAULT_ADAMW, AdamWConfig, Parallel, Simulator
+from shardlab.sim.reference import Reference
+from shardlab.spec.layout import Layout, make_layout
+from shardlab.spec.model import ModelShape
+
+TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}
+KINDS = ("tp", "pp", "embedding", "dp")
+
+
+@dataclass
+class Check:
+    """One check: its value, its tolerance, whether it passed."""
+
+    name: str
+    value: float
+    tolerance: float
+
+    @property
+    def passed(self) -> bool:
+        """value <= tolerance."""
+        return self.value <= self.tolerance
+
+
+@dataclass
+class Result:
+    """Everything a simulated run measured, and its checks."""
+
+    layout: Layout
+    losses: list[float]
+    reference_losses: list[float]
+    max_param_diff: float
+    max_loss_diff: float
+    comm: dict[str, dict[str, list[float]]]
+    state_bytes: list[dict[str, Any]]
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        """Every check passed."""
+        return all(c.passed for c in self.checks)
+
+
+def layout_for(shape: ModelShape, par: Parallel, global_batch: int, seq: int,
+               dtype: torch.dtype) -> Layout:
+    """The cost model's Layout of a simulated run (validates it: SpecError if it is wrong).
+
+    The simulator's ZeRO-3 runs each stage's forward again in backward (to gather the
+    weights a second time), which the cost model sees as full recompute.
+    """
+    return make_layout(shape, dp=par.dp, tp=par.tp, pp=par.pp, zero=par.zero, sp=par.sp,
+                       micro_batch=global_batch // (par.dp * par.microbatches),
+                       global_batch=global_batch, seq=seq,
+                       recompute="full" if par.zero == 3 else "none",
+                       dtype="fp64" if dtype == torch.float64 else "fp32",
+                       schedule=par.schedule)
+
+
+def predicted_bytes(shape: ModelShape, lay: Layout, stage: int) -> dict[str, float]:
+    """Bytes the cost model says one device of ``stage`` sends per step, by kind."""
+    psi = stage_params(shape, lay.tp, lay.pp, vocab_parallel=False)[stage]
+    ends = stage in (0, lay.pp - 1)
+    return {"tp": tp_bytes_per_stage(shape, lay, vocab_parallel=False)[stage],
+            "pp": pp_bytes_per_rank(shape, lay, split_by_tp=lay.sp)[stage],
+            "embedding": embedding_sync_bytes(shape, lay, vocab_parallel=False) if ends else 0.0,
+            "dp": dp_bytes_per_step(psi, lay.dtype, lay.zero, lay.dp, lay.microbatches)}
+
+
+def _rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tied: bool) -> float:
+    scale = max(float(v.abs().max()) for v in b.values())
+    worst = 0.0
+    for n, ref in b.items():
+        worst = max(worst, float((a[n] - ref).abs().max()))
+        if tied and n == "embed.weight" and "lm_head.weight" in a:  # the last stage's copy
+            worst = max(worst, float((a["lm_head.weight"] - ref).abs().max()))
+    return worst / scale
+
+
+def simulate_run(shape: ModelShape, par: Parallel, batches: list[Batch],
+                 dtype: torch.dtype = torch.float32, seed: int = 0,
+                 opt: AdamWConfig = DEFAULT_ADAMW) -> Result:
+    """Train ``len(batches)`` steps on one device and on the simulated layout; compare."""
+    seq = batches[0].seq
+    lay = layout_for(shape, par, batches[0].size, seq, dtype)
+    model = TransformerLM(shape, dtype=dtype, seed=seed)
+    ledger = Ledger()
+    sim = Simulator(shape, {n: p.detach() for n, p in model.named_parameters()}, par, opt,
+                    ledger)
+    ref = Reference(model, opt)
+    losses, ref_losses, slack = [], [], 0.0
+    counted: dict[str, list[list[float]]] = {k: [] for k in KINDS}
+    for batch in batches:
+        ledger.reset()
+        losses.append(sim.step(batch))
+        ref_losses.append(ref.step(batch))
+        for k in KINDS:
+            counted[k].append([float(ledger.sent(r, k)) for r in sorted(sim.devices)])
+    per_stage = [predicted_bytes(shape, lay, s) for s in range(par.pp)]
+    stage_of = {r: (r // par.tp) % par.pp for r in sim.devices}
+    comm = {k: {"counted_bytes": counted[k][-1],
+                "predicted_bytes": [per_stage[stage_of[r]][k] for r in sorted(sim.devices)]}
+            for k in KINDS}
+    el = lay.dtype.weight_bytes
+    if par.zero:  # flat shards of unequal length: each collective may differ by a shard
+        slack = 3 * el * max(1, 2 * par.microbatches)
+    checks = [Check("loss", max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses,
+                                                                     strict=True)),
+                    TOLERANCE[dtype]),
+              Check("params", _rel_diff(sim.full_params(), ref.params(), shape.tied),
+                    TOLERANCE[dtype])]
+    for k in KINDS:
+        worst = max(abs(c - p) for step in counted[k]
+                    for c, p in zip(step, comm[k]["predicted_bytes"], strict=True))
+        checks.append(Check(f"comm.{k}", worst, slack if k == "dp" else 0.0))
+    states = []
+    params_per_stage = stage_params(shape, par.tp, par.pp, vocab_parallel=False)
+    worst_state = 0.0
+    for r, held in sim.state_bytes().items():
+        pred = zero_state_bytes(params_per_stage[stage_of[r]], lay.dtype, par.zero, par.dp)
+        predicted = {"weights": pred.weights, "gradients": pred.gradients,
+                     "optimizer": pred.optimizer}
+        states.append({"rank": r, "counted": held, "predicted": predicted})
+        worst_state = max(worst_state, *(abs(held[k] - predicted[k]) for k in predicted))
+    checks.append(Check("state", worst_state, 4 * el if par.zero else 0.0))
+    return Result(lay, losses, ref_losses, checks[1].value, checks[0].value, comm, states,
+                  checks)

@@ -1,0 +1,439 @@
+"""Virtual-device collectives: exact results, the bytes each algorithm sends, the ledger.
+
+Values are float64 and compared with ``assert_close(rtol=1e-12, atol=1e-12)`` (only the
+summation order can differ); byte, message and call counts are compared exactly; seconds
+with ``rtol=1e-12``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.testing import assert_close
+
+from shardlab.estimate.comm import (
+    ring_allreduce_bytes,
+    ring_allreduce_seconds,
+    ring_gather_bytes,
+    ring_gather_seconds,
+)
+from shardlab.sim.comm import Ledger, VirtualGroup, ring_all_reduce_steps
+from shardlab.spec.hardware import LINKS
+
+TOL = {"rtol": 1e-12, "atol": 1e-12}
+F64 = torch.float64
+
+
+def group(p: int, ledger: Ledger | None = None, **kw) -> VirtualGroup:
+    return VirtualGroup(list(range(p)), ledger if ledger is not None else Ledger(p), "dp", **kw)
+
+
+def members(p: int, *shape: int, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=g, dtype=F64) for _ in range(p)]
+
+
+def python_sum(xs: list[torch.Tensor]) -> torch.Tensor:
+    total = torch.zeros_like(xs[0])
+    for x in xs:
+        total = total + x
+    return total
+
+
+def sent(ledger: Ledger, p: int) -> list[int]:
+    return [ledger.sent(r) for r in range(p)]
+
+
+def recv(ledger: Ledger, p: int) -> list[int]:
+    return [ledger.recv(r) for r in range(p)]
+
+
+def msgs(ledger: Ledger, p: int) -> list[int]:
+    return [ledger.messages(r) for r in range(p)]
+
+
+# ---------------------------------------------------------------------------
+# Results against the definitions
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 5])
+@pytest.mark.parametrize("shape", [(), (7,), (4, 3)])
+def test_all_reduce_is_the_sum(p: int, shape: tuple[int, ...]) -> None:
+    xs = members(p, *shape)
+    for algorithm in ("ring", "tree"):
+        out = group(p, algorithm=algorithm).all_reduce(xs)
+        assert len(out) == p
+        for y in out:
+            assert y.shape == xs[0].shape and y.dtype == F64
+            assert_close(y, python_sum(xs), **TOL)
+
+
+@pytest.mark.parametrize(("p", "rows"), [(1, 5), (3, 7), (4, 4), (4, 2), (3, 0)])
+def test_reduce_scatter_gives_member_i_the_sum_of_chunk_i(p: int, rows: int) -> None:
+    xs = members(p, rows, 3)
+    out = group(p).reduce_scatter(xs)
+    want = torch.tensor_split(python_sum(xs), p, dim=0)  # uneven: first chunks one row longer
+    assert len(out) == p
+    for y, w in zip(out, want, strict=True):
+        assert y.shape == w.shape
+        assert_close(y, w, **TOL)
+
+
+def test_all_gather_concatenates_unequal_shards() -> None:
+    xs = [torch.arange(k * 2, dtype=F64).reshape(k, 2) + 100 * k for k in (3, 1, 0, 2)]
+    out = group(4).all_gather(xs)
+    want = torch.cat(xs, dim=0)
+    assert want.shape == (6, 2)
+    for y in out:
+        assert_close(y, want, rtol=0, atol=0)
+
+
+def test_broadcast_copies_the_source() -> None:
+    xs = members(4, 3, 2)
+    out = group(4).broadcast([xs[0], None, xs[2], None], src=2)
+    for y in out:
+        assert_close(y, xs[2], rtol=0, atol=0)
+
+
+def test_all_to_all_transposes_blocks() -> None:
+    p = 3
+    xs = [[torch.full((i + j,), 10.0 * i + j, dtype=F64) for j in range(p)] for i in range(p)]
+    out = group(p).all_to_all(xs)
+    for i in range(p):
+        for j in range(p):
+            assert_close(out[j][i], xs[i][j], rtol=0, atol=0)
+
+
+def test_send_returns_a_copy() -> None:
+    x = torch.arange(6, dtype=F64)
+    y = group(2).send(x, 0, 1)
+    assert_close(y, x, rtol=0, atol=0)
+    assert y.data_ptr() != x.data_ptr()
+
+
+def test_integer_all_reduce_keeps_its_dtype() -> None:
+    xs = [torch.full((3,), i, dtype=torch.int32) for i in range(4)]
+    out = group(4).all_reduce(xs)
+    assert out[0].dtype == torch.int32
+    assert out[0].tolist() == [6, 6, 6]
+
+
+# ---------------------------------------------------------------------------
+# Bytes against the ring formulas
+# ---------------------------------------------------------------------------
+
+N = 840  # divisible by every p in 1..8
+
+
+@pytest.mark.parametrize("p", range(1, 9))
+def test_ring_all_reduce_bytes_when_divisible(p: int) -> None:
+    ledger = Ledger(p)
+    group(p, ledger).all_reduce([torch.zeros(N, dtype=torch.float32)] * p)
+    nbytes = N * 4
+    want = int(ring_allreduce_bytes(nbytes, p))
+    assert want == 2 * (p - 1) * nbytes // p
+    assert sent(ledger, p) == [want] * p
+    assert recv(ledger, p) == [want] * p
+    assert msgs(ledger, p) == [2 * (p - 1)] * p
+
+
+@pytest.mark.parametrize("p", range(1, 9))
+def test_ring_reduce_scatter_and_all_gather_bytes_when_divisible(p: int) -> None:
+    nbytes = N * 2 * 8  # N rows of 2 float64
+    ledger = Ledger(p)
+    g = group(p, ledger)
+    shards = g.reduce_scatter(members(p, N, 2))
+    want = int(ring_gather_bytes(nbytes, p))
+    assert sent(ledger, p) == [want] * p and recv(ledger, p) == [want] * p
+    assert msgs(ledger, p) == [p - 1] * p
+    ledger.reset()
+    g.all_gather(shards)
+    assert sent(ledger, p) == [want] * p and recv(ledger, p) == [want] * p
+    assert msgs(ledger, p) == [p - 1] * p
+
+
+def test_ring_all_reduce_bytes_uneven() -> None:
+    # 10 float64 over 4 members: chunks of 3, 3, 2, 2 elements = 24, 24, 16, 16 bytes.
+    p, c = 4, [24, 24, 16, 16]
+    ledger = Ledger(p)
+    group(p, ledger).all_reduce(members(p, 10))
+    n = sum(c)
+    assert sent(ledger, p) == [2 * n - c[(r + 1) % p] - c[(r + 2) % p] for r in range(p)]
+    assert recv(ledger, p) == [2 * n - c[r] - c[(r + 1) % p] for r in range(p)]
+    assert sent(ledger, p) == [120, 128, 120, 112]  # not all equal
+    assert sum(sent(ledger, p)) == sum(recv(ledger, p)) == 2 * (p - 1) * n
+
+
+@pytest.mark.parametrize(("p", "numel"), [(3, 10), (5, 3), (8, 17), (6, 0)])
+def test_uneven_totals(p: int, numel: int) -> None:
+    ledger = Ledger(p)
+    g = group(p, ledger)
+    g.all_reduce(members(p, numel))
+    assert sum(sent(ledger, p)) == sum(recv(ledger, p)) == 2 * (p - 1) * numel * 8
+    ledger.reset()
+    g.reduce_scatter(members(p, numel, 2))
+    assert sum(sent(ledger, p)) == sum(recv(ledger, p)) == (p - 1) * numel * 2 * 8
+    assert msgs(ledger, p) == [p - 1] * p  # empty chunks are still ring steps
+    ledger.reset()
+    shards = [torch.zeros(k, dtype=F64) for k in range(p)]  # member r has r elements
+    g.all_gather(shards)
+    total = sum(range(p)) * 8
+    # Member r never sends chunk r+1 and never receives its own chunk r.
+    assert sent(ledger, p) == [total - 8 * ((r + 1) % p) for r in range(p)]
+    assert recv(ledger, p) == [total - 8 * r for r in range(p)]
+
+
+def test_size_one_groups_record_nothing() -> None:
+    ledger = Ledger(1)
+    g = group(1, ledger, link=LINKS["NVLink 4"])
+    x = members(1, 4, 2)
+    g.all_reduce(x)
+    g.reduce_scatter(x)
+    g.all_gather(x)
+    g.broadcast(x, 0)
+    g.all_to_all([x])
+    ring_all_reduce_steps(x, g)
+    assert ledger.snapshot() == {"0": {"sent": 0, "recv": 0, "messages": 0, "seconds": 0.0,
+                                       "by_kind": {}, "by_op": {}}}
+
+
+# ---------------------------------------------------------------------------
+# The literal ring against the direct computation
+# ---------------------------------------------------------------------------
+
+
+@given(p=st.integers(1, 8), shape=st.lists(st.integers(0, 5), max_size=3),
+       seed=st.integers(0, 2**16))
+def test_step_by_step_ring_matches_all_reduce(p: int, shape: list[int], seed: int) -> None:
+    xs = members(p, *shape, seed=seed)
+    direct_ledger, steps_ledger = Ledger(p), Ledger(p)
+    link = LINKS["IB NDR 400G"]
+    direct = group(p, direct_ledger, link=link).all_reduce(xs)
+    steps = ring_all_reduce_steps(xs, group(p, steps_ledger, link=link))
+    for a, b in zip(direct, steps, strict=True):
+        assert b.shape == a.shape
+        assert_close(b, a, **TOL)
+    assert steps_ledger.snapshot() == direct_ledger.snapshot()
+
+
+def test_step_by_step_ring_alone_and_unmutated() -> None:
+    xs = members(5, 11)
+    before = [x.clone() for x in xs]
+    out = ring_all_reduce_steps(xs)
+    for x, b in zip(xs, before, strict=True):
+        assert_close(x, b, rtol=0, atol=0)
+    for y in out:
+        assert_close(y, python_sum(xs), **TOL)
+
+
+# ---------------------------------------------------------------------------
+# Tree, broadcast, all-to-all and send accounting
+# ---------------------------------------------------------------------------
+
+
+def test_tree_all_reduce_bytes() -> None:
+    # Binomial tree on 8 from member 0: children 0->{1,2,4}, 2->{3}, 4->{5,6}, 6->{7}.
+    p, n = 8, 5 * 8
+    ledger = Ledger(p)
+    link = LINKS["NVLink 4"]
+    group(p, ledger, link=link, algorithm="tree").all_reduce(members(p, 5))
+    kids = [3, 0, 1, 0, 2, 0, 1, 0]
+    up = [0] + [1] * (p - 1)  # every non-root sends n to its parent once
+    assert sent(ledger, p) == [n * (k + u) for k, u in zip(kids, up, strict=True)]
+    assert recv(ledger, p) == sent(ledger, p)
+    assert msgs(ledger, p) == [k + u for k, u in zip(kids, up, strict=True)]
+    assert sum(sent(ledger, p)) == 2 * (p - 1) * n
+    assert_close(ledger.seconds(0), 2 * 3 * (link.latency + n / link.bandwidth), rtol=1e-12,
+                 atol=0)
+
+
+@pytest.mark.parametrize("p", range(2, 9))
+def test_tree_all_reduce_totals(p: int) -> None:
+    ledger = Ledger(p)
+    group(p, ledger, algorithm="tree").all_reduce(members(p, 3))
+    assert sum(sent(ledger, p)) == sum(recv(ledger, p)) == 2 * (p - 1) * 24
+    assert ledger.sent(0) == math.ceil(math.log2(p)) * 24  # the root only sends down
+
+
+def test_broadcast_accounting() -> None:
+    p, src, n = 5, 3, 4 * 8
+    xs: list[torch.Tensor | None] = [None] * p
+    xs[src] = members(1, 4)[0]
+    chain = Ledger(p)
+    group(p, chain).broadcast(xs, src)
+    # Chain 3 -> 4 -> 0 -> 1 -> 2: all but the last (member 2) send n once.
+    assert sent(chain, p) == [n, n, 0, n, n]
+    assert recv(chain, p) == [n, n, n, 0, n]
+    assert msgs(chain, p) == [1, 1, 0, 1, 1]
+    tree = Ledger(p)
+    group(p, tree, algorithm="tree").broadcast(xs, src)
+    # Binomial tree on virtual ranks v = (r - 3) mod 5: 0->{1,2,4}, 2->{3}.
+    # Member 3 is v0, member 0 is v2, member 2 is v4, members 4 and 1 are v1 and v3.
+    assert sent(tree, p) == [n, 0, 0, 3 * n, 0]
+    assert recv(tree, p) == [n, n, n, 0, n]
+    assert msgs(tree, p) == [1, 0, 0, 3, 0]
+
+
+def test_all_to_all_accounting() -> None:
+    p = 3
+    sizes = [[2, 3, 4], [0, 5, 1], [6, 7, 8]]  # elements from i to j
+    xs = [[torch.zeros(sizes[i][j], dtype=F64) for j in range(p)] for i in range(p)]
+    ledger = Ledger(p)
+    group(p, ledger).all_to_all(xs)
+    assert sent(ledger, p) == [8 * 7, 8 * 1, 8 * 13]  # own block not sent
+    assert recv(ledger, p) == [8 * 6, 8 * 10, 8 * 5]
+    assert msgs(ledger, p) == [p - 1] * p
+
+
+def test_send_accounting_uses_global_ranks() -> None:
+    ledger = Ledger(8)
+    link = LINKS["IB HDR 200G"]
+    pipe = VirtualGroup([2, 6], ledger, "pp", link=link)
+    pipe.send(torch.zeros(3, 4, dtype=torch.float32), src=1, dst=0)
+    assert ledger.sent(6) == 48 and ledger.messages(6) == 1 and ledger.recv(6) == 0
+    assert ledger.recv(2) == 48 and ledger.messages(2) == 0 and ledger.sent(2) == 0
+    assert [ledger.sent(r) for r in (0, 1, 3, 4, 5, 7)] == [0] * 6
+    for r in (2, 6):
+        assert ledger.traffic(r).by_kind["pp"]["calls"] == 1
+        assert_close(ledger.seconds(r, "pp"), link.latency + 48 / link.bandwidth, rtol=1e-12,
+                     atol=0)
+
+
+# ---------------------------------------------------------------------------
+# Ledger
+# ---------------------------------------------------------------------------
+
+
+def test_ledger_kinds_ops_snapshot_and_reset() -> None:
+    ledger = Ledger(4)
+    link = LINKS["NVLink 4"]
+    dp = VirtualGroup([0, 2], ledger, "dp", link=link)
+    tp = VirtualGroup([0, 1], ledger, "tp", link=link)
+    x = torch.zeros(8, dtype=torch.float32)
+    dp.all_reduce([x, x])
+    dp.all_reduce([x, x])
+    tp.all_gather([x, x])
+    assert ledger.sent(0, "dp") == 2 * 32 and ledger.sent(0, "tp") == 32
+    assert ledger.sent(0) == 3 * 32
+    assert ledger.sent(0, op="all_gather") == 32 and ledger.sent(0, "dp", "all_gather") == 0
+    assert ledger.traffic(0).by_kind["dp"]["calls"] == 2
+    assert ledger.traffic(0).by_op["tp/all_gather"]["calls"] == 1
+    assert ledger.sent(3) == 0 and ledger.sent(99) == 0
+    snap = ledger.snapshot()
+    assert list(snap) == ["0", "1", "2", "3"]
+    assert json.loads(json.dumps(snap)) == snap
+    assert snap["2"]["by_kind"]["dp"] == {"sent": 64, "recv": 64, "messages": 4, "calls": 2,
+                                          "seconds": ledger.seconds(2, "dp")}
+    ledger.reset()
+    assert ledger.ranks == [0, 1, 2, 3]
+    assert ledger.sent(0) == 0 and ledger.traffic(0).by_kind == {}
+    assert snap["0"]["sent"] == 96  # the snapshot is a copy
+
+
+# ---------------------------------------------------------------------------
+# No mutation, no aliasing
+# ---------------------------------------------------------------------------
+
+
+def _all_outputs(g: VirtualGroup, xs: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    return [
+        g.all_reduce(xs),
+        ring_all_reduce_steps(xs),
+        g.reduce_scatter(xs),
+        g.all_gather(xs),
+        g.broadcast(list(xs), 1),
+        [y for row in g.all_to_all([list(xs) for _ in xs]) for y in row],
+        [g.send(xs[0], 0, 2)],
+    ]
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree"])
+def test_inputs_untouched_and_outputs_private(algorithm: str) -> None:
+    xs = members(3, 6, 2)
+    before = [x.clone() for x in xs]
+    outs = _all_outputs(group(3, algorithm=algorithm), xs)
+    for x, b in zip(xs, before, strict=True):
+        assert_close(x, b, rtol=0, atol=0)
+    input_ptrs = {x.untyped_storage().data_ptr() for x in xs}
+    for out in outs:
+        ptrs = [y.untyped_storage().data_ptr() for y in out]
+        assert len(set(ptrs)) == len(ptrs), "two outputs share memory"
+        assert not set(ptrs) & input_ptrs, "an output shares memory with an input"
+        if len(out) > 1:
+            keep = out[1].clone()
+            out[0].add_(1.0)
+            assert_close(out[1], keep, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------
+# Alpha-beta seconds
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["IB NDR 400G", "NVLink 4"])
+def test_seconds_match_the_cost_model(name: str) -> None:
+    link, p = LINKS[name], 8
+    ledger = Ledger(p)
+    g = group(p, ledger, link=link)
+    xs = [torch.zeros(N, dtype=torch.float32)] * p
+    g.all_reduce(xs)
+    want = ring_allreduce_seconds(N * 4, p, link)
+    for r in range(p):
+        assert_close(ledger.seconds(r, "dp", "all_reduce"), want, rtol=1e-12, atol=0)
+    g.reduce_scatter(xs)
+    assert_close(ledger.seconds(0, op="reduce_scatter"), ring_gather_seconds(N * 4, p, link),
+                 rtol=1e-12, atol=0)
+    assert_close(ledger.seconds(0), want + ring_gather_seconds(N * 4, p, link), rtol=1e-12,
+                 atol=0)
+
+
+def test_uneven_seconds_use_the_busiest_member() -> None:
+    link, p = LINKS["100 GbE"], 4
+    ledger = Ledger(p)
+    group(p, ledger, link=link).all_reduce(members(p, 10))
+    assert_close(ledger.seconds(0), 2 * (p - 1) * link.latency + 128 / link.bandwidth,
+                 rtol=1e-12, atol=0)
+
+
+def test_no_link_means_zero_seconds() -> None:
+    ledger = Ledger(4)
+    group(4, ledger).all_reduce(members(4, 8))
+    assert ledger.seconds(0) == 0.0 and ledger.sent(0) > 0
+
+
+# ---------------------------------------------------------------------------
+# Programming errors
+# ---------------------------------------------------------------------------
+
+
+def test_bad_calls_raise_value_error() -> None:
+    g = group(3)
+    xs = members(3, 4)
+    cases = [
+        (lambda: g.all_reduce(xs[:2]), "3 members"),
+        (lambda: g.all_reduce([xs[0], xs[1], torch.zeros(5, dtype=F64)]), "shape"),
+        (lambda: g.all_reduce([xs[0], xs[1], xs[2].float()]), "float32"),
+        (lambda: g.reduce_scatter([torch.tensor(1.0, dtype=F64)] * 3), "dimension"),
+        (lambda: g.all_gather([torch.zeros(2, 3), torch.zeros(2, 4), torch.zeros(2, 3)]),
+         "shape"),
+        (lambda: g.broadcast(list(xs), 3), "src=3"),
+        (lambda: g.broadcast([None, xs[1], xs[2]], 0), "None"),
+        (lambda: g.broadcast([xs[0], torch.zeros(2, dtype=F64), None], 0), "shape"),
+        (lambda: g.all_to_all([list(xs), list(xs), xs[:2]]), "2 blocks"),
+        (lambda: g.send(xs[0], 0, -1), "dst=-1"),
+        (lambda: g.send(xs[0], 1, 1), "both"),
+        (lambda: g.all_reduce([xs[0], xs[1], [1.0]]), "torch.Tensor"),
+        (lambda: ring_all_reduce_steps(xs, group(2)), "2 members"),
+        (lambda: VirtualGroup([0, 0], Ledger(), "dp"), "distinct"),
+        (lambda: VirtualGroup([0, 1], Ledger(), "dp", algorithm="butterfly"), "algorithm"),
+        (lambda: VirtualGroup([], Ledger(), "dp"), "at least one"),
+    ]
+    for call, words in cases:
+        with pytest.raises(ValueError, match=words):
+            call()
