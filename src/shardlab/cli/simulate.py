@@ -1,0 +1,129 @@
+"""``shardlab simulate``: K virtual devices in one process, checked against one device and
+against the cost model."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from shardlab.cli.args import nonneg_int, positive_float, positive_int
+from shardlab.cli.output import print_json
+from shardlab.errors import SpecError
+
+SIM_SCHEDULES = ("gpipe", "1f1b")
+
+
+def add_shape_args(p: argparse.ArgumentParser) -> None:
+    """The model-shape flags shared with ``train``: a small model built from flags."""
+    g = p.add_argument_group("model shape (when no MODEL is given)")
+    g.add_argument("--style", choices=("gpt", "llama"), default="llama")
+    g.add_argument("--layers", type=positive_int, default=4)
+    g.add_argument("--d-model", type=positive_int, default=64)
+    g.add_argument("--heads", type=positive_int, default=4)
+    g.add_argument("--kv-heads", type=positive_int, help="default: heads (no GQA)")
+    g.add_argument("--d-ff", type=positive_int, help="default 4 x d-model")
+    g.add_argument("--vocab", type=positive_int,
+                   help="default: the garden corpus's vocabulary size")
+    g.add_argument("--seq", type=positive_int, default=32, help="tokens per sequence")
+
+
+def register(sub: Any) -> None:
+    """Add the ``simulate`` sub-command."""
+    p = sub.add_parser("simulate", help="virtual devices in one process, checked exactly",
+                       description="Train a layout on K virtual devices in one process and "
+                       "check losses, parameters, bytes sent and bytes held against one "
+                       "device and the cost model.")
+    p.add_argument("model", nargs="?", help="catalog name or config.json (default: a small "
+                   "model from the shape flags)")
+    add_shape_args(p)
+    g = p.add_argument_group("layout")
+    g.add_argument("--dp", type=positive_int, default=2)
+    g.add_argument("--tp", type=positive_int, default=1)
+    g.add_argument("--pp", type=positive_int, default=1)
+    g.add_argument("--zero", type=nonneg_int, default=0, help="ZeRO stage 0-3")
+    g.add_argument("--sp", action="store_true", help="sequence parallel (needs tp > 1)")
+    g.add_argument("--microbatches", type=positive_int, default=2,
+                   help="micro-batches per replica")
+    g.add_argument("--schedule", choices=SIM_SCHEDULES, default="1f1b")
+    g.add_argument("--global-batch", type=positive_int,
+                   help="sequences per step (default dp x microbatches x 2)")
+    g = p.add_argument_group("run")
+    g.add_argument("--steps", type=positive_int, default=3)
+    g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    g.add_argument("--seed", type=nonneg_int, default=0)
+    g.add_argument("--lr", type=positive_float, default=1e-3, help="AdamW learning rate")
+    g.add_argument("--adam-eps", type=positive_float, default=1e-6,
+                   help="AdamW epsilon (1e-6: see docs/guide/simulate.md on fp32 checks)")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.set_defaults(run=run)
+
+
+def build_shape(args: argparse.Namespace, vocab: int) -> Any:
+    """MODEL (catalog or config.json), or the shape the flags describe."""
+    from shardlab.spec.model import ModelShape
+
+    if args.model is not None:
+        from shardlab.cli.budget import load_model
+
+        shape = load_model(args.model)
+        if shape.vocab < vocab:
+            raise SpecError("vocab", shape.vocab, f"must be >= the corpus's {vocab} words")
+        return shape
+    if args.vocab is not None and args.vocab < vocab:
+        raise SpecError("vocab", args.vocab, f"must be >= the corpus's {vocab} words")
+    return ModelShape("flags", args.layers, args.d_model, args.heads, args.vocab or vocab,
+                      args.seq, kv_heads=args.kv_heads or 0, d_ff=args.d_ff or 0,
+                      style=args.style, tied=args.style == "gpt")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate everything, then simulate and print; exit 1 when a check fails."""
+    from shardlab.nn.garden import garden_vocab
+    from shardlab.sim.engine import Parallel
+    from shardlab.sim.run import layout_for
+
+    vocab = garden_vocab().size
+    shape = build_shape(args, vocab)
+    if args.zero > 3:
+        raise SpecError("zero", args.zero, "must be 0, 1, 2 or 3")
+    par = Parallel(dp=args.dp, tp=args.tp, pp=args.pp, zero=args.zero, sp=args.sp,
+                   microbatches=args.microbatches, schedule=args.schedule)
+    global_batch = args.global_batch or args.dp * args.microbatches * 2
+    if global_batch % (args.dp * args.microbatches):
+        raise SpecError("global_batch", global_batch,
+                        f"must be a multiple of dp x microbatches ({args.dp}x{args.microbatches})")
+    import torch
+
+    dtype = torch.float64 if args.dtype == "float64" else torch.float32
+    layout_for(shape, par, global_batch, args.seq, dtype)  # every layout check, before work
+    from shardlab.nn.data import batches
+    from shardlab.nn.garden import garden_documents
+    from shardlab.sim.run import simulate_run
+
+    docs = garden_documents(max(200, 4 * global_batch * args.steps), args.seed)
+    stream = batches(docs, global_batch, args.seq, seed=args.seed)
+    from shardlab.sim.engine import AdamWConfig
+
+    result = simulate_run(shape, par, [next(stream) for _ in range(args.steps)], dtype,
+                          args.seed, AdamWConfig(lr=args.lr, eps=args.adam_eps))
+    doc = result_doc(shape, result)
+    if args.json:
+        print_json(doc)
+    else:
+        from shardlab.report.simulate_view import print_simulation
+
+        print_simulation(doc)
+    return 0 if result.passed else 1
+
+
+def result_doc(shape: Any, r: Any) -> dict[str, Any]:
+    """The JSON document of a simulated run."""
+    return {
+        "model": shape.describe(), "layout": r.layout.describe(),
+        "devices": r.layout.gpus, "passed": r.passed,
+        "max_param_diff": r.max_param_diff, "max_loss_diff": r.max_loss_diff,
+        "losses": r.losses, "reference_losses": r.reference_losses,
+        "checks": [{"name": c.name, "value": c.value, "tolerance": c.tolerance,
+                    "passed": c.passed} for c in r.checks],
+        "comm": r.comm, "state_bytes": r.state_bytes,
+    }
