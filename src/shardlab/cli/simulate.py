@@ -45,6 +45,8 @@ def register(sub: Any) -> None:
     g.add_argument("--microbatches", type=positive_int, default=2,
                    help="micro-batches per replica")
     g.add_argument("--schedule", choices=SIM_SCHEDULES, default="1f1b")
+    g.add_argument("--link", help="time every collective on this link (alpha-beta), e.g. "
+                   "'NVLink 4' (`shardlab hardware` lists them)")
     g.add_argument("--global-batch", type=positive_int,
                    help="sequences per step (default dp x microbatches x 2)")
     g = p.add_argument_group("run")
@@ -88,6 +90,12 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("zero", args.zero, "must be 0, 1, 2 or 3")
     par = Parallel(dp=args.dp, tp=args.tp, pp=args.pp, zero=args.zero, sp=args.sp,
                    microbatches=args.microbatches, schedule=args.schedule)
+    link = None
+    if args.link is not None:
+        from shardlab.spec.hardware import LINKS
+        from shardlab.spec.lookup import find
+
+        link = find("link", args.link, LINKS)
     global_batch = args.global_batch or args.dp * args.microbatches * 2
     if global_batch % (args.dp * args.microbatches):
         raise SpecError("global_batch", global_batch,
@@ -105,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     from shardlab.sim.engine import AdamWConfig
 
     result = simulate_run(shape, par, [next(stream) for _ in range(args.steps)], dtype,
-                          args.seed, AdamWConfig(lr=args.lr, eps=args.adam_eps))
+                          args.seed, AdamWConfig(lr=args.lr, eps=args.adam_eps), link)
     doc = result_doc(shape, result)
     if args.json:
         print_json(doc)
@@ -119,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
 def result_doc(shape: Any, r: Any) -> dict[str, Any]:
     """The JSON document of a simulated run."""
     return {
-        "model": shape.describe(), "layout": r.layout.describe(),
+        "model": shape.describe(), "layout": r.layout.describe(), "algorithm": "ring",
         "devices": r.layout.gpus, "passed": r.passed,
         "max_param_diff": r.max_param_diff, "max_loss_diff": r.max_loss_diff,
         "losses": r.losses, "reference_losses": r.reference_losses,

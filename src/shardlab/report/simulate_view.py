@@ -24,11 +24,11 @@ def print_simulation(doc: dict[str, Any]) -> None:
         counted, predicted = v["counted_bytes"], v["predicted_bytes"]
         if not any(counted) and not any(predicted):
             continue
-        for rank, (c, p) in enumerate(zip(counted, predicted, strict=True)):
-            rows.append((kind, rank, f"{c:,.0f}", f"{p:,.0f}", human(c, "B")))
-    show(table("Bytes sent per device in a step: counted vs cost model", ("kind", "device",
-                                                                          "counted", "predicted",
-                                                                          ""), rows))
+        for rank, (c, p, t) in enumerate(zip(counted, predicted, v["seconds"], strict=True)):
+            rows.append((kind, rank, f"{c:,.0f}", f"{p:,.0f}", human(c, "B"),
+                         f"{t * 1e6:.1f} µs" if t else "-"))
+    show(table("Bytes sent per device in a step: counted vs cost model",
+               ("kind", "device", "counted", "predicted", "", "alpha-beta time"), rows))
     show(table("Bytes held per device after a step: counted vs cost model (ZeRO)",
                ("device", "weights", "gradients", "optimizer", "predicted total"),
                [(s["rank"], f"{s['counted']['weights']:,}", f"{s['counted']['gradients']:,}",

@@ -38,6 +38,7 @@ from shardlab.schedules.simulate import simulate as time_schedule
 from shardlab.sim.comm import Ledger, VirtualGroup
 from shardlab.sim.shard import replicated_under_sp, shard, unshard
 from shardlab.sim.stage import Context, Params, Stage, make_context, stage_forward, stages_of
+from shardlab.spec.hardware import Link
 from shardlab.spec.model import ModelShape
 
 
@@ -112,19 +113,18 @@ class Simulator:
     """dp x tp x pp virtual devices holding a copy or a shard of ``model_params``."""
 
     def __init__(self, shape: ModelShape, model_params: Params, par: Parallel,
-                 opt: AdamWConfig = DEFAULT_ADAMW, ledger: Ledger | None = None) -> None:
-        self.shape, self.par, self.opt = shape, par, opt
+                 opt: AdamWConfig = DEFAULT_ADAMW, ledger: Ledger | None = None,
+                 link: Link | None = None) -> None:
+        self.shape, self.par, self.opt, self.link = shape, par, opt, link
         self.ledger = ledger or Ledger()
         self.dtype = next(iter(model_params.values())).dtype
         self.stages = stages_of(shape, par.pp)
         names = list(model_params)
         dp, tp, pp = par.dp, par.tp, par.pp
-        self.tp_groups = {(d, s): VirtualGroup([self.rank(d, s, t) for t in range(tp)],
-                                               self.ledger, "tp") for d in range(dp)
-                          for s in range(pp)}
-        self.dp_groups = {(s, t): VirtualGroup([self.rank(d, s, t) for d in range(dp)],
-                                               self.ledger, "dp") for s in range(pp)
-                          for t in range(tp)}
+        self.tp_groups = {(d, s): self.group([self.rank(d, s, t) for t in range(tp)], "tp")
+                          for d in range(dp) for s in range(pp)}
+        self.dp_groups = {(s, t): self.group([self.rank(d, s, t) for d in range(dp)], "dp")
+                          for s in range(pp) for t in range(tp)}
         self.devices: dict[int, Device] = {}
         for d in range(dp):
             for st in self.stages:
@@ -136,6 +136,10 @@ class Simulator:
                     dev = self._make_device(self.rank(d, st.index, t), local, full, t)
                     self.devices[dev.rank] = dev
         self.timing = time_schedule(build(par.schedule, pp, par.microbatches))
+
+    def group(self, ranks: list[int], kind: str) -> VirtualGroup:
+        """A group of devices whose traffic is recorded under ``kind``, timed on the link."""
+        return VirtualGroup(ranks, self.ledger, kind, self.link)
 
     def rank(self, d: int, s: int, t: int) -> int:
         """Global id of device (replica d, stage s, tensor rank t)."""
@@ -233,7 +237,7 @@ class Simulator:
         """Each tensor rank sends its tensor to the same tensor rank of stage ``dst``."""
         out = []
         for t, x in enumerate(xs):
-            pair = VirtualGroup([self.rank(d, src, t), self.rank(d, dst, t)], self.ledger, "pp")
+            pair = self.group([self.rank(d, src, t), self.rank(d, dst, t)], "pp")
             out.append(pair.send(x.detach(), 0, 1))
         return out
 
@@ -277,7 +281,7 @@ class Simulator:
                 for t in range(par.tp):
                     a = self.devices[self.rank(d, 0, t)]
                     b = self.devices[self.rank(d, par.pp - 1, t)]
-                    pair = VirtualGroup([a.rank, b.rank], self.ledger, "embedding")
+                    pair = self.group([a.rank, b.rank], "embedding")
                     ga, gb = pair.all_reduce([a.grads["embed.weight"], b.grads["lm_head.weight"]])
                     a.grads["embed.weight"], b.grads["lm_head.weight"] = ga, gb
         for group in self.dp_groups.values():

@@ -8,6 +8,7 @@ Checks, each with its tolerance:
 * ``comm.<kind>``: bytes each device sent in every step (``tp``, ``pp``, ``embedding``,
   ``dp``) against :mod:`shardlab.estimate.comm` for the same layout (exact; with
   ZeRO's flat shards of unequal length, within the shards' difference);
+* ``comm.<kind>.seconds``: with a link, the alpha-beta time of what each device sent;
 * ``state``: bytes of weights, gradients and AdamW moments each device holds against
   :func:`shardlab.estimate.memory.zero_state_bytes` of its real parameter count.
 """
@@ -32,6 +33,7 @@ from shardlab.nn.model import TransformerLM
 from shardlab.sim.comm import Ledger
 from shardlab.sim.engine import DEFAULT_ADAMW, AdamWConfig, Parallel, Simulator
 from shardlab.sim.reference import Reference
+from shardlab.spec.hardware import Link
 from shardlab.spec.layout import Layout, make_layout
 from shardlab.spec.model import ModelShape
 
@@ -109,14 +111,14 @@ def _rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tied: bool
 
 def simulate_run(shape: ModelShape, par: Parallel, batches: list[Batch],
                  dtype: torch.dtype = torch.float32, seed: int = 0,
-                 opt: AdamWConfig = DEFAULT_ADAMW) -> Result:
+                 opt: AdamWConfig = DEFAULT_ADAMW, link: Link | None = None) -> Result:
     """Train ``len(batches)`` steps on one device and on the simulated layout; compare."""
     seq = batches[0].seq
     lay = layout_for(shape, par, batches[0].size, seq, dtype)
     model = TransformerLM(shape, dtype=dtype, seed=seed)
     ledger = Ledger()
     sim = Simulator(shape, {n: p.detach() for n, p in model.named_parameters()}, par, opt,
-                    ledger)
+                    ledger, link)
     ref = Reference(model, opt)
     losses, ref_losses, slack = [], [], 0.0
     counted: dict[str, list[list[float]]] = {k: [] for k in KINDS}
@@ -126,10 +128,12 @@ def simulate_run(shape: ModelShape, par: Parallel, batches: list[Batch],
         ref_losses.append(ref.step(batch))
         for k in KINDS:
             counted[k].append([float(ledger.sent(r, k)) for r in sorted(sim.devices)])
+    seconds = {k: [ledger.seconds(r, k) for r in sorted(sim.devices)] for k in KINDS}
     per_stage = [predicted_bytes(shape, lay, s) for s in range(par.pp)]
     stage_of = {r: (r // par.tp) % par.pp for r in sim.devices}
     comm = {k: {"counted_bytes": counted[k][-1],
-                "predicted_bytes": [per_stage[stage_of[r]][k] for r in sorted(sim.devices)]}
+                "predicted_bytes": [float(per_stage[stage_of[r]][k]) for r in sorted(sim.devices)],
+                "seconds": seconds[k]}
             for k in KINDS}
     el = lay.dtype.weight_bytes
     if par.zero:  # flat shards of unequal length: each collective may differ by a shard
