@@ -1,0 +1,1 @@
+"""Real processes through torch.distributed: the launcher (later: mesh, parallelize, checkpoint)."""

@@ -1,0 +1,104 @@
+"""The launcher: results by rank, per-rank logs, and a failing rank that ends the job."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from shardlab.dist.launch import LaunchError, launch
+
+pytestmark = pytest.mark.multiprocess
+
+RANKS = textwrap.dedent('''
+    import os, sys, time
+    import torch
+    import torch.distributed as dist
+
+    def total(ctx, base):
+        t = torch.tensor([float(base + ctx.rank)])
+        dist.all_reduce(t)
+        os.write(1, b"C++-style chatter straight to fd 1\\n")
+        print("python print on rank", ctx.rank)
+        return {"rank": ctx.rank, "world": ctx.world_size, "sum": float(t),
+                "backend": ctx.backend, "marker": os.environ.get("SHARDLAB_TEST_MARKER")}
+
+    def fail(ctx, bad, how):
+        if ctx.rank == bad:
+            if how == "raise":
+                raise ValueError(f"injected on rank {ctx.rank}")
+            os._exit(7)
+        t = torch.ones(1)
+        dist.all_reduce(t)  # the healthy ranks wait here for the dead one
+        time.sleep(60)
+        return "unreachable"
+''')
+
+
+@pytest.fixture
+def ranks_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    name = f"ranks_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(RANKS)
+    monkeypatch.syspath_prepend(str(tmp_path))  # spawned workers get the parent's sys.path
+    marker = uuid.uuid4().hex
+    monkeypatch.setenv("SHARDLAB_TEST_MARKER", marker)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path),
+                                                     os.environ.get("PYTHONPATH", "")]))
+    return name
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in env:
+            found.append(int(pid))
+    return found
+
+
+def test_results_come_back_by_rank(ranks_module: str, tmp_path: Path) -> None:
+    out = launch(f"{ranks_module}:total", 2, (10,), timeout_s=30, log_dir=str(tmp_path / "l"))
+    assert [r["rank"] for r in out] == [0, 1]
+    assert all(r["sum"] == 21.0 and r["world"] == 2 and r["backend"] == "gloo" for r in out)
+    logs = sorted((tmp_path / "l").rglob("stdout.log"))
+    assert len(logs) == 2 and "chatter" in logs[0].read_text()  # the fd-level print is here
+
+
+@pytest.mark.parametrize("how", ["raise", "exit"])
+def test_a_failing_rank_ends_the_job_and_is_named(ranks_module: str, how: str) -> None:
+    marker = os.environ["SHARDLAB_TEST_MARKER"]
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as e:
+        launch(f"{ranks_module}:fail", 2, (1, how), timeout_s=20)
+    assert time.monotonic() - start < 30
+    assert e.value.rank == 1
+    if how == "raise":
+        assert "ValueError: injected on rank 1" in e.value.error
+        assert "injected on rank 1" in e.value.log_tail
+    else:
+        assert "exit code 7" in e.value.error
+    time.sleep(0.5)
+    assert _processes_with(marker) == []  # nothing left running
+
+
+def test_gloo_chatter_never_reaches_stdout(ranks_module: str, tmp_path: Path) -> None:
+    code = (f"import json, sys; sys.path.insert(0, {str(tmp_path)!r}); "
+            "from shardlab.dist.launch import launch; "
+            f"print(json.dumps(launch('{ranks_module}:total', 2, (0,), timeout_s=30)))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert [x["sum"] for x in json.loads(r.stdout)] == [1.0, 1.0]  # stdout is only the JSON
+    assert "chatter" not in r.stdout + r.stderr
