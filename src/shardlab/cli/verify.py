@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from shardlab.cli.args import positive_float, positive_int
@@ -46,6 +49,25 @@ def selected(only: str | None) -> list[str]:
     return [n for n in EXPERIMENTS if n in names]
 
 
+@contextlib.contextmanager
+def _work_dir() -> Iterator[str]:
+    """A folder every rank shares (distributed checkpoints are written there). Under
+    torchrun each rank runs this command itself, so the name comes from the job's run id
+    (on several nodes it must be on a shared file system)."""
+    from shardlab.dist.launch import under_torchrun
+
+    if not under_torchrun():
+        with tempfile.TemporaryDirectory(prefix="shardlab-verify-") as work:
+            yield work
+        return
+    import os
+
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "torchrun")
+    work = Path(tempfile.gettempdir(), f"shardlab-verify-{run_id}")
+    work.mkdir(exist_ok=True)
+    yield str(work)
+
+
 def run(args: argparse.Namespace) -> int:
     """Validate, launch, print one row per check; exit 1 when any check fails."""
     from shardlab.dist.launch import LaunchError, under_torchrun
@@ -62,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     if GLOBAL_BATCH % world:
         raise SpecError("world_size", world, f"must divide the global batch ({GLOBAL_BATCH})")
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="shardlab-verify-") as work:
+    with _work_dir() as work:
         try:
             checks = verify(names, world, work, timeout_s=args.timeout, host=args.host,
                             log_dir=args.log_dir, fault_rank=args.inject_fault)
@@ -85,10 +107,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         from shardlab.report.tables import show, table
 
+        def brief(text: str, width: int = 60) -> str:
+            return text if len(text) <= width else text[:width - 1] + "…"
+
         show(table(f"shardlab verify: {world} ranks, {doc['backend']}, torch "
-                   f"{doc['torch_version']}, {doc['elapsed_s']:.1f} s",
+                   f"{doc['torch_version']}, {doc['elapsed_s']:.1f} s (details: --json)",
                    ("check", "value", "tolerance", "result", "detail"),
                    [(c["name"], f"{c['value']:.3g}", f"{c['tolerance']:.3g}",
                      "[green]pass[/green]" if c["passed"] else "[red]FAIL[/red]",
-                     c.get("detail", "")) for c in checks]))
+                     brief(c.get("detail", ""))) for c in checks], left=1))
+        failed = sum(not c["passed"] for c in checks)
+        show(f"{len(checks)} checks: " + ("[green]all pass[/green]" if not failed
+                                          else f"[red]{failed} failed[/red]"))
     return 0 if doc["passed"] else 1

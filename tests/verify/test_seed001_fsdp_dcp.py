@@ -1,0 +1,81 @@
+"""The gloo AVG probe, FSDP2 against one process, and distributed checkpointing, on real ranks.
+
+Each experiment runs through ``shardlab.dist.launch.launch`` (about 4 s of start-up per
+launch on two cores); fsdp2 also at world size 4. Every check must pass on every rank, and
+the checkpoint's ``after`` (no process group) must pass in this process.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from shardlab.dist.launch import launch
+from shardlab.verify.gloo_avg import classify_ratio, needs_force_sum
+
+pytestmark = pytest.mark.multiprocess
+
+EXPECTED_NAMES = {
+    "gloo_avg": {"avg_ratio_is_known", "ranks_agree", "fsdp_default_path_matches_probe",
+                 "force_sum_path_correct", "workaround_applied_only_when_needed"},
+    "fsdp2": {"params_are_shard0_dtensors", "local_numel_fraction",
+              "fp32_first_grads_equal_full_batch", "fp32_params_equal_one_process",
+              "bf16_sharded_params_stay_fp32", "bf16_params_equal_same_arithmetic",
+              "bf16_drift_from_fp32"},
+    "checkpoint": {"fresh_model_differs_before_load", "params_roundtrip", "exp_avg_roundtrip",
+                   "exp_avg_sq_roundtrip", "step_roundtrip", "resumed_step_identical"},
+}
+AFTER_NAMES = {"plain_model_differs_before_load", "reshard_to_one_process",
+               "dcp_to_torch_save_model", "dcp_to_torch_save_moments"}
+
+
+def run_everywhere(module: str, world_size: int, work_dir: Path) -> list[list[dict]]:
+    """Launch the experiment; assert its checks are complete and pass on every rank."""
+    results = launch(f"shardlab.verify.{module}:run", world_size, (str(work_dir),),
+                     timeout_s=60)
+    assert len(results) == world_size
+    for rank, checks in enumerate(results):
+        names = {c["name"] for c in checks}
+        assert EXPECTED_NAMES[module] <= names, (rank, EXPECTED_NAMES[module] - names)
+        failed = [c for c in checks if not c["passed"]]
+        assert not failed, f"rank {rank}: {failed}"
+    assert [c["name"] for c in results[0]] == [c["name"] for c in results[-1]]
+    return results
+
+
+def test_ratio_classification() -> None:
+    assert classify_ratio(1.0, 2) == "honoured" and not needs_force_sum(1.0, 2)
+    assert classify_ratio(4.0, 4) == "summed" and needs_force_sum(4.0, 4)
+    assert classify_ratio(1.0 + 1e-9, 4) == "honoured"
+    assert classify_ratio(1.5, 2) is None and classify_ratio(math.nan, 2) is None
+    with pytest.raises(ValueError, match="neither honoured"):
+        needs_force_sum(3.0, 2)
+
+
+def test_gloo_avg(tmp_path: Path) -> None:
+    results = run_everywhere("gloo_avg", 2, tmp_path)
+    known = {c["name"]: c for c in results[0]}["avg_ratio_is_known"]
+    assert "AVG honoured" in known["detail"] or "AVG summed" in known["detail"]
+    assert not any(tmp_path.iterdir()), "the experiment wrote under work_dir"
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_fsdp2(tmp_path: Path, world_size: int) -> None:
+    results = run_everywhere("fsdp2", world_size, tmp_path)
+    by_name = {c["name"]: c for c in results[0]}
+    assert f"1/world = {1 / world_size:.4f}" in by_name["local_numel_fraction"]["detail"]
+    assert not any(tmp_path.iterdir()), "the experiment wrote under work_dir"
+
+
+def test_checkpoint_and_reshard(tmp_path: Path) -> None:
+    from shardlab.verify import checkpoint
+
+    run_everywhere("checkpoint", 2, tmp_path)
+    after = checkpoint.after(str(tmp_path))
+    assert {c["name"] for c in after} >= AFTER_NAMES
+    failed = [c for c in after if not c["passed"]]
+    assert not failed, failed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "consolidated.pt",
+                                                          "expected.pt"]

@@ -1,0 +1,44 @@
+"""Tensor parallelism, the DTensor redistribute tour and pipelining, on real gloo ranks.
+
+Each experiment runs through ``shardlab.dist.launch.launch`` (about 4 s of start-up
+per launch on two cores); tensor_parallel and dtensor also at world size 4, where
+heads, kv heads and shards change shape. Every check must pass on every rank.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from shardlab.dist.launch import launch
+
+pytestmark = pytest.mark.multiprocess
+
+EXPECTED_NAMES = {
+    "tensor_parallel": {"mlp_output_max_abs_diff", "mlp_weight_grad_max_abs_diff",
+                        "mlp_collectives", "attention_output_max_abs_diff",
+                        "attention_input_grad_max_abs_diff", "attention_weight_grad_max_abs_diff",
+                        "attention_placements", "attention_local_heads"},
+    "dtensor_tour": {"distribute_shard0_max_abs_diff", "shard0_to_replicate_collectives",
+                     "partial_to_replicate_collectives", "partial_to_shard0_collectives",
+                     "shard0_to_shard1_collectives", "full_tensor_max_abs_diff"},
+    "pipelining": {"gpipe_microbatch_loss_max_abs_diff", "1f1b_microbatch_loss_max_abs_diff",
+                   "gpipe_stage_grad_max_abs_diff", "1f1b_stage_grad_max_abs_diff"},
+}
+
+
+@pytest.mark.parametrize(("module", "world_size"), [
+    ("tensor_parallel", 2), ("tensor_parallel", 4),
+    ("dtensor_tour", 2), ("dtensor_tour", 4),
+    ("pipelining", 2),
+])
+def test_every_check_passes_on_every_rank(tmp_path, module: str, world_size: int) -> None:
+    results = launch(f"shardlab.verify.{module}:run", world_size, (str(tmp_path),),
+                     timeout_s=60)
+    assert len(results) == world_size
+    for rank, checks in enumerate(results):
+        names = {c["name"] for c in checks}
+        assert EXPECTED_NAMES[module] <= names, (rank, EXPECTED_NAMES[module] - names)
+        failed = [c for c in checks if not c["passed"]]
+        assert not failed, f"rank {rank}: {failed}"
+    assert [c["name"] for c in results[0]] == [c["name"] for c in results[-1]]
+    assert not any(tmp_path.iterdir()), "the experiment wrote under work_dir"
