@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -66,6 +67,8 @@ def _work_dir() -> Iterator[str]:
     work = Path(tempfile.gettempdir(), f"shardlab-verify-{run_id}")
     work.mkdir(exist_ok=True)
     yield str(work)
+    if os.environ.get("RANK") == "0":  # every rank is done: results were gathered to rank 0
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,15 +110,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         from shardlab.report.tables import show, table
 
-        def brief(text: str, width: int = 60) -> str:
-            return text if len(text) <= width else text[:width - 1] + "…"
-
         show(table(f"shardlab verify: {world} ranks, {doc['backend']}, torch "
-                   f"{doc['torch_version']}, {doc['elapsed_s']:.1f} s (details: --json)",
-                   ("check", "value", "tolerance", "result", "detail"),
+                   f"{doc['torch_version']}, {doc['elapsed_s']:.1f} s (what each measured: "
+                   "--json)", ("check", "value", "tolerance", "result"),
                    [(c["name"], f"{c['value']:.3g}", f"{c['tolerance']:.3g}",
-                     "[green]pass[/green]" if c["passed"] else "[red]FAIL[/red]",
-                     brief(c.get("detail", ""))) for c in checks], left=1))
+                     "[green]pass[/green]" if c["passed"] else "[red]FAIL[/red]")
+                    for c in checks]))
         failed = sum(not c["passed"] for c in checks)
         show(f"{len(checks)} checks: " + ("[green]all pass[/green]" if not failed
                                           else f"[red]{failed} failed[/red]"))
