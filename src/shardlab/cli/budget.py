@@ -37,7 +37,8 @@ def add_hardware_args(p: argparse.ArgumentParser) -> None:
     """--gpu, --gpus and --hardware-file."""
     g = p.add_argument_group("hardware")
     g.add_argument("--gpu", default="H100 SXM", help="accelerator name (loose match; "
-                   "`shardlab hardware` lists them)")
+                   "`shardlab hardware` lists them; `cpu` is this machine as measured by "
+                   "`shardlab hardware --measure`)")
     g.add_argument("--gpus", type=positive_int, help="devices in the job (default dp*tp*pp)")
     g.add_argument("--hardware-file", type=Path, help="TOML file of extra accelerators/links")
 
@@ -89,12 +90,12 @@ def run(args: argparse.Namespace) -> int:
     """Compute the budget and print it (tables, or one JSON document with --json)."""
     from shardlab.estimate.budget import Assumptions, model_budget, params_budget
     from shardlab.spec.dtypes import get_policy
-    from shardlab.spec.hardware import get_accelerator
+    from shardlab.spec.measure import accelerator_or_measured
     from shardlab.spec.layout import make_layout
 
     if (args.model is None) == (args.params is None):
         raise SpecError("model", args.model, "give a MODEL or --params N, not both or neither")
-    acc = get_accelerator(args.gpu, args.hardware_file)
+    acc = accelerator_or_measured(args.gpu, args.hardware_file)
     a = Assumptions(mfu=args.mfu, tokens=args.tokens, price_per_gpu_hour=args.price_per_gpu_hour,
                     causal=args.causal, attention=args.attention, dropout=args.dropout,
                     decode_batch=args.decode_batch, decode_context=args.decode_context)

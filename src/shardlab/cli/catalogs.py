@@ -7,7 +7,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from shardlab.cli.args import positive_float, positive_int
 from shardlab.cli.output import print_json
+from shardlab.errors import SpecError
 
 
 def register(sub: Any) -> None:
@@ -16,9 +18,19 @@ def register(sub: Any) -> None:
                        description="The model catalog: shapes, exact parameter counts, sources.")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(run=run_models)
-    p = sub.add_parser("hardware", help="list accelerators and links",
-                       description="Accelerators (dense peaks) and links, with sources.")
+    p = sub.add_parser("hardware", help="list accelerators and links; --measure this CPU",
+                       description="Accelerators (dense peaks) and links, with sources. "
+                       "--measure times this machine's CPU with torch (matmul FLOP/s in fp32 "
+                       "and bf16, memory copy bandwidth) and stores it in $SHARDLAB_HOME/"
+                       "cpu.json (default ~/.cache/shardlab/cpu.json); later commands can then "
+                       "use it as the accelerator \"cpu\".")
     p.add_argument("--hardware-file", type=Path, help="TOML file of extra accelerators/links")
+    p.add_argument("--measure", action="store_true",
+                   help="measure this machine's CPU with torch and store the result")
+    p.add_argument("--seconds", type=positive_float, default=None,
+                   help="time budget of --measure in seconds (default 2.0)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch threads for --measure (default: torch's setting)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(run=run_hardware)
 
@@ -41,11 +53,23 @@ def run_models(args: argparse.Namespace) -> int:
 
 
 def run_hardware(args: argparse.Namespace) -> int:
-    """Print the accelerator and link catalogs (plus a user file's entries)."""
+    """Print the accelerator and link catalogs (plus a user file's entries, plus a stored
+    CPU measurement); with ``--measure``, measure this CPU and store it instead."""
+    if args.measure:
+        return run_measure(args)
+    for flag, value in (("--seconds", args.seconds), ("--threads", args.threads)):
+        if value is not None:
+            raise SpecError(flag, value, "only goes with --measure")
     from shardlab.spec.hardware import ACCELERATORS, LINKS, load_hardware_file
+    from shardlab.spec.measure import load_measurement
 
     accels, links = (load_hardware_file(args.hardware_file) if args.hardware_file
                      else (ACCELERATORS, LINKS))
+    accels, links = dict(accels), dict(links)
+    measured = load_measurement()
+    if measured is not None:
+        accels[measured.name] = measured
+        links[measured.intra_link.name] = measured.intra_link
     doc = {"accelerators": [asdict(a) for a in accels.values()],
            "links": [asdict(k) for k in links.values()]}
     if args.json:
@@ -54,4 +78,35 @@ def run_hardware(args: argparse.Namespace) -> int:
     from shardlab.report.catalog_view import print_hardware
 
     print_hardware(doc)
+    return 0
+
+
+def run_measure(args: argparse.Namespace) -> int:
+    """Measure this CPU (``shardlab.spec.measure.measure_cpu``), store it, print the figures."""
+    if args.hardware_file is not None:
+        raise SpecError("--hardware-file", str(args.hardware_file),
+                        "does not go with --measure")
+    from shardlab.spec.measure import measure_cpu, save_measurement
+
+    seconds = 2.0 if args.seconds is None else args.seconds
+    doc = measure_cpu(seconds=seconds, threads=args.threads)
+    path = save_measurement(doc)
+    if args.json:
+        print_json({**doc, "path": str(path)})
+        return 0
+    from shardlab.report.tables import show, table
+    from shardlab.units import human, human_bytes
+
+    bf16, fp32 = doc["peak_flops"]["bf16"], doc["peak_flops"]["fp32"]
+    rows = [("fp32 matmul", f"{fp32 / 1e12:,.3f} TFLOP/s"),
+            ("bf16 matmul", f"{bf16 / 1e12:,.3f} TFLOP/s (x{bf16 / fp32:.2f} fp32)"),
+            ("memory bandwidth", f"{doc['memory_bandwidth'] / 1e9:,.1f} GB/s (read + write)"),
+            ("copy rate", human(doc["copy_bandwidth"], "B/s")),
+            ("memory", human_bytes(doc["memory_bytes"])),
+            ("power", "unknown (0 W: energy estimates are 0)"),
+            ("threads", str(doc["threads"])),
+            ("torch", doc["torch"]),
+            ("stored in", str(path))]
+    show(table(f"{doc['name']}: best runs within a {seconds:g} s budget", ("figure", "value"),
+               rows, caption=doc["method"], left=2))
     return 0

@@ -67,6 +67,9 @@ class Attention(nn.Module):
         qkv_bias = shape.biases or shape.qkv_bias
         self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
         self.rotary = shape.style == "llama"
+        # Selective activation recomputation (Korthikanti et al. 2022): keep the attention
+        # core's s x s intermediates out of memory and recompute them in backward.
+        self.recompute_core = False
         self.q_proj = nn.Linear(d, q, bias=qkv_bias, dtype=dtype)
         self.k_proj = nn.Linear(d, kv, bias=qkv_bias, dtype=dtype)
         self.v_proj = nn.Linear(d, kv, bias=qkv_bias, dtype=dtype)
@@ -75,8 +78,13 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor,
                 rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         """x [b, s, d] -> [b, s, d]."""
-        return self.o_proj(attend(self.q_proj(x), self.k_proj(x), self.v_proj(x),
-                                  self.head_dim, mask, rope if self.rotary else None))
+        args = (self.q_proj(x), self.k_proj(x), self.v_proj(x), self.head_dim, mask,
+                rope if self.rotary else None)
+        if self.recompute_core and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint
+
+            return self.o_proj(checkpoint(attend, *args, use_reentrant=False))
+        return self.o_proj(attend(*args))
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_dim: int,

@@ -1,0 +1,344 @@
+"""This machine's CPU, measured with torch and stored, so it can stand in for an accelerator.
+
+``shardlab hardware --measure`` times three things and writes one JSON file:
+
+* **peak FLOP/s per dtype** (``fp32``, ``bf16``): a square ``n x n @ n x n`` matmul
+  (``torch.mm`` into a preallocated output), ``2 n^3`` FLOPs each, repeated until a
+  quarter of the time budget has passed; the best (shortest) run counts. This is an
+  achievable dense peak of torch's CPU kernels, not a vendor figure, so an MFU computed
+  against it is an MFU against what torch can reach on this machine.
+* **memory bandwidth** (bytes/s): ``dst.copy_(src)`` of a large tensor (256 MiB by default,
+  far beyond any cache), counted as ``2 x size`` bytes (read + write) per copy; best run.
+  The **copy bandwidth** (bytes copied per second, half of that) is what one process can
+  hand to another through shared memory at best, and is the bandwidth of the loopback
+  link the measured accelerator gets.
+* **memory** (bytes): ``MemTotal`` of ``/proc/meminfo`` (or ``os.sysconf`` where there is
+  no ``/proc``), lowered to the cgroup v2 limit ``/sys/fs/cgroup/memory.max`` when one is set.
+
+**Power is not measured**: ``power_watts`` is 0, meaning unknown, and energy figures
+computed from it (``estimate.timing.train_time``: device-hours x watts) come out 0.
+
+The file goes to ``$SHARDLAB_HOME/cpu.json``, or ``~/.cache/shardlab/cpu.json`` when
+``SHARDLAB_HOME`` is unset. It records no host name. torch is imported only inside
+:func:`measure_cpu`: reading a stored measurement needs no torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from shardlab.errors import SpecError, require_positive_int, require_positive_number
+from shardlab.spec.hardware import Accelerator, Link, get_accelerator
+
+NAME = "cpu (measured)"
+"""The accelerator name a stored measurement is listed and looked up under."""
+
+NAMES = ("cpu", NAME)
+"""Names (case-insensitive) that :func:`accelerator_or_measured` resolves to the measurement."""
+
+SCHEMA = "shardlab.cpu-measurement/1"
+"""The ``schema`` field of the stored JSON document."""
+
+LOOPBACK_LATENCY = 0.15e-3
+"""Seconds: a small message between processes on one host, assumed, not measured.
+
+About 0.15 ms for a 4-byte gloo all-reduce over loopback, 2 ranks, on a 2-core
+machine (``shared/REFERENCE.md``, "Collectives")."""
+
+LOOPBACK_NAME = "loopback (shared memory)"
+
+_LOOPBACK_SOURCE = (
+    "one host, process to process: bandwidth = measured copy rate (bytes copied/s, an upper "
+    "bound: gloo over loopback reaches about 1.4-1.7 GB/s algBw on a 2-core machine); "
+    "latency 0.15 ms assumed (a 4-byte gloo all-reduce, shared/REFERENCE.md)"
+)
+
+_METHOD = (
+    "peak_flops: best of repeated torch.mm of two n x n matrices (2 n^3 FLOPs each) per dtype, "
+    "each dtype for seconds/4; memory_bandwidth: best of repeated dst.copy_(src) of copy_bytes, "
+    "counted as 2 x copy_bytes (read + write) per copy, for seconds/4; copy_bandwidth = "
+    "memory_bandwidth / 2; memory_bytes: MemTotal (/proc/meminfo or os.sysconf), capped by the "
+    "cgroup v2 memory.max; power_watts 0 = unknown (not measured)"
+)
+
+DTYPES = ("fp32", "bf16")
+
+
+# -- where the file lives --------------------------------------------------------------------
+
+
+def measurement_path() -> Path:
+    """``$SHARDLAB_HOME/cpu.json``, or ``~/.cache/shardlab/cpu.json`` when it is unset or empty."""
+    home = os.environ.get("SHARDLAB_HOME", "").strip()
+    base = Path(home).expanduser() if home else Path.home() / ".cache" / "shardlab"
+    return base / "cpu.json"
+
+
+# -- the measurement (torch) -----------------------------------------------------------------
+
+
+def _best_seconds(fn: Callable[[], object], budget: float, min_runs: int = 2) -> float:
+    """Shortest wall time (s) of ``fn()`` over repeated runs for about ``budget`` seconds.
+
+    One untimed warm-up run first (allocation, page faults, kernel choice); then at
+    least ``min_runs`` timed runs, more while the budget lasts.
+    """
+    fn()
+    best = math.inf
+    start = time.perf_counter()
+    runs = 0
+    while runs < min_runs or time.perf_counter() - start < budget:
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+        runs += 1
+    return best
+
+
+def _memory_bytes() -> tuple[float, str]:
+    """Physical memory (bytes) and where the figure came from."""
+    total, source = 0.0, ""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    total, source = float(line.split()[1]) * 1024, "/proc/meminfo MemTotal"
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if total <= 0:
+        try:
+            total = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+            source = "os.sysconf(SC_PAGE_SIZE x SC_PHYS_PAGES)"
+        except (OSError, ValueError, AttributeError):
+            total, source = 0.0, ""
+    try:
+        text = Path("/sys/fs/cgroup/memory.max").read_text(encoding="ascii").strip()
+        limit = float(text) if text != "max" else math.inf
+        if 0 < limit < (total or math.inf):
+            total, source = limit, "cgroup v2 /sys/fs/cgroup/memory.max"
+    except (OSError, ValueError):
+        pass
+    return total, source
+
+
+def _cpu_model() -> str:
+    """The ``model name`` of ``/proc/cpuinfo`` (e.g. "Intel(R) Xeon(R) Processor"), or ""."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def measure_cpu(seconds: float = 2.0, threads: int | None = None, *, matmul_n: int = 2048,
+                copy_bytes: int = 256 * 2**20) -> dict[str, Any]:
+    """Time matmuls and a memory copy on this CPU with torch; return a JSON-ready document.
+
+    ``seconds``: the whole time budget (s); fp32 matmul, bf16 matmul and the copy get a
+    quarter each (plus one warm-up run each). ``threads``: torch intra-op threads for the
+    measurement (``None``: torch's current setting; restored afterwards). ``matmul_n``:
+    the matmul side (FLOPs = 2 n^3 per matmul). ``copy_bytes``: size of the copied tensor
+    in bytes (the default 256 MiB is beyond any cache; small values measure a cache).
+
+    Returns a dict with ``name`` ("cpu (measured)"), ``peak_flops`` {"fp32", "bf16"} in
+    FLOP/s, ``memory_bytes``, ``memory_bandwidth`` (read + write bytes/s),
+    ``copy_bandwidth`` (bytes copied/s), ``power_watts`` (0 = unknown), ``threads``,
+    ``torch``, ``date`` (UTC, ISO 8601), ``cpu_model``, the sizes and budget used and a
+    ``method`` line. No host name.
+    """
+    seconds = require_positive_number("seconds", seconds)
+    matmul_n = require_positive_int("matmul_n", matmul_n)
+    copy_bytes = require_positive_int("copy_bytes", copy_bytes)
+    if threads is not None:
+        threads = require_positive_int("threads", threads)
+    try:
+        import torch
+    except ImportError:
+        raise SpecError("measure", "torch", "needs torch: pip install 'shardlab[torch]'") from None
+
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        used_threads = torch.get_num_threads()
+        budget = seconds / 4
+        peaks: dict[str, float] = {}
+        gen = torch.Generator().manual_seed(0)
+        with torch.inference_mode():
+            for key, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+                a = torch.randn(matmul_n, matmul_n, generator=gen).to(dtype)
+                b = torch.randn(matmul_n, matmul_n, generator=gen).to(dtype)
+                c = torch.empty(matmul_n, matmul_n, dtype=dtype)
+                best = _best_seconds(lambda a=a, b=b, c=c: torch.mm(a, b, out=c), budget)
+                peaks[key] = 2.0 * matmul_n**3 / best
+            elements = max(1, copy_bytes // 4)
+            src = torch.ones(elements, dtype=torch.float32)
+            dst = torch.empty_like(src)
+            best = _best_seconds(lambda src=src, dst=dst: dst.copy_(src), budget)
+            moved = src.numel() * src.element_size()
+    finally:
+        torch.set_num_threads(previous)
+
+    memory, memory_source = _memory_bytes()
+    bandwidth = 2.0 * moved / best
+    return {
+        "schema": SCHEMA,
+        "name": NAME,
+        "peak_flops": peaks,
+        "memory_bytes": memory,
+        "memory_source": memory_source,
+        "memory_bandwidth": bandwidth,
+        "copy_bandwidth": bandwidth / 2,
+        "power_watts": 0.0,
+        "power_note": "unknown, not measured: 0 W, so energy estimates come out 0",
+        "threads": used_threads,
+        "cpu_model": _cpu_model(),
+        "torch": str(torch.__version__),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "seconds": seconds,
+        "matmul_n": matmul_n,
+        "copy_bytes": moved,
+        "method": _METHOD,
+    }
+
+
+# -- storing and reading ---------------------------------------------------------------------
+
+
+def save_measurement(doc: dict[str, Any], path: str | Path | None = None) -> Path:
+    """Write ``doc`` as JSON to ``path`` (default :func:`measurement_path`) atomically.
+
+    The text goes to a temporary file in the same folder, which then replaces the
+    target (``os.replace``), so a reader never sees half a file. Returns the path.
+    A folder that cannot be written is a SpecError naming it.
+    """
+    target = Path(path) if path is not None else measurement_path()
+    text = json.dumps(doc, indent=2, sort_keys=False) + "\n"
+    tmp: str | None = None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        tmp = None
+    except OSError as e:
+        raise SpecError("measurement_file", str(target),
+                        f"cannot be written ({e.strerror}); set SHARDLAB_HOME to a writable "
+                        "folder") from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    return target
+
+
+def _bad(target: Path, what: str) -> SpecError:
+    return SpecError("measurement_file", str(target),
+                     f"{what}; run `shardlab hardware --measure` again")
+
+
+def _number(target: Path, doc: dict[str, Any], key: str, allow_zero: bool = False,
+            prefix: str = "") -> float:
+    value = doc.get(key)
+    ok = (not isinstance(value, bool) and isinstance(value, int | float)
+          and math.isfinite(value) and (value > 0 or (allow_zero and value == 0)))
+    if not ok:
+        need = "a finite number >= 0" if allow_zero else "a finite number > 0"
+        raise _bad(target, f"{prefix}{key} must be {need} (got {value!r})")
+    return float(value)
+
+
+def measurement_link(copy_bandwidth: float) -> Link:
+    """The loopback link of the measured CPU: copy rate (bytes/s), 0.15 ms latency assumed."""
+    return Link(LOOPBACK_NAME, copy_bandwidth, LOOPBACK_LATENCY, _LOOPBACK_SOURCE)
+
+
+def load_measurement(path: str | Path | None = None) -> Accelerator | None:
+    """The stored measurement as an :class:`Accelerator`, or None when there is no file.
+
+    ``path`` defaults to :func:`measurement_path`. Peaks (FLOP/s), memory (bytes) and
+    memory bandwidth (read + write bytes/s) are the measured figures; power is 0 W
+    (unknown); both links are the loopback link of :func:`measurement_link`;
+    ``gpus_per_node`` is 1 (the whole CPU, with the measured thread count, is one
+    device). A file that is not JSON, or lacks or has a bad field, is a SpecError
+    naming the file.
+    """
+    target = Path(path) if path is not None else measurement_path()
+    try:
+        text = target.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise _bad(target, f"cannot be read ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise _bad(target, "is not UTF-8 text") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise _bad(target, f"is not valid JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(doc, dict):
+        raise _bad(target, "must hold one JSON object")
+    if doc.get("schema") != SCHEMA:
+        raise _bad(target, f"schema must be {SCHEMA!r} (got {doc.get('schema')!r})")
+    flops = doc.get("peak_flops")
+    if not isinstance(flops, dict):
+        raise _bad(target, f"peak_flops must be an object of dtype: FLOP/s (got {flops!r})")
+    missing = [k for k in DTYPES if k not in flops]
+    if missing:
+        raise _bad(target, f"peak_flops lacks {', '.join(missing)}")
+    peaks = {str(k): _number(target, flops, k, prefix="peak_flops.") for k in flops}
+    memory_bandwidth = _number(target, doc, "memory_bandwidth")
+    copy_bandwidth = (_number(target, doc, "copy_bandwidth") if "copy_bandwidth" in doc
+                      else memory_bandwidth / 2)
+    threads = doc.get("threads")
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise _bad(target, f"threads must be a positive integer (got {threads!r})")
+    link = measurement_link(copy_bandwidth)
+    source = (f"measured on this machine ({doc.get('cpu_model') or 'CPU'}, {threads} threads, "
+              f"torch {doc.get('torch', '?')}, {doc.get('date', '?')}): best-of torch.mm per "
+              f"dtype and tensor copy_; power unknown (0 W); file {target}")
+    return Accelerator(
+        name=NAME,
+        peak_flops=peaks,
+        memory_bytes=_number(target, doc, "memory_bytes"),
+        memory_bandwidth=memory_bandwidth,
+        power_watts=_number(target, doc, "power_watts", allow_zero=True),
+        intra_link=link,
+        inter_link=link,
+        gpus_per_node=1,
+        source=source,
+    )
+
+
+def accelerator_or_measured(name: str, hardware_file: str | Path | None = None,
+                            path: str | Path | None = None) -> Accelerator:
+    """``name`` as an accelerator: "cpu" / "cpu (measured)" is the stored measurement.
+
+    Those two names (any case) read :func:`load_measurement` (``path`` as there); no
+    stored measurement is a SpecError telling to run ``shardlab hardware --measure``.
+    Every other name goes to :func:`shardlab.spec.hardware.get_accelerator`.
+    """
+    if name.strip().lower() in NAMES:
+        acc = load_measurement(path)
+        if acc is None:
+            where = Path(path) if path is not None else measurement_path()
+            raise SpecError("gpu", name, f"no stored CPU measurement at {where}: run "
+                            "`shardlab hardware --measure` first")
+        return acc
+    return get_accelerator(name, hardware_file)

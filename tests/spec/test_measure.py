@@ -1,0 +1,233 @@
+"""``shardlab.spec.measure`` and ``shardlab hardware --measure``: this CPU as an accelerator."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardlab.cli import main
+from shardlab.errors import SpecError
+from shardlab.spec.hardware import ACCELERATORS, Accelerator
+from shardlab.spec.measure import (
+    LOOPBACK_LATENCY,
+    NAME,
+    accelerator_or_measured,
+    load_measurement,
+    measure_cpu,
+    measurement_path,
+    save_measurement,
+)
+
+pytest.importorskip("torch")
+
+FAST = {"seconds": 0.2, "matmul_n": 128, "copy_bytes": 4 * 2**20}
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private SHARDLAB_HOME, so no test touches ~/.cache/shardlab."""
+    monkeypatch.setenv("SHARDLAB_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict[str, Any]:
+    return measure_cpu(threads=1, **FAST)
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_measure_gives_positive_finite_figures(measured: dict[str, Any]) -> None:
+    assert measured["name"] == NAME
+    assert set(measured["peak_flops"]) == {"fp32", "bf16"}
+    for key in ("fp32", "bf16"):
+        x = measured["peak_flops"][key]
+        assert math.isfinite(x) and x > 0, key
+    for key in ("memory_bytes", "memory_bandwidth", "copy_bandwidth"):
+        assert math.isfinite(measured[key]) and measured[key] > 0, key
+    assert measured["copy_bandwidth"] == pytest.approx(measured["memory_bandwidth"] / 2)
+    assert measured["power_watts"] == 0  # unknown, stated
+    assert measured["threads"] == 1
+    assert measured["torch"] and measured["date"] and measured["method"]
+    # Plausible orders of magnitude for any CPU that runs this suite.
+    assert 1e8 < measured["peak_flops"]["fp32"] < 1e15
+    assert 1e8 < measured["memory_bandwidth"] < 1e13
+    json.dumps(measured)  # JSON-ready
+
+
+def test_measure_records_no_host_name(measured: dict[str, Any]) -> None:
+    import socket
+
+    host = socket.gethostname()
+    if len(host) >= 6:
+        assert host not in json.dumps(measured)
+
+
+def test_measure_restores_torch_threads() -> None:
+    import torch
+
+    before = torch.get_num_threads()
+    measure_cpu(threads=1, seconds=0.04, matmul_n=32, copy_bytes=2**16)
+    assert torch.get_num_threads() == before
+
+
+def test_measure_refuses_bad_budget() -> None:
+    with pytest.raises(SpecError, match="seconds"):
+        measure_cpu(seconds=0)
+
+
+def test_default_path_follows_shardlab_home(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert measurement_path() == home / "cpu.json"
+    monkeypatch.delenv("SHARDLAB_HOME")
+    assert measurement_path() == Path.home() / ".cache" / "shardlab" / "cpu.json"
+
+
+def test_save_load_round_trip(home: Path, measured: dict[str, Any]) -> None:
+    assert load_measurement() is None  # nothing stored yet
+    path = save_measurement(measured)
+    assert path == home / "cpu.json" and path.is_file()
+    assert [p.name for p in home.iterdir()] == ["cpu.json"]  # no temporary file left behind
+    acc = load_measurement()
+    assert isinstance(acc, Accelerator)
+    assert acc.name == NAME
+    assert acc.peak("fp32") == measured["peak_flops"]["fp32"]
+    assert acc.peak("bf16") == measured["peak_flops"]["bf16"]
+    assert acc.memory_bytes == measured["memory_bytes"]
+    assert acc.memory_bandwidth == measured["memory_bandwidth"]
+    assert acc.power_watts == 0
+    assert acc.gpus_per_node == 1
+    assert acc.intra_link == acc.inter_link
+    assert acc.intra_link.bandwidth == measured["copy_bandwidth"]
+    assert acc.intra_link.latency == LOOPBACK_LATENCY
+    assert str(path) in acc.source
+
+
+def test_accelerator_or_measured(home: Path, measured: dict[str, Any]) -> None:
+    with pytest.raises(SpecError, match="shardlab hardware --measure"):
+        accelerator_or_measured("cpu")
+    save_measurement(measured)
+    for name in ("cpu", "CPU", "cpu (measured)", " Cpu (Measured) "):
+        assert accelerator_or_measured(name).name == NAME
+    assert accelerator_or_measured("h100") is ACCELERATORS["H100 SXM"]
+
+
+def test_energy_with_unknown_power_is_zero(home: Path, measured: dict[str, Any]) -> None:
+    from shardlab.estimate.timing import train_time
+
+    save_measurement(measured)
+    acc = accelerator_or_measured("cpu")
+    t = train_time(1e15, 1, acc.peak("bf16"), 0.5, 0.0, acc.power_watts)
+    assert t.energy_kwh == 0 and t.seconds > 0
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "one JSON object"),
+    ('{"schema": "other"}', "schema"),
+    ("PEAK_MISSING", "peak_flops lacks bf16"),
+    ("PEAK_NEGATIVE", "peak_flops.fp32"),
+    ("BANDWIDTH_NAN", "memory_bandwidth"),
+    ("THREADS_BAD", "threads"),
+], ids=["not-json", "not-object", "schema", "missing-bf16", "negative-peak", "nan-bandwidth",
+        "bad-threads"])
+def test_corrupt_file_is_spec_error_naming_it(tmp_path: Path, measured: dict[str, Any],
+                                              text: str, needle: str) -> None:
+    doc = json.loads(json.dumps(measured))
+    if text == "PEAK_MISSING":
+        del doc["peak_flops"]["bf16"]
+    elif text == "PEAK_NEGATIVE":
+        doc["peak_flops"]["fp32"] = -1.0
+    elif text == "BANDWIDTH_NAN":
+        doc["memory_bandwidth"] = float("nan")
+    elif text == "THREADS_BAD":
+        doc["threads"] = 0
+    if text.isupper():
+        text = json.dumps(doc)
+    path = tmp_path / "cpu.json"
+    path.write_text(text)
+    with pytest.raises(SpecError) as info:
+        load_measurement(path)
+    message = str(info.value)
+    assert str(path) in message and needle in message, message
+    assert "shardlab hardware --measure" in message
+
+
+def test_cli_measure_json_then_listed(capsys: pytest.CaptureFixture[str], home: Path) -> None:
+    code, out, err = run_cli(capsys, "hardware", "--measure", "--seconds", "0.2", "--json")
+    assert code == 0, err
+    assert err == ""
+    doc = json.loads(out)  # one JSON document and nothing else
+    assert doc["name"] == NAME
+    assert doc["peak_flops"]["fp32"] > 0 and doc["peak_flops"]["bf16"] > 0
+    assert doc["memory_bandwidth"] > 0
+    assert doc["path"] == str(home / "cpu.json")
+    assert (home / "cpu.json").is_file()
+    stored = json.loads((home / "cpu.json").read_text())
+    assert stored["peak_flops"] == doc["peak_flops"]
+
+    code, out, err = run_cli(capsys, "hardware", "--json")
+    assert code == 0, err
+    accels = {a["name"]: a for a in json.loads(out)["accelerators"]}
+    assert "H100 SXM" in accels
+    assert accels[NAME]["peak_flops"] == doc["peak_flops"]
+    assert accels[NAME]["power_watts"] == 0
+
+    code, out, err = run_cli(capsys, "hardware")
+    assert code == 0, err
+    assert "cpu" in out and "loopback" in out
+
+
+def test_cli_measure_human_view(capsys: pytest.CaptureFixture[str], home: Path) -> None:
+    code, out, err = run_cli(capsys, "hardware", "--measure", "--seconds", "0.2",
+                             "--threads", "1")
+    assert code == 0, err
+    assert "TFLOP/s" in out and "GB/s" in out and "cpu.json" in out
+
+
+def test_cli_hardware_without_measurement_has_no_cpu_row(capsys: pytest.CaptureFixture[str],
+                                                         home: Path) -> None:
+    code, out, err = run_cli(capsys, "hardware", "--json")
+    assert code == 0, err
+    assert NAME not in {a["name"] for a in json.loads(out)["accelerators"]}
+
+
+@pytest.mark.parametrize("argv", [["--seconds", "1"], ["--threads", "1"],
+                                  ["--measure", "--seconds", "0"],
+                                  ["--measure", "--hardware-file", "x.toml"]],
+                         ids=["seconds-alone", "threads-alone", "zero-seconds", "with-file"])
+def test_cli_bad_measure_flags_are_one_line(capsys: pytest.CaptureFixture[str], home: Path,
+                                            argv: list[str]) -> None:
+    code, out, err = run_cli(capsys, "hardware", *argv)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert not (home / "cpu.json").exists()
+
+
+def test_cli_corrupt_stored_file_is_one_line(capsys: pytest.CaptureFixture[str],
+                                             home: Path) -> None:
+    home.mkdir()
+    (home / "cpu.json").write_text("{oops")
+    code, out, err = run_cli(capsys, "hardware", "--json")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and str(home / "cpu.json") in err, err
+
+
+def test_import_does_not_pull_in_torch() -> None:
+    code = ("import sys, shardlab.spec.measure, shardlab.cli.catalogs; "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       check=False)
+    assert r.returncode == 0, "importing shardlab.spec.measure pulled in torch" + r.stderr
