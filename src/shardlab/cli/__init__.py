@@ -11,11 +11,11 @@ import sys
 from collections.abc import Sequence
 
 from shardlab import __version__
-from shardlab.cli import budget, catalogs, schedule, simulate, verify
+from shardlab.cli import budget, catalogs, schedule, simulate, train, verify
 from shardlab.cli.args import Parser
 from shardlab.errors import SpecError
 
-COMMANDS = (budget, catalogs, schedule, simulate, verify)
+COMMANDS = (budget, catalogs, schedule, simulate, train, verify)
 
 
 def build_parser() -> Parser:
@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         sys.stderr.write("shardlab: error: a command is required (budget, models, hardware, "
-                         "schedule, simulate, verify); see shardlab --help\n")
+                         "schedule, simulate, train, verify); see shardlab --help\n")
         return 2
     try:
         return int(args.run(args) or 0)

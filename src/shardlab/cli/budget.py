@@ -90,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
     """Compute the budget and print it (tables, or one JSON document with --json)."""
     from shardlab.estimate.budget import Assumptions, model_budget, params_budget
     from shardlab.spec.dtypes import get_policy
-    from shardlab.spec.measure import accelerator_or_measured
     from shardlab.spec.layout import make_layout
+    from shardlab.spec.measure import accelerator_or_measured
 
     if (args.model is None) == (args.params is None):
         raise SpecError("model", args.model, "give a MODEL or --params N, not both or neither")

@@ -126,3 +126,33 @@ def saved_activation_bytes(fn: Any, exclude: set[int] | None = None) -> tuple[An
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn()
     return out, sum(seen.values())
+
+
+def flop_counter() -> Any:
+    """``FlopCounterMode`` that also counts the CPU fused attention kernel.
+
+    torch 2.13's counter has formulas for the CUDA SDPA kernels only, so on CPU the
+    attention core (4·s·d per token and layer forward) would go uncounted; this maps
+    ``_scaled_dot_product_flash_attention_for_cpu`` and its backward to the same
+    formulas (full s x s, as the cost model counts it by default).
+    """
+    from torch.utils.flop_counter import (
+        FlopCounterMode,
+        sdpa_backward_flop_count,
+        sdpa_flop_count,
+    )
+
+    aten = torch.ops.aten
+
+    def forward(q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kw: Any) -> int:
+        return sdpa_flop_count(q, k, v)
+
+    def backward(g: Any, q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None,
+                 **kw: Any) -> int:
+        return sdpa_backward_flop_count(g, q, k, v)
+
+    mapping = {}
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        mapping[aten._scaled_dot_product_flash_attention_for_cpu] = forward
+        mapping[aten._scaled_dot_product_flash_attention_for_cpu_backward] = backward
+    return FlopCounterMode(display=False, custom_mapping=mapping)

@@ -1,0 +1,41 @@
+"""Terminal view of a training run: loss curve(s), throughput, predicted vs measured."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardlab.report.tables import show, table
+from shardlab.units import human
+
+
+def print_train(doc: dict[str, Any]) -> None:
+    """Per-step losses (and the one-process reference), then throughput and the cost model."""
+    show(f"[bold]model[/bold]: {doc['model']}", f"[bold]layout[/bold]: {doc['layout']} "
+         f"({doc['world_size']} ranks); logs in {doc['log_dir']}")
+    ref = doc.get("reference_losses")
+    cols = ("step", "loss", "grad norm") + (("one process", "rel. diff") if ref else ())
+    rows = []
+    for i, (loss, norm) in enumerate(zip(doc["losses"], doc["grad_norms"], strict=True)):
+        row = [i, f"{loss:.6f}", f"{norm:.4f}"]
+        if ref:
+            row += [f"{ref[i]:.6f}", f"{abs(loss - ref[i]) / abs(ref[i]):.1e}"]
+        rows.append(row)
+    show(table("Training", cols, rows))
+    f = doc["predicted_vs_measured"]["flops_per_step"]
+    rows = [("tokens/s (median step)", human(doc["tokens_per_s"])),
+            ("FLOPs per step: cost model", human(f["predicted"], "FLOP")),
+            ("FLOPs per step: FlopCounterMode", human(f["measured"], "FLOP")),
+            ("measured / predicted", f"{f['ratio']:.4f}")]
+    if doc.get("mfu") is not None:
+        rows += [("MFU / HFU", f"{doc['mfu']:.1%} / {doc['hfu']:.1%}")]
+    show(table("Throughput and FLOPs", ("what", "value"), rows))
+    show(table("State bytes per rank: measured vs cost model",
+               ("rank", "weights", "gradients", "optimizer", "predicted total"),
+               [(m["rank"], f"{m['measured']['params']:,}", f"{m['measured']['grads']:,}",
+                 f"{m['measured']['optimizer']:,}", f"{sum(m['predicted'].values()):,.0f}")
+                for m in doc["memory_per_rank"]]))
+    if "max_loss_diff" in doc:
+        ok = doc["parity_passed"]
+        show(f"largest relative loss difference from one process: {doc['max_loss_diff']:.2e} "
+             f"(tolerance {doc['parity_tolerance']:g}): "
+             + ("[green]pass[/green]" if ok else "[red]FAIL[/red]"))

@@ -1,0 +1,348 @@
+"""Real training on a device mesh: ``shardlab train`` and ``python -m shardlab.train``.
+
+One rank's loop, top to bottom: build the LM from its ModelShape with a fixed seed
+(every rank the same), lay it out on a ``(pp, dp, tp)`` device mesh (pipeline stages,
+then tensor parallel, activation checkpointing and FSDP2 or DDP, in torchtitan's
+order), and per step: take this data-parallel rank's share of the global batch,
+run its micro-batches (gradient accumulation, or the pipeline schedule), clip the
+gradient norm over the whole sharded model, AdamW with warm-up and cosine decay.
+Each rank's summed token loss is divided by the real tokens of the *whole* global
+batch (x dp, because DDP and FSDP average over dp), so any layout trains the same
+model as one process on the same batches (``--check-parity`` shows it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shardlab.errors import SpecError
+from shardlab.spec.model import ModelShape
+
+DP_MODES = ("fsdp", "fsdp-zero2", "ddp")
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a run needs, validated by :func:`check_config` before any rank starts."""
+
+    shape: ModelShape
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    virtual_stages: int = 1
+    dp_mode: str = "fsdp"
+    sp: bool = False
+    loss_parallel: bool = False
+    recompute: str = "none"
+    schedule: str = "1f1b"
+    global_batch: int = 8
+    micro_batch: int = 0  # 0: the whole dp share at once (no accumulation)
+    seq: int = 32
+    steps: int = 20
+    lr: float = 3e-3
+    warmup: int = 2
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    clip: float = 1.0
+    dtype: str = "fp32"
+    seed: int = 0
+    log_dir: str = ""
+    fault_rank: int = -1  # tests: this rank raises at step 2
+    docs: list[list[int]] = field(default_factory=list, compare=False, repr=False)
+
+    @property
+    def world(self) -> int:
+        """Ranks: dp * tp * pp."""
+        return self.dp * self.tp * self.pp
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches per data-parallel rank and step."""
+        share = self.global_batch // self.dp
+        return share // (self.micro_batch or share)
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """Every constraint the mesh and the model impose, as one-line SpecErrors."""
+    from shardlab.spec.layout import make_layout
+
+    if cfg.dp_mode not in DP_MODES:
+        raise SpecError("dp_mode", cfg.dp_mode, f"must be one of {', '.join(DP_MODES)}")
+    if cfg.pp > 1 and cfg.schedule not in PP_SCHEDULES:
+        raise SpecError("schedule", cfg.schedule, f"must be one of {', '.join(PP_SCHEDULES)}")
+    if cfg.dtype not in ("fp32", "bf16"):
+        raise SpecError("dtype", cfg.dtype, "must be fp32 or bf16")
+    if cfg.global_batch % cfg.dp:
+        raise SpecError("global_batch", cfg.global_batch, f"must be a multiple of dp ({cfg.dp})")
+    share = cfg.global_batch // cfg.dp
+    if cfg.micro_batch and share % cfg.micro_batch:
+        raise SpecError("micro_batch", cfg.micro_batch,
+                        f"must divide each data-parallel rank's {share} sequences")
+    if cfg.shape.tied and cfg.pp > 1 and cfg.tp > 1:
+        raise SpecError("tp", cfg.tp, "with a tied head split over pipeline stages is not "
+                        "supported yet; untie the head (llama style) or use tp=1")
+    if cfg.dp_mode == "ddp" and cfg.tp > 1:
+        raise SpecError("dp_mode", "ddp", "cannot hold tensor-parallel (DTensor) parameters; "
+                        "use fsdp with tp > 1")
+    for name, value in (("steps", cfg.steps), ("seq", cfg.seq)):
+        if value < 1:
+            raise SpecError(name, value, "must be a positive integer")
+    make_layout(cfg.shape, dp=cfg.dp, tp=cfg.tp, pp=cfg.pp, virtual_stages=cfg.virtual_stages,
+                sp=cfg.sp, micro_batch=cfg.micro_batch or share, global_batch=cfg.global_batch,
+                seq=cfg.seq, recompute=cfg.recompute,
+                dtype="amp-bf16" if cfg.dtype == "bf16" else "fp32",
+                schedule=cfg.schedule if cfg.pp > 1 else None)
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to 1 over ``warmup`` steps, then cosine down to ``min_lr_ratio``
+    at the last step (Loshchilov & Hutter 2017, as in nanoGPT and torchtitan)."""
+    if step < cfg.warmup:
+        return (step + 1) / cfg.warmup
+    span = max(1, cfg.steps - cfg.warmup)
+    progress = min(1.0, (step - cfg.warmup) / span)
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def token_loss_sum(logits: Any, batch: Any) -> Any:
+    """Summed next-token cross-entropy over real tokens (padding targets ignored); works on
+    a vocabulary-sharded DTensor under ``loss_parallel``."""
+    import torch.nn.functional as F
+
+    from shardlab.dist.pipeline import masked_targets
+
+    return F.cross_entropy(logits.flatten(0, 1), masked_targets(batch).flatten(),
+                           ignore_index=-100, reduction="sum")
+
+
+def make_optimizer(params: list[Any], cfg: TrainConfig) -> tuple[Any, Any]:
+    """AdamW (single-tensor path: the same arithmetic on shards and whole tensors) and its
+    warm-up + cosine schedule."""
+    import torch
+
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
+                            weight_decay=cfg.weight_decay, foreach=False)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg))
+
+
+def clip_grad_norm(params: list[Any], max_norm: float, pp_group: Any = None) -> float:
+    """Clip by the norm of the gradient of the *whole* model: local DTensor norms made
+    whole, squared norms summed over pipeline stages (torchtitan's clip_grad_norm_)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params if p.grad is not None]
+    square = torch.zeros((), dtype=torch.float64)
+    for g in grads:  # FSDP/TP shards (DTensor) and replicated plain tensors side by side
+        n = g.detach().norm(2)
+        if isinstance(n, DTensor):
+            n = n.full_tensor()
+        square += n.double() ** 2
+    if pp_group is not None:
+        dist.all_reduce(square, group=pp_group)
+    total = float(square.sqrt())
+    coef = min(1.0, max_norm / (total + 1e-6))
+    if coef < 1.0:
+        for g in grads:
+            g.detach().mul_(coef)
+    return total
+
+
+def reference_run(cfg: TrainConfig) -> list[float]:
+    """The same model, data, optimizer and clipping on one process: the parity reference."""
+    import torch
+
+    from shardlab.nn.data import batches
+    from shardlab.nn.model import TransformerLM
+
+    torch.manual_seed(cfg.seed)
+    model = TransformerLM(cfg.shape, seed=cfg.seed)
+    opt, sched = make_optimizer(list(model.parameters()), cfg)
+    stream = batches(cfg.docs, cfg.global_batch, cfg.seq, seed=cfg.seed)
+    losses = []
+    for _ in range(cfg.steps):
+        batch = next(stream)
+        with _autocast(cfg):
+            loss = token_loss_sum(model(batch.input_ids, batch.pad_mask), batch)
+        (loss / batch.real_tokens).backward()
+        clip_grad_norm(list(model.parameters()), cfg.clip)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(loss.detach()) / batch.real_tokens)
+    return losses
+
+
+def _autocast(cfg: TrainConfig) -> Any:
+    import torch
+
+    if cfg.dtype == "bf16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@dataclass
+class StepLog:
+    """One step's metrics as rank 0 writes them (one JSON line each)."""
+
+    step: int
+    loss: float
+    grad_norm: float
+    lr: float
+    seconds: float
+    tokens: int
+    real_tokens: int
+
+
+def _log(path: Path, record: StepLog) -> None:
+    import json
+
+    with path.open("a") as f:
+        f.write(json.dumps(asdict(record)) + "\n")
+
+
+def _no_sync(model: Any, cfg: TrainConfig, sync: bool) -> Any:
+    """Skip the data-parallel gradient reduction on all but the last micro-batch."""
+    if cfg.dp == 1 or cfg.dp_mode == "ddp":
+        # torch's composable replicate has no no_sync: DDP all-reduces every micro-batch.
+        return contextlib.nullcontext()
+    model.set_requires_gradient_sync(sync)  # FSDP2: reduce-scatter only on the last one
+    return contextlib.nullcontext()
+
+
+def _loss_parallel(cfg: TrainConfig) -> Any:
+    """torch's loss_parallel context when the logits stay sharded over the vocabulary."""
+    if cfg.loss_parallel and cfg.tp > 1 and cfg.pp == 1:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+    return contextlib.nullcontext()
+
+
+def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
+    """One rank of the job (run by :func:`shardlab.dist.launch.launch` or torchrun)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from shardlab.dist.measure import CommMeter, flop_counter
+    from shardlab.dist.parallelize import lm_loss_sum_any, parallelize, state_bytes
+    from shardlab.nn.data import batches
+    from shardlab.nn.model import TransformerLM
+
+    device_type = "cuda" if ctx.device.startswith("cuda") else "cpu"
+    mesh = init_device_mesh(device_type, (cfg.pp, cfg.dp, cfg.tp),
+                            mesh_dim_names=("pp", "dp", "tp"))
+    dp_rank, pp_rank = mesh["dp"].get_local_rank(), mesh["pp"].get_local_rank()
+    torch.manual_seed(cfg.seed)
+    model = TransformerLM(cfg.shape, seed=cfg.seed)
+    fsdp_bf16 = cfg.dtype == "bf16" and cfg.dp > 1 and cfg.dp_mode != "ddp"
+    options = {"tp": cfg.tp, "dp": cfg.dp, "dp_mode": cfg.dp_mode, "sp": cfg.sp,
+               "loss_parallel": cfg.loss_parallel and cfg.pp == 1, "ac": cfg.recompute,
+               "param_dtype": torch.bfloat16 if fsdp_bf16 else None}
+    holder = {"scale": 1.0}
+    if cfg.pp > 1:
+        from torch.distributed.pipelining import PipelineStage
+
+        from shardlab.dist.pipeline import (
+            build_schedule,
+            pipeline_step,
+            split_model,
+            sync_tied_grads,
+        )
+
+        owned = split_model(model, cfg.pp, cfg.virtual_stages, group=mesh["pp"].get_group())
+        modules, stages = [], []
+        for index, module in owned:
+            parallelize(module, mesh, **options)
+            modules.append(module)
+            stages.append(PipelineStage(module, index, cfg.pp * cfg.virtual_stages, ctx.device,
+                                        group=mesh["pp"].get_group()))
+
+        def loss_fn(logits: Any, targets: Any) -> Any:
+            import torch.nn.functional as F
+
+            return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
+                                   ignore_index=-100, reduction="sum") * holder["scale"]
+
+        schedule = build_schedule(cfg.schedule, stages, cfg.microbatches, loss_fn)
+        first = any(i == 0 for i, _ in owned)
+        last = any(i == cfg.pp * cfg.virtual_stages - 1 for i, _ in owned)
+    else:
+        parallelize(model, mesh, **options)
+        modules = [model]
+    params = [p for m in modules for p in m.parameters()]
+    opt, sched = make_optimizer(params, cfg)
+    stream = batches(cfg.docs, cfg.global_batch, cfg.seq, seed=cfg.seed)
+    log = Path(cfg.log_dir, "train.jsonl") if cfg.log_dir and ctx.rank == 0 else None
+    losses, norms, seconds = [], [], []
+    flops: dict[str, int] = {}
+    comm: dict[str, Any] = {}
+    autocast = _autocast(cfg) if cfg.dtype == "bf16" and not fsdp_bf16 else None
+    for step in range(cfg.steps):
+        if step == 2 and ctx.rank == cfg.fault_rank:
+            raise RuntimeError(f"fault injected on rank {ctx.rank} at step {step}")
+        batch = next(stream)
+        share = batch.split(cfg.dp)[dp_rank]
+        # Each rank's token-loss sum over the global real tokens, x dp: DDP and FSDP average.
+        holder["scale"] = cfg.dp / batch.real_tokens
+        counter = flop_counter() if step == 1 else contextlib.nullcontext()
+        meter = CommMeter() if step == 1 else contextlib.nullcontext()
+        dist.barrier()
+        start = time.perf_counter()
+        with counter, meter, (autocast or contextlib.nullcontext()):
+            local = 0.0
+            if cfg.pp > 1:
+                out = pipeline_step(schedule, share, first, last)
+                local = float(out) / holder["scale"] if out is not None else 0.0
+                sync_tied_grads(modules, mesh["pp"].get_group())
+            else:
+                micro = share.split(cfg.microbatches)
+                for i, mb in enumerate(micro):
+                    with _no_sync(model, cfg, sync=i == len(micro) - 1), _loss_parallel(cfg):
+                        logits = model(mb.input_ids, mb.pad_mask)
+                        loss = lm_loss_sum_any(logits, mb.targets, mb.loss_mask)
+                        (loss * holder["scale"]).backward()
+                    local += float(loss.full_tensor() if hasattr(loss, "full_tensor")
+                                   else loss)
+            norm = clip_grad_norm(params, cfg.clip, mesh["pp"].get_group() if cfg.pp > 1
+                                  else None)
+            opt.step()
+            sched.step()
+            if step == cfg.steps - 1:  # what a rank holds at the step's peak: grads included
+                held = state_bytes(torch.nn.ModuleList(modules), opt)
+            opt.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - start
+        if step == 1:
+            flops = {str(op): int(n) for op, n in counter.get_flop_counts()["Global"].items()}
+            comm = meter.summary()
+        total = torch.tensor([local], dtype=torch.float64)
+        dist.all_reduce(total, group=mesh["dp"].get_group())
+        if cfg.pp > 1:  # only the last stage has a loss; everyone learns it
+            dist.all_reduce(total, group=mesh["pp"].get_group())
+        loss_value = float(total) / batch.real_tokens
+        losses.append(loss_value)
+        norms.append(norm)
+        seconds.append(elapsed)
+        if log is not None:
+            _log(log, StepLog(step, loss_value, norm, sched.get_last_lr()[0], elapsed,
+                              cfg.global_batch * cfg.seq, batch.real_tokens))
+    return {"rank": ctx.rank, "dp_rank": dp_rank, "pp_rank": pp_rank,
+            "tp_rank": mesh["tp"].get_local_rank(), "losses": losses, "grad_norms": norms,
+            "step_seconds": seconds, "flops_by_op": flops, "comm_step1": comm,
+            "state_bytes": held}
+
+
+if __name__ == "__main__":  # python -m shardlab.train ... (e.g. under torchrun)
+    import sys
+
+    from shardlab.cli import main
+
+    sys.exit(main(["train", *sys.argv[1:]]))

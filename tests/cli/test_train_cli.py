@@ -1,0 +1,117 @@
+"""``shardlab train`` end to end: parity with one process for every layout of issue 6,
+state bytes and FLOPs beside the cost model, a rank that fails, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from shardlab.cli import main
+
+
+def shardlab(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "shardlab", *argv], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+LAYOUTS = [
+    ["--dp", "2"],                                              # FSDP2
+    ["--dp", "2", "--dp-mode", "ddp", "--micro-batch", "2"],    # DDP + accumulation
+    ["--tp", "2", "--sp", "--loss-parallel"],                   # TP + SP + loss parallel
+    ["--pp", "2", "--micro-batch", "2"],                        # 1F1B
+    ["--dp", "2", "--tp", "2"],                                 # 2D
+    ["--dp", "2", "--pp", "2", "--micro-batch", "2", "--schedule", "gpipe"],
+    ["--tp", "2", "--pp", "2", "--micro-batch", "2"],
+]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda a: "-".join(x.strip("-") for x in a))
+def test_parity_state_and_flops(layout: list[str]) -> None:
+    r = shardlab("train", *layout, "--steps", "20", "--check-parity", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert len(doc["losses"]) == 20 and doc["max_loss_diff"] <= 1e-5  # fp32 parity
+    assert doc["losses"][-1] < doc["losses"][0]  # it learns
+    for m in doc["memory_per_rank"]:  # state bytes per rank: equal to the cost model
+        got = m["measured"]
+        assert [got["params"], got["grads"], got["optimizer"]] == [
+            m["predicted"]["weights"], m["predicted"]["gradients"], m["predicted"]["optimizer"]]
+    ratio = doc["predicted_vs_measured"]["flops_per_step"]["ratio"]
+    assert 0.98 <= ratio <= 1.02, ratio
+    assert set(doc) >= {"losses", "reference_losses", "max_loss_diff", "tokens_per_s", "mfu",
+                        "hfu", "memory_per_rank", "comm_bytes_per_step",
+                        "predicted_vs_measured"}
+
+
+@pytest.mark.multiprocess
+def test_fsdp_comm_bytes_equal_the_cost_model() -> None:
+    r = shardlab("train", "--dp", "2", "--steps", "2", "--json")
+    doc = json.loads(r.stdout)
+    psi_bytes = doc["memory_per_rank"][0]["predicted"]["weights"] * 2  # whole model, fp32
+    comm = doc["comm_bytes_per_step"][0]["measured"]
+    # ZeRO-3, one micro-batch: weights gathered for forward and again for backward,
+    # gradients reduce-scattered: (2 + 1) x (dp - 1)/dp x model bytes.
+    assert comm["all_gather"]["sent_bytes"] == psi_bytes
+    assert comm["reduce_scatter"]["sent_bytes"] == psi_bytes / 2
+
+
+@pytest.mark.multiprocess
+def test_bf16_within_stated_tolerance() -> None:
+    r = shardlab("train", "--dp", "2", "--dtype", "bf16", "--steps", "10", "--check-parity",
+                 "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["parity_tolerance"] == 2e-2
+    assert doc["max_loss_diff"] <= 2e-2
+
+
+@pytest.mark.multiprocess
+def test_a_rank_that_fails_is_named() -> None:
+    start = time.monotonic()
+    r = shardlab("train", "--dp", "2", "--steps", "10", "--inject-fault", "1", "--timeout",
+                 "20")
+    assert time.monotonic() - start < 60
+    assert r.returncode == 1 and "rank 1 failed" in r.stderr
+    assert "fault injected on rank 1" in r.stderr
+
+
+def test_human_view(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    code = main(["train", "--steps", "3", "--log-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0 and "Training" in out and "State bytes per rank" in out
+    lines = (tmp_path / "train.jsonl").read_text().splitlines()
+    assert len(lines) == 3 and json.loads(lines[-1])["step"] == 2
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--dp", "2", "--nproc", "3"], "nproc=3"),
+    (["--tp", "3"], "tp=3"),
+    (["--pp", "5"], "pp=5"),
+    (["--dp", "2", "--micro-batch", "3"], "micro_batch=3"),
+    (["--global-batch", "7", "--dp", "2"], "global_batch=7"),
+    (["--data", "/nonexistent/corpus.txt"], "data="),
+    (["--dp", "2", "--tp", "2", "--dp-mode", "ddp"], "dp_mode='ddp'"),
+])
+def test_bad_input_before_any_rank(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                   words: str) -> None:
+    start = time.monotonic()
+    try:
+        code = main(["train", *argv])
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and words in err, err
+    assert time.monotonic() - start < 3  # no rank was started
+
+
+def test_empty_data_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    assert main(["train", "--data", str(empty)]) == 2
+    assert "data=" in capsys.readouterr().err
