@@ -168,7 +168,7 @@ class _QuietElastic:
 
 def launch(target: str, world_size: int, args: tuple = (), *, timeout_s: float = 30.0,
            host: str = "127.0.0.1", port: int | None = None, log_dir: str | None = None,
-           backend: str | None = None) -> list[Any]:
+           backend: str | None = None, threads: int | None = None) -> list[Any]:
     """Run ``target`` ("module:function") on ``world_size`` ranks; return results by rank.
 
     ``timeout_s`` bounds every collective (and so how long a job survives a dead peer);
@@ -177,7 +177,8 @@ def launch(target: str, world_size: int, args: tuple = (), *, timeout_s: float =
     if world_size < 1:
         raise SpecError("world_size", world_size, "must be >= 1")
     backend = backend or backend_for_this_machine()
-    threads = max(1, (os.cpu_count() or 1) // world_size)
+    # Ranks share this machine's cores unless told otherwise.
+    threads = threads or max(1, (os.cpu_count() or 1) // world_size)
     if under_torchrun():
         result = _run_rank_gathered(target, args, backend, timeout_s, threads)
         return result if result is not None else []
