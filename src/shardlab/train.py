@@ -310,8 +310,9 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
                         logits = model(mb.input_ids, mb.pad_mask)
                         loss = lm_loss_sum_any(logits, mb.targets, mb.loss_mask)
                         (loss * holder["scale"]).backward()
-                    local += float(loss.full_tensor() if hasattr(loss, "full_tensor")
-                                   else loss)
+                    value = loss.detach()
+                    local += float(value.full_tensor() if hasattr(value, "full_tensor")
+                                   else value)
             norm = clip_grad_norm(params, cfg.clip, mesh["pp"].get_group() if cfg.pp > 1
                                   else None)
             opt.step()
