@@ -3,8 +3,8 @@
 1. shardlab's single-process training loop (``shardlab.train.train_rank`` on one rank)
    against a plain PyTorch loop training the same model on the same batches with the
    same optimizer, both with one thread: the ratio of their tokens/s (target >= 0.95).
-2. dp=2 (DDP by default, --dp-mode to change; one thread per rank) against the single process (one thread): the
-   ratio of tokens/s (target >= 1.5 on a 2-core machine).
+2. dp=2 (DDP by default, --dp-mode to change; one thread per rank) against the single
+   process (one thread): the ratio of tokens/s (target >= 1.5 on a 2-core machine).
 
 Medians of the steps after the first. Run: ``python benchmarks/train_throughput.py``.
 """
