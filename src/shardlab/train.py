@@ -232,7 +232,7 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from shardlab.dist.measure import CommMeter, flop_counter
+    from shardlab.dist.measure import CommMeter, flop_counter, saved_activation_bytes
     from shardlab.dist.parallelize import lm_loss_sum_any, parallelize, state_bytes
     from shardlab.nn.data import batches
     from shardlab.nn.model import TransformerLM
@@ -285,6 +285,7 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     losses, norms, seconds = [], [], []
     flops: dict[str, int] = {}
     comm: dict[str, Any] = {}
+    activation_bytes = None
     autocast = _autocast(cfg) if cfg.dtype == "bf16" and not fsdp_bf16 else None
     for step in range(cfg.steps):
         if step == 2 and ctx.rank == cfg.fault_rank:
@@ -307,8 +308,14 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
                 micro = share.split(cfg.microbatches)
                 for i, mb in enumerate(micro):
                     with _no_sync(model, cfg, sync=i == len(micro) - 1), _loss_parallel(cfg):
-                        logits = model(mb.input_ids, mb.pad_mask)
-                        loss = lm_loss_sum_any(logits, mb.targets, mb.loss_mask)
+                        def forward(mb: Any = mb) -> Any:
+                            logits = model(mb.input_ids, mb.pad_mask)
+                            return lm_loss_sum_any(logits, mb.targets, mb.loss_mask)
+
+                        if step == 1 and i == 0:  # what one micro-batch keeps for backward
+                            loss, activation_bytes = saved_activation_bytes(forward)
+                        else:
+                            loss = forward()
                         (loss * holder["scale"]).backward()
                     value = loss.detach()
                     local += float(value.full_tensor() if hasattr(value, "full_tensor")
@@ -337,7 +344,8 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
                               cfg.global_batch * cfg.seq, batch.real_tokens))
     return {"rank": ctx.rank, "dp_rank": dp_rank, "pp_rank": pp_rank,
             "tp_rank": mesh["tp"].get_local_rank(), "losses": losses, "grad_norms": norms,
-            "step_seconds": seconds, "flops_by_op": flops, "comm_step1": comm,
+            "step_seconds": seconds, "flops_by_op": flops,
+            "activation_bytes": activation_bytes, "comm_step1": comm,
             "state_bytes": held}
 
 

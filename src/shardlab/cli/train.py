@@ -190,6 +190,21 @@ def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
         memory.append({"rank": r["rank"], "measured": r["state_bytes"],
                        "predicted": {"weights": pred.weights, "gradients": pred.gradients,
                                      "optimizer": pred.optimizer}})
+    from shardlab.estimate.activations import (
+        first_stage_extra_bytes,
+        last_stage_extra_bytes,
+        layer_activation_bytes,
+    )
+
+    # One micro-batch, shardlab's eager LM (no dropout; the CPU attention kernel is fused).
+    e = 2 if cfg.dtype == "bf16" else 4
+    mb = cfg.micro_batch or cfg.global_batch // cfg.dp
+    kw = {"tp": cfg.tp, "sp": cfg.sp}
+    predicted_act = (cfg.shape.layers * layer_activation_bytes(
+        cfg.shape, mb, cfg.seq, e, recompute=cfg.recompute, dropout=False, flash=True,
+        eager=True, **kw) + first_stage_extra_bytes(cfg.shape, mb, cfg.seq, dropout=False, **kw)
+        + last_stage_extra_bytes(cfg.shape, mb, cfg.seq, e, **kw))
+    measured_act = r0.get("activation_bytes")
     doc: dict[str, Any] = {
         "model": cfg.shape.describe(),
         "layout": f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} {cfg.dp_mode} sp={int(cfg.sp)} "
@@ -207,6 +222,11 @@ def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
         "predicted_vs_measured": {
             "flops_per_step": {"predicted": predicted_flops, "measured": measured_flops,
                                "ratio": measured_flops / predicted_flops},
+            "activation_bytes_per_microbatch": {
+                "predicted": predicted_act if cfg.pp == 1 else None,
+                "measured": measured_act,
+                "ratio": measured_act / predicted_act if measured_act and cfg.pp == 1
+                else None},
         },
     }
     if reference is not None:

@@ -114,8 +114,11 @@ def saved_activation_bytes(fn: Any, exclude: set[int] | None = None) -> tuple[An
     skip = exclude or set()
 
     def pack(t: torch.Tensor) -> torch.Tensor:
+        if isinstance(t, torch.nn.Parameter):  # weights (FSDP's unsharded ones too)
+            return t
+        local = t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this rank's part
         try:
-            storage = t.untyped_storage()
+            storage = local.untyped_storage()
             key = storage.data_ptr()
             if key not in skip and key != 0:
                 seen[key] = storage.nbytes()

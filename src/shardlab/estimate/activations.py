@@ -54,8 +54,15 @@ class ActivationTerms:
 
 
 def activation_terms(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int,
-                     dropout: bool, moe_layer: bool = False) -> ActivationTerms:
-    """Term-by-term saved bytes of one layer, before any parallel split (see module doc)."""
+                     dropout: bool, moe_layer: bool = False, eager: bool = False
+                     ) -> ActivationTerms:
+    """Term-by-term saved bytes of one layer, before any parallel split (see module doc).
+
+    ``eager`` counts what PyTorch's autograd keeps for shardlab's own unfused LM, where
+    kernels are not fused as in Megatron: SwiGLU keeps silu(gate) as well (4f, not 3f),
+    rotary embedding keeps q and k before rotation, and the attention kernel's output is
+    kept beside the output projection's (reshaped) input.
+    """
     sb = seq * micro_batch
     mask = 1 if dropout else 0
     if moe_layer and m.moe is not None:
@@ -63,10 +70,13 @@ def activation_terms(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int,
         hidden = e.experts_per_token * e.expert_d_ff + e.shared_experts * e.shared_d_ff
     else:
         hidden = m.d_ff
-    mlp_hidden = (2 if m.style == "gpt" else 3) * hidden
+    mlp_hidden = (2 if m.style == "gpt" else 4 if eager else 3) * hidden
+    extra = 0
+    if eager:
+        extra = m.q_dim + (m.q_dim + m.kv_dim if m.style == "llama" else 0)
     return ActivationTerms(
         outside_tp=sb * m.d_model * (4 * elem_bytes + 2 * mask),
-        inside_tp=sb * elem_bytes * (2 * m.q_dim + 2 * m.kv_dim + mlp_hidden),
+        inside_tp=sb * elem_bytes * (2 * m.q_dim + 2 * m.kv_dim + mlp_hidden + extra),
         attention_core=m.heads * seq * sb * (2 * elem_bytes + mask),
         layer_input=sb * m.d_model * elem_bytes,
     )
@@ -75,9 +85,9 @@ def activation_terms(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int,
 def layer_activation_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int = 2, *,
                            tp: int = 1, sp: bool = False, recompute: str = "none",
                            dropout: bool = True, moe_layer: bool = False,
-                           flash: bool = False) -> float:
+                           flash: bool = False, eager: bool = False) -> float:
     """Bytes one layer saves for backward, per micro-batch, on one tensor-parallel rank."""
-    t = activation_terms(m, micro_batch, seq, elem_bytes, dropout, moe_layer)
+    t = activation_terms(m, micro_batch, seq, elem_bytes, dropout, moe_layer, eager)
     if recompute == "full":
         return t.layer_input / tp if sp else float(t.layer_input)
     outside = t.outside_tp / tp if sp else t.outside_tp

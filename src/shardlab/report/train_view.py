@@ -26,6 +26,10 @@ def print_train(doc: dict[str, Any]) -> None:
             ("FLOPs per step: cost model", human(f["predicted"], "FLOP")),
             ("FLOPs per step: FlopCounterMode", human(f["measured"], "FLOP")),
             ("measured / predicted", f"{f['ratio']:.4f}")]
+    a = doc["predicted_vs_measured"]["activation_bytes_per_microbatch"]
+    if a["ratio"] is not None:
+        rows += [("activations kept per micro-batch: cost model", human(a["predicted"], "B")),
+                 ("activations kept: saved-tensor hooks (rank 0)", human(a["measured"], "B"))]
     if doc.get("mfu") is not None:
         rows += [("MFU / HFU", f"{doc['mfu']:.1%} / {doc['hfu']:.1%}")]
     show(table("Throughput and FLOPs", ("what", "value"), rows))
