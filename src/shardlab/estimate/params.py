@@ -111,11 +111,3 @@ def count_params(m: ModelShape) -> ParamCount:
         head=0 if m.tied else m.vocab * m.d_model,
         active_experts=active,
     )
-
-
-def layer_params(m: ModelShape) -> int:
-    """Parameters of the largest single transformer layer (an MoE layer if any)."""
-    c = count_params(m)
-    per_moe = (c.experts + c.router) // m.moe_layers if m.moe_layers else 0
-    per_dense = mlp_params(m, m.d_ff) if m.dense_layers else 0
-    return attention_params(m) + 2 * norm_params(m) + max(per_moe, per_dense)

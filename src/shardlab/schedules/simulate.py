@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from shardlab.errors import SpecError
-from shardlab.schedules.actions import Action, Schedule
+from shardlab.schedules.actions import KINDS_OF_ACTION, Action, Schedule
 
 
 @dataclass(frozen=True)
@@ -47,11 +47,6 @@ class Durations:
         for s in self.stage_scale:
             if not (s > 0 and s != float("inf")):
                 raise SpecError("stage_scale", s, "every factor must be a finite number > 0")
-
-    def of(self, a: Action) -> float:
-        """Duration of action ``a``."""
-        base = {"F": self.t_f, "B": self.t_b + self.t_w, "I": self.t_b, "W": self.t_w}[a.kind]
-        return base * self.stage_scale[a.stage] if self.stage_scale else base
 
 
 class Event(NamedTuple):
@@ -80,7 +75,7 @@ def _check_actions(s: Schedule) -> None:
     seen: set[Action] = set()
     for rank, actions in enumerate(s.ranks):
         for a in actions:
-            if a.kind not in ("F", "B", "I", "W"):
+            if a.kind not in KINDS_OF_ACTION:
                 raise SpecError("schedule", str(a), "has an unknown kind (F, B, I, W)")
             if not (0 <= a.stage < s.stages and 0 <= a.microbatch < s.microbatches):
                 raise SpecError("schedule", str(a), f"is outside {s.stages} stages x "
