@@ -26,7 +26,7 @@ LAYOUTS = [
     ["--pp", "2", "--micro-batch", "2"],                        # 1F1B
     ["--dp", "2", "--tp", "2"],                                 # 2D
     ["--dp", "2", "--pp", "2", "--micro-batch", "2", "--schedule", "gpipe"],
-    ["--tp", "2", "--pp", "2", "--micro-batch", "2"],
+    ["--tp", "2", "--pp", "2", "--micro-batch", "2", "--sp"],
 ]
 
 
@@ -47,6 +47,11 @@ def test_parity_state_and_flops(layout: list[str]) -> None:
     act = doc["predicted_vs_measured"]["activation_bytes_per_microbatch"]
     if layout == ["--dp", "2"]:  # FSDP: measured 1.12 here (TP ~1.2x, DDP 1.59x: see docs)
         assert 0.85 <= act["ratio"] <= 1.15, act
+    for row in doc["comm_bytes_per_step"]:  # pipeline sends: equal to the cost model
+        if "pp" in row:
+            assert row["pp"]["measured"] == row["pp"]["predicted"], row
+        if "dp" in row and "--pp" not in layout and "ddp" not in layout:
+            assert row["dp"]["measured"] == row["dp"]["predicted"], row
     assert set(doc) >= {"losses", "reference_losses", "max_loss_diff", "tokens_per_s", "mfu",
                         "hfu", "memory_per_rank", "comm_bytes_per_step",
                         "predicted_vs_measured"}

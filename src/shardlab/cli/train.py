@@ -205,6 +205,7 @@ def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
         eager=True, **kw) + first_stage_extra_bytes(cfg.shape, mb, cfg.seq, dropout=False, **kw)
         + last_stage_extra_bytes(cfg.shape, mb, cfg.seq, e, **kw))
     measured_act = r0.get("activation_bytes")
+    comm_rows = comm_table(cfg, ranks)
     doc: dict[str, Any] = {
         "model": cfg.shape.describe(),
         "layout": f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} {cfg.dp_mode} sp={int(cfg.sp)} "
@@ -217,11 +218,11 @@ def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
         "hfu": fpt.hardware_train * tokens / step_s / peak if peak else None,
         "peak_flops": peak,
         "memory_per_rank": memory,
-        "comm_bytes_per_step": [{"rank": r["rank"], "measured": r["comm_step1"]}
-                                for r in ranks],
+        "comm_bytes_per_step": comm_rows,
         "predicted_vs_measured": {
             "flops_per_step": {"predicted": predicted_flops, "measured": measured_flops,
                                "ratio": measured_flops / predicted_flops},
+            "comm_bytes_per_step": comm_rows,
             "activation_bytes_per_microbatch": {
                 "predicted": predicted_act if cfg.pp == 1 else None,
                 "measured": measured_act,
@@ -235,6 +236,57 @@ def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
         doc.update({"reference_losses": reference, "max_loss_diff": diff,
                     "parity_tolerance": tol, "parity_passed": diff <= tol})
     return doc
+
+
+def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per rank, bytes sent in step 1 by data parallelism and by pipeline sends, measured
+    (dispatch-mode meter) beside the cost model's ring figures for the same layout.
+
+    Data parallel: FSDP2 (ZeRO-3: weights gathered for every micro-batch's forward and
+    backward, one gradient reduce-scatter) or DDP (one all-reduce of the gradients);
+    ``fsdp-zero2`` and tensor parallelism are measured but not compared (torch's TP sends
+    one backward all-reduce per column-parallel linear, not Megatron's one per block
+    half that ``estimate/comm.py`` counts).
+    """
+    from shardlab.estimate.comm import dp_bytes_per_step, pp_bytes_per_rank
+    from shardlab.estimate.partition import stage_params
+    from shardlab.spec.dtypes import get_policy
+    from shardlab.spec.layout import make_layout
+
+    policy = get_policy("amp-bf16" if cfg.dtype == "bf16" else "fp32")
+    share = cfg.global_batch // cfg.dp
+    lay = make_layout(cfg.shape, dp=cfg.dp, tp=cfg.tp, pp=cfg.pp,
+                      virtual_stages=cfg.virtual_stages, sp=cfg.sp,
+                      micro_batch=cfg.micro_batch or share, global_batch=cfg.global_batch,
+                      seq=cfg.seq, dtype=policy.name,
+                      schedule=cfg.schedule if cfg.pp > 1 else None)
+    psi = stage_params(cfg.shape, cfg.tp, cfg.pp, cfg.virtual_stages,
+                       vocab_parallel=cfg.tp > 1 and not cfg.shape.tied)
+    # Each activation travels with its micro-batch's int64 padding mask (b x s x 8 bytes).
+    mask = (cfg.micro_batch or share) * cfg.seq * 8
+    forward_sends = [sum(1 for c in range(lay.pp * lay.virtual_stages - 1) if c % lay.pp == r)
+                     for r in range(lay.pp)]
+    pp_pred = [b + f * lay.microbatches * mask for b, f in
+               zip(pp_bytes_per_rank(cfg.shape, lay, split_by_tp=cfg.sp), forward_sends,
+                   strict=True)]
+    rows = []
+    for r in ranks:
+        got = r["comm_step1"]
+
+        def sent(kind: str, got: dict[str, Any] = got) -> float:
+            return float(got.get(kind, {}).get("sent_bytes", 0.0))
+
+        row: dict[str, Any] = {"rank": r["rank"], "measured": got}
+        if cfg.dp > 1 and cfg.dp_mode in ("fsdp", "ddp"):
+            zero = 3 if cfg.dp_mode == "fsdp" else 0
+            row["dp"] = {"predicted": dp_bytes_per_step(psi[r["pp_rank"]], policy, zero,
+                                                        cfg.dp, cfg.microbatches),
+                         "measured": sent("all_gather") + sent("reduce_scatter")
+                         if zero else sent("all_reduce")}
+        if cfg.pp > 1:
+            row["pp"] = {"predicted": pp_pred[r["pp_rank"]], "measured": sent("send")}
+        rows.append(row)
+    return rows
 
 
 def measured_step_flops(ranks: list[dict[str, Any]]) -> int:

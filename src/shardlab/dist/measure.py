@@ -78,13 +78,44 @@ def ring_bytes(kind: str, payload: int, p: int) -> float:
 
 
 class CommMeter(TorchDispatchMode):
-    """Count every dispatched collective: calls, payload bytes, ring bytes sent, by kind."""
+    """Count every dispatched collective: calls, payload bytes, ring bytes sent, by kind.
+
+    Point-to-point sends (pipeline stages) do not pass the dispatcher: while the meter
+    is active, ``torch.distributed.isend`` (which ``batch_isend_irecv`` and the
+    pipelining schedules call) is wrapped to count what it sends as kind ``send``.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.calls: dict[str, int] = defaultdict(int)
         self.payload: dict[str, int] = defaultdict(int)
         self.sent: dict[str, float] = defaultdict(float)
+        self._original: Any = None
+
+    def __enter__(self) -> CommMeter:
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        self._original = c10d.isend
+
+        def counting_isend(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            n = _nbytes(tensor)
+            self.calls["send"] += 1
+            self.payload["send"] += n
+            self.sent["send"] += n
+            return self._original(tensor, *args, **kwargs)
+
+        # Both names: torch.distributed re-exports isend, and P2POp checks against c10d's.
+        dist.isend = c10d.isend = counting_isend
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        super().__exit__(*exc)
+        dist.isend = c10d.isend = self._original
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:

@@ -154,7 +154,7 @@ class StageModule(nn.Module):
                 h = h + self.pos(torch.arange(seq, device=x.device))
         else:
             h = x
-        seq = h.shape[1]
+        seq = pad_mask.shape[1]  # the whole sequence: h may be a sequence-parallel shard
         mask = attention_mask(pad_mask, seq, h.device)
         rope = (None if self.shape.style == "gpt"
                 else rope_tables(seq, self.shape.head_dim, h.dtype))
