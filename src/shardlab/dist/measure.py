@@ -49,14 +49,22 @@ def _nbytes(x: Any) -> int:
 
 
 def _group_size(args: tuple, kwargs: dict) -> int:
+    """Ranks in the collective's group: a ProcessGroup object (c10d ops) or a group name
+    (functional collectives, DTensor's)."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
     for a in (*args, *kwargs.values()):
         if isinstance(a, torch.ScriptObject) and hasattr(a, "size"):
             try:
                 return int(a.size())
             except (RuntimeError, TypeError):
                 continue
-    import torch.distributed as dist
-
+        if isinstance(a, str):
+            try:
+                return int(_resolve_process_group(a).size())
+            except (RuntimeError, ValueError, KeyError):
+                continue
     return dist.get_world_size()
 
 
