@@ -49,6 +49,8 @@ def register(sub: Any) -> None:
                    help="garden (built in), a text file (bytes), or a .bin of token ids")
     g.add_argument("--bin-dtype", choices=("uint16", "uint32"), default="uint16")
     g.add_argument("--nproc", type=positive_int, help="ranks to start (default dp*tp*pp)")
+    g.add_argument("--gpu", help="accelerator whose dense peak MFU divides by, per rank "
+                   "(default: this CPU as `shardlab hardware --measure` stored it)")
     g.add_argument("--timeout", type=positive_float, default=60.0)
     g.add_argument("--log-dir", help="per-rank logs and train.jsonl (default: a new folder)")
     g.add_argument("--inject-fault", type=int, default=-1, help=argparse.SUPPRESS)
@@ -98,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
                       log_dir=log_dir, fault_rank=args.inject_fault, docs=docs)
     check_config(cfg)
     world = cfg.world
+    peak = _peak_flops(cfg, args.gpu, world)  # a bad --gpu fails here, before any rank
     if args.nproc is not None and args.nproc != world and not under_torchrun():
         raise SpecError("nproc", args.nproc, f"must equal dp*tp*pp ({world})")
     Path(log_dir).mkdir(parents=True, exist_ok=True)
@@ -111,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if not ranks:  # a non-zero rank under torchrun
         return 0
-    doc = report(cfg, ranks, reference, log_dir)
+    doc = report(cfg, ranks, reference, log_dir, peak)
     if args.json:
         print_json(doc)
     else:
@@ -163,7 +166,7 @@ def _launch_with_progress(cfg: Any, world: int, args: argparse.Namespace, launch
 
 
 def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
-           log_dir: str) -> dict[str, Any]:
+           log_dir: str, peak: float | None = None) -> dict[str, Any]:
     """Measured beside predicted, and parity with one process."""
     import statistics
 
@@ -179,7 +182,6 @@ def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
     fpt = flops_per_token(cfg.shape, cfg.seq, cfg.recompute)
     predicted_flops = fpt.hardware_train * tokens
     measured_flops = measured_step_flops(ranks)
-    peak = _peak_flops(cfg)
     policy = get_policy("amp-bf16" if cfg.dtype == "bf16" else "fp32")
     zero = 0 if cfg.dp == 1 or cfg.dp_mode == "ddp" else 3
     psi = stage_params(cfg.shape, cfg.tp, cfg.pp, cfg.virtual_stages,
@@ -305,14 +307,16 @@ def measured_step_flops(ranks: list[dict[str, Any]]) -> int:
     return total
 
 
-def _peak_flops(cfg: Any) -> float | None:
-    """The machine's peak for MFU: the stored CPU measurement (``shardlab hardware
-    --measure``), whole machine; None when there is none."""
-    try:
-        from shardlab.spec.measure import load_measurement
-    except ImportError:
-        return None
+def _peak_flops(cfg: Any, gpu: str | None, world: int) -> float | None:
+    """The job's dense peak FLOP/s for MFU: ``--gpu``'s peak x ranks, or, by default,
+    this whole machine as ``shardlab hardware --measure`` stored it (ranks share its
+    cores); None when neither is known."""
+    from shardlab.spec.measure import accelerator_or_measured, load_measurement
+
+    dtype = "bf16" if cfg.dtype == "bf16" else "fp32"
+    if gpu is not None:
+        acc = accelerator_or_measured(gpu)
+        shared = acc.name == "cpu (measured)"
+        return acc.peak(dtype) * (1 if shared else world)
     acc = load_measurement()
-    if acc is None:
-        return None
-    return acc.peak("bf16" if cfg.dtype == "bf16" else "fp32")
+    return acc.peak(dtype) if acc is not None else None
