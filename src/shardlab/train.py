@@ -210,10 +210,10 @@ def _log(path: Path, record: StepLog) -> None:
 
 def _no_sync(model: Any, cfg: TrainConfig, sync: bool) -> Any:
     """Skip the data-parallel gradient reduction on all but the last micro-batch."""
-    if cfg.dp == 1 or cfg.dp_mode == "ddp":
-        # torch's composable replicate has no no_sync: DDP all-reduces every micro-batch.
+    if cfg.dp == 1:
         return contextlib.nullcontext()
-    model.set_requires_gradient_sync(sync)  # FSDP2: reduce-scatter only on the last one
+    # FSDP2 and composable DDP alike: reduce only after the last micro-batch.
+    model.set_requires_gradient_sync(sync)
     return contextlib.nullcontext()
 
 
