@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from shardlab.dist.launch import launch
 from shardlab.verify.gloo_avg import classify_ratio, needs_force_sum
 
 pytestmark = pytest.mark.multiprocess
@@ -31,19 +30,6 @@ AFTER_NAMES = {"plain_model_differs_before_load", "reshard_to_one_process",
                "dcp_to_torch_save_model", "dcp_to_torch_save_moments"}
 
 
-def run_everywhere(module: str, world_size: int, work_dir: Path) -> list[list[dict]]:
-    """Launch the experiment; assert its checks are complete and pass on every rank."""
-    results = launch(f"shardlab.verify.{module}:run", world_size, (str(work_dir),),
-                     timeout_s=60)
-    assert len(results) == world_size
-    for rank, checks in enumerate(results):
-        names = {c["name"] for c in checks}
-        assert EXPECTED_NAMES[module] <= names, (rank, EXPECTED_NAMES[module] - names)
-        failed = [c for c in checks if not c["passed"]]
-        assert not failed, f"rank {rank}: {failed}"
-    assert [c["name"] for c in results[0]] == [c["name"] for c in results[-1]]
-    return results
-
 
 def test_ratio_classification() -> None:
     assert classify_ratio(1.0, 2) == "honoured" and not needs_force_sum(1.0, 2)
@@ -54,25 +40,25 @@ def test_ratio_classification() -> None:
         needs_force_sum(3.0, 2)
 
 
-def test_gloo_avg(tmp_path: Path) -> None:
-    results = run_everywhere("gloo_avg", 2, tmp_path)
+def test_gloo_avg(tmp_path: Path, run_everywhere) -> None:
+    results = run_everywhere("gloo_avg", 2, tmp_path, EXPECTED_NAMES["gloo_avg"])
     known = {c["name"]: c for c in results[0]}["avg_ratio_is_known"]
     assert "AVG honoured" in known["detail"] or "AVG summed" in known["detail"]
     assert not any(tmp_path.iterdir()), "the experiment wrote under work_dir"
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_fsdp2(tmp_path: Path, world_size: int) -> None:
-    results = run_everywhere("fsdp2", world_size, tmp_path)
+def test_fsdp2(tmp_path: Path, run_everywhere, world_size: int) -> None:
+    results = run_everywhere("fsdp2", world_size, tmp_path, EXPECTED_NAMES["fsdp2"])
     by_name = {c["name"]: c for c in results[0]}
     assert f"1/world = {1 / world_size:.4f}" in by_name["local_numel_fraction"]["detail"]
     assert not any(tmp_path.iterdir()), "the experiment wrote under work_dir"
 
 
-def test_checkpoint_and_reshard(tmp_path: Path) -> None:
+def test_checkpoint_and_reshard(tmp_path: Path, run_everywhere) -> None:
     from shardlab.verify import checkpoint
 
-    run_everywhere("checkpoint", 2, tmp_path)
+    run_everywhere("checkpoint", 2, tmp_path, EXPECTED_NAMES["checkpoint"])
     after = checkpoint.after(str(tmp_path))
     assert {c["name"] for c in after} >= AFTER_NAMES
     failed = [c for c in after if not c["passed"]]

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import pytest
 
-from shardlab.dist.launch import launch
-
 pytestmark = pytest.mark.multiprocess
 
 EXPECTED_NAMES = {
@@ -31,14 +29,7 @@ EXPECTED_NAMES = {
     ("dtensor_tour", 2), ("dtensor_tour", 4),
     ("pipelining", 2),
 ])
-def test_every_check_passes_on_every_rank(tmp_path, module: str, world_size: int) -> None:
-    results = launch(f"shardlab.verify.{module}:run", world_size, (str(tmp_path),),
-                     timeout_s=60)
-    assert len(results) == world_size
-    for rank, checks in enumerate(results):
-        names = {c["name"] for c in checks}
-        assert EXPECTED_NAMES[module] <= names, (rank, EXPECTED_NAMES[module] - names)
-        failed = [c for c in checks if not c["passed"]]
-        assert not failed, f"rank {rank}: {failed}"
-    assert [c["name"] for c in results[0]] == [c["name"] for c in results[-1]]
+def test_every_check_passes_on_every_rank(tmp_path, run_everywhere, module: str,
+                                           world_size: int) -> None:
+    run_everywhere(module, world_size, tmp_path, EXPECTED_NAMES[module])
     assert not any(tmp_path.iterdir()), "the experiment wrote under work_dir"

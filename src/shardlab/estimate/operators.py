@@ -42,7 +42,8 @@ def layer_operators(m: ModelShape, acc: Accelerator, batch: int, q_len: int, kv_
     if m.moe is not None and m.moe_layers:
         e = m.moe
         f = e.experts_per_token * e.expert_d_ff + e.shared_experts * e.shared_d_ff
-        touched = weights_read_per_step(m, n) - (count_params(m).total - count_params(m).experts)
+        pc = count_params(m)
+        touched = weights_read_per_step(m, n) - (pc.total - pc.experts)
         mlp_weights = touched / m.moe_layers
     else:
         f = m.d_ff

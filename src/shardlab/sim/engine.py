@@ -135,7 +135,10 @@ class Simulator:
                             for n in local}
                     dev = self._make_device(self.rank(d, st.index, t), local, full, t)
                     self.devices[dev.rank] = dev
-        self.timing = time_schedule(build(par.schedule, pp, par.microbatches))
+        timing = time_schedule(build(par.schedule, pp, par.microbatches))
+        # The schedule's actions in an order every dependency allows: by start time.
+        self.order = [e.action for e in sorted((e for ev in timing.events for e in ev),
+                                               key=lambda e: (e.start, e.rank))]
 
     def group(self, ranks: list[int], kind: str) -> VirtualGroup:
         """A group of devices whose traffic is recorded under ``kind``, timed on the link."""
@@ -197,10 +200,7 @@ class Simulator:
         saved: dict[tuple[int, int, int], tuple] = {}
         sent: dict[tuple[str, int, int, int], list[torch.Tensor]] = {}
         loss = 0.0
-        events = sorted((e for ev in self.timing.events for e in ev),
-                        key=lambda e: (e.start, e.rank))
-        for e in events:
-            kind, s, i = e.action
+        for kind, s, i in self.order:
             st = self.stages[s]
             redo = kind != "F" and par.zero == 3  # gather again and redo the forward
             params = self._params(s, grad=par.zero < 3 or redo) if kind == "F" or redo else None
