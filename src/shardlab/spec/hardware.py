@@ -40,6 +40,28 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Efficiency:
+    """What fraction of the dense peak a matmul reaches, and the costs a peak leaves out.
+
+    The planner's step-time model (:mod:`shardlab.plan.efficiency`) times a matmul
+    [M, K] x [K, N] at ``peak_fraction · I / (I + half_intensity)`` of the dense peak,
+    where I = 1 / (1/M + 1/K + 1/N) is its arithmetic intensity in FLOPs per byte at
+    2-byte elements (2MKN FLOPs over 2(MK + KN + MN) bytes): small or thin matmuls
+    are memory-bound (roofline, Williams et al. 2009) and reach less of the peak.
+    ``op_overhead`` is seconds of fixed cost per operator launch (kernel launch on a
+    GPU, eager dispatch on a CPU); ``link_fraction`` the share of a link's bandwidth
+    that collectives reach (NCCL's bus bandwidth over the link's). ``source`` names
+    the calibration runs (``docs/validation.md``).
+    """
+
+    peak_fraction: float
+    half_intensity: float
+    op_overhead: float
+    link_fraction: float
+    source: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
 class Accelerator:
     """One device: dense peak FLOP/s per dtype, memory (bytes), HBM bandwidth (bytes/s), power (W).
 
@@ -56,6 +78,7 @@ class Accelerator:
     inter_link: Link
     gpus_per_node: int = 8
     source: str = field(default="", compare=False)
+    efficiency: Efficiency | None = field(default=None, compare=False)
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for matmuls in ``dtype`` (fp32 falls back to tf32 if listed)."""
@@ -80,29 +103,40 @@ LINKS: dict[str, Link] = {k.name: k for k in (
 
 
 def _gpu(name: str, flops: dict[str, float], mem: float, bw: float, watts: float,
-         intra: str, inter: str, source: str) -> Accelerator:
-    return Accelerator(name, flops, mem, bw, watts, LINKS[intra], LINKS[inter], 8, source)
+         intra: str, inter: str, source: str, eff: Efficiency | None = None) -> Accelerator:
+    return Accelerator(name, flops, mem, bw, watts, LINKS[intra], LINKS[inter], 8, source, eff)
+
+
+# Efficiency curves fitted by shardlab.plan.published.fit on the calibration runs of
+# docs/validation.md (held-out runs are not used); tests/plan/test_published.py refits them.
+A100_EFFICIENCY = Efficiency(
+    0.787, 244.0, 5e-6, 0.8,
+    "fitted on Narayanan et al. 2021 Table 1 (1.7B, 7.5B, 39.1B, 145.6B, 529.6B rows), A100 80GB")
+H100_EFFICIENCY = Efficiency(
+    0.738, 244.0, 5e-6, 0.8,
+    "peak_fraction fitted on Llama 3 (Dubey et al. 2024) Table 4, 8,192-GPU row; "
+    "half_intensity, op_overhead and link_fraction taken from the A100 fit")
 
 
 ACCELERATORS: dict[str, Accelerator] = {a.name: a for a in (
     _gpu("H100 SXM", {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "tf32": 494.5e12,
                       "fp32": 67e12},
          80e9, 3.35e12, 700, "NVLink 4", "IB NDR 400G",
-         "NVIDIA H100 Tensor Core GPU datasheet (SXM5), dense figures"),
+         "NVIDIA H100 Tensor Core GPU datasheet (SXM5), dense figures", H100_EFFICIENCY),
     _gpu("H100 PCIe", {"bf16": 756e12, "fp16": 756e12, "fp8": 1513e12, "tf32": 378e12,
                        "fp32": 51e12},
          80e9, 2.0e12, 350, "PCIe 5.0 x16", "IB NDR 400G",
-         "NVIDIA H100 Tensor Core GPU datasheet (PCIe), dense figures"),
+         "NVIDIA H100 Tensor Core GPU datasheet (PCIe), dense figures", H100_EFFICIENCY),
     _gpu("H200 SXM", {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "tf32": 494.5e12,
                       "fp32": 67e12},
          141e9, 4.8e12, 700, "NVLink 4", "IB NDR 400G",
-         "NVIDIA H200 Tensor Core GPU datasheet (SXM), dense figures"),
+         "NVIDIA H200 Tensor Core GPU datasheet (SXM), dense figures", H100_EFFICIENCY),
     _gpu("A100 SXM 80GB", {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
          80e9, 2.039e12, 400, "NVLink 3", "IB HDR 200G",
-         "NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB), dense figures"),
+         "NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB), dense figures", A100_EFFICIENCY),
     _gpu("A100 SXM 40GB", {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
          40e9, 1.555e12, 400, "NVLink 3", "IB HDR 200G",
-         "NVIDIA A100 Tensor Core GPU datasheet (SXM 40GB), dense figures"),
+         "NVIDIA A100 Tensor Core GPU datasheet (SXM 40GB), dense figures", A100_EFFICIENCY),
     _gpu("MI300X", {"bf16": 1307.4e12, "fp16": 1307.4e12, "fp8": 2614.9e12, "tf32": 653.7e12,
                     "fp32": 163.4e12},
          192e9, 5.3e12, 750, "Infinity Fabric", "IB NDR 400G",

@@ -1,0 +1,183 @@
+"""``shardlab plan``: every layout of a model on a cluster, the ones that fit, fastest first."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+from typing import Any
+
+from shardlab.cli.args import positive_int
+from shardlab.cli.output import print_json
+from shardlab.errors import SpecError
+from shardlab.spec.layout import RECOMPUTE, SCHEDULES
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.replace(",", " ").split())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} must be integers, e.g. 1,2,4") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be integers >= 0, e.g. 1,2,4")
+    return values
+
+
+def _names(allowed: tuple[str, ...]) -> Any:
+    def parse(text: str) -> tuple[str, ...]:
+        values = tuple(x for x in text.replace(",", " ").split())
+        bad = [v for v in values if v not in allowed]
+        if bad or not values:
+            raise argparse.ArgumentTypeError(f"{text!r}: each must be one of "
+                                             f"{', '.join(allowed)}")
+        return values
+    return parse
+
+
+def add_plan_args(p: argparse.ArgumentParser) -> None:
+    """Every flag of ``shardlab plan`` except --json (``shardlab report plan`` reuses them)."""
+    from shardlab.cli.simulate import add_shape_args
+
+    p.add_argument("model", nargs="?", help="catalog name or config.json (default: a small "
+                   "model from the shape flags, as `shardlab train` builds it)")
+    add_shape_args(p)
+    p.set_defaults(seq=None)  # --seq: the model's context unless given (32 for a flags model)
+    g = p.add_argument_group("cluster")
+    g.add_argument("--gpu", default="H100 SXM", help="accelerator name (loose match; `cpu` is "
+                   "this machine as `shardlab hardware --measure` stored it)")
+    g.add_argument("--gpus", type=positive_int, required=True, help="devices in the job")
+    g.add_argument("--gpus-per-node", type=positive_int,
+                   help="devices per node (default: the accelerator's, 8 for GPUs)")
+    g.add_argument("--hardware-file", type=Path, help="TOML file of extra accelerators/links")
+    g = p.add_argument_group("job")
+    g.add_argument("--global-batch", type=positive_int, required=True,
+                   help="sequences per optimizer step")
+    g.add_argument("--dtype", help="dtype policy (default bf16; fp32 on this machine, where "
+                   "bf16 means torch autocast as `shardlab train --dtype bf16`)")
+    g.add_argument("--attention", choices=("flash", "eager"), default="flash",
+                   help="flash: fused kernel, softmax statistics only (default); eager: the "
+                   "s x s scores are kept (Korthikanti et al. 2022's counts)")
+    g.add_argument("--dropout", action=argparse.BooleanOptionalAction, default=None,
+                   help="dropout masks in activation memory (default: gpt yes, llama no)")
+    g.add_argument("--no-overlap-dp", action="store_true",
+                   help="data-parallel communication does not overlap compute")
+    g = p.add_argument_group("search")
+    g.add_argument("--top", type=positive_int, default=5, help="layouts to show")
+    g.add_argument("--max-tp", type=positive_int, help="largest tp (default: devices per node)")
+    g.add_argument("--max-pp", type=positive_int, help="largest pp (default: the layers)")
+    g.add_argument("--max-virtual", type=positive_int, default=8,
+                   help="most model chunks per pipeline rank")
+    g.add_argument("--micro-batches", type=_int_list, default=(1, 2, 4, 8),
+                   help="micro-batch sizes to try (sequences), e.g. 1,2,4,8")
+    g.add_argument("--zero", type=_int_list, default=(0, 1, 2, 3), help="ZeRO stages to try")
+    g.add_argument("--recompute", type=_names(RECOMPUTE), default=RECOMPUTE,
+                   help="recompute modes to try, e.g. none,selective")
+    g.add_argument("--schedules", type=_names(SCHEDULES), default=SCHEDULES,
+                   help=f"pipeline schedules to try ({', '.join(SCHEDULES)})")
+    g.add_argument("--layout", help='evaluate one layout instead of searching, e.g. "dp=1 '
+                   'tp=8 pp=8 virtual=3 micro_batch=1 zero=1 sp=1 recompute=selective '
+                   'schedule=1f1b" (keys left out take their defaults)')
+
+
+def register(sub: Any) -> None:
+    """Add the ``plan`` sub-command."""
+    p = sub.add_parser("plan", help="search every layout; rank what fits by step time",
+                       description="Search every dp x tp x pp layout (virtual stages, "
+                       "schedule, ZeRO, sequence parallel, recompute, micro-batch) of MODEL "
+                       "on N devices, drop what does not fit, rank the rest by predicted "
+                       "step time.")
+    add_plan_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.set_defaults(run=run)
+
+
+def _model(args: argparse.Namespace) -> tuple[Any, str]:
+    """The model, and how `shardlab train` names it (catalog name, or the shape flags)."""
+    from shardlab.cli.simulate import build_shape
+    from shardlab.nn.garden import garden_vocab
+
+    if args.model is not None:
+        from shardlab.cli.budget import load_model
+
+        return load_model(args.model), shlex.quote(args.model)
+    vocab = garden_vocab().size
+    if args.seq is None:
+        args.seq = 32
+    shape = build_shape(args, vocab)
+    flags = [f"--style {args.style}", f"--layers {args.layers}", f"--d-model {args.d_model}",
+             f"--heads {args.heads}"]
+    for flag, value in (("--kv-heads", args.kv_heads), ("--d-ff", args.d_ff),
+                        ("--vocab", args.vocab)):
+        if value is not None:
+            flags.append(f"{flag} {value}")
+    return shape, " ".join(flags)
+
+
+def plan_document(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--json`` document of ``shardlab plan`` (SpecError for bad input)."""
+    from shardlab.plan.search import is_this_machine, layout_candidates, plan
+    from shardlab.plan.space import TRAIN_SCHEDULES, TRAIN_ZERO, Space
+    from shardlab.plan.step_time import StepOptions
+    from shardlab.spec.dtypes import get_policy
+    from shardlab.spec.measure import accelerator_or_measured
+
+    acc = accelerator_or_measured(args.gpu, args.hardware_file)
+    model, model_flags = _model(args)
+    seq = args.seq or model.context
+    here = is_this_machine(acc)
+    if here:
+        dtype = args.dtype or "fp32"
+        if dtype not in ("fp32", "bf16"):
+            raise SpecError("dtype", dtype, "must be fp32 or bf16 on this machine "
+                            "(what shardlab train runs)")
+        policy = get_policy("amp-bf16" if dtype == "bf16" else "fp32")
+    else:
+        dtype = args.dtype or "bf16"
+        policy = get_policy(dtype)
+    for z in args.zero:
+        if z > 3:
+            raise SpecError("zero", z, "must be 0, 1, 2 or 3 (3 is FSDP)")
+    space = Space(
+        gpus=args.gpus, global_batch=args.global_batch, seq=seq,
+        gpus_per_node=args.gpus_per_node or acc.gpus_per_node, max_tp=args.max_tp,
+        max_pp=args.max_pp, max_virtual=args.max_virtual,
+        micro_batches=tuple(sorted(set(args.micro_batches) - {0})) or (1,),
+        zero=tuple(z for z in args.zero if not here or z in TRAIN_ZERO) or (0,),
+        recompute=args.recompute,
+        schedules=tuple(s for s in args.schedules if not here or s in TRAIN_SCHEDULES)
+        or ("1f1b",),
+        train_only=here)
+    only = layout_candidates(model, space, args.layout) if args.layout else None
+    dropout = args.dropout if args.dropout is not None else model.style == "gpt"
+    result = plan(model, acc, space, policy, top=args.top, dropout=dropout,
+                  options=StepOptions(flash=args.attention == "flash",
+                                      overlap_dp=not args.no_overlap_dp),
+                  train_prefix=f"shardlab train {model_flags}" if here else None,
+                  train_dtype=dtype, only=only)
+    dev = result.device
+    return {
+        "model": model.name, "model_shape": model.describe(), "gpu": acc.name,
+        "gpus": args.gpus, "gpus_per_node": space.gpus_per_node, "seq": seq,
+        "global_batch": args.global_batch, "dtype": policy.name,
+        "peak_flops_per_device": dev.peak, "usable_memory_per_device": result.device_memory,
+        "efficiency": {"peak_fraction": dev.eff.peak_fraction,
+                       "half_intensity": dev.eff.half_intensity,
+                       "op_overhead": dev.eff.op_overhead,
+                       "link_fraction": dev.eff.link_fraction, "source": dev.eff.source},
+        "this_machine": here, "layout_given": args.layout,
+        "candidates_evaluated": result.candidates_evaluated, "feasible": result.feasible,
+        "rejected": result.rejected, "seconds": result.seconds,
+        "smallest_memory_per_device": result.smallest_memory, "best": result.best,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan and print (tables, or one JSON document with --json)."""
+    doc = plan_document(args)
+    if args.json:
+        print_json(doc)
+    else:
+        from shardlab.report.plan_view import print_plan
+
+        print_plan(doc)
+    return 0

@@ -1,0 +1,75 @@
+"""The pipeline bubble of a schedule, from :mod:`shardlab.schedules`, as a ratio to the work.
+
+For a rank that does m·v forward and backward chunk passes, the bubble ratio is the idle
+time of the busiest rank inside the step's makespan over its busy time, at equal
+forward, input-gradient and weight-gradient times (t_f = t_b = t_w, one unit each):
+
+    ratio = (makespan - 3·m·v) / (3·m·v)
+
+GPipe, 1F1B and interleaved 1F1B use the papers' closed forms
+(:mod:`shardlab.schedules.closed_forms`, which ``tests/schedules`` holds equal to the
+simulator): the makespan is 3·(m·v + p - 1) units for GPipe/1F1B with v = 1, and the
+bubble fraction (p-1)/(v·m + p - 1) for interleaving, i.e. ratio (p-1)/(v·m). The
+zero-bubble and V schedules (ZB-H1, ZB-H2, ZB-V, DualPipeV) are generated and timed by
+:func:`shardlab.schedules.simulate.simulate`. Their idle time stops growing once
+m >= 2p (steady state; ``tests/plan/test_bubble.py`` checks it), so larger m is
+simulated at 2p and the idle time reused: a search touches each (schedule, p, m)
+at most once and never builds schedules longer than 2p micro-batches.
+
+Unequal t_f, t_b, t_w (recompute lengthens the backward) change GPipe's and 1F1B's
+bubble not at all ((p-1)·(t_f + t_b + t_w)) and the zero-bubble ones somewhat; the
+planner uses the equal-times ratio for all.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from shardlab.schedules.closed_forms import bubble_1f1b, bubble_interleaved
+from shardlab.spec.layout import SCHEDULES
+
+_CLOSED = ("gpipe", "1f1b", "interleaved-1f1b")
+
+
+@lru_cache(maxsize=4096)
+def simulated_idle_units(kind: str, p: int, m: int, v: int) -> float:
+    """Idle units of a rank inside the makespan (makespan - 3·m·v) of the simulated schedule."""
+    from shardlab.schedules.generators import build
+    from shardlab.schedules.simulate import simulate
+
+    timing = simulate(build(kind, p, m, v))
+    return float(timing.makespan - 3 * m * v)
+
+
+def bubble_ratio(kind: str, p: int, m: int, v: int) -> float:
+    """Idle time over busy time of a rank for schedule ``kind`` (module docstring)."""
+    if p == 1:
+        return 0.0
+    if kind in ("gpipe", "1f1b"):
+        f = bubble_1f1b(p, m)
+        return f / (1 - f)
+    if kind == "interleaved-1f1b":
+        f = bubble_interleaved(p, m, v)
+        return f / (1 - f)
+    idle = simulated_idle_units(kind, p, min(m, 2 * p), v)
+    return idle / (3 * m * v)
+
+
+def bubble_ratios(schedule: np.ndarray, pp: np.ndarray, microbatches: np.ndarray,
+                  virtual: np.ndarray) -> np.ndarray:
+    """:func:`bubble_ratio` for arrays of layouts (schedule as an index into SCHEDULES)."""
+    out = np.zeros(len(pp))
+    closed = np.isin(schedule, [SCHEDULES.index(k) for k in _CLOSED])
+    p, m, v = pp.astype(float), microbatches.astype(float), virtual.astype(float)
+    # Closed forms, vectorised: ratio = (p-1)/(v·m) (GPipe and 1F1B have v = 1).
+    out[closed] = (p[closed] - 1) / (v[closed] * m[closed])
+    rest = np.flatnonzero(~closed & (pp > 1))
+    if len(rest):
+        keys = np.stack([schedule[rest], pp[rest], microbatches[rest], virtual[rest]], axis=1)
+        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+        vals = np.array([bubble_ratio(SCHEDULES[int(s)], int(pi), int(mi), int(vi))
+                         for s, pi, mi, vi in uniq])
+        out[rest] = vals[inv.ravel()]
+    return out

@@ -1,0 +1,204 @@
+"""Published training runs with a measured step time, to calibrate and validate the planner.
+
+Each run gives the model's shape, the layout, the devices and a measured time per
+step, or the achieved TFLOP/s per GPU from which the step time follows by the paper's
+own FLOP formula. Runs are either ``calibration`` (the efficiency curves in
+:mod:`shardlab.spec.hardware` are fitted on them, :func:`fit`) or ``validation``
+(held out: never used in a fit). What a paper does not state is an assumption,
+listed in ``assumed``.
+
+Sources:
+
+* NAR21: Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
+  Clusters Using Megatron-LM" (SC21, arXiv 2104.04473), Table 1: GPT models, vocabulary
+  51,200, sequence 2048, A100 80GB (Selene: 8 per node, 8 HDR 200G NICs per node),
+  full activation recompute; TFLOP/s per GPU counted with 96·B·s·L·h²·(1 + s/6h +
+  V/16Lh) (their Sec. 5.1, recompute included).
+* KOR22: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+  Transformer Models" (arXiv 2205.05198), Tables 3 and 5: iteration times with full
+  recompute and with selective recompute + sequence parallelism, data parallel 1.
+* MTNLG: Smith et al. 2022, "Using DeepSpeed and Megatron to Train Megatron-Turing NLG
+  530B" (arXiv 2201.11990), Sec. 2.4: iteration times at 280, 350 and 420 DGX A100
+  nodes, batch 1920, sequence 2048.
+* LLAMA3: Dubey et al. 2024, "The Llama 3 Herd of Models" (arXiv 2407.21783), Table 4:
+  Llama 3.1 405B on H100, sequence 8192, 16M tokens per batch, TFLOP/s per GPU.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from shardlab.estimate.flops import flops_per_token, narayanan_full_recompute_flops
+from shardlab.spec.catalog import get_model
+from shardlab.spec.hardware import Accelerator, Efficiency, get_accelerator
+from shardlab.spec.model import ModelShape
+
+
+def _gpt(name: str, layers: int, hidden: int, heads: int) -> ModelShape:
+    return ModelShape(name, layers, hidden, heads, vocab=51200, context=2048, style="gpt",
+                      tied=True)
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """One published run: shape, layout, devices, measured seconds per step, and its role."""
+
+    name: str
+    source: str
+    model: ModelShape
+    gpu: str
+    gpus: int
+    tp: int
+    pp: int
+    global_batch: int
+    seq: int
+    measured_step: float
+    role: str  # "calibration" or "validation"
+    measured_from: str
+    recompute: str = "full"
+    sp: bool = False
+    zero: int = 0
+    micro_batch: int = 1
+    virtual: int = 1
+    flash: bool = False
+    overlap_dp: bool = False
+    assumed: tuple[str, ...] = field(default=())
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: gpus / (tp·pp)."""
+        return self.gpus // (self.tp * self.pp)
+
+    @property
+    def layout_text(self) -> str:
+        """The run's layout in ``shardlab plan --layout`` form."""
+        sched = "interleaved-1f1b" if self.virtual > 1 else "1f1b"
+        return (f"dp={self.dp} tp={self.tp} pp={self.pp} virtual={self.virtual} "
+                f"micro_batch={self.micro_batch} zero={self.zero} sp={int(self.sp)} "
+                f"recompute={self.recompute} schedule={sched}")
+
+
+_MEGATRON_2021 = ("micro-batch 1", "non-interleaved 1F1B", "gradient all-reduce not overlapped "
+                  "with backward (Megatron-LM 2021)")
+
+
+def _nar21(name: str, layers: int, hidden: int, heads: int, tp: int, pp: int, gpus: int,
+           batch: int, tflops: float, role: str) -> PublishedRun:
+    m = _gpt(name, layers, hidden, heads)
+    step = narayanan_full_recompute_flops(batch, 2048, layers, hidden, 51200) / (gpus * tflops
+                                                                                 * 1e12)
+    return PublishedRun(f"NAR21 {name}", "Narayanan et al. 2021, Table 1", m, "A100 SXM 80GB",
+                        gpus, tp, pp, batch, 2048, step, role,
+                        f"{tflops:g} TFLOP/s per GPU (96BsLh² formula)",
+                        assumed=_MEGATRON_2021)
+
+
+def _kor22(name: str, layers: int, hidden: int, heads: int, pp: int, gpus: int, batch: int,
+           full_s: float, selective_s: float) -> list[PublishedRun]:
+    m = _gpt(name, layers, hidden, heads)
+    common = {"model": m, "gpu": "A100 SXM 80GB", "gpus": gpus, "tp": 8, "pp": pp,
+              "global_batch": batch, "seq": 2048, "role": "validation",
+              "source": "Korthikanti et al. 2022, Tables 3 and 5",
+              "assumed": ("micro-batch 1", "non-interleaved 1F1B")}
+    return [PublishedRun(f"KOR22 {name} full", measured_step=full_s, recompute="full",
+                         measured_from=f"iteration time {full_s} s", **common),
+            PublishedRun(f"KOR22 {name} selective+SP", measured_step=selective_s,
+                         recompute="selective", sp=True,
+                         measured_from=f"iteration time {selective_s} s", **common)]
+
+
+def _mtnlg(nodes: int, step: float) -> PublishedRun:
+    return PublishedRun(f"MTNLG 530B {nodes} nodes", "Smith et al. 2022, Sec. 2.4",
+                        _gpt("mt-nlg-530b", 105, 20480, 128), "A100 SXM 80GB", nodes * 8, 8, 35,
+                        1920, 2048, step, "validation", f"iteration time {step} s",
+                        assumed=_MEGATRON_2021)
+
+
+def _llama3(gpus: int, tflops: float, role: str) -> PublishedRun:
+    m = get_model("llama-3.1-405b")
+    tokens = 2048 * 8192
+    step = flops_per_token(m, 8192).train * tokens / (gpus * tflops * 1e12)
+    return PublishedRun(f"LLAMA3 405B {gpus} GPUs", "Dubey et al. 2024, Table 4", m,
+                        "H100 SXM", gpus, 8, 16, 2048, 8192, step, role,
+                        f"{tflops:g} TFLOP/s per GPU (shardlab's model FLOPs)",
+                        recompute="none", sp=True, zero=1, virtual=4, flash=True,
+                        overlap_dp=True,
+                        assumed=("micro-batch 1", "interleaved 1F1B with 4 chunks per rank",
+                                 "ZeRO-1", "no recompute", "sequence parallel",
+                                 "Meta's FLOP count = shardlab's (full s x s attention)"))
+
+
+RUNS: tuple[PublishedRun, ...] = (
+    _nar21("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137, "calibration"),
+    _nar21("3.6B", 30, 3072, 32, 2, 1, 64, 512, 138, "validation"),
+    _nar21("7.5B", 36, 4096, 32, 4, 1, 128, 512, 142, "calibration"),
+    _nar21("18.4B", 40, 6144, 48, 8, 1, 256, 1024, 135, "validation"),
+    _nar21("39.1B", 48, 8192, 64, 8, 2, 512, 1536, 138, "calibration"),
+    _nar21("76.1B", 60, 10240, 80, 8, 4, 1024, 1792, 140, "validation"),
+    _nar21("145.6B", 80, 12288, 96, 8, 8, 1536, 2304, 148, "calibration"),
+    _nar21("310.1B", 96, 16384, 128, 8, 16, 1920, 2160, 155, "validation"),
+    _nar21("529.6B", 105, 20480, 128, 8, 35, 2520, 2520, 163, "calibration"),
+    _nar21("1008.0B", 128, 25600, 160, 8, 64, 3072, 3072, 163, "validation"),
+    *_kor22("22B", 48, 6144, 64, 1, 8, 4, 1.42, 1.10),
+    *_kor22("175B", 96, 12288, 96, 8, 64, 64, 18.13, 13.75),
+    *_kor22("530B", 105, 20480, 128, 35, 280, 280, 49.05, 37.83),
+    *_kor22("1T", 128, 25600, 160, 64, 512, 512, 94.42, 71.49),
+    _mtnlg(280, 60.1),
+    _mtnlg(350, 50.2),
+    _mtnlg(420, 44.4),
+    _llama3(8192, 430, "calibration"),
+    _llama3(16384, 400, "validation"),
+)
+
+
+def predict(run: PublishedRun, acc: Accelerator | None = None) -> dict[str, float]:
+    """The planner's step seconds and MFU for ``run`` on ``acc`` (default: the catalog's)."""
+    from shardlab.plan.search import layout_candidates, plan
+    from shardlab.plan.space import Space
+    from shardlab.plan.step_time import StepOptions
+    from shardlab.spec.dtypes import get_policy
+
+    acc = acc or get_accelerator(run.gpu)
+    space = Space(gpus=run.gpus, global_batch=run.global_batch, seq=run.seq)
+    only = layout_candidates(run.model, space, run.layout_text)
+    p = plan(run.model, acc, space, get_policy("bf16"), top=1, only=only,
+             options=StepOptions(flash=run.flash, overlap_dp=run.overlap_dp),
+             dropout=run.model.style == "gpt")
+    best = p.best[0]
+    return {"step_seconds": best["step_seconds"], "mfu": best["mfu"]}
+
+
+def errors(runs: list[PublishedRun], acc: Accelerator | None = None) -> np.ndarray:
+    """Relative step-time errors (predicted / measured - 1) of ``runs``."""
+    return np.array([predict(r, acc)["step_seconds"] / r.measured_step - 1 for r in runs])
+
+
+def fit(gpu: str, free: tuple[str, ...] = ("peak_fraction", "half_intensity"),
+        base: Efficiency | None = None, rounds: int = 3) -> tuple[Efficiency, float]:
+    """Fit ``free`` fields of ``gpu``'s efficiency curve to its calibration runs: the mean
+    absolute step-time error minimised on a grid refined ``rounds`` times. Returns the
+    curve and its mean absolute error on those runs."""
+    acc = get_accelerator(gpu)
+    runs = [r for r in RUNS if r.role == "calibration" and r.gpu == acc.name]
+    eff = base or acc.efficiency
+    assert eff is not None
+    spans = {"peak_fraction": (0.3, 1.0), "half_intensity": (0.0, 512.0),
+             "link_fraction": (0.3, 1.0)}
+    names = tuple(spans)
+    for _ in range(rounds):
+        grids = [np.linspace(*spans[k], 9) if k in free else [getattr(eff, k)] for k in names]
+        scored = []
+        for values in itertools.product(*grids):
+            e = replace(eff, **{k: float(x) for k, x in zip(names, values, strict=True)})
+            err = float(np.mean(np.abs(errors(runs, replace(acc, efficiency=e)))))
+            scored.append((err, e))
+        err, eff = min(scored, key=lambda x: x[0])
+        for k in free:
+            lo, hi = spans[k]
+            step = (hi - lo) / 8
+            floor = 0.0 if k == "half_intensity" else 0.05
+            spans[k] = (max(floor, getattr(eff, k) - step), getattr(eff, k) + step)
+    return eff, err

@@ -1,0 +1,229 @@
+"""The planner: every layout of a model on a cluster, the ones that fit, ranked by step time.
+
+:func:`plan` enumerates the space (:mod:`shardlab.plan.space`), computes every valid
+layout's memory per device (:mod:`shardlab.plan.memory`), drops those over the usable
+memory, times the rest (:mod:`shardlab.plan.step_time`) and returns them fastest
+first, with counts of what was rejected and why. Everything after the enumeration is
+numpy over all layouts at once.
+
+"This machine" (the CPU that ``shardlab hardware --measure`` stored) is planned as
+``gpus`` processes sharing it: each gets ``cpu_count // gpus`` threads (the launcher's
+rule) and so that share of the measured peak, and memory / gpus bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shardlab.errors import SpecError
+from shardlab.plan.efficiency import efficiency_of
+from shardlab.plan.memory import MemoryOptions, memory_arrays
+from shardlab.plan.space import (
+    DP_MODE_OF_ZERO,
+    R_MEMORY,
+    REASONS,
+    TRAIN_SCHEDULES,
+    TRAIN_ZERO,
+    Candidates,
+    Space,
+    check_rules,
+    enumerate_space,
+)
+from shardlab.plan.step_time import PARTS, Device, StepOptions, step_seconds
+from shardlab.spec.dtypes import DtypePolicy
+from shardlab.spec.hardware import Accelerator
+from shardlab.spec.layout import RECOMPUTE, SCHEDULES, make_layout
+from shardlab.spec.model import ModelShape
+
+USABLE_MEMORY = 0.9
+"""Share of a device's memory the planner lets a layout use: the rest is left for what the
+cost model does not count (allocator fragmentation, communication buffers, CUDA context,
+FSDP's transient unsharded layers)."""
+
+
+def is_this_machine(acc: Accelerator) -> bool:
+    """Whether ``acc`` is the stored measurement of this machine's CPU."""
+    from shardlab.spec.measure import NAME
+
+    return acc.name == NAME
+
+
+def device_of(acc: Accelerator, policy: DtypePolicy, gpus: int) -> tuple[Device, float]:
+    """The step-time model's device and its memory in bytes (shared out on this machine)."""
+    peak = acc.peak(policy.compute)
+    memory = acc.memory_bytes
+    if is_this_machine(acc):
+        cores = os.cpu_count() or 1
+        peak *= max(1, cores // gpus) / cores if gpus <= cores else 1 / gpus
+        memory /= gpus
+    return (Device(peak, acc.memory_bandwidth, acc.intra_link, acc.inter_link,
+                   acc.gpus_per_node, efficiency_of(acc)), memory)
+
+
+@dataclass
+class Plan:
+    """What :func:`plan` found. ``best`` holds the top layouts as JSON-ready dicts."""
+
+    candidates_evaluated: int
+    feasible: int
+    rejected: dict[str, int]
+    best: list[dict[str, Any]]
+    seconds: float
+    smallest_memory: float
+    device_memory: float
+    device: Device = field(repr=False)
+
+
+def _entries(c: Candidates, idx: np.ndarray, times: dict[str, np.ndarray], mem: Any,
+             usable: float, global_batch: int, seq: int,
+             train_prefix: str | None, train_dtype: str) -> list[dict[str, Any]]:
+    out = []
+    for i in idx.tolist():
+        lay = c.layout(i)
+        entry: dict[str, Any] = {
+            **lay,
+            "step_seconds": float(times["step"][i]),
+            "tokens_per_second": global_batch * seq / float(times["step"][i]),
+            "mfu": float(times["mfu"][i]),
+            "memory_per_device": float(mem.total[i]),
+            "fits": bool(mem.total[i] <= usable),
+            "breakdown": {k: float(times[k][i]) for k in PARTS},
+            "memory_breakdown": {"weights": float(mem.weights[i]),
+                                 "gradients": float(mem.gradients[i]),
+                                 "optimizer": float(mem.optimizer[i]),
+                                 "activations": float(mem.activations[i]),
+                                 "stage": int(mem.stage[i])},
+            "timed_stage": int(times["stage"][i]),
+            "train_command": None,
+        }
+        if train_prefix is not None:
+            entry["train_command"] = train_command(train_prefix, lay, global_batch, seq,
+                                                   train_dtype)
+        out.append(entry)
+    return out
+
+
+def train_command(prefix: str, lay: dict[str, Any], global_batch: int, seq: int,
+                  dtype: str) -> str:
+    """``shardlab train`` flags for a layout (ZeRO 0/2/3 as ddp/fsdp-zero2/fsdp; dp = 1 as
+    fsdp, which then shards nothing and works with tp > 1)."""
+    mode = "fsdp" if lay["dp"] == 1 else DP_MODE_OF_ZERO[lay["zero"]]
+    parts = [prefix, f"--seq {seq}", f"--dp {lay['dp']}", f"--tp {lay['tp']}",
+             f"--pp {lay['pp']}"]
+    if lay["virtual_stages"] > 1:
+        parts.append(f"--virtual-stages {lay['virtual_stages']}")
+    parts.append(f"--dp-mode {mode}")
+    if lay["sp"]:
+        parts.append("--sp")
+    parts += [f"--recompute {lay['recompute']}"]
+    if lay["pp"] > 1:
+        parts.append(f"--schedule {lay['schedule']}")
+    parts += [f"--global-batch {global_batch}", f"--micro-batch {lay['micro_batch']}",
+              f"--dtype {dtype}"]
+    return " ".join(parts)
+
+
+def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy, *,
+         top: int = 10, options: StepOptions | None = None, dropout: bool = False,
+         train_prefix: str | None = None, train_dtype: str = "fp32",
+         only: Candidates | None = None) -> Plan:
+    """Search ``space`` (or evaluate the layouts ``only``) and rank what fits by step time.
+
+    Raises SpecError when no layout is valid for the device count, or none fits in memory
+    (naming the smallest memory per device any layout needs).
+    """
+    start = time.perf_counter()
+    options = options or StepOptions()
+    if model.style == "gpt" and space.seq > model.context:
+        raise SpecError("seq", space.seq, f"must be <= the learned position table "
+                        f"({model.context}) for a gpt-style model")
+    c = only if only is not None else enumerate_space(model, space)
+    dev, memory = device_of(acc, policy, space.gpus)
+    usable = USABLE_MEMORY * memory
+    valid = c.reason < 0
+    if not valid.any():
+        first = REASONS[int(np.bincount(c.reason).argmax())]
+        raise SpecError("gpus", space.gpus, f"no layout of {model.name} can use {space.gpus} "
+                        f"devices (most fail: {first})")
+    v = c.take(valid)
+    mem = memory_arrays(model, v, space.seq, policy,
+                        MemoryOptions(dropout=dropout, flash=options.flash))
+    fits = mem.total <= usable
+    reason = c.reason.copy()
+    reason[np.flatnonzero(valid)[~fits]] = REASONS.index(R_MEMORY)
+    rejected = {REASONS[r]: int(n) for r, n in enumerate(np.bincount(reason[reason >= 0],
+                                                                     minlength=len(REASONS)))
+                if n}
+    smallest = float(mem.total.min())
+    if only is None and not fits.any():
+        raise SpecError("model", model.name, f"fits in no layout on {space.gpus} x {acc.name}: "
+                        f"the smallest needs {smallest / 1e9:.2f} GB per device, "
+                        f"{usable / 1e9:.2f} GB usable ({USABLE_MEMORY:.0%} of "
+                        f"{memory / 1e9:.2f} GB)")
+    keep = np.ones(len(v), bool) if only is not None else fits
+    f = v.take(keep)
+    fmem = type(mem)(*(getattr(mem, k)[keep] for k in ("weights", "gradients", "optimizer",
+                                                       "activations", "params", "stage")))
+    times = step_seconds(model, f, fmem, space.seq, space.global_batch, policy, dev, options)
+    order = np.lexsort((fmem.total, times["step"]))[:top]
+    best = _entries(f, order, times, fmem, usable, space.global_batch, space.seq,
+                    train_prefix, train_dtype)
+    return Plan(len(c), int(fits.sum()), rejected, best, time.perf_counter() - start, smallest,
+                usable, dev)
+
+
+LAYOUT_KEYS = ("dp", "tp", "pp", "virtual", "micro_batch", "zero", "sp", "recompute",
+               "schedule")
+
+
+def parse_layout(text: str) -> dict[str, str]:
+    """``"dp=1 tp=8 pp=8 ..."`` as a dict; SpecError on an unknown key or a bad pair."""
+    out: dict[str, str] = {}
+    for item in text.replace(",", " ").split():
+        key, sep, value = item.partition("=")
+        if not sep or not value:
+            raise SpecError("layout", item, "must be key=value")
+        if key not in LAYOUT_KEYS:
+            raise SpecError("layout", key, f"must be one of {', '.join(LAYOUT_KEYS)}")
+        out[key] = value
+    return out
+
+
+def layout_candidates(model: ModelShape, space: Space, text: str) -> Candidates:
+    """One layout from ``--layout`` text as :class:`Candidates`, checked by make_layout."""
+    raw = parse_layout(text)
+
+    def integer(key: str, default: int) -> int:
+        try:
+            return int(raw.get(key, default))
+        except ValueError:
+            raise SpecError(key, raw[key], "must be an integer") from None
+
+    tp, pp, virtual = integer("tp", 1), integer("pp", 1), integer("virtual", 1)
+    dp = integer("dp", max(1, space.gpus // (tp * pp)))
+    sp = raw.get("sp", "0").lower() in ("1", "true", "yes", "on")
+    lay = make_layout(model, gpus=space.gpus, dp=dp, tp=tp, pp=pp, virtual_stages=virtual,
+                      zero=integer("zero", 0), sp=sp, micro_batch=integer("micro_batch", 1),
+                      global_batch=space.global_batch, seq=space.seq,
+                      recompute=raw.get("recompute", "none"), schedule=raw.get("schedule"))
+    one = lambda x: np.array([x], dtype=np.int64)  # noqa: E731
+    c = Candidates(one(lay.dp), one(lay.tp), one(lay.pp), one(lay.virtual_stages),
+                   one(SCHEDULES.index(lay.schedule)), one(lay.zero), np.array([lay.sp]),
+                   one(RECOMPUTE.index(lay.recompute)), one(lay.micro_batch),
+                   one(lay.microbatches), one(-1))
+    if space.train_only:
+        if lay.dp > 1 and lay.zero not in TRAIN_ZERO:
+            raise SpecError("zero", lay.zero, "shardlab train runs ZeRO 0 (ddp), 2 "
+                            "(fsdp-zero2) or 3 (fsdp)")
+        if lay.pp > 1 and lay.schedule not in TRAIN_SCHEDULES:
+            raise SpecError("schedule", lay.schedule,
+                            f"shardlab train runs {', '.join(TRAIN_SCHEDULES)}")
+        check_rules(model, space, c)
+        if c.reason[0] >= 0:
+            raise SpecError("layout", text, REASONS[int(c.reason[0])])
+    return c

@@ -1,0 +1,189 @@
+"""The search space: every layout of a model on N devices, as numpy arrays, with the
+reason each one that breaks a rule of :func:`shardlab.spec.layout.make_layout` breaks it.
+
+A layout is dp x tp x pp = N (tensor parallel within a node unless ``max_tp`` says
+otherwise), virtual stages v, a pipeline schedule, ZeRO stage 0-3 (3 = FSDP), sequence
+parallel on/off, recompute none/selective/full and a micro-batch size; the global batch
+and the sequence length are the user's. The schedule fixes v: GPipe, 1F1B, ZB-H1 and
+ZB-H2 run one chunk per rank, interleaved 1F1B 2 or more, ZB-V and DualPipeV exactly 2;
+with pp = 1 the schedule is moot and only 1F1B is listed. Pairs that cannot differ are
+not listed twice: ZeRO stages only when dp > 1, sequence parallel only when tp > 1.
+
+``train_only`` keeps what ``shardlab train`` runs (its --dp-mode maps ZeRO 0 to ddp,
+2 to fsdp-zero2, 3 to fsdp; GPipe, 1F1B and interleaved 1F1B), so a plan for this
+machine always hands over a command that starts.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardlab.errors import SpecError
+from shardlab.spec.layout import RECOMPUTE, SCHEDULES, V_SCHEDULES
+from shardlab.spec.model import ModelShape
+
+TRAIN_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b")
+TRAIN_ZERO: tuple[int, ...] = (0, 2, 3)
+DP_MODE_OF_ZERO: dict[int, str] = {0: "ddp", 2: "fsdp-zero2", 3: "fsdp"}
+
+# Rejection reasons, in the order they are checked (a layout counts under its first).
+R_TP = "tp does not divide heads, kv heads or d_ff"
+R_CHUNKS = "pp x virtual stages exceeds the layers"
+R_BATCH = "global batch not a multiple of dp x micro-batch"
+R_SP = "seq not divisible by tp (sequence parallel)"
+R_INTERLEAVED = "interleaved-1f1b needs micro-batches in multiples of pp"
+R_DUALPIPE = "dualpipev needs at least 2 x pp micro-batches"
+R_TRAIN = "not supported by shardlab train"
+R_MEMORY = "out of memory"
+REASONS: tuple[str, ...] = (R_TP, R_CHUNKS, R_BATCH, R_SP, R_INTERLEAVED, R_DUALPIPE, R_TRAIN,
+                            R_MEMORY)
+
+
+@dataclass(frozen=True)
+class Space:
+    """What to search. ``max_tp`` defaults to the devices per node, ``max_pp`` to the layers."""
+
+    gpus: int
+    global_batch: int
+    seq: int
+    gpus_per_node: int = 8
+    max_tp: int | None = None
+    max_pp: int | None = None
+    max_virtual: int = 8
+    micro_batches: tuple[int, ...] = (1, 2, 4, 8)
+    zero: tuple[int, ...] = (0, 1, 2, 3)
+    recompute: tuple[str, ...] = RECOMPUTE
+    schedules: tuple[str, ...] = SCHEDULES
+    sp: tuple[bool, ...] = (False, True)
+    train_only: bool = False
+
+    def __post_init__(self) -> None:
+        for s in self.schedules:
+            if s not in SCHEDULES:
+                raise SpecError("schedule", s, f"must be one of {', '.join(SCHEDULES)}")
+        for z in self.zero:
+            if z not in (0, 1, 2, 3):
+                raise SpecError("zero", z, "must be 0, 1, 2 or 3 (3 is FSDP)")
+        for r in self.recompute:
+            if r not in RECOMPUTE:
+                raise SpecError("recompute", r, f"must be one of {', '.join(RECOMPUTE)}")
+
+
+@dataclass
+class Candidates:
+    """Layouts as parallel integer arrays (one entry per layout).
+
+    ``schedule`` indexes :data:`shardlab.spec.layout.SCHEDULES`, ``recompute``
+    :data:`shardlab.spec.layout.RECOMPUTE`; ``reason`` is -1 for a valid layout, else the
+    index in :data:`REASONS` of the first rule it breaks.
+    """
+
+    dp: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    virtual: np.ndarray
+    schedule: np.ndarray
+    zero: np.ndarray
+    sp: np.ndarray
+    recompute: np.ndarray
+    micro_batch: np.ndarray
+    microbatches: np.ndarray
+    reason: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.dp)
+
+    def take(self, idx: np.ndarray) -> Candidates:
+        """The layouts at ``idx`` (an index array or a boolean mask)."""
+        return Candidates(**{k: v[idx] for k, v in vars(self).items()})
+
+    def layout(self, i: int) -> dict[str, object]:
+        """Layout ``i`` as plain values: dp, tp, pp, virtual_stages, micro_batch, ..."""
+        return {"dp": int(self.dp[i]), "tp": int(self.tp[i]), "pp": int(self.pp[i]),
+                "virtual_stages": int(self.virtual[i]),
+                "micro_batch": int(self.micro_batch[i]),
+                "microbatches": int(self.microbatches[i]), "zero": int(self.zero[i]),
+                "sp": bool(self.sp[i]), "recompute": RECOMPUTE[int(self.recompute[i])],
+                "schedule": SCHEDULES[int(self.schedule[i])]}
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of n, ascending."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _structures(model: ModelShape, sp: Space) -> list[tuple[int, int, int, int, int]]:
+    """(dp, tp, pp, v, schedule index) of every mesh and schedule the space allows."""
+    max_tp = sp.max_tp or sp.gpus_per_node
+    max_pp = sp.max_pp or model.layers
+    schedules = [s for s in sp.schedules if not sp.train_only or s in TRAIN_SCHEDULES]
+    out = []
+    for tp in divisors(sp.gpus):
+        if tp > max_tp:
+            continue
+        for pp in divisors(sp.gpus // tp):
+            if pp > max_pp:
+                continue
+            dp = sp.gpus // (tp * pp)
+            if pp == 1:
+                out.append((dp, tp, 1, 1, SCHEDULES.index("1f1b")))
+                continue
+            for name in schedules:
+                if name == "interleaved-1f1b":
+                    vs: range | tuple[int, ...] = range(2, sp.max_virtual + 1)
+                elif name in V_SCHEDULES:
+                    vs = (2,) if sp.max_virtual >= 2 else ()
+                else:
+                    vs = (1,)
+                out.extend((dp, tp, pp, v, SCHEDULES.index(name)) for v in vs)
+    return out
+
+
+def enumerate_space(model: ModelShape, sp: Space) -> Candidates:
+    """Every layout of the space, each with the first rule it breaks (or -1)."""
+    rows = []
+    zero_all = tuple(sp.zero if not sp.train_only else [z for z in sp.zero if z in TRAIN_ZERO])
+    rc_idx = tuple(RECOMPUTE.index(r) for r in sp.recompute)
+    for dp, tp, pp, v, sched in _structures(model, sp):
+        zeros = zero_all if dp > 1 else (0,)
+        sps = sp.sp if tp > 1 else (False,)
+        rows.extend((dp, tp, pp, v, sched, z, int(s), r, mb) for z, s, r, mb in
+                    itertools.product(zeros, sps, rc_idx, sp.micro_batches))
+    if not rows:
+        raise SpecError("gpus", sp.gpus, "leaves no layout within the limits of "
+                        f"--max-tp/--max-pp ({sp.max_tp or sp.gpus_per_node}/"
+                        f"{sp.max_pp or model.layers})")
+    a = np.array(rows, dtype=np.int64)
+    dp, tp, pp, v, sched, zero, spar, rc, mb = a.T
+    m = sp.global_batch // (dp * mb)
+    c = Candidates(dp, tp, pp, v, sched, zero, spar.astype(bool), rc, mb, m,
+                   np.full(len(a), -1, dtype=np.int64))
+    check_rules(model, sp, c)
+    return c
+
+
+def _mark(c: Candidates, bad: np.ndarray, reason: str) -> None:
+    c.reason[(c.reason < 0) & bad] = REASONS.index(reason)
+
+
+def check_rules(model: ModelShape, sp: Space, c: Candidates) -> None:
+    """Set ``c.reason`` for every layout that :func:`make_layout` (or train) would refuse."""
+    bad_tp = (model.heads % c.tp != 0) | (model.kv_heads % c.tp != 0) | (model.d_ff % c.tp != 0)
+    if model.moe is not None:
+        bad_tp |= model.moe.expert_d_ff % c.tp != 0
+    _mark(c, bad_tp, R_TP)
+    _mark(c, c.pp * c.virtual > model.layers, R_CHUNKS)
+    _mark(c, sp.global_batch % (c.dp * c.micro_batch) != 0, R_BATCH)
+    _mark(c, c.sp & (sp.seq % c.tp != 0), R_SP)
+    inter = c.schedule == SCHEDULES.index("interleaved-1f1b")
+    _mark(c, inter & (c.microbatches % c.pp != 0), R_INTERLEAVED)
+    _mark(c, (c.schedule == SCHEDULES.index("dualpipev")) & (c.microbatches < 2 * c.pp),
+          R_DUALPIPE)
+    if sp.train_only:
+        # shardlab train: no tied head split over stages with tp > 1; DDP holds no DTensors.
+        bad = (c.tp > 1) & (c.pp > 1) & model.tied
+        bad |= (c.zero == 0) & (c.dp > 1) & (c.tp > 1)
+        _mark(c, bad, R_TRAIN)

@@ -1,0 +1,212 @@
+"""Predicted seconds of one training step for many layouts at once, with its breakdown.
+
+For the busiest pipeline rank (rank 0 holds the most layers when they do not divide
+evenly, the last rank the output head) and m micro-batches of b sequences of s
+tokens (T = b·s tokens each), on devices of dense peak P (:class:`Device`):
+
+* **compute**: m · 3 · (forward of the rank's layers + the head on the last rank),
+  backward = 2 x forward (Narayanan et al. 2021). Each matmul [T, K] x [K, N/t] is
+  timed at P times the accelerator's efficiency curve at its own shape
+  (:mod:`shardlab.plan.efficiency`); the attention core 4·T·s·q/t FLOPs (the full
+  s x s, Megatron's convention) at the shape [s, head_dim] x [head_dim, s]; plus a
+  fixed cost per operator launch (12 per layer forward, twice that backward).
+* **recompute**: what :func:`shardlab.estimate.flops.flops_per_token` adds to the
+  hardware FLOPs, at the same efficiencies: selective, the attention core's forward;
+  full, every layer's forward; a fused (flash) kernel without recompute, half the core.
+* **tp_comm**: per layer and micro-batch four all-reduces of T·h activations (six with
+  full recompute; sequence parallel's all-gather + reduce-scatter pairs cost the
+  same), one more on the first and on the last stage (vocabulary-parallel embedding
+  and head) (Shoeybi et al. 2019; Korthikanti et al. 2022), all on the critical path
+  (Megatron runs them synchronously).
+* **pp_comm**: 2·v·m point-to-point messages of T·h/t activations per rank
+  (Narayanan et al. 2021's scatter/gather), on the critical path.
+* **bubble**: the schedule's idle ratio (:mod:`shardlab.plan.bubble`) times the
+  rank's busy time per step (compute + recompute + tp_comm).
+* **dp_comm** (exposed part only): ZeRO-0 all-reduces the gradients, ZeRO-1/2
+  reduce-scatter them and all-gather the updated weights, ZeRO-3 all-gathers the
+  weights in every micro-batch's forward and backward and reduce-scatters the
+  gradients (ZeRO paper, Rajbhandari et al. 2020; bytes as
+  :func:`shardlab.estimate.comm.dp_bytes_per_step`). With ``overlap_dp`` the gradient
+  reduction hides behind the last micro-batch's backward and the weight gather behind
+  the first micro-batch's forward (Megatron's overlap-grad-reduce and
+  overlap-param-gather; FSDP's prefetch); what is longer than that window is exposed.
+* **optimizer**: Adam reads and writes the rank's weights, gradients and optimizer
+  state (its ZeRO shard): 2·(w + g + o)·Ψ/N bytes at the memory bandwidth.
+
+Step = the sum of the seven; MFU = model FLOPs of the step (3 x forward, logits
+counted, full s x s attention) / (step x devices x P) (PaLM, Chowdhery et al. 2022).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardlab.estimate.flops import flops_per_token
+from shardlab.plan.bubble import bubble_ratios
+from shardlab.plan.comm_time import allreduce_seconds, gather_seconds, pick_link, send_seconds
+from shardlab.plan.efficiency import matmul_seconds
+from shardlab.plan.memory import MemoryArrays
+from shardlab.plan.space import Candidates
+from shardlab.spec.dtypes import DtypePolicy
+from shardlab.spec.hardware import Efficiency, Link
+from shardlab.spec.layout import RECOMPUTE
+from shardlab.spec.model import ModelShape
+
+OPS_PER_LAYER_FORWARD = 12
+"""Operators one layer's forward launches: 2 norms, QKV, rotary/positions, attention,
+output projection, 2 residual adds, 2-3 MLP matmuls and the activation (order of)."""
+
+PARTS: tuple[str, ...] = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble",
+                          "optimizer")
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device as the step-time model sees it: dense peak (FLOP/s) in the compute dtype,
+    memory bandwidth (bytes/s), links, devices per node and the efficiency curve."""
+
+    peak: float
+    memory_bandwidth: float
+    intra: Link
+    inter: Link
+    gpus_per_node: int
+    eff: Efficiency
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """``flash``: a fused attention kernel (its backward recomputes half the core);
+    ``overlap_dp``: data-parallel communication overlaps backward/forward where it can."""
+
+    flash: bool = True
+    overlap_dp: bool = True
+
+
+def _layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, dev: Device,
+                   moe_layer: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(matmul seconds, attention-core seconds) of one layer's forward on one tp rank."""
+    m = model
+    t = tp.astype(float)
+    tokens = (mb * seq).astype(float)
+    h, q, kv = m.d_model, m.q_dim, m.kv_dim
+    mm = m.mlp_matrices
+
+    def mat(rows: np.ndarray | float, k: np.ndarray | float, n: np.ndarray | float
+            ) -> np.ndarray:
+        return matmul_seconds(2.0 * rows * k * n, rows, k, n, dev.peak, dev.eff)
+
+    secs = mat(tokens, h, (q + 2 * kv) / t) + mat(tokens, q / t, h)
+    if moe_layer and m.moe is not None:
+        e = m.moe
+        # Routed experts: each sees T·k/E tokens on average (no expert parallelism modelled).
+        per_expert = tokens * e.experts_per_token / e.experts
+        secs = secs + e.experts * (mat(per_expert, h, (mm - 1) * e.expert_d_ff / t)
+                                   + mat(per_expert, e.expert_d_ff / t, h))
+        if e.shared_experts:
+            width = e.shared_experts * e.shared_d_ff
+            secs = secs + mat(tokens, h, (mm - 1) * width / t) + mat(tokens, width / t, h)
+        secs = secs + mat(tokens, h, float(e.experts))
+    else:
+        secs = secs + mat(tokens, h, (mm - 1) * m.d_ff / t) + mat(tokens, m.d_ff / t, h)
+    # Attention core: Q·Kᵀ and scores·V per sequence and head, [s, hd] x [hd, s].
+    core_flops = 4.0 * tokens * seq * q / t
+    core = matmul_seconds(core_flops, seq, m.head_dim, seq, dev.peak, dev.eff)
+    secs = secs + OPS_PER_LAYER_FORWARD * dev.eff.op_overhead
+    return secs, core
+
+
+def _rank_layers(layers: int, pp: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Layers on pipeline rank 0 and on the last rank (chunk c on rank c mod pp, the first
+    ``layers mod (pp·v)`` chunks one layer larger: :func:`estimate.partition.chunk_layers`)."""
+    chunks = pp * v
+    base, extra = np.divmod(layers, chunks)
+    first = v * base + -(-extra // pp)
+    last = v * base + extra // pp
+    return first.astype(float), last.astype(float)
+
+
+def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
+                 global_batch: int, policy: DtypePolicy, dev: Device,
+                 opt: StepOptions = StepOptions()) -> dict[str, np.ndarray]:
+    """Seconds per step of every layout in ``c``, by part (module docstring), with ``step``,
+    ``mfu`` and ``stage`` (the rank timed)."""
+    m = model
+    tp, pp, dp, v, mb = c.tp, c.pp, c.dp, c.virtual, c.micro_batch
+    micro = c.microbatches.astype(float)
+    rc = c.recompute
+    # One layer's forward, averaged over dense and MoE layers (dense ones first in the model).
+    mat_d, core_d = _layer_forward(m, seq, tp, mb, dev, moe_layer=False)
+    if m.moe_layers:
+        mat_m, core_m = _layer_forward(m, seq, tp, mb, dev, moe_layer=True)
+        w_moe = m.moe_layers / m.layers
+        mat_l, core_l = (1 - w_moe) * mat_d + w_moe * mat_m, (1 - w_moe) * core_d + w_moe * core_m
+    else:
+        mat_l, core_l = mat_d, core_d
+    fwd_layer = mat_l + core_l
+    tokens = (mb * seq).astype(float)
+    head = matmul_seconds(2.0 * tokens * m.d_model * m.vocab / tp, tokens, m.d_model,
+                          m.vocab / tp, dev.peak, dev.eff)
+    # Hardware FLOPs beyond the model's, per layer forward (flops_per_token's cases).
+    extra_layer = np.select([rc == RECOMPUTE.index("selective"), rc == RECOMPUTE.index("full")],
+                            [core_l, fwd_layer], core_l / 2 if opt.flash else 0.0)
+
+    # Tensor-parallel all-reduces of T·h activations: 4 per layer (6 with full recompute).
+    act_bytes = tokens * m.d_model * policy.activation_bytes
+    lat, bw = pick_link(tp <= dev.gpus_per_node, dev.intra, dev.inter, dev.eff.link_fraction)
+    one_ar = allreduce_seconds(act_bytes, tp, lat, bw)
+    per_layer_ar = np.where(rc == RECOMPUTE.index("full"), 6.0, 4.0) * one_ar
+
+    first_layers, last_layers = _rank_layers(m.layers, pp, v)
+    ends_first = np.where(pp == 1, 2.0, 1.0)  # embedding (and head when pp = 1)
+
+    def rank_time(layers: np.ndarray, with_head: np.ndarray, ends: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        comp = 3 * (layers * fwd_layer + with_head * head)
+        rec = layers * extra_layer
+        tpc = layers * per_layer_ar + ends * one_ar
+        return comp, rec, tpc
+
+    c0 = rank_time(first_layers, (pp == 1).astype(float), ends_first)
+    cl = rank_time(last_layers, np.ones(len(c)), np.ones(len(c)))
+    slow_last = sum(cl) > sum(c0)
+    comp_mb, rec_mb, tp_mb = (np.where(slow_last, b, a) for a, b in zip(c0, cl, strict=True))
+    busy_mb = comp_mb + rec_mb + tp_mb
+
+    compute, recompute, tp_comm = micro * comp_mb, micro * rec_mb, micro * tp_mb
+    bubble = bubble_ratios(c.schedule, pp, c.microbatches, v) * micro * busy_mb
+
+    # Point-to-point: 2·v messages per micro-batch of T·h/t activations.
+    lat_p, bw_p = pick_link(np.full(len(c), dp * tp * pp <= dev.gpus_per_node), dev.intra,
+                            dev.inter, dev.eff.link_fraction)
+    pp_comm = np.where(pp > 1, 2 * v * micro * send_seconds(act_bytes / tp, lat_p, bw_p), 0.0)
+
+    # Data parallel / ZeRO: exposed beyond the windows it can hide behind.
+    lat_d, bw_d = pick_link(tp * dp <= dev.gpus_per_node, dev.intra, dev.inter,
+                            dev.eff.link_fraction)
+    grads = mem.params * policy.grad_bytes
+    weights = mem.params * policy.weight_bytes
+    on = 1.0 if opt.overlap_dp else 0.0
+    fwd_window = on * comp_mb / 3
+    bwd_window = on * (2 * comp_mb / 3 + rec_mb)
+    z = c.zero
+    ar = allreduce_seconds(grads, dp, lat_d, bw_d)
+    rs = gather_seconds(grads, dp, lat_d, bw_d)
+    ag = gather_seconds(weights, dp, lat_d, bw_d)
+    pos = lambda x: np.maximum(x, 0.0)  # noqa: E731 - the exposed part of a hidden transfer
+    dp_comm = np.select(
+        [z == 0, z <= 2],
+        [pos(ar - bwd_window), pos(rs - bwd_window) + pos(ag - fwd_window)],
+        micro * (pos(ag - fwd_window) + pos(ag - bwd_window)) + pos(rs - bwd_window))
+
+    shard = np.where(z >= 1, dp, 1).astype(float)
+    optimizer = 2.0 * mem.params * policy.state_bytes / shard / dev.memory_bandwidth
+
+    parts = {"compute": compute, "recompute": recompute, "tp_comm": tp_comm,
+             "pp_comm": pp_comm, "dp_comm": dp_comm, "bubble": bubble, "optimizer": optimizer}
+    step = sum(parts.values())
+    model_flops = flops_per_token(m, seq).train * global_batch * seq
+    gpus = (dp * tp * pp).astype(float)
+    return {**parts, "step": step, "mfu": model_flops / (step * gpus * dev.peak),
+            "stage": np.where(slow_last, pp - 1, 0)}

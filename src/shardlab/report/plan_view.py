@@ -1,0 +1,66 @@
+"""The human view of ``shardlab plan``: the top layouts with their step-time breakdown."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardlab.report.tables import show, table
+from shardlab.units import human, human_bytes
+
+_SHORT = {"compute": "compute", "recompute": "recomp", "tp_comm": "tp", "pp_comm": "pp",
+          "dp_comm": "dp", "bubble": "bubble", "optimizer": "optim"}
+
+
+_SCHED = {"interleaved-1f1b": "interleaved", "dualpipev": "dualpipev"}
+
+
+def _mesh(b: dict[str, Any]) -> list[str]:
+    """Short layout cells: dp·tp·pp, v, schedule, zero, sp, recompute, micro-batch x count."""
+    sched = _SCHED.get(b["schedule"], b["schedule"]) if b["pp"] > 1 else "-"
+    return [f"{b['dp']}·{b['tp']}·{b['pp']}", str(b["virtual_stages"]), sched, str(b["zero"]),
+            str(int(b["sp"])), b["recompute"], f"{b['micro_batch']}x{b['microbatches']}"]
+
+
+def print_plan(doc: dict[str, Any]) -> None:
+    """Print the plan document: header, the top layouts, rejections, the train command."""
+    e = doc["efficiency"]
+    lines = [
+        f"{doc['model']}: {doc['model_shape']}",
+        f"cluster: {doc['gpus']} x {doc['gpu']} ({doc['gpus_per_node']} per node), "
+        f"{human(doc['peak_flops_per_device'], 'FLOP/s')} dense {doc['dtype']} each, "
+        f"{human_bytes(doc['usable_memory_per_device'])} usable",
+        f"job: global batch {doc['global_batch']} x seq {doc['seq']} = "
+        f"{doc['global_batch'] * doc['seq']:,} tokens per step",
+        f"searched {doc['candidates_evaluated']:,} layouts in {doc['seconds'] * 1e3:.0f} ms "
+        f"({doc['candidates_evaluated'] / max(doc['seconds'], 1e-9):,.0f} layouts/s): "
+        f"{doc['feasible']:,} fit",
+    ]
+    show(*lines)
+    parts = list(_SHORT)
+    rows, parts = [], []
+    for i, b in enumerate(doc["best"], 1):
+        mem = human_bytes(b["memory_per_device"]).split(" (")[0]
+        rows.append([i, *_mesh(b), f"{b['step_seconds']:.4g}", f"{b['tokens_per_second']:,.0f}",
+                     f"{b['mfu']:.1%}", mem + ("" if b["fits"] else " (does not fit)")])
+        parts.append([i, *(f"{b['breakdown'][k]:.3f}" for k in _SHORT)])
+    show(table("Fastest layouts", ["#", "dp·tp·pp", "v", "schedule", "zero", "sp", "recompute",
+                                   "mb x m", "step s", "tokens/s", "MFU", "memory/device"],
+               rows, left=8),
+         table("Where the step goes (seconds; communication and bubble: the exposed part)",
+               ["#", *_SHORT.values()], parts),
+         f"matmul efficiency: {e['peak_fraction']:.3f} x peak x I/(I + "
+         f"{e['half_intensity']:g}) at intensity I; {e['op_overhead'] * 1e6:g} µs per "
+         f"operator; {e['link_fraction']:.0%} of link bandwidth ({e['source']})")
+    if doc["rejected"]:
+        show(table("Rejected", ["reason", "layouts"],
+                   [[k, f"{v:,}"] for k, v in sorted(doc["rejected"].items(),
+                                                     key=lambda kv: -kv[1])]))
+    if doc["best"]:
+        b = doc["best"][0]
+        mb = b["memory_breakdown"]
+        show(f"winner's memory per device (stage {mb['stage']}): weights "
+             f"{human_bytes(mb['weights'])}, gradients {human_bytes(mb['gradients'])}, "
+             f"optimizer {human_bytes(mb['optimizer'])}, activations "
+             f"{human_bytes(mb['activations'])}")
+        if b["train_command"]:
+            show(f"run it: {b['train_command']}")
