@@ -1,4 +1,4 @@
-"""The bubble ratios: closed forms equal to the simulator, zero-bubble idle time constant past 2p."""
+"""Bubble ratios: closed forms equal to the simulator, zero-bubble idle constant past 2p."""
 
 import numpy as np
 import pytest

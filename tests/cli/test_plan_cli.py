@@ -1,0 +1,124 @@
+"""`shardlab plan`: the JSON contract, the human view, this machine's train command, bad input."""
+
+import argparse
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from shardlab.cli import build_parser, main
+from shardlab.cli.plan import add_plan_args, plan_document
+from shardlab.errors import SpecError
+from shardlab.spec.measure import SCHEMA, save_measurement
+
+BEST_KEYS = {"dp", "tp", "pp", "virtual_stages", "micro_batch", "microbatches", "zero", "sp",
+             "recompute", "schedule", "step_seconds", "mfu", "memory_per_device", "breakdown",
+             "memory_breakdown", "train_command"}
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["plan", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_document_has_the_contract(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "llama-3-70b", "--gpu", "h100", "--gpus", "64", "--seq", "4096",
+                       "--global-batch", "128", "--top", "3", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    for k in ("model", "gpu", "gpus", "seq", "global_batch", "candidates_evaluated", "feasible",
+              "rejected", "best", "seconds"):
+        assert k in doc
+    assert doc["gpu"] == "H100 SXM" and doc["gpus"] == 64 and len(doc["best"]) == 3
+    assert doc["feasible"] + sum(doc["rejected"].values()) == doc["candidates_evaluated"]
+    for b in doc["best"]:
+        assert set(b) >= BEST_KEYS
+        assert set(b["breakdown"]) >= {"compute", "recompute", "tp_comm", "dp_comm", "pp_comm",
+                                       "bubble"}
+        assert set(b["memory_breakdown"]) >= {"weights", "gradients", "optimizer",
+                                              "activations"}
+        assert b["train_command"] is None  # not this machine
+        mb = b["memory_breakdown"]
+        assert b["memory_per_device"] == pytest.approx(
+            mb["weights"] + mb["gradients"] + mb["optimizer"] + mb["activations"])
+
+
+def test_layout_flag_evaluates_that_layout(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "llama-3-70b", "--gpus", "64", "--seq", "4096", "--global-batch",
+                       "128", "--layout", "dp=1 tp=8 pp=8 virtual=2 micro_batch=1 zero=1 sp=1 "
+                       "recompute=selective schedule=interleaved-1f1b", "--json")
+    assert code == 0
+    b = json.loads(out)["best"][0]
+    assert (b["dp"], b["tp"], b["pp"], b["virtual_stages"], b["zero"], b["sp"],
+            b["recompute"], b["schedule"]) == (1, 8, 8, 2, 1, True, "selective",
+                                               "interleaved-1f1b")
+    assert b["microbatches"] == 128
+
+
+def test_human_view(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "llama-3-8b", "--gpus", "16", "--seq", "2048", "--global-batch",
+                       "64", "--top", "2")
+    assert code == 0
+    assert "Fastest layouts" in out and "Rejected" in out and "layouts/s" in out
+    assert "run it:" not in out
+
+
+@pytest.mark.parametrize(("argv", "field"), [
+    (["llama-3-8b", "--gpu", "h900", "--gpus", "8", "--global-batch", "8"], "gpu="),
+    (["llama-3-8b", "--gpus", "7", "--global-batch", "8", "--max-pp", "4"], "gpus=7"),
+    (["llama-3.1-405b", "--gpus", "8", "--global-batch", "8", "--seq", "8192"],
+     "smallest needs"),
+    (["llama-3-8b", "--gpus", "24", "--global-batch", "8", "--layout", "tp=3"], "tp=3"),
+    (["llama-3-8b", "--gpus", "8", "--global-batch", "8", "--zero", "5"], "zero=5"),
+])
+def test_bad_input_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                      field: str) -> None:
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and field in err and err.startswith("shardlab plan: error:")
+
+
+@pytest.fixture
+def cpu_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stored measurement of a made-up CPU, so the test needs no torch and no timing."""
+    monkeypatch.setenv("SHARDLAB_HOME", str(tmp_path))
+    save_measurement({"schema": SCHEMA, "name": "cpu (measured)",
+                      "peak_flops": {"fp32": 1e11, "bf16": 5e10}, "memory_bytes": 8e9,
+                      "memory_bandwidth": 2e10, "copy_bandwidth": 1e10, "power_watts": 0,
+                      "threads": 2})
+    return tmp_path
+
+
+def test_this_machine_hands_over_a_train_command(capsys: pytest.CaptureFixture[str],
+                                                 cpu_home: Path) -> None:
+    code, out, _ = run(capsys, "--gpu", "cpu", "--gpus", "2", "--global-batch", "8",
+                       "--top", "50", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["this_machine"] and doc["seq"] == 32
+    for b in doc["best"]:
+        assert b["zero"] in (0, 2, 3)
+        assert b["schedule"] in ("gpipe", "1f1b", "interleaved-1f1b")
+        argv = shlex.split(b["train_command"])
+        assert argv[:2] == ["shardlab", "train"]
+        args = build_parser().parse_args(argv[1:])  # every flag is one train knows
+        assert (args.dp, args.tp, args.pp, args.global_batch, args.micro_batch, args.seq) == (
+            b["dp"], b["tp"], b["pp"], 8, b["micro_batch"], 32)
+        assert args.dp_mode == ("fsdp" if b["dp"] == 1 else
+                                {0: "ddp", 2: "fsdp-zero2", 3: "fsdp"}[b["zero"]])
+        assert not (args.dp_mode == "ddp" and args.tp > 1)
+    code, out, _ = run(capsys, "--gpu", "cpu", "--gpus", "2", "--global-batch", "8")
+    assert code == 0 and "run it: shardlab train --style llama" in out
+
+
+def test_add_plan_args_and_plan_document_for_other_commands(cpu_home: Path) -> None:
+    p = argparse.ArgumentParser()
+    add_plan_args(p)
+    args = p.parse_args(["gpt2", "--gpus", "4", "--global-batch", "16", "--seq", "512"])
+    doc = plan_document(args)
+    assert doc["model"] == "gpt2" and doc["best"] and "seconds" in doc
+    with pytest.raises(SpecError):
+        plan_document(p.parse_args(["gpt2", "--gpus", "4", "--global-batch", "16", "--gpu",
+                                    "nope"]))
