@@ -52,6 +52,13 @@ def register(sub: Any) -> None:
                    help="a bare parameter count instead of MODEL (states, 6ND, time, DP comm)")
     add_layout_args(p)
     add_hardware_args(p)
+    add_assumption_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.set_defaults(run=run)
+
+
+def add_assumption_args(p: argparse.ArgumentParser) -> None:
+    """What the budget takes as given (MFU, tokens, price, attention kernel, decoding)."""
     g = p.add_argument_group("assumptions")
     g.add_argument("--tokens", type=positive_float, help="training tokens (default 20 x params)")
     g.add_argument("--mfu", type=fraction, default=0.4, help="model FLOPs utilisation, (0, 1]")
@@ -67,8 +74,30 @@ def register(sub: Any) -> None:
     g.add_argument("--decode-batch", type=positive_int, default=1, help="sequences decoded at once")
     g.add_argument("--decode-context", type=positive_int,
                    help="tokens of context per decoded sequence (default: model context)")
-    p.add_argument("--json", action="store_true", help="print one JSON document")
-    p.set_defaults(run=run)
+
+
+def assumptions_from(args: argparse.Namespace) -> Any:
+    """The :class:`~shardlab.estimate.budget.Assumptions` the flags of
+    :func:`add_assumption_args` give."""
+    from shardlab.estimate.budget import Assumptions
+
+    return Assumptions(mfu=args.mfu, tokens=args.tokens,
+                       price_per_gpu_hour=args.price_per_gpu_hour, causal=args.causal,
+                       attention=args.attention, dropout=args.dropout,
+                       decode_batch=args.decode_batch, decode_context=args.decode_context)
+
+
+def model_and_layout(args: argparse.Namespace) -> tuple[Any, Any]:
+    """MODEL and the layout the flags of :func:`add_layout_args` give (SpecError if bad)."""
+    from shardlab.spec.layout import make_layout
+
+    model = load_model(args.model)
+    layout = make_layout(model, gpus=args.gpus, dp=args.dp, tp=args.tp, pp=args.pp,
+                         virtual_stages=args.virtual_stages, zero=args.zero, sp=args.sp,
+                         micro_batch=args.micro_batch, global_batch=args.global_batch,
+                         seq=args.seq, recompute=args.recompute, dtype=args.dtype,
+                         schedule=args.schedule)
+    return model, layout
 
 
 def load_model(name: str) -> Any:
@@ -88,17 +117,14 @@ def load_model(name: str) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Compute the budget and print it (tables, or one JSON document with --json)."""
-    from shardlab.estimate.budget import Assumptions, model_budget, params_budget
+    from shardlab.estimate.budget import model_budget, params_budget
     from shardlab.spec.dtypes import get_policy
-    from shardlab.spec.layout import make_layout
     from shardlab.spec.measure import accelerator_or_measured
 
     if (args.model is None) == (args.params is None):
         raise SpecError("model", args.model, "give a MODEL or --params N, not both or neither")
     acc = accelerator_or_measured(args.gpu, args.hardware_file)
-    a = Assumptions(mfu=args.mfu, tokens=args.tokens, price_per_gpu_hour=args.price_per_gpu_hour,
-                    causal=args.causal, attention=args.attention, dropout=args.dropout,
-                    decode_batch=args.decode_batch, decode_context=args.decode_context)
+    a = assumptions_from(args)
     if args.params is not None:
         gpus = args.gpus or (args.dp or 1) * args.tp * args.pp
         if args.dp is not None and args.dp * args.tp * args.pp != gpus:
@@ -110,12 +136,7 @@ def run(args: argparse.Namespace) -> int:
         doc = params_budget(args.params, acc, gpus=gpus, tp=args.tp, pp=args.pp, zero=args.zero,
                             policy=get_policy(args.dtype), a=a)
     else:
-        model = load_model(args.model)
-        layout = make_layout(model, gpus=args.gpus, dp=args.dp, tp=args.tp, pp=args.pp,
-                             virtual_stages=args.virtual_stages, zero=args.zero, sp=args.sp,
-                             micro_batch=args.micro_batch, global_batch=args.global_batch,
-                             seq=args.seq, recompute=args.recompute, dtype=args.dtype,
-                             schedule=args.schedule)
+        model, layout = model_and_layout(args)
         doc = model_budget(model, layout, acc, a)
     if args.json:
         print_json(doc)

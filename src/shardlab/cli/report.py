@@ -1,0 +1,129 @@
+"""``shardlab report``: one self-contained HTML page per question (budget, plan, run).
+
+Everything the page needs is computed and drawn before anything is written; the page
+(and, with ``--figures``, each chart as SVG and PNG) is then written whole and renamed
+into place. Bad input (an unknown model, a folder that is no run, an output path that
+cannot be written) is one line and exit code 2, with nothing written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from shardlab.errors import SpecError
+
+
+def _add_output_args(p: argparse.ArgumentParser, default: str, shown: str = "") -> None:
+    p.add_argument("-o", "--output", default=default,
+                   help=f"the HTML file to write (default {shown or default})")
+    p.add_argument("--figures", type=Path, metavar="DIR",
+                   help="also write every chart as DIR/NAME.svg and DIR/NAME.png")
+
+
+def register(sub: Any) -> None:
+    """Add the ``report`` sub-command and its kinds: budget, plan, run."""
+    from shardlab.cli.args import Parser
+    from shardlab.cli.budget import add_assumption_args, add_hardware_args, add_layout_args
+
+    p = sub.add_parser("report", help="one self-contained HTML page: budget, plan or run",
+                       description="Draw a budget, a plan or a training run as one HTML file "
+                       "that needs no network (inline SVG charts and CSS).")
+    kinds = p.add_subparsers(dest="kind", metavar="KIND", parser_class=Parser, required=True)
+
+    b = kinds.add_parser("budget", help="parameters, memory per ZeRO stage and recompute mode, "
+                         "FLOPs and days, roofline, serving",
+                         description="The budget of MODEL on a layout, drawn.")
+    b.add_argument("model", help="catalog name or path to a Hugging Face config.json")
+    add_layout_args(b)
+    add_hardware_args(b)
+    add_assumption_args(b)
+    _add_output_args(b, "budget-report.html")
+    b.set_defaults(run=run_budget)
+
+    pl = kinds.add_parser("plan", help="the ranked layouts, their step time, rejections, and "
+                          "the winner's pipeline timeline",
+                          description="Search the layouts as `shardlab plan` does, drawn.")
+    from shardlab.cli.plan import add_plan_args
+
+    add_plan_args(pl)
+    _add_output_args(pl, "plan-report.html")
+    pl.set_defaults(run=run_plan)
+
+    r = kinds.add_parser("run", help="loss curves, tokens/s and MFU, predicted vs measured, "
+                         "memory per rank of a `shardlab train` run",
+                         description="Draw a training run from its directory (--log-dir).")
+    r.add_argument("run_dir", metavar="RUN_DIR", help="the folder `shardlab train --log-dir` "
+                   "wrote (report.json, train.jsonl)")
+    _add_output_args(r, "", "RUN_DIR/report.html")
+    r.set_defaults(run=run_run)
+
+
+def _outputs(args: argparse.Namespace) -> tuple[Path, Path | None]:
+    from shardlab.report.html import check_figures_dir, check_output
+
+    out = check_output(args.output)
+    figures = check_figures_dir(args.figures) if args.figures is not None else None
+    return out, figures
+
+
+def _write(title: str, subtitle: list[str], sections: list[Any], out: Path,
+           figures: Path | None) -> int:
+    from shardlab.report.html import page, write_report
+
+    charts = [c for s in sections for c in s.charts]
+    text = page(title, subtitle, sections)
+    written = write_report(out, text, charts, figures)
+    sys.stdout.write(f"wrote {out} ({len(text.encode()) / 1000:.0f} kB, {len(charts)} charts)"
+                     + (f"; {len(written)} figure files in {figures}" if figures else "") + "\n")
+    return 0
+
+
+def run_budget(args: argparse.Namespace) -> int:
+    """``shardlab report budget``."""
+    from shardlab.cli.budget import assumptions_from, model_and_layout
+    from shardlab.spec.measure import accelerator_or_measured
+
+    out, figures = _outputs(args)
+    acc = accelerator_or_measured(args.gpu, args.hardware_file)
+    model, layout = model_and_layout(args)
+    title, subtitle, sections = budget_page(model, layout, acc, assumptions_from(args))
+    return _write(title, subtitle, sections, out, figures)
+
+
+def budget_page(model: Any, layout: Any, acc: Any, a: Any, prefix: str = "budget"
+                ) -> tuple[str, list[str], list[Any]]:
+    """Title, subtitle lines and sections of a budget page."""
+    from shardlab.report.budget_html import budget_sections
+
+    doc, sections = budget_sections(model, layout, acc, a, prefix)
+    title = f"Budget: {model.name} on {layout.gpus} x {acc.name}"
+    return title, [doc["model"]["describe"], doc["layout"]["describe"]], sections
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """``shardlab report plan``."""
+    from shardlab.cli.plan import plan_document
+    from shardlab.report.plan_html import plan_sections
+
+    out, figures = _outputs(args)
+    doc = plan_document(args)
+    title = f"Plan: {doc['model']} on {doc['gpus']} x {doc['gpu']}"
+    return _write(title, [f"seq {doc['seq']}, global batch {doc['global_batch']}"],
+                  plan_sections(doc), out, figures)
+
+
+def run_run(args: argparse.Namespace) -> int:
+    """``shardlab report run``."""
+    from shardlab.report.run_html import load_run, run_sections
+
+    run = load_run(args.run_dir)
+    if not args.output:
+        args.output = str(Path(run["dir"], "report.html"))
+    out, figures = _outputs(args)
+    doc = run["doc"]
+    if out.resolve() in {Path(run["dir"], n).resolve() for n in ("report.json", "train.jsonl")}:
+        raise SpecError("output", args.output, "would overwrite the run's own data")
+    return _write(f"Run: {doc['layout']}", [doc["model"]], run_sections(run), out, figures)

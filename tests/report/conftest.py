@@ -1,0 +1,136 @@
+"""A real headless browser for the HTML reports: Debian's Chromium driven by playwright.
+
+``make test`` installs both when it can; where either is missing, or Chromium will not
+start, the browser tests are skipped with a line that says which and how to install it.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUMS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def find_chromium() -> str | None:
+    """``$SHARDLAB_CHROMIUM``, else the first Chromium on PATH."""
+    env = os.environ.get("SHARDLAB_CHROMIUM", "").strip()
+    if env:
+        return env if Path(env).is_file() else None
+    return next((p for p in map(shutil.which, CHROMIUMS) if p), None)
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("browser checks skipped: playwright is not installed "
+                    "(pip install -c constraints.txt -e '.[dev]'; `make test` does it)")
+    exe = find_chromium()
+    if exe is None:
+        pytest.skip("browser checks skipped: no Chromium found (Debian: apt-get install "
+                    "chromium; `make test` tries; or set SHARDLAB_CHROMIUM)")
+    with sync_playwright() as p:
+        try:
+            # --no-sandbox: the suite may run as root (CI does), where Chromium's sandbox
+            # refuses to start; the pages are our own files.
+            b = p.chromium.launch(executable_path=exe, args=["--no-sandbox"])
+        except Exception as e:  # any launch failure is an environment problem, not ours
+            pytest.skip(f"browser checks skipped: Chromium at {exe} did not start: "
+                        f"{str(e).splitlines()[0]}")
+        yield b
+        b.close()
+
+
+@dataclass
+class Seen:
+    """What the browser saw while loading one page."""
+
+    console_errors: list[str] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+    charts: list[dict[str, Any]] = field(default_factory=list)
+    scroll_width: int = 0
+    inner_width: int = 0
+    screenshot: bytes = b""
+
+    @property
+    def outside(self) -> list[str]:
+        """Requests for anything but the page itself."""
+        return self.requests[1:]
+
+    @property
+    def pixels(self) -> tuple[float, int]:
+        """(standard deviation of the grey levels, distinct colours) of the screenshot:
+        a blank page has (0, 1)."""
+        return pixel_spread(self.screenshot)
+
+
+def pixel_spread(png: bytes) -> tuple[float, int]:
+    """(standard deviation of the grey levels, distinct colours) of a PNG screenshot."""
+    import numpy as np
+    from PIL import Image
+
+    img = np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(np.uint32)
+    packed = (img[..., 0] << 16) | (img[..., 1] << 8) | img[..., 2]  # one int per colour
+    return float(img.mean(axis=2).std()), len(np.unique(packed))
+
+
+@pytest.fixture(scope="session")
+def load_page(browser: Any) -> Callable[..., Seen]:
+    """Open a file at a viewport size; record console errors, page errors, every request
+    (all but the page's own are aborted), each chart's size and drawn elements, the page
+    width, and a full-page screenshot."""
+    def load(path: Path, width: int = 1280, height: int = 900) -> Seen:
+        seen = Seen()
+        ctx = browser.new_context(viewport={"width": width, "height": height})
+        page = ctx.new_page()
+        url = path.resolve().as_uri()
+
+        def route(r: Any) -> None:
+            seen.requests.append(r.request.url)
+            if r.request.url == url:
+                r.continue_()
+            else:
+                r.abort()
+
+        page.route("**/*", route)
+        page.on("console", lambda m: seen.console_errors.append(m.text)
+                if m.type == "error" else None)
+        page.on("pageerror", lambda e: seen.console_errors.append(str(e)))
+        page.goto(url, wait_until="load")
+        seen.charts = page.evaluate("""() => [...document.querySelectorAll('figure[data-chart]')]
+            .map(f => { const s = f.querySelector('svg'); const r = s ? s.getBoundingClientRect()
+                                                                        : {width: 0, height: 0};
+                        return {name: f.dataset.chart, width: r.width, height: r.height,
+                                drawn: s ? s.querySelectorAll('path, rect, text, use').length
+                                         : 0}; })""")
+        seen.scroll_width, seen.inner_width = page.evaluate(
+            "[document.documentElement.scrollWidth, window.innerWidth]")
+        seen.screenshot = page.screenshot(full_page=True)
+        ctx.close()
+        return seen
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real run directory: 6 steps of FSDP on 2 processes with the one-process reference,
+    MFU against an H100's peak (so it is known without measuring this CPU)."""
+    import subprocess
+    import sys
+
+    d = tmp_path_factory.mktemp("run")
+    r = subprocess.run([sys.executable, "-m", "shardlab", "train", "--dp", "2", "--steps", "6",
+                        "--check-parity", "--gpu", "H100 SXM", "--log-dir", str(d), "--json"],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return d

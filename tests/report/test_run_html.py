@@ -1,0 +1,75 @@
+"""A run directory read back: what is not one is refused in one line; a real run's figures
+are the ones its report.json holds."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from shardlab.cli import main
+from shardlab.errors import SpecError
+from shardlab.report.run_html import comparison_rows, load_run, per_step, run_sections
+
+
+@pytest.mark.parametrize(("report", "message"), [
+    (None, "no report.json"),
+    ("{not json", "cannot be read"),
+    ('{"losses": [1.0]}', "missing model"),
+    ("[1, 2]", "not a train report"),
+])
+def test_not_a_run_directory(tmp_path: Path, report: str | None, message: str) -> None:
+    if report is not None:
+        (tmp_path / "report.json").write_text(report)
+    with pytest.raises(SpecError, match=message):
+        load_run(tmp_path)
+    with pytest.raises(SpecError, match="no such folder"):
+        load_run(tmp_path / "nothing")
+
+
+def test_a_bad_step_log_is_named(tmp_path: Path, run_dir: Path) -> None:
+    shutil.copy(run_dir / "report.json", tmp_path)
+    (tmp_path / "train.jsonl").write_text('{"step": 0, "seconds": 1, "tokens": 8}\n{"step": 1}\n')
+    with pytest.raises(SpecError, match=r"train\.jsonl line 2"):
+        load_run(tmp_path)
+
+
+@pytest.mark.multiprocess
+def test_a_real_run(run_dir: Path) -> None:
+    run = load_run(run_dir)
+    doc = run["doc"]
+    assert len(run["steps"]) == len(doc["losses"]) == 6
+    ps = per_step(run)
+    assert ps["step"] == [0, 1, 2, 3, 4, 5]
+    tokens = run["steps"][0]["tokens"]
+    assert ps["tokens_per_s"][2] == pytest.approx(tokens / run["steps"][2]["seconds"])
+    rows = comparison_rows(doc)
+    assert rows[0][0].startswith("FLOPs per step")
+    states = [r for r in rows if "optimizer bytes" in r[0]]
+    assert len(states) == 2 and all(r[1] == r[2] and r[3] == "1.000" for r in states)
+    plan = {"step_seconds": doc["step_seconds"] / 2, "mfu": 2 * doc["mfu"]}
+    last = comparison_rows(doc, plan)[-2:]
+    assert [r[3] for r in last] == ["2.000", "0.500"]
+    sections = run_sections(run, prefix="r")
+    assert [c.name for s in sections for c in s.charts] == ["r-loss", "r-speed", "r-memory"]
+    assert "one process (reference)" in sections[1].charts[0].svg
+
+
+@pytest.mark.multiprocess
+def test_report_run_writes_beside_the_run(tmp_path: Path, run_dir: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    d = tmp_path / "copy"
+    shutil.copytree(run_dir, d)
+    doc = json.loads((d / "report.json").read_text())
+    doc["mfu"] = doc["hfu"] = None  # a run without a known peak
+    (d / "report.json").write_text(json.dumps(doc))
+    (d / "train.jsonl").unlink()
+    assert main(["report", "run", str(d)]) == 0
+    html = (d / "report.html").read_text()
+    assert "unknown (no peak" in html and "No train.jsonl" in html
+    assert html.count("data-chart=") == 2  # loss and memory; no per-step log
+    assert capsys.readouterr().out.startswith(f"wrote {d / 'report.html'}")
+    assert main(["report", "run", str(d), "-o", str(d / "report.json")]) == 2
+    assert "would overwrite the run's own data" in capsys.readouterr().err
