@@ -121,16 +121,42 @@ def load_page(browser: Any) -> Callable[..., Seen]:
     return load
 
 
+@dataclass
+class Demo:
+    """One whole ``shardlab demo`` run: its folder, exit code, output and wall time."""
+
+    cwd: Path
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def report(self) -> Path:
+        return self.cwd / "demo-report.html"
+
+
 @pytest.fixture(scope="session")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real run directory: 6 steps of FSDP on 2 processes with the one-process reference,
-    MFU against an H100's peak (so it is known without measuring this CPU)."""
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
+    """``shardlab demo --steps 4`` run once for the suite, in a fresh folder with a fresh
+    SHARDLAB_HOME (so it measures this CPU itself and writes nothing in ~). Its training run
+    (FSDP on 2 processes, parity with one process) is the run directory the run-report
+    tests read."""
     import subprocess
     import sys
+    import time
 
-    d = tmp_path_factory.mktemp("run")
-    r = subprocess.run([sys.executable, "-m", "shardlab", "train", "--dp", "2", "--steps", "6",
-                        "--check-parity", "--gpu", "H100 SXM", "--log-dir", str(d), "--json"],
-                       capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return d
+    cwd = tmp_path_factory.mktemp("demo")
+    env = {**os.environ, "SHARDLAB_HOME": str(cwd / "home")}
+    start = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "shardlab", "demo", "--steps", "4", "--run-dir",
+                        str(cwd / "run")], cwd=cwd, env=env, capture_output=True, text=True,
+                       timeout=300)
+    return Demo(cwd, r.returncode, r.stdout, r.stderr, time.perf_counter() - start)
+
+
+@pytest.fixture(scope="session")
+def run_dir(demo: Demo) -> Path:
+    """The demo's run directory (report.json, train.jsonl)."""
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    return demo.cwd / "run"

@@ -17,14 +17,6 @@ pytestmark = pytest.mark.browser
 PHONE, LAPTOP = (390, 844), (1366, 900)
 
 
-@pytest.fixture(scope="module")
-def budget_html(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("budget") / "budget.html"
-    assert main(["report", "budget", "hypo-100b", "--gpus", "1024", "--tp", "8", "--pp", "8",
-                 "--zero", "1", "--recompute", "selective", "-o", str(out)]) == 0
-    return out
-
-
 def check(seen: Any, html: str) -> None:
     """Everything a loaded report must show (``seen``: the conftest's ``Seen``)."""
     assert seen.console_errors == []
@@ -37,9 +29,12 @@ def check(seen: Any, html: str) -> None:
     assert spread > 10 and colours > 50, (spread, colours)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("size", [PHONE, LAPTOP], ids=["phone", "laptop"])
-def test_budget_report(budget_html: Path, load_page: Callable, size: tuple[int, int]) -> None:
-    check(load_page(budget_html, *size), budget_html.read_text())
+def test_demo_report(demo: Any, load_page: Callable, size: tuple[int, int]) -> None:
+    # Budget, plan and run sections in one page: every kind of chart the reports draw.
+    assert demo.returncode == 0, demo.stderr[-3000:]
+    check(load_page(demo.report, *size), demo.report.read_text())
 
 
 @pytest.mark.multiprocess

@@ -64,6 +64,9 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="shardlab-demo-"))
     if run_dir.exists() and not run_dir.is_dir():
         raise SpecError("run-dir", str(run_dir), "must be a folder")
+    if (run_dir / "report.json").exists():  # a failed run would leave it to be read as new
+        raise SpecError("run-dir", str(run_dir), "already holds a run (report.json); give a "
+                        "new folder")
 
     budget = _budget()
     plan, winner = _plan()

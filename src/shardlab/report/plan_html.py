@@ -1,10 +1,11 @@
 """A plan as a page: the ranked layouts with their step time split into its parts, what was
 rejected and why, and the winner's pipeline timeline.
 
-It draws the document ``shardlab plan --json`` prints (:func:`shardlab.cli.plan.plan_document`).
-The timeline is the winner's schedule from :mod:`shardlab.schedules`, timed with each
-action's share of the planner's compute time (a backward costs two forwards), so its
-makespan reads in the same seconds as the breakdown. No torch.
+It draws the document ``shardlab plan --json`` prints
+(:func:`shardlab.cli.plan.plan_document`). The timeline is the winner's schedule from
+:mod:`shardlab.schedules`, timed with each action's share of the planner's compute time (a
+backward costs two forwards), so its makespan reads in the same seconds as the breakdown.
+No torch.
 """
 
 from __future__ import annotations
@@ -123,18 +124,24 @@ def _winner(doc: dict[str, Any], prefix: str) -> Section:
     return s
 
 
-def timeline(b: dict[str, Any], name: str) -> charts.Chart:
-    """The schedule of layout ``b`` drawn by :func:`shardlab.schedules.draw.save_figure`, each
-    forward taking compute / (3 x micro-batches x chunks) seconds of the planner's compute
-    on the timed stage, a backward twice that (input and weight halves alike)."""
-    from shardlab.schedules.draw import save_figure
+def timeline_timing(b: dict[str, Any]) -> Any:
+    """Layout ``b``'s schedule timed in seconds: each forward of one micro-batch on one chunk
+    takes the planner's compute (with recompute) on the timed stage / (3 x micro-batches x
+    chunks), a backward twice that (its input and weight halves one forward each)."""
     from shardlab.schedules.generators import build
     from shardlab.schedules.simulate import Durations, simulate
 
     sched = build(b["schedule"], b["pp"], b["microbatches"], b["virtual_stages"])
     work = b["breakdown"]["compute"] + b["breakdown"].get("recompute", 0.0)
     t_f = work / (3 * b["microbatches"] * b["virtual_stages"])
-    t = simulate(sched, Durations(t_f=t_f, t_b=t_f, t_w=t_f))
+    return simulate(sched, Durations(t_f=t_f, t_b=t_f, t_w=t_f))
+
+
+def timeline(b: dict[str, Any], name: str) -> charts.Chart:
+    """:func:`timeline_timing` drawn by :func:`shardlab.schedules.draw.save_figure`."""
+    from shardlab.schedules.draw import save_figure
+
+    t = timeline_timing(b)
 
     def draw(suffix: str) -> bytes:
         with tempfile.TemporaryDirectory() as d:
