@@ -25,6 +25,7 @@ from shardlab.spec.model import ModelShape
 
 DP_MODES = ("fsdp", "fsdp-zero2", "ddp")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+FAIL_HOW = ("raise", "kill", "kill-in-save")
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,21 @@ class TrainConfig:
     dtype: str = "fp32"
     seed: int = 0
     log_dir: str = ""
-    fault_rank: int = -1  # tests: this rank raises at step 2
+    # Fault injection (tests): rank ``fail_rank`` fails once ``fail_at_step`` steps are
+    # done, by raising, by SIGKILL, or by SIGKILL in the middle of that step's save; only
+    # on the first attempt, so a restarted job (``--max-restarts``) gets past it.
+    fail_at_step: int = -1
+    fail_rank: int = -1
+    fail_how: str = "raise"
+    attempt: int = 0
+    # Checkpoints (shardlab.dist.checkpoint): every K steps and after the last one.
+    checkpoint_dir: str = ""
+    checkpoint_every: int = 0
+    keep: int = 3
+    async_save: bool = False
+    resume_from: str = ""  # a checkpoint folder, verified before any rank starts
+    init_from: str = ""  # safetensors weights in shardlab's names (``shardlab import``)
+    data_id: str = ""  # the corpus's fingerprint, recorded with the data position
     docs: list[list[int]] = field(default_factory=list, compare=False, repr=False)
 
     @property
@@ -87,12 +102,30 @@ def check_config(cfg: TrainConfig) -> None:
     if cfg.shape.tied and cfg.pp > 1 and cfg.tp > 1:
         raise SpecError("tp", cfg.tp, "with a tied head split over pipeline stages is not "
                         "supported yet; untie the head (llama style) or use tp=1")
+    if cfg.pp > 1:  # torch.distributed.pipelining's own limits, checked before any rank
+        m, stages = cfg.microbatches, cfg.pp * cfg.virtual_stages
+        if cfg.schedule == "1f1b" and m < cfg.pp:
+            raise SpecError("micro_batch", cfg.micro_batch, f"gives {m} micro-batches; 1f1b "
+                            f"needs at least pp={cfg.pp} (use a smaller --micro-batch)")
+        if cfg.schedule == "interleaved-1f1b" and m % cfg.pp:
+            raise SpecError("micro_batch", cfg.micro_batch, f"gives {m} micro-batches; "
+                            f"interleaved-1f1b needs a multiple of pp={cfg.pp}")
+        if cfg.schedule != "interleaved-1f1b" and stages != cfg.pp:
+            raise SpecError("schedule", cfg.schedule, "runs one stage per rank; use "
+                            "interleaved-1f1b with --virtual-stages > 1")
+        if cfg.schedule == "interleaved-1f1b" and stages == cfg.pp:
+            raise SpecError("virtual_stages", cfg.virtual_stages,
+                            "must be >= 2 for interleaved-1f1b")
     if cfg.dp_mode == "ddp" and cfg.tp > 1:
         raise SpecError("dp_mode", "ddp", "cannot hold tensor-parallel (DTensor) parameters; "
                         "use fsdp with tp > 1")
     for name, value in (("steps", cfg.steps), ("seq", cfg.seq)):
         if value < 1:
             raise SpecError(name, value, "must be a positive integer")
+    if cfg.fail_how not in FAIL_HOW:
+        raise SpecError("fail_how", cfg.fail_how, f"must be one of {', '.join(FAIL_HOW)}")
+    if cfg.fail_how == "kill-in-save" and (cfg.async_save or not cfg.checkpoint_dir):
+        raise SpecError("fail_how", cfg.fail_how, "needs a synchronous --checkpoint-dir")
     make_layout(cfg.shape, dp=cfg.dp, tp=cfg.tp, pp=cfg.pp, virtual_stages=cfg.virtual_stages,
                 sp=cfg.sp, micro_batch=cfg.micro_batch or share, global_batch=cfg.global_batch,
                 seq=cfg.seq, recompute=cfg.recompute,
@@ -164,6 +197,8 @@ def reference_run(cfg: TrainConfig) -> list[float]:
 
     torch.manual_seed(cfg.seed)
     model = TransformerLM(cfg.shape, seed=cfg.seed)
+    if cfg.init_from:
+        load_initial_weights(model, cfg.init_from)
     opt, sched = make_optimizer(list(model.parameters()), cfg)
     stream = batches(cfg.docs, cfg.global_batch, cfg.seq, seed=cfg.seed)
     losses = []
@@ -178,6 +213,14 @@ def reference_run(cfg: TrainConfig) -> list[float]:
         opt.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()) / batch.real_tokens)
     return losses
+
+
+def load_initial_weights(model: Any, path: str) -> None:
+    """Every parameter of the (not yet laid out) model from a safetensors file in
+    shardlab's names (what ``shardlab import`` writes); strict: all names, all shapes."""
+    from shardlab.hf_export import read_weights
+
+    model.load_state_dict(read_weights(path), strict=True)
 
 
 def _autocast(cfg: TrainConfig) -> Any:
@@ -226,6 +269,53 @@ def _loss_parallel(cfg: TrainConfig) -> Any:
     return contextlib.nullcontext()
 
 
+def _maybe_fail(ctx: Any, cfg: TrainConfig, done: int, where: str) -> bool:
+    """Fault injection: fail now (raise or SIGKILL) when ``done`` steps are done, or, for
+    ``where="save"``, say whether to SIGKILL inside the save of that step."""
+    if not (ctx.rank == cfg.fail_rank and done == cfg.fail_at_step and cfg.attempt == 0):
+        return False
+    if where == "save":
+        return cfg.fail_how == "kill-in-save"
+    if cfg.fail_how == "kill":
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    if cfg.fail_how == "raise":
+        raise RuntimeError(f"fault injected on rank {ctx.rank} at step {done}")
+    return False
+
+
+def _checkpointing(ctx: Any, cfg: TrainConfig, modules: list[Any], opt: Any, sched: Any,
+                   losses: list[float], norms: list[float]) -> tuple[Any, int]:
+    """The rank's Checkpointer (None without ``checkpoint_dir``) and the step to start at:
+    0, or the resumed checkpoint's, with the model, optimizer, scheduler and RNGs loaded
+    from it and its loss and gradient-norm history put in ``losses`` and ``norms``."""
+    from shardlab.dist import checkpoint
+
+    if not (cfg.checkpoint_dir or cfg.resume_from):
+        return None, 0
+    meta = {"shape": checkpoint.shape_record(cfg.shape),
+            "layout": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp,
+                       "virtual_stages": cfg.virtual_stages, "dp_mode": cfg.dp_mode,
+                       "sp": cfg.sp, "schedule": cfg.schedule, "dtype": cfg.dtype},
+            "data": {"fingerprint": cfg.data_id, "seed": cfg.seed,
+                     "global_batch": cfg.global_batch, "seq": cfg.seq}}
+    ckpt = checkpoint.Checkpointer(cfg.checkpoint_dir or cfg.resume_from, modules, opt, sched,
+                                   rank=ctx.rank, world=cfg.world, keep=cfg.keep,
+                                   async_save=cfg.async_save, meta=meta,
+                                   timeout_s=ctx.timeout_s)
+    if not cfg.resume_from:
+        return ckpt, 0
+    doc = checkpoint.read_manifest(cfg.resume_from)  # files verified before any rank began
+    ckpt.load(cfg.resume_from, doc)
+    losses.extend(doc["history"]["losses"])
+    norms.extend(doc["history"]["grad_norms"])
+    if not cfg.checkpoint_dir:
+        ckpt = None
+    return ckpt, int(doc["step"])
+
+
 def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     """One rank of the job (run by :func:`shardlab.dist.launch.launch` or torchrun)."""
     import torch
@@ -243,6 +333,8 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     dp_rank, pp_rank = mesh["dp"].get_local_rank(), mesh["pp"].get_local_rank()
     torch.manual_seed(cfg.seed)
     model = TransformerLM(cfg.shape, seed=cfg.seed)
+    if cfg.init_from:  # before any layout: every rank loads the same whole model
+        load_initial_weights(model, cfg.init_from)
     fsdp_bf16 = cfg.dtype == "bf16" and cfg.dp > 1 and cfg.dp_mode != "ddp"
     options = {"tp": cfg.tp, "dp": cfg.dp, "dp_mode": cfg.dp_mode, "sp": cfg.sp,
                "loss_parallel": cfg.loss_parallel and cfg.pp == 1, "ac": cfg.recompute,
@@ -287,9 +379,11 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     comm: dict[str, Any] = {}
     activation_bytes = None
     autocast = _autocast(cfg) if cfg.dtype == "bf16" and not fsdp_bf16 else None
-    for step in range(cfg.steps):
-        if step == 2 and ctx.rank == cfg.fault_rank:
-            raise RuntimeError(f"fault injected on rank {ctx.rank} at step {step}")
+    ckpt, first_step = _checkpointing(ctx, cfg, modules, opt, sched, losses, norms)
+    for _ in range(first_step):  # the data position: the stream is a function of the seed
+        next(stream)
+    for step in range(first_step, cfg.steps):
+        _maybe_fail(ctx, cfg, step, "step")
         batch = next(stream)
         share = batch.split(cfg.dp)[dp_rank]
         # Each rank's token-loss sum over the global real tokens, x dp: DDP and FSDP average.
@@ -342,7 +436,14 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
         if log is not None:
             _log(log, StepLog(step, loss_value, norm, sched.get_last_lr()[0], elapsed,
                               cfg.global_batch * cfg.seq, batch.real_tokens))
+        if ckpt is not None and (step + 1 == cfg.steps or (
+                cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)):
+            ckpt.save(step + 1, {"losses": losses, "grad_norms": norms},
+                      kill_before_rename=_maybe_fail(ctx, cfg, step + 1, "save"))
+    if ckpt is not None:
+        ckpt.finish()
     return {"rank": ctx.rank, "dp_rank": dp_rank, "pp_rank": pp_rank,
+            "resumed_at": first_step, "checkpoint_seconds": ckpt.seconds if ckpt else [],
             "tp_rank": mesh["tp"].get_local_rank(), "losses": losses, "grad_norms": norms,
             "step_seconds": seconds, "flops_by_op": flops,
             "activation_bytes": activation_bytes, "comm_step1": comm,

@@ -4,27 +4,33 @@ tests/report/test_demo.py)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+import pytest
 
-def demo(cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    # A fresh SHARDLAB_HOME: the demo measures this CPU itself, and writes nothing in ~.
-    env = {**os.environ, "SHARDLAB_HOME": str(cwd / "home")}
-    return subprocess.run([sys.executable, "-m", "shardlab", "demo", *argv], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+from shardlab.cli import main
 
 
-def test_a_bad_output_path_stops_it_first(tmp_path: Path) -> None:
-    r = demo(tmp_path, "-o", str(tmp_path / "no" / "r.html"))
-    assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.startswith("shardlab demo: error: output=") and r.stderr.count("\n") == 1
-    assert os.listdir(tmp_path) == []
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Nothing may be measured or stored in ~ by a refused demo.
+    monkeypatch.setenv("SHARDLAB_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
 
 
-def test_an_old_run_directory_is_refused(tmp_path: Path) -> None:
+def test_a_bad_output_path_stops_it_first(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "-o", str(tmp_path / "no" / "r.html")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("shardlab demo: error: output=")
+    assert err.count("\n") == 1 and os.listdir(tmp_path) == []
+
+
+def test_an_old_run_directory_is_refused(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "report.json").write_text("{}")
-    r = demo(tmp_path, "--run-dir", str(tmp_path / "run"))
-    assert r.returncode == 2 and "already holds a run" in r.stderr and r.stdout == ""
+    assert main(["demo", "--run-dir", str(tmp_path / "run")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "already holds a run" in err and err.count("\n") == 1
+    assert sorted(os.listdir(tmp_path)) == ["run"]

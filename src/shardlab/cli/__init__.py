@@ -11,11 +11,24 @@ import sys
 from collections.abc import Sequence
 
 from shardlab import __version__
-from shardlab.cli import budget, catalogs, demo, plan, report, schedule, simulate, train, verify
+from shardlab.cli import (
+    budget,
+    catalogs,
+    demo,
+    export,
+    import_cmd,
+    plan,
+    report,
+    schedule,
+    simulate,
+    train,
+    verify,
+)
 from shardlab.cli.args import Parser
 from shardlab.errors import SpecError
 
-COMMANDS = (budget, catalogs, plan, schedule, simulate, train, verify, report, demo)
+COMMANDS = (budget, catalogs, plan, schedule, simulate, train, verify, report, demo, export,
+            import_cmd)
 
 
 def build_parser() -> Parser:

@@ -1,0 +1,148 @@
+"""``shardlab export`` and ``shardlab import``: checkpoints as Hugging Face folders that
+``transformers`` loads with the same logits, and back as initial weights for ``train``.
+
+The checkpoints are written by one-process training in this process (a gloo group of
+one, no spawn): export reads them without any process group.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from shardlab.cli import main
+from shardlab.dist import checkpoint
+from shardlab.nn.garden import garden_documents, garden_vocab
+from shardlab.nn.model import TransformerLM
+from shardlab.spec.model import ModelShape
+from shardlab.train import TrainConfig
+
+V = garden_vocab().size
+SHAPES = {
+    "llama": ModelShape("tiny-llama", 2, 32, 4, V, 32, kv_heads=2, style="llama", tied=False),
+    "qwen2": ModelShape("tiny-qwen", 2, 32, 4, V, 32, kv_heads=2, style="llama", tied=True,
+                        qkv_bias=True),
+    "gpt2": ModelShape("tiny-gpt", 2, 32, 4, V, 32, style="gpt", tied=True),
+}
+# fp32, same math in another order (fused attention kernels, RMSNorm written out):
+LOGITS_ATOL, LOGITS_RTOL = 1e-5, 1e-5
+
+
+def train_one_process(cfg: TrainConfig) -> None:
+    """train_rank on a gloo group of one in this process."""
+    import torch.distributed as dist
+
+    from shardlab.dist.launch import RankContext
+    from shardlab.train import train_rank
+
+    store = dist.FileStore(tempfile.mktemp(prefix="shardlab-store-"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        train_rank(RankContext(0, 1, 0, "cpu", "gloo", 30.0), cfg)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("export")
+    docs = garden_documents(100, 0)
+    for name, shape in SHAPES.items():
+        train_one_process(TrainConfig(shape=shape, steps=2, docs=docs,
+                                      checkpoint_dir=str(root / name)))
+    return {name: root / name for name in SHAPES}
+
+
+def shardlab_logits(folder: Path, shape: ModelShape, ids: torch.Tensor) -> torch.Tensor:
+    model = TransformerLM(shape)
+    model.load_state_dict(checkpoint.load_model_state(folder, shape))
+    with torch.no_grad():
+        return model(ids)
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_transformers_loads_the_same_logits(checkpoints: dict[str, Path], tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str],
+                                            name: str) -> None:
+    transformers = pytest.importorskip("transformers")
+    out = tmp_path / "hf"
+    assert main(["export", str(checkpoints[name]), str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["step"] == 2 and doc["family"] == name
+    assert doc["parameters"] == sum(p.numel() for p in TransformerLM(SHAPES[name]).parameters())
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    ids = torch.randint(0, V, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        theirs = hf(input_ids=ids).logits
+    ours = shardlab_logits(checkpoints[name] / "step-2", SHAPES[name], ids)
+    torch.testing.assert_close(theirs, ours, atol=LOGITS_ATOL, rtol=LOGITS_RTOL)
+
+    # ... and back: import gives the checkpoint's weights exactly
+    back = tmp_path / "back"
+    assert main(["import", str(out), str(back)]) == 0
+    from shardlab.hf_export import read_weights
+
+    saved = checkpoint.load_model_state(checkpoints[name] / "step-2", SHAPES[name])
+    got = read_weights(back)
+    assert got.keys() == saved.keys() and all(torch.equal(got[k], saved[k]) for k in saved)
+
+
+def test_torch_format_and_init_from(checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    out = tmp_path / "bin"
+    assert main(["export", str(checkpoints["llama"]), str(out), "--format", "torch"]) == 0
+    assert (out / "pytorch_model.bin").is_file() and (out / "config.json").is_file()
+    hf = tmp_path / "hf"
+    assert main(["export", str(checkpoints["llama"]), str(hf)]) == 0
+    imported = tmp_path / "imported"
+    assert main(["import", str(hf), str(imported)]) == 0
+    # train starts from the imported weights: its first loss is the checkpoint's model's
+    from shardlab.train import reference_run
+
+    docs = garden_documents(100, 0)
+    base = TrainConfig(shape=SHAPES["llama"], steps=1, docs=docs)
+    fresh = reference_run(base)
+    warm = reference_run(replace(base, init_from=str(imported)))
+    manifest = checkpoint.read_manifest(checkpoints["llama"] / "step-2")
+    assert warm[0] < fresh[0] and warm[0] < manifest["history"]["losses"][0]
+
+
+def _bad(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_bad_input(checkpoints: dict[str, Path], tmp_path: Path,
+                   capsys: pytest.CaptureFixture[str]) -> None:
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("mine")
+    assert "exists and is not empty" in _bad(["export", str(checkpoints["llama"]), str(full)],
+                                             capsys)
+    assert (full / "keep.txt").read_text() == "mine" and len(list(full.iterdir())) == 1
+    assert "does not exist" in _bad(["export", str(tmp_path / "nowhere"), str(tmp_path / "o")],
+                                    capsys)
+    assert not (tmp_path / "o").exists()
+    assert "has no config.json" in _bad(["import", str(tmp_path), str(tmp_path / "i")], capsys)
+    assert "init_from=" in _bad(["train", "--init-from", str(tmp_path)], capsys)
+
+
+def test_import_refuses_what_the_model_cannot_compute(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    from shardlab.hf_export import hf_config
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    config: dict[str, Any] = hf_config(SHAPES["llama"]) | {
+        "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}
+    (hf / "config.json").write_text(json.dumps(config))
+    assert "rope_theta=500000.0" in _bad(["import", str(hf), str(tmp_path / "o")], capsys)

@@ -1,0 +1,75 @@
+"""``shardlab train --checkpoint-dir / --resume / --max-restarts`` end to end: a job that
+fails restarts by itself from its last checkpoint, a data-parallel checkpoint continues
+on one process, and bad checkpoints are refused before any rank starts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from shardlab.cli import main
+
+TINY = ["--layers", "2", "--d-model", "32", "--steps", "4", "--checkpoint-every", "2"]
+
+
+def shardlab(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "shardlab", *argv], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.multiprocess
+def test_restart_resume_on_one_process_and_bad_checkpoints(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ckpt = tmp_path / "ckpt"
+    # rank 0 raises once 3 steps are done; the job restarts from step-2 and finishes
+    r = shardlab("train", "--dp", "2", *TINY, "--checkpoint-dir", str(ckpt),
+                 "--fail-at-step", "3", "--fail-rank", "0", "--max-restarts", "1",
+                 "--check-parity", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "rank 0 failed: RuntimeError: fault injected on rank 0 at step 3" in r.stderr
+    assert "restart 1 of 1 from step-2" in r.stderr
+    doc = json.loads(r.stdout)
+    info = doc["checkpoint"]
+    assert info["resumed_at_step"] == 2 and len(info["restarts"]) == 1
+    assert info["kept"] == [2, 4] and doc["max_loss_diff"] <= 1e-5  # fp32 parity
+
+    # dp=2 -> one process: resharded on load, the loss within the parity tolerance
+    one = tmp_path / "one"
+    one.mkdir()
+    shutil.copytree(ckpt / "step-2", one / "step-2")
+    r = shardlab("train", *TINY, "--checkpoint-dir", str(one), "--resume", "--check-parity",
+                 "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    assert doc["world_size"] == 1 and doc["checkpoint"]["resumed_at_step"] == 2
+    assert doc["max_loss_diff"] <= 1e-5
+
+    # bad input: one line, exit 2, before any rank (fast), nothing written
+    before = sorted(p.name for p in ckpt.iterdir())
+    for argv, words in [
+        (["--resume", "3"], "resume=3: no checkpoint at that step"),
+        (["--resume", "x"], "resume='x'"),
+        (["--resume", "--d-model", "64"], "d_model=64: differs from the checkpoint's"),
+        (["--resume", "--global-batch", "16"], "global_batch=16"),
+        (["--resume", "--steps", "4"], "steps=4: must be more than the checkpoint's step"),
+    ]:
+        start = time.monotonic()
+        base = [a for a in TINY if a not in ("--steps", "4")] + ["--steps", "6"]
+        code = main(["train", *base, *argv, "--checkpoint-dir", str(ckpt)])
+        out, err = capsys.readouterr()
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+        assert words in err, err
+        assert time.monotonic() - start < 5
+    assert sorted(p.name for p in ckpt.iterdir()) == before
+    (ckpt / "step-4" / "__0_0.distcp").write_bytes(b"corrupt")
+    assert main(["train", *TINY[:-2], "--steps", "6", "--checkpoint-dir", str(ckpt),
+                 "--resume"]) == 2
+    assert "__0_0.distcp" in capsys.readouterr().err
+    assert main(["train", "--resume"]) == 2
+    assert "needs --checkpoint-dir" in capsys.readouterr().err

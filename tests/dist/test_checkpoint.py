@@ -1,0 +1,273 @@
+"""Checkpoints: resumed runs bitwise equal to uninterrupted ones (FSDP, DDP with async save,
+TP, PP with a tied head), resharded loads within a stated tolerance, a SIGKILL in the
+middle of a save, the safe metadata reader, checksums and the manifest.
+
+One launch of two ranks runs every two-rank training in sequence (``run_cases``), so
+the spawn cost is paid once; the files are compared afterwards in this process, with
+no process group (DCP reshards to one process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from shardlab.dist import checkpoint
+from shardlab.dist.launch import LaunchError, launch
+from shardlab.errors import SpecError
+from shardlab.nn.garden import garden_documents, garden_vocab
+from shardlab.spec.model import ModelShape
+from shardlab.train import TrainConfig
+
+DOCS = garden_documents(200, 0)
+LLAMA = ModelShape("tiny-llama", 2, 32, 4, garden_vocab().size, 32, kv_heads=2,
+                   style="llama", tied=False)
+GPT = ModelShape("tiny-gpt", 2, 32, 4, garden_vocab().size, 32, style="gpt", tied=True)
+STEPS, EVERY = 4, 2
+# A different layout adds the same numbers in another order: the loss may move in the
+# last bits, never more than the parity tolerance of `shardlab train --check-parity`.
+RESHARD_RTOL = 1e-5
+
+
+def config(root: Path, name: str, shape: ModelShape = LLAMA, **kw: Any) -> TrainConfig:
+    return TrainConfig(shape=shape, steps=STEPS, checkpoint_every=EVERY,
+                       checkpoint_dir=str(root / name), docs=DOCS,
+                       data_id=checkpoint.data_fingerprint(DOCS), **kw)
+
+
+def run_cases(ctx: Any, runs: list[TrainConfig]) -> list[dict[str, Any]]:
+    """Every run in order on this rank (the same process group)."""
+    from shardlab.train import train_rank
+
+    out = []
+    for cfg in runs:
+        r = train_rank(ctx, cfg)
+        out.append({"losses": r["losses"], "resumed_at": r["resumed_at"]})
+    return out
+
+
+LAYOUTS = {  # name: (shape, layout); every one on two ranks
+    "fsdp": (LLAMA, {"dp": 2}),
+    "ddp": (LLAMA, {"dp": 2, "dp_mode": "ddp", "micro_batch": 2}),
+    "tp": (LLAMA, {"tp": 2, "sp": True}),
+    # A tied head: two copies on two stages. Clipping off (a norm of 100 is never
+    # reached): train's clip_grad_norm counts the tied weight once per stage holding a
+    # copy, so a pipeline run clips differently from an unsplit one and pp->dp would
+    # measure that, not the checkpoint.
+    "pp": (GPT, {"pp": 2, "micro_batch": 2, "clip": 100.0}),
+}
+RESHARDS = {  # name: (from, layout it resumes in)
+    "fsdp->tp": ("fsdp", {"tp": 2}),
+    "fsdp->ddp": ("fsdp", {"dp": 2, "dp_mode": "ddp"}),
+    "pp->dp": ("pp", {"dp": 2, "clip": 100.0}),
+}
+
+
+def _helper_module(folder: Path) -> str:
+    name = f"ckpt_ranks_{uuid.uuid4().hex[:8]}"
+    (folder / f"{name}.py").write_text(
+        "import importlib.util\n"
+        f"_spec = importlib.util.spec_from_file_location('_ckpt_test', {str(Path(__file__))!r})\n"
+        "_mod = importlib.util.module_from_spec(_spec)\n"
+        "_spec.loader.exec_module(_mod)\n"
+        "run_cases = _mod.run_cases\n")
+    return name
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("ckpt")
+    plan: list[tuple[str, TrainConfig]] = []
+    for name, (shape, layout) in LAYOUTS.items():
+        first = config(root, name, shape, **layout)
+        plan.append((name, first))
+        # resumed from the uninterrupted run's step 2 into a folder of its own
+        resumed = replace(first, checkpoint_dir=str(root / f"{name}-resumed"),
+                          resume_from=str(root / name / "step-2"),
+                          async_save=name == "ddp")
+        plan.append((f"{name}-resumed", resumed))
+    for name, (source, layout) in RESHARDS.items():
+        shape = LAYOUTS[source][0]
+        cfg = config(root, name, shape, **layout)
+        plan.append((name, replace(cfg, resume_from=str(root / source / "step-2"))))
+    module = _helper_module(root)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(root))  # spawned workers get the parent's sys.path
+        mp.setenv("PYTHONPATH", os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+        out = launch(f"{module}:run_cases", 2, ([cfg for _, cfg in plan],), timeout_s=120,
+                     log_dir=str(root / "logs"))
+    return {"root": root, "results": {name: out[0][i] for i, (name, _) in enumerate(plan)}}
+
+
+def final_params(folder: Path, shape: ModelShape) -> dict[str, torch.Tensor]:
+    return checkpoint.load_model_state(folder, shape)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_resumed_run_is_bitwise_the_uninterrupted_one(runs: dict[str, Any], name: str) -> None:
+    root, results = runs["root"], runs["results"]
+    shape = LAYOUTS[name][0]
+    assert results[f"{name}-resumed"]["resumed_at"] == 2
+    # fp32 on CPU, same layout: the same bits (exact float equality of every loss)
+    assert results[f"{name}-resumed"]["losses"] == results[name]["losses"]
+    a = final_params(root / name / "step-4", shape)
+    b = final_params(root / f"{name}-resumed" / "step-4", shape)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a), name
+    doc = checkpoint.verify(root / f"{name}-resumed" / "step-4")
+    assert doc["step"] == 4 and doc["data"]["batches_consumed"] == 4
+    assert doc["world_size"] == 2 and doc["torch"] == torch.__version__
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("name", list(RESHARDS))
+def test_resharded_resume_within_tolerance(runs: dict[str, Any], name: str) -> None:
+    root, results = runs["root"], runs["results"]
+    source = RESHARDS[name][0]
+    want, got = results[source]["losses"], results[name]["losses"]
+    assert got[:2] == want[:2]  # the history travels in the manifest
+    for a, b in zip(got[2:], want[2:], strict=True):
+        assert abs(a - b) <= RESHARD_RTOL * abs(b), (name, got, want)
+    shape = LAYOUTS[source][0]
+    torch.testing.assert_close(final_params(root / name / "step-4", shape),
+                               final_params(root / source / "step-4", shape),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.multiprocess
+def test_keeps_the_last_checkpoints_and_records_the_run(runs: dict[str, Any]) -> None:
+    root = runs["root"]
+    assert sorted(checkpoint.complete_steps(root / "fsdp")) == [2, 4]
+    doc = checkpoint.read_manifest(root / "tp" / "step-4")
+    assert doc["layout"]["tp"] == 2 and doc["shape"]["kv_heads"] == 2
+    assert len(doc["history"]["losses"]) == 4 and doc["scheduler"]["last_epoch"] == 4
+    assert doc["optimizer"]["betas"] == [0.9, 0.95]
+    assert set(doc["files"]) >= {".metadata", "__0_0.distcp", "__1_0.distcp",
+                                 "rng/rank-0.json", "rng/rank-1.json"}
+
+
+@pytest.mark.multiprocess
+def test_sigkill_in_the_middle_of_a_save(runs: dict[str, Any], tmp_path: Path) -> None:
+    """Rank 1 is SIGKILLed after writing its shards of step 4, before the rename: the job
+    ends naming it, step-4.tmp is left and ignored, step 2 loads, and the resumed run
+    ends bitwise equal to the uninterrupted one."""
+    shape, layout = LAYOUTS["fsdp"]
+    cfg = replace(config(tmp_path, "killed", shape, **layout), fail_at_step=4, fail_rank=1,
+                  fail_how="kill-in-save")
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch("shardlab.train:train_rank", 2, (cfg,), timeout_s=20,
+               log_dir=str(tmp_path / "logs"))
+    assert time.monotonic() - start < 30
+    assert info.value.rank == 1 and "SIGKILL" in info.value.error
+    assert not _live_children()
+    folder = tmp_path / "killed"
+    assert (folder / "step-4.tmp").is_dir() and sorted(checkpoint.complete_steps(folder)) == [2]
+    assert checkpoint.find(folder) == folder / "step-2"
+    launch("shardlab.train:train_rank", 2,
+           (replace(cfg, fail_at_step=-1, resume_from=str(folder / "step-2")),),
+           timeout_s=60, log_dir=str(tmp_path / "logs"))
+    assert not (folder / "step-4.tmp").exists()
+    a = final_params(runs["root"] / "fsdp" / "step-4", shape)
+    b = final_params(folder / "step-4", shape)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _live_children() -> list[int]:
+    """This process's children that are still running (not zombies)."""
+    pids = []
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        pids += [int(p) for p in (task / "children").read_text().split()]
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        # multiprocessing's resource tracker lives as long as its parent: not a rank
+        if state != "Z" and "resource_tracker" not in cmd:
+            alive.append(pid)
+    return alive
+
+
+# --- bad checkpoints (no process) ---------------------------------------------------------
+
+def _copy(runs: dict[str, Any], tmp_path: Path, name: str = "fsdp") -> Path:
+    target = tmp_path / "copy"
+    shutil.copytree(runs["root"] / name, target)
+    return target
+
+
+@pytest.mark.multiprocess
+def test_corrupt_truncated_or_missing_files_are_named(runs: dict[str, Any],
+                                                      tmp_path: Path) -> None:
+    root = _copy(runs, tmp_path)
+    step = root / "step-4"
+    shard = step / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(SpecError, match="SHA-256 does not match"):
+        checkpoint.verify(step)
+    shard.write_bytes(bytes(data[:-10]))
+    with pytest.raises(SpecError, match="truncated"):
+        checkpoint.verify(step)
+    shard.unlink()
+    with pytest.raises(SpecError, match="is missing"):
+        checkpoint.verify(step)
+    manifest = json.loads((step / "manifest.json").read_text())
+    manifest["step"] = 5
+    (step / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SpecError, match="manifest checksum"):
+        checkpoint.verify(step)
+    with pytest.raises(SpecError, match="found 2, 4"):
+        checkpoint.find(root, 3)
+
+
+@pytest.mark.multiprocess
+def test_another_shape_names_the_field(runs: dict[str, Any]) -> None:
+    doc = checkpoint.read_manifest(runs["root"] / "fsdp" / "step-2")
+    data = {"fingerprint": checkpoint.data_fingerprint(DOCS), "seed": 0, "global_batch": 8,
+            "seq": 32}
+    checkpoint.check_compatible(doc, LLAMA, data, "here")
+    with pytest.raises(SpecError, match=r"^d_model=64: differs from the checkpoint's d_model=32"):
+        checkpoint.check_compatible(doc, replace(LLAMA, d_model=64), data, "here")
+    with pytest.raises(SpecError, match=r"^global_batch=16"):
+        checkpoint.check_compatible(doc, LLAMA, {**data, "global_batch": 16}, "here")
+
+
+class _Evil:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, ("echo pwned",))
+
+
+def test_metadata_is_never_unpickled_beyond_dcp_classes(tmp_path: Path) -> None:
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(_Evil()))
+    with pytest.raises(pickle.UnpicklingError, match="not allowed"):
+        checkpoint.safe_reader(tmp_path).read_metadata()
+
+
+def test_rng_states_round_trip() -> None:
+    import random
+
+    import numpy as np
+
+    from shardlab.dist import rng
+
+    state = json.loads(json.dumps(rng.capture()))
+    a = (torch.rand(3), random.random(), np.random.rand(2))
+    rng.restore(state)
+    b = (torch.rand(3), random.random(), np.random.rand(2))
+    assert torch.equal(a[0], b[0]) and a[1] == b[1] and np.array_equal(a[2], b[2])
