@@ -202,3 +202,29 @@ def fit(gpu: str, free: tuple[str, ...] = ("peak_fraction", "half_intensity"),
             floor = 0.0 if k == "half_intensity" else 0.05
             spans[k] = (max(floor, getattr(eff, k) - step), getattr(eff, k) + step)
     return eff, err
+
+
+def table() -> str:
+    """The markdown table of ``docs/validation.md``: every run, predicted beside measured."""
+    lines = ["| run | role | GPUs | layout | measured s/step | predicted s/step | error | "
+             "MFU measured | MFU predicted |", "|---|---|---|---|---|---|---|---|---|"]
+    held: list[float] = []
+    cal: list[float] = []
+    for r in RUNS:
+        p = predict(r)
+        err = p["step_seconds"] / r.measured_step - 1
+        (held if r.role == "validation" else cal).append(abs(err))
+        mfu_measured = p["mfu"] * p["step_seconds"] / r.measured_step
+        lay = (f"tp{r.tp} pp{r.pp} dp{r.dp}" + (f" v{r.virtual}" if r.virtual > 1 else "")
+               + f" {r.recompute}" + (" sp" if r.sp else "") + f" zero{r.zero}")
+        lines.append(f"| {r.name} | {r.role} | {r.gpus} {r.gpu} | {lay} | "
+                     f"{r.measured_step:.2f} | {p['step_seconds']:.2f} | {err:+.1%} | "
+                     f"{mfu_measured:.1%} | {p['mfu']:.1%} |")
+    lines.append("")
+    lines.append(f"mean absolute error: calibration runs {np.mean(cal):.1%} ({len(cal)} runs), "
+                 f"held-out runs {np.mean(held):.1%} ({len(held)} runs)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table())

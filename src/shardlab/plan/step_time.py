@@ -26,7 +26,8 @@ tokens (T = b·s tokens each), on devices of dense peak P (:class:`Device`):
   reduce-scatter them and all-gather the updated weights, ZeRO-3 all-gathers the
   weights in every micro-batch's forward and backward and reduce-scatters the
   gradients (ZeRO paper, Rajbhandari et al. 2020; bytes as
-  :func:`shardlab.estimate.comm.dp_bytes_per_step`). With ``overlap_dp`` the gradient
+  :func:`shardlab.estimate.comm.dp_bytes_per_step`), one gather per layer, so each
+  layer adds the ring's latency (FSDP wraps every block). With ``overlap_dp`` the gradient
   reduction hides behind the last micro-batch's backward and the weight gather behind
   the first micro-batch's forward (Megatron's overlap-grad-reduce and
   overlap-param-gather; FSDP's prefetch); what is longer than that window is exposed.
@@ -194,11 +195,14 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     ar = allreduce_seconds(grads, dp, lat_d, bw_d)
     rs = gather_seconds(grads, dp, lat_d, bw_d)
     ag = gather_seconds(weights, dp, lat_d, bw_d)
+    # ZeRO-3/FSDP gathers layer by layer (one unit per block): each pays the latency.
+    rank_layers_max = np.maximum(first_layers, last_layers)
+    ag3 = ag + np.where(dp > 1, rank_layers_max * (dp - 1) * lat_d, 0.0)
     pos = lambda x: np.maximum(x, 0.0)  # noqa: E731 - the exposed part of a hidden transfer
     dp_comm = np.select(
         [z == 0, z <= 2],
         [pos(ar - bwd_window), pos(rs - bwd_window) + pos(ag - fwd_window)],
-        micro * (pos(ag - fwd_window) + pos(ag - bwd_window)) + pos(rs - bwd_window))
+        micro * (pos(ag3 - fwd_window) + pos(ag3 - bwd_window)) + pos(rs - bwd_window))
 
     shard = np.where(z >= 1, dp, 1).astype(float)
     optimizer = 2.0 * mem.params * policy.state_bytes / shard / dev.memory_bandwidth

@@ -49,7 +49,7 @@ def print_plan(doc: dict[str, Any]) -> None:
          table("Where the step goes (seconds; communication and bubble: the exposed part)",
                ["#", *_SHORT.values()], parts),
          f"matmul efficiency: {e['peak_fraction']:.3f} x peak x I/(I + "
-         f"{e['half_intensity']:g}) at intensity I; {e['op_overhead'] * 1e6:g} µs per "
+         f"{e['half_intensity']:.0f}) at intensity I; {e['op_overhead'] * 1e6:.2g} µs per "
          f"operator; {e['link_fraction']:.0%} of link bandwidth ({e['source']})")
     if doc["rejected"]:
         show(table("Rejected", ["reason", "layouts"],

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from shardlab.errors import SpecError, require_positive_int, require_positive_number
-from shardlab.spec.hardware import Accelerator, Link, get_accelerator
+from shardlab.spec.hardware import Accelerator, Efficiency, Link, get_accelerator
 
 NAME = "cpu (measured)"
 """The accelerator name a stored measurement is listed and looked up under."""
@@ -71,6 +71,9 @@ _METHOD = (
 )
 
 DTYPES = ("fp32", "bf16")
+
+SWEEP_SIZES = (64, 128, 256, 512)
+"""Sides n of the smaller fp32 matmuls timed for the planner's efficiency curve."""
 
 
 # -- where the file lives --------------------------------------------------------------------
@@ -189,6 +192,16 @@ def measure_cpu(seconds: float = 2.0, threads: int | None = None, *, matmul_n: i
             dst = torch.empty_like(src)
             best = _best_seconds(lambda src=src, dst=dst: dst.copy_(src), budget)
             moved = src.numel() * src.element_size()
+            # The planner's efficiency curve: fp32 matmuls smaller than matmul_n, and the
+            # fixed cost of one tiny operator (eager dispatch), each for a short slice.
+            small: dict[str, float] = {}
+            for n in SWEEP_SIZES:
+                a = torch.randn(n, n, generator=gen)
+                c = torch.empty(n, n)
+                t = _best_seconds(lambda a=a, c=c: torch.mm(a, a, out=c), budget / 8)
+                small[str(n)] = 2.0 * n**3 / t
+            x = torch.ones(1)
+            op_seconds = _best_seconds(lambda x=x: torch.add(x, x), budget / 8, min_runs=50)
     finally:
         torch.set_num_threads(previous)
 
@@ -212,6 +225,8 @@ def measure_cpu(seconds: float = 2.0, threads: int | None = None, *, matmul_n: i
         "matmul_n": matmul_n,
         "copy_bytes": moved,
         "method": _METHOD,
+        "matmul_sweep_fp32": small,
+        "op_seconds": op_seconds,
     }
 
 
@@ -314,6 +329,7 @@ def load_measurement(path: str | Path | None = None) -> Accelerator | None:
               f"torch {doc.get('torch', '?')}, {doc.get('date', '?')}): best-of torch.mm per "
               f"dtype and tensor copy_; power unknown (0 W); file {target}")
     return Accelerator(
+        efficiency=_efficiency(doc, peaks, matmul_n=doc.get("matmul_n", 2048)),
         name=NAME,
         peak_flops=peaks,
         memory_bytes=_number(target, doc, "memory_bytes"),
@@ -324,6 +340,41 @@ def load_measurement(path: str | Path | None = None) -> Accelerator | None:
         gpus_per_node=1,
         source=source,
     )
+
+
+def _efficiency(doc: dict[str, Any], peaks: dict[str, float], matmul_n: object
+                ) -> Efficiency | None:
+    """The planner's efficiency curve from the stored fp32 sweep (None for older files).
+
+    fraction(I) = peak_fraction · I/(I + half_intensity) (:class:`Efficiency`), with the
+    curve through the n x n peak matmul (I_p = n/3, fraction 1 of the measured peak) and
+    each swept k x k matmul (I_k = k/3, fraction f_k) has half_intensity
+    h = I_k·I_p·(1 - f_k) / (f_k·I_p - I_k); the median over sizes is kept, and
+    peak_fraction = (I_p + h)/I_p. ``op_overhead`` is the measured time of one tiny operator.
+    """
+    sweep = doc.get("matmul_sweep_fp32")
+    op = doc.get("op_seconds")
+    if not isinstance(sweep, dict) or not sweep or not isinstance(op, int | float) or op <= 0:
+        return None
+    n = float(matmul_n) if isinstance(matmul_n, int | float) and matmul_n > 0 else 2048.0
+    i_peak = n / 3
+    halves = []
+    for k, flops in sweep.items():
+        try:
+            i_k, f_k = float(k) / 3, float(flops) / peaks["fp32"]
+        except (TypeError, ValueError):
+            continue
+        # The curve through (I_peak, 1) and (I_k, f_k): f_k·I_p·(I_k + h) = I_k·(I_p + h).
+        denom = i_peak * f_k - i_k
+        if 0 < f_k < 1 and denom > 0:
+            halves.append(i_k * i_peak * (1 - f_k) / denom)
+    if not halves:
+        return None
+    half = sorted(halves)[len(halves) // 2]
+    return Efficiency((i_peak + half) / i_peak, half, float(op), 1.0,
+                      f"measured on this machine: fp32 torch.mm at n = "
+                      f"{', '.join(sorted(sweep, key=float))} against n = {int(n)}; one tiny "
+                      f"operator {float(op) * 1e6:.1f} µs")
 
 
 def accelerator_or_measured(name: str, hardware_file: str | Path | None = None,
