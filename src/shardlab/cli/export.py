@@ -10,8 +10,6 @@ from shardlab.cli.output import print_json
 
 def register(sub: Any) -> None:
     """Add the ``export`` sub-command."""
-    from shardlab.hf_export import FORMATS
-
     p = sub.add_parser("export", help="a checkpoint as Hugging Face weights + config.json",
                        description="Consolidate a `shardlab train` checkpoint (any layout, "
                        "no process group) into a folder transformers loads: LLaMA-style "
@@ -19,7 +17,8 @@ def register(sub: Any) -> None:
                        "GPT-style as GPT2LMHeadModel.")
     p.add_argument("checkpoint", help="a step-N folder, or a --checkpoint-dir (its latest)")
     p.add_argument("out_dir", help="a new or empty folder")
-    p.add_argument("--format", choices=FORMATS, default="safetensors",
+    # hf_export.FORMATS, not imported here: registering a command must not import torch
+    p.add_argument("--format", choices=("safetensors", "torch"), default="safetensors",
                    help="model.safetensors (default) or pytorch_model.bin")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(run=run)
