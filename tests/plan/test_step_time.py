@@ -4,10 +4,16 @@ import numpy as np
 import pytest
 
 from shardlab.estimate.flops import flops_per_token
+from shardlab.estimate.operators import layer_operators
 from shardlab.plan.efficiency import fraction_of_peak, matmul_intensity
 from shardlab.plan.search import layout_candidates, plan
 from shardlab.plan.space import Space
-from shardlab.plan.step_time import OPS_PER_LAYER_FORWARD, PARTS, StepOptions
+from shardlab.plan.step_time import (
+    OPS_PER_LAYER_FORWARD,
+    PARTS,
+    StepOptions,
+    layer_elementwise_elements,
+)
 from shardlab.spec.catalog import get_model
 from shardlab.spec.dtypes import get_policy
 from shardlab.spec.hardware import get_accelerator
@@ -49,6 +55,9 @@ def test_hand_computed_single_device_step() -> None:
              + 4.0 * t * 512 * 1024 / (peak * float(fraction_of_peak(
                  matmul_intensity(512, 128, 512), e)))
              + OPS_PER_LAYER_FORWARD * e.op_overhead)
+    # The memory-bound operators: the operator table's bytes at the memory bandwidth.
+    ops = layer_operators(m, H100, batch=2, q_len=512, kv_len=512)
+    layer += sum(o.roofline.bytes for o in ops if o.kind != "matmul") / H100.memory_bandwidth
     head = mat(1024, 4096)
     assert b["breakdown"]["compute"] == pytest.approx(2 * 3 * (2 * layer + head))
     for k in ("recompute", "tp_comm", "pp_comm", "dp_comm", "bubble"):
@@ -86,3 +95,20 @@ def test_efficiency_curve_rises_with_matmul_size() -> None:
     sizes = np.array([64, 256, 1024, 4096, 16384])
     f = fraction_of_peak(matmul_intensity(sizes, sizes, sizes), e)
     assert (np.diff(f) > 0).all() and f[-1] < e.peak_fraction
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama-3-8b"])
+def test_memory_bound_bytes_are_the_operator_tables(name: str) -> None:
+    m = get_model(name)
+    one = np.array([1])
+    elems, soft = layer_elementwise_elements(m, 512, one, np.array([2]), np.array([False]),
+                                             flash=False)
+    ops = layer_operators(m, H100, batch=2, q_len=512, kv_len=512, bytes_per=1)
+    assert elems[0] == pytest.approx(sum(o.roofline.bytes for o in ops if o.kind != "matmul"))
+    assert soft[0] == pytest.approx(2 * 2 * m.heads * 512 * 512)
+    # Sequence parallelism splits the norms and adds too; a fused kernel has no softmax.
+    t4 = np.array([4])
+    sp, _ = layer_elementwise_elements(m, 512, t4, np.array([2]), np.array([True]), False)
+    assert sp[0] == pytest.approx(elems[0] / 4)
+    fused, none = layer_elementwise_elements(m, 512, one, np.array([2]), np.array([False]), True)
+    assert none[0] == 0 and fused[0] == pytest.approx(elems[0] - soft[0])

@@ -2,10 +2,13 @@
 
 Each run gives the model's shape, the layout, the devices and a measured time per
 step, or the achieved TFLOP/s per GPU from which the step time follows by the paper's
-own FLOP formula. Runs are either ``calibration`` (the efficiency curves in
-:mod:`shardlab.spec.hardware` are fitted on them, :func:`fit`) or ``validation``
-(held out: never used in a fit). What a paper does not state is an assumption,
-listed in ``assumed``.
+own FLOP formula. Runs are ``calibration`` (the efficiency curves in
+:mod:`shardlab.spec.hardware` are fitted on them, :func:`fit`), ``validation``
+(held out: never used in a fit) or ``unverified`` (figures that could not be checked
+against a reachable source: shown in the table, never fitted or averaged). Each run's
+``checked`` says what its figures were checked against; a held-out run that is left
+out of the headline mean (:func:`held_out_mean`) says why in ``excluded``. What a
+paper does not state is an assumption, listed in ``assumed``.
 
 Sources:
 
@@ -13,10 +16,12 @@ Sources:
   Clusters Using Megatron-LM" (SC21, arXiv 2104.04473), Table 1: GPT models, vocabulary
   51,200, sequence 2048, A100 80GB (Selene: 8 per node, 8 HDR 200G NICs per node),
   full activation recompute; TFLOP/s per GPU counted with 96·B·s·L·h²·(1 + s/6h +
-  V/16Lh) (their Sec. 5.1, recompute included).
+  V/16Lh) (their Sec. 5.1, recompute included). Only the 1T row is checked (the
+  abstract's 502 petaFLOP/s on 3072 GPUs).
 * KOR22: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
   Transformer Models" (arXiv 2205.05198), Tables 3 and 5: iteration times with full
-  recompute and with selective recompute + sequence parallelism, data parallel 1.
+  recompute and with selective recompute + sequence parallelism, data parallel 1. The
+  selective column is checked against the Megatron-LM README's MFU table.
 * MTNLG: Smith et al. 2022, "Using DeepSpeed and Megatron to Train Megatron-Turing NLG
   530B" (arXiv 2201.11990), Sec. 2.4: iteration times at 280, 350 and 420 DGX A100
   nodes, batch 1920, sequence 2048.
@@ -56,7 +61,7 @@ class PublishedRun:
     global_batch: int
     seq: int
     measured_step: float
-    role: str  # "calibration" or "validation"
+    role: str  # "calibration", "validation" or "unverified" (shown, never fitted or averaged)
     measured_from: str
     recompute: str = "full"
     sp: bool = False
@@ -66,6 +71,11 @@ class PublishedRun:
     flash: bool = False
     overlap_dp: bool = False
     assumed: tuple[str, ...] = field(default=())
+    checked: str = ""
+    """What the figures were checked against (a source reached with the search tool), or
+    why they could not be; a run with role "unverified" has none."""
+    excluded: str = ""
+    """Why a held-out run is left out of the headline mean (it stays in the table)."""
 
     @property
     def dp(self) -> int:
@@ -85,36 +95,61 @@ _MEGATRON_2021 = ("micro-batch 1", "non-interleaved 1F1B", "gradient all-reduce 
                   "with backward (Megatron-LM 2021)")
 
 
+_NAR21_UNCHECKED = (
+    "NOT checked: the TFLOP/s, GPU count and batch of this row (Table 1 is an image in the "
+    "Megatron-LM README and the paper's text was not reachable), so the row is shown but "
+    "neither fitted nor averaged; its shape (layers, hidden, heads), vocabulary 51,200 and "
+    "sequence 2048 match the README's text and configuration list")
+
+
 def _nar21(name: str, layers: int, hidden: int, heads: int, tp: int, pp: int, gpus: int,
-           batch: int, tflops: float, role: str) -> PublishedRun:
+           batch: int, tflops: float, role: str = "unverified",
+           checked: str = "") -> PublishedRun:
     m = _gpt(name, layers, hidden, heads)
     step = narayanan_full_recompute_flops(batch, 2048, layers, hidden, 51200) / (gpus * tflops
                                                                                  * 1e12)
     return PublishedRun(f"NAR21 {name}", "Narayanan et al. 2021, Table 1", m, "A100 SXM 80GB",
                         gpus, tp, pp, batch, 2048, step, role,
                         f"{tflops:g} TFLOP/s per GPU (96BsLh² formula)",
-                        assumed=_MEGATRON_2021)
+                        assumed=_MEGATRON_2021, checked=checked or _NAR21_UNCHECKED)
 
 
 def _kor22(name: str, layers: int, hidden: int, heads: int, pp: int, gpus: int, batch: int,
-           full_s: float, selective_s: float) -> list[PublishedRun]:
+           full_s: float, selective_s: float, readme_mfu: float,
+           role: str) -> list[PublishedRun]:
     m = _gpt(name, layers, hidden, heads)
     common = {"model": m, "gpu": "A100 SXM 80GB", "gpus": gpus, "tp": 8, "pp": pp,
-              "global_batch": batch, "seq": 2048, "role": "validation",
+              "global_batch": batch, "seq": 2048,
               "source": "Korthikanti et al. 2022, Tables 3 and 5",
               "assumed": ("micro-batch 1", "non-interleaved 1F1B")}
+    mfu = 72 * batch * layers * 2048 * hidden**2 * (1 + 2048 / (6 * hidden)
+                                                    + 51200 / (12 * hidden * layers))
+    mfu /= selective_s * gpus * 312e12
     return [PublishedRun(f"KOR22 {name} full", measured_step=full_s, recompute="full",
-                         measured_from=f"iteration time {full_s} s", **common),
+                         measured_from=f"iteration time {full_s} s", role="unverified",
+                         checked="NOT checked: the full-recompute column of Table 5 was not "
+                         "reachable (only the selective column's MFU is, in the Megatron-LM "
+                         "README)", **common),
             PublishedRun(f"KOR22 {name} selective+SP", measured_step=selective_s,
                          recompute="selective", sp=True,
-                         measured_from=f"iteration time {selective_s} s", **common)]
+                         measured_from=f"iteration time {selective_s} s", role=role,
+                         checked=f"the Megatron-LM README's MFU table (data parallel 1, "
+                         f"72BLsh²(1 + s/6h + V/12hL) model FLOPs) gives {readme_mfu:.1%}; this "
+                         f"row's shape, batch and time give {mfu:.1%}", **common)]
 
 
 def _mtnlg(nodes: int, step: float) -> PublishedRun:
     return PublishedRun(f"MTNLG 530B {nodes} nodes", "Smith et al. 2022, Sec. 2.4",
                         _gpt("mt-nlg-530b", 105, 20480, 128), "A100 SXM 80GB", nodes * 8, 8, 35,
                         1920, 2048, step, "validation", f"iteration time {step} s",
-                        assumed=_MEGATRON_2021)
+                        assumed=_MEGATRON_2021,
+                        checked="times 60.1/50.2/44.4 s and 126/121/113 TFLOP/s per GPU at "
+                        "batch 1920 on 280/350/420 DGX A100 nodes, as quoted from Sec. 2.4 by "
+                        "the llm-analysis project (cli99/llm-analysis, examples/megatron-turing-"
+                        "nlg); the 96BsLh² formula turns each time into its TFLOP/s within 1%",
+                        excluded="inconsistent with KOR22 530B on the same model, layout and "
+                        "GPUs: 0.25 s per micro-batch against 0.175 s (a production run on "
+                        "DeepSpeed's pipeline engine, not Megatron's benchmark)")
 
 
 def _llama3(gpus: int, tflops: float, role: str) -> PublishedRun:
@@ -128,24 +163,29 @@ def _llama3(gpus: int, tflops: float, role: str) -> PublishedRun:
                         overlap_dp=True,
                         assumed=("micro-batch 1", "interleaved 1F1B with 4 chunks per rank",
                                  "ZeRO-1", "no recompute", "sequence parallel",
-                                 "Meta's FLOP count = shardlab's (full s x s attention)"))
+                                 "Meta's FLOP count = shardlab's (full s x s attention)"),
+                        checked="partly: the 38-43% BF16 MFU range of the 405B run is quoted by "
+                        "Epoch AI's notes on the paper; the 430/400 TFLOP/s and the layout "
+                        "(TP 8, PP 16, DP 64/128, 16M tokens) of Table 4 were not reachable")
 
 
 RUNS: tuple[PublishedRun, ...] = (
-    _nar21("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137, "calibration"),
-    _nar21("3.6B", 30, 3072, 32, 2, 1, 64, 512, 138, "validation"),
-    _nar21("7.5B", 36, 4096, 32, 4, 1, 128, 512, 142, "calibration"),
-    _nar21("18.4B", 40, 6144, 48, 8, 1, 256, 1024, 135, "validation"),
-    _nar21("39.1B", 48, 8192, 64, 8, 2, 512, 1536, 138, "calibration"),
-    _nar21("76.1B", 60, 10240, 80, 8, 4, 1024, 1792, 140, "validation"),
-    _nar21("145.6B", 80, 12288, 96, 8, 8, 1536, 2304, 148, "calibration"),
-    _nar21("310.1B", 96, 16384, 128, 8, 16, 1920, 2160, 155, "validation"),
-    _nar21("529.6B", 105, 20480, 128, 8, 35, 2520, 2520, 163, "calibration"),
-    _nar21("1008.0B", 128, 25600, 160, 8, 64, 3072, 3072, 163, "validation"),
-    *_kor22("22B", 48, 6144, 64, 1, 8, 4, 1.42, 1.10),
-    *_kor22("175B", 96, 12288, 96, 8, 64, 64, 18.13, 13.75),
-    *_kor22("530B", 105, 20480, 128, 35, 280, 280, 49.05, 37.83),
-    *_kor22("1T", 128, 25600, 160, 64, 512, 512, 94.42, 71.49),
+    _nar21("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137),
+    _nar21("3.6B", 30, 3072, 32, 2, 1, 64, 512, 138),
+    _nar21("7.5B", 36, 4096, 32, 4, 1, 128, 512, 142),
+    _nar21("18.4B", 40, 6144, 48, 8, 1, 256, 1024, 135),
+    _nar21("39.1B", 48, 8192, 64, 8, 2, 512, 1536, 138),
+    _nar21("76.1B", 60, 10240, 80, 8, 4, 1024, 1792, 140),
+    _nar21("145.6B", 80, 12288, 96, 8, 8, 1536, 2304, 148),
+    _nar21("310.1B", 96, 16384, 128, 8, 16, 1920, 2160, 155),
+    _nar21("529.6B", 105, 20480, 128, 8, 35, 2520, 2520, 163),
+    _nar21("1008.0B", 128, 25600, 160, 8, 64, 3072, 3072, 163, "validation",
+           checked="the paper's abstract: 502 petaFLOP/s on 3072 GPUs, 52% of peak, for the "
+           "1-trillion-parameter model (163 TFLOP/s x 3072 = 501 PFLOP/s)"),
+    *_kor22("22B", 48, 6144, 64, 1, 8, 4, 1.42, 1.10, 0.415, "calibration"),
+    *_kor22("175B", 96, 12288, 96, 8, 64, 64, 18.13, 13.75, 0.514, "validation"),
+    *_kor22("530B", 105, 20480, 128, 35, 280, 280, 49.05, 37.83, 0.560, "calibration"),
+    *_kor22("1T", 128, 25600, 160, 64, 512, 512, 94.42, 71.49, 0.563, "validation"),
     _mtnlg(280, 60.1),
     _mtnlg(350, 50.2),
     _mtnlg(420, 44.4),
@@ -204,25 +244,41 @@ def fit(gpu: str, free: tuple[str, ...] = ("peak_fraction", "half_intensity"),
     return eff, err
 
 
+def held_out_mean(runs: tuple[PublishedRun, ...] = RUNS) -> tuple[float, int]:
+    """The headline figure: mean absolute step-time error of the held-out (``validation``)
+    runs whose figures were checked, less those ``excluded`` with a reason; and their count."""
+    held = [r for r in runs if r.role == "validation" and not r.excluded]
+    return float(np.mean(np.abs(errors(held)))), len(held)
+
+
 def table() -> str:
-    """The markdown table of ``docs/validation.md``: every run, predicted beside measured."""
+    """The markdown table of ``docs/validation.md``: every run, predicted beside measured,
+    then the mean absolute errors (calibration; held out; held out with the excluded runs;
+    the unverified rows, which no figure uses)."""
     lines = ["| run | role | GPUs | layout | measured s/step | predicted s/step | error | "
              "MFU measured | MFU predicted |", "|---|---|---|---|---|---|---|---|---|"]
-    held: list[float] = []
-    cal: list[float] = []
+    groups: dict[str, list[float]] = {"calibration": [], "validation": [], "excluded": [],
+                                      "unverified": []}
     for r in RUNS:
         p = predict(r)
         err = p["step_seconds"] / r.measured_step - 1
-        (held if r.role == "validation" else cal).append(abs(err))
+        groups["excluded" if r.excluded else r.role].append(abs(err))
         mfu_measured = p["mfu"] * p["step_seconds"] / r.measured_step
         lay = (f"tp{r.tp} pp{r.pp} dp{r.dp}" + (f" v{r.virtual}" if r.virtual > 1 else "")
                + f" {r.recompute}" + (" sp" if r.sp else "") + f" zero{r.zero}")
-        lines.append(f"| {r.name} | {r.role} | {r.gpus} {r.gpu} | {lay} | "
+        role = r.role + (" (excluded)" if r.excluded else "")
+        lines.append(f"| {r.name} | {role} | {r.gpus} {r.gpu} | {lay} | "
                      f"{r.measured_step:.2f} | {p['step_seconds']:.2f} | {err:+.1%} | "
                      f"{mfu_measured:.1%} | {p['mfu']:.1%} |")
-    lines.append("")
-    lines.append(f"mean absolute error: calibration runs {np.mean(cal):.1%} ({len(cal)} runs), "
-                 f"held-out runs {np.mean(held):.1%} ({len(held)} runs)")
+
+    def mean(xs: list[float]) -> str:
+        return f"{np.mean(xs):.1%} ({len(xs)} runs)" if xs else "none"
+
+    cal, held, exc, unv = (groups[k] for k in ("calibration", "validation", "excluded",
+                                               "unverified"))
+    lines += ["", f"mean absolute error: calibration {mean(cal)}; **held out {mean(held)}**; "
+              f"held out with the excluded runs {mean(held + exc)}; unverified rows (neither "
+              f"fitted nor averaged) {mean(unv)}"]
     return "\n".join(lines)
 
 

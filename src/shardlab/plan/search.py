@@ -57,11 +57,13 @@ def device_of(acc: Accelerator, policy: DtypePolicy, gpus: int) -> tuple[Device,
     """The step-time model's device and its memory in bytes (shared out on this machine)."""
     peak = acc.peak(policy.compute)
     memory = acc.memory_bytes
+    bandwidth = acc.memory_bandwidth
     if is_this_machine(acc):
         cores = os.cpu_count() or 1
         peak *= max(1, cores // gpus) / cores if gpus <= cores else 1 / gpus
         memory /= gpus
-    return (Device(peak, acc.memory_bandwidth, acc.intra_link, acc.inter_link,
+        bandwidth /= gpus  # the processes stream through one memory bus at once
+    return (Device(peak, bandwidth, acc.intra_link, acc.inter_link,
                    acc.gpus_per_node, efficiency_of(acc)), memory)
 
 

@@ -10,9 +10,17 @@ tokens (T = b·s tokens each), on devices of dense peak P (:class:`Device`):
   (:mod:`shardlab.plan.efficiency`); the attention core 4·T·s·q/t FLOPs (the full
   s x s, Megatron's convention) at the shape [s, head_dim] x [head_dim, s]; plus a
   fixed cost per operator launch (12 per layer forward, twice that backward).
+* **memory-bound operators** (part of compute): the norms, residual adds, rotary
+  embedding, activation and (without a fused attention kernel) the softmax over the
+  s x s scores move bytes, not FLOPs: their forward bytes are those of
+  :func:`shardlab.estimate.operators.layer_operators` (each reads its inputs and
+  writes its output), per tensor-parallel rank (norms and adds on T·h, or T·h/t with
+  sequence parallelism; the rest split t ways), timed at the memory bandwidth
+  (roofline: Williams et al. 2009); backward moves twice the forward's bytes.
 * **recompute**: what :func:`shardlab.estimate.flops.flops_per_token` adds to the
-  hardware FLOPs, at the same efficiencies: selective, the attention core's forward;
-  full, every layer's forward; a fused (flash) kernel without recompute, half the core.
+  hardware FLOPs, at the same efficiencies: selective, the attention core's forward
+  (with its softmax's bytes); full, every layer's forward (with its memory-bound
+  operators); a fused (flash) kernel without recompute, half the core.
 * **tp_comm**: per layer and micro-batch four all-reduces of T·h activations (six with
   full recompute; sequence parallel's all-gather + reduce-scatter pairs cost the
   same), one more on the first and on the last stage (vocabulary-parallel embedding
@@ -118,6 +126,33 @@ def _layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, 
     return secs, core
 
 
+def layer_elementwise_elements(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray,
+                               sp: np.ndarray, flash: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Elements one layer's memory-bound forward operators read plus write on one tp rank:
+    (all of them, the softmax's share). Per operator as
+    :func:`shardlab.estimate.operators.layer_operators` counts them (T = b·s tokens): two
+    norms 2·T·h each and two residual adds 3·T·h each (divided by t with sequence
+    parallelism, else replicated), rotary 2·T·(q + kv)/t (llama style), softmax
+    2·b·heads·s²/t (none with a fused attention kernel), activation 3·T·f/t (SwiGLU) or
+    2·T·f/t (GELU), f the MLP width (a MoE layer: its top-k experts' and shared widths)."""
+    m = model
+    t = tp.astype(float)
+    tokens = (mb * seq).astype(float)
+    rep = tokens * m.d_model / np.where(sp, t, 1.0)
+    llama = m.style == "llama"
+    if m.moe is not None and m.moe_layers:
+        e = m.moe
+        width = e.experts_per_token * e.expert_d_ff + e.shared_experts * e.shared_d_ff
+        f = (m.moe_layers * width + (m.layers - m.moe_layers) * m.d_ff) / m.layers
+    else:
+        f = m.d_ff
+    soft = 0.0 if flash else 2.0 * mb * m.heads * seq * seq / t
+    rotary = 2.0 * tokens * (m.q_dim + m.kv_dim) / t if llama else 0.0
+    act = (3.0 if llama else 2.0) * tokens * f / t
+    total = 4.0 * rep + 6.0 * rep + rotary + soft + act
+    return np.asarray(total, float), np.asarray(soft + 0.0 * t, float)
+
+
 def _rank_layers(layers: int, pp: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Layers on pipeline rank 0 and on the last rank (chunk c on rank c mod pp, the first
     ``layers mod (pp·v)`` chunks one layer larger: :func:`estimate.partition.chunk_layers`)."""
@@ -145,13 +180,17 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
         mat_l, core_l = (1 - w_moe) * mat_d + w_moe * mat_m, (1 - w_moe) * core_d + w_moe * core_m
     else:
         mat_l, core_l = mat_d, core_d
-    fwd_layer = mat_l + core_l
+    # Memory-bound operators at the memory bandwidth (bytes = elements x activation bytes).
+    ew_elems, soft_elems = layer_elementwise_elements(m, seq, tp, mb, c.sp, opt.flash)
+    ew_l = ew_elems * policy.activation_bytes / dev.memory_bandwidth
+    soft_l = soft_elems * policy.activation_bytes / dev.memory_bandwidth
+    fwd_layer = mat_l + core_l + ew_l
     tokens = (mb * seq).astype(float)
     head = matmul_seconds(2.0 * tokens * m.d_model * m.vocab / tp, tokens, m.d_model,
                           m.vocab / tp, dev.peak, dev.eff)
     # Hardware FLOPs beyond the model's, per layer forward (flops_per_token's cases).
     extra_layer = np.select([rc == RECOMPUTE.index("selective"), rc == RECOMPUTE.index("full")],
-                            [core_l, fwd_layer], core_l / 2 if opt.flash else 0.0)
+                            [core_l + soft_l, fwd_layer], core_l / 2 if opt.flash else 0.0)
 
     # Tensor-parallel all-reduces of T·h activations: 4 per layer (6 with full recompute).
     act_bytes = tokens * m.d_model * policy.activation_bytes
