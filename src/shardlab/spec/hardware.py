@@ -110,12 +110,12 @@ def _gpu(name: str, flops: dict[str, float], mem: float, bw: float, watts: float
 # Efficiency curves fitted by shardlab.plan.published.fit on the calibration runs of
 # docs/validation.md (held-out runs are not used); tests/plan/test_published.py refits them.
 A100_EFFICIENCY = Efficiency(
-    0.929, 288.0, 5e-6, 0.8,
-    "fitted on Korthikanti et al. 2022 Table 5, selective recompute + sequence parallelism, "
-    "22B (8 GPUs) and 530B (280 GPUs, pp 35) rows, A100 80GB; memory-bound operators timed "
-    "apart at the memory bandwidth")
+    0.798, 160.0, 5e-6, 0.8,
+    "fitted on Narayanan et al. 2021 Table 1 (1.7B, 7.5B, 39.1B, 145.6B, 529.6B rows) and "
+    "Korthikanti et al. 2022 Table 5 (22B and 530B, selective recompute + sequence "
+    "parallelism), A100 80GB; memory-bound operators timed apart at the memory bandwidth")
 H100_EFFICIENCY = Efficiency(
-    0.781, 288.0, 5e-6, 0.8,
+    0.699, 160.0, 5e-6, 0.8,
     "peak_fraction fitted on Llama 3 (Dubey et al. 2024) Table 4, 8,192-GPU row; "
     "half_intensity, op_overhead and link_fraction taken from the A100 fit")
 
