@@ -15,6 +15,7 @@ from shardlab.cli import main
 from shardlab.errors import SpecError
 from shardlab.spec.hardware import ACCELERATORS, Accelerator
 from shardlab.spec.measure import (
+    LINEAR_SHAPES,
     LOOPBACK_LATENCY,
     NAME,
     accelerator_or_measured,
@@ -231,3 +232,57 @@ def test_import_does_not_pull_in_torch() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        check=False)
     assert r.returncode == 0, "importing shardlab.spec.measure pulled in torch" + r.stderr
+
+
+def test_measure_records_one_thread_figures(measured: dict[str, Any]) -> None:
+    single = measured["single_thread"]
+    assert single["peak_fp32"] > 0 and single["matmul_n"] == FAST["matmul_n"] // 2
+    assert [(r["t"], r["k"], r["n"]) for r in single["linear_sweep_fp32"]] == list(LINEAR_SHAPES)
+    assert all(r["flops_per_s"] > 0 for r in single["linear_sweep_fp32"])
+    assert measured["op_seconds_autograd"] > 0
+
+
+def test_one_thread_curve_is_the_least_squares_fit(home: Path, measured: dict[str, Any]) -> None:
+    # Points exactly on 0.6 x I/(I + 50) of a 1e11 peak: the fit gives the curve back.
+    doc = json.loads(json.dumps(measured))
+    rows = []
+    for t, k, n in LINEAR_SHAPES:
+        i = 1 / (1 / t + 1 / k + 1 / n)
+        rows.append({"t": t, "k": k, "n": n, "flops_per_s": 1e11 * 0.6 * i / (i + 50)})
+    doc["single_thread"] = {"peak_fp32": 1e11, "matmul_n": 1024, "linear_sweep_fp32": rows}
+    save_measurement(doc)
+    acc = load_measurement()
+    assert acc is not None and acc.single_thread is not None
+    peak, eff = acc.single_thread
+    assert peak == 1e11
+    assert eff.peak_fraction == pytest.approx(0.6) and eff.half_intensity == pytest.approx(50)
+    assert eff.op_overhead == doc["op_seconds_autograd"]
+    # An older file without the one-thread figures still loads, without them.
+    del doc["single_thread"]
+    save_measurement(doc)
+    assert load_measurement().single_thread is None
+
+
+def test_small_matmuls_at_peak_give_a_flat_curve(home: Path, measured: dict[str, Any]) -> None:
+    doc = json.loads(json.dumps(measured))
+    peak = doc["peak_flops"]["fp32"]
+    doc["matmul_sweep_fp32"] = {"64": peak * 1.2, "128": peak, "256": peak * 1.1}
+    save_measurement(doc)
+    eff = load_measurement().efficiency
+    assert eff.half_intensity == 0 and eff.peak_fraction == pytest.approx(1.0)
+
+
+def test_plan_uses_one_thread_figures_when_each_process_has_one_core(
+        home: Path, measured: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardlab.plan import search
+    from shardlab.spec.dtypes import get_policy
+
+    save_measurement(measured)
+    acc = load_measurement()
+    monkeypatch.setattr(search.os, "cpu_count", lambda: 2)
+    fp32 = get_policy("fp32")
+    two, _ = search.device_of(acc, fp32, 2)
+    assert two.peak == acc.single_thread[0] and two.eff == acc.single_thread[1]
+    assert two.memory_bandwidth == acc.memory_bandwidth / 2
+    one, _ = search.device_of(acc, fp32, 1)  # one process with both cores: the pool's figures
+    assert one.peak == acc.peak("fp32") and one.eff == acc.efficiency

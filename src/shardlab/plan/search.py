@@ -58,13 +58,21 @@ def device_of(acc: Accelerator, policy: DtypePolicy, gpus: int) -> tuple[Device,
     peak = acc.peak(policy.compute)
     memory = acc.memory_bytes
     bandwidth = acc.memory_bandwidth
+    eff = efficiency_of(acc)
     if is_this_machine(acc):
         cores = os.cpu_count() or 1
-        peak *= max(1, cores // gpus) / cores if gpus <= cores else 1 / gpus
+        threads = cores // gpus
+        peak *= max(1, threads) / cores if gpus <= cores else 1 / gpus
         memory /= gpus
         bandwidth /= gpus  # the processes stream through one memory bus at once
+        if threads <= 1 and acc.single_thread is not None and policy.compute == "fp32":
+            # Each process runs one thread: its own measured peak and curve (a thread
+            # pool's figure shared out would count waits one thread never has).
+            peak1, eff1 = acc.single_thread
+            peak = peak1 if gpus <= cores else peak1 * cores / gpus
+            eff = eff1
     return (Device(peak, bandwidth, acc.intra_link, acc.inter_link,
-                   acc.gpus_per_node, efficiency_of(acc)), memory)
+                   acc.gpus_per_node, eff), memory)
 
 
 @dataclass

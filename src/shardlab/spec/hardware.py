@@ -79,6 +79,9 @@ class Accelerator:
     gpus_per_node: int = 8
     source: str = field(default="", compare=False)
     efficiency: Efficiency | None = field(default=None, compare=False)
+    single_thread: tuple[float, Efficiency] | None = field(default=None, compare=False)
+    """A measured CPU only: (fp32 FLOP/s of one thread, that thread's efficiency curve),
+    what each of several one-thread processes gets (:mod:`shardlab.spec.measure`)."""
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for matmuls in ``dtype`` (fp32 falls back to tf32 if listed)."""

@@ -12,6 +12,16 @@
   The **copy bandwidth** (bytes copied per second, half of that) is what one process can
   hand to another through shared memory at best, and is the bandwidth of the loopback
   link the measured accelerator gets.
+* **one thread** (``single_thread``): the fp32 peak of an n/2-square ``torch.mm`` on one
+  thread, and the three matmuls of a linear layer's forward and backward (x·wᵀ, dy·w,
+  dyᵀ·x) at the shapes of small training runs (:data:`LINEAR_SHAPES`), 6·t·k·n FLOPs
+  each. When ``shardlab train`` runs one process per core, each process runs one thread:
+  the planner then uses these (:func:`shardlab.plan.search.device_of`). They are steady
+  under load, where a thread pool's figures are not (its threads wait for a core another
+  job holds: a 64-square matmul on 2 threads measured 70 MFLOP/s on a loaded machine,
+  on one thread 127 GFLOP/s).
+* **one operator's fixed cost** (s): a one-element ``torch.add``, without autograd
+  (``op_seconds``) and with it recording (``op_seconds_autograd``, as training runs it).
 * **memory** (bytes): ``MemTotal`` of ``/proc/meminfo`` (or ``os.sysconf`` where there is
   no ``/proc``), lowered to the cgroup v2 limit ``/sys/fs/cgroup/memory.max`` when one is set.
 
@@ -63,8 +73,9 @@ _LOOPBACK_SOURCE = (
 )
 
 _METHOD = (
-    "peak_flops: best of repeated torch.mm of two n x n matrices (2 n^3 FLOPs each) per dtype, "
-    "each dtype for seconds/4; memory_bandwidth: best of repeated dst.copy_(src) of copy_bytes, "
+    "peak_flops: best of at least 5 repeated torch.mm of two n x n matrices (2 n^3 FLOPs each) "
+    "per dtype, each dtype for seconds/4; memory_bandwidth: best of at least 5 repeated "
+    "dst.copy_(src) of copy_bytes, "
     "counted as 2 x copy_bytes (read + write) per copy, for seconds/4; copy_bandwidth = "
     "memory_bandwidth / 2; memory_bytes: MemTotal (/proc/meminfo or os.sysconf), capped by the "
     "cgroup v2 memory.max; power_watts 0 = unknown (not measured)"
@@ -72,7 +83,18 @@ _METHOD = (
 
 DTYPES = ("fp32", "bf16")
 
+PEAK_RUNS = 5
+"""Fewest timed runs of each peak, bandwidth and sweep measurement (the best one counts).
+
+Best-of-N is the usual way to time a peak: on a shared machine a run can only be slowed
+by other jobs, never sped up, so the fastest of several is the closest to the machine's
+own figure (one run under load measured 28 GFLOP/s where an idle one measured 287)."""
+
 SWEEP_SIZES = (64, 128, 256, 512)
+
+LINEAR_SHAPES = ((256, 256, 256), (256, 256, 1024), (1024, 256, 768), (1024, 1024, 256),
+                 (1024, 256, 1024), (2048, 512, 512))
+"""(tokens t, in features k, out features n) of the one-thread linear-layer sweep."""
 """Sides n of the smaller fp32 matmuls timed for the planner's efficiency curve."""
 
 
@@ -185,12 +207,16 @@ def measure_cpu(seconds: float = 2.0, threads: int | None = None, *, matmul_n: i
                 a = torch.randn(matmul_n, matmul_n, generator=gen).to(dtype)
                 b = torch.randn(matmul_n, matmul_n, generator=gen).to(dtype)
                 c = torch.empty(matmul_n, matmul_n, dtype=dtype)
-                best = _best_seconds(lambda a=a, b=b, c=c: torch.mm(a, b, out=c), budget)
+                # At least PEAK_RUNS timed runs, best counts: a peak is what the machine
+                # reaches when nothing else holds its cores (other jobs only slow runs down).
+                best = _best_seconds(lambda a=a, b=b, c=c: torch.mm(a, b, out=c), budget,
+                                     min_runs=PEAK_RUNS)
                 peaks[key] = 2.0 * matmul_n**3 / best
             elements = max(1, copy_bytes // 4)
             src = torch.ones(elements, dtype=torch.float32)
             dst = torch.empty_like(src)
-            best = _best_seconds(lambda src=src, dst=dst: dst.copy_(src), budget)
+            best = _best_seconds(lambda src=src, dst=dst: dst.copy_(src), budget,
+                                 min_runs=PEAK_RUNS)
             moved = src.numel() * src.element_size()
             # The planner's efficiency curve: fp32 matmuls smaller than matmul_n, and the
             # fixed cost of one tiny operator (eager dispatch), each for a short slice.
@@ -198,10 +224,43 @@ def measure_cpu(seconds: float = 2.0, threads: int | None = None, *, matmul_n: i
             for n in SWEEP_SIZES:
                 a = torch.randn(n, n, generator=gen)
                 c = torch.empty(n, n)
-                t = _best_seconds(lambda a=a, c=c: torch.mm(a, a, out=c), budget / 8)
+                t = _best_seconds(lambda a=a, c=c: torch.mm(a, a, out=c), budget / 8,
+                                  min_runs=PEAK_RUNS)
                 small[str(n)] = 2.0 * n**3 / t
             x = torch.ones(1)
             op_seconds = _best_seconds(lambda x=x: torch.add(x, x), budget / 8, min_runs=50)
+        # One operator as training runs it: autograd records it (a graph node per call).
+        xg = torch.ones(1, requires_grad=True)
+        op_train = _best_seconds(lambda xg=xg: torch.add(xg, xg), budget / 8, min_runs=50)
+        # One thread, as each of several processes sharing the cores runs: no thread pool
+        # waits on a core another job holds, so these are steady under load.
+        torch.set_num_threads(1)
+        with torch.inference_mode():
+            n1 = max(1, matmul_n // 2)
+            a = torch.randn(n1, n1, generator=gen)
+            c = torch.empty(n1, n1)
+            t = _best_seconds(lambda a=a, c=c: torch.mm(a, a, out=c), budget / 4,
+                              min_runs=PEAK_RUNS)
+            # The three matmuls of a linear layer's forward and backward as autograd
+            # runs them (y = x·wᵀ, dx = dy·w, dw = dyᵀ·x: transposed operands), 6·t·k·n
+            # FLOPs, at the shapes of small training runs: the curve the planner uses.
+            linear: list[dict[str, float]] = []
+            for tt, kk, nn in LINEAR_SHAPES:
+                x = torch.randn(tt, kk, generator=gen)
+                w = torch.randn(nn, kk, generator=gen)
+                dy = torch.randn(tt, nn, generator=gen)
+                y, dx, dw = torch.empty(tt, nn), torch.empty(tt, kk), torch.empty(nn, kk)
+
+                def fwd_bwd(x=x, w=w, dy=dy, y=y, dx=dx, dw=dw) -> None:
+                    torch.mm(x, w.t(), out=y)
+                    torch.mm(dy, w, out=dx)
+                    torch.mm(dy.t(), x, out=dw)
+
+                tl = _best_seconds(fwd_bwd, budget / 16, min_runs=PEAK_RUNS)
+                linear.append({"t": tt, "k": kk, "n": nn,
+                               "flops_per_s": 6.0 * tt * kk * nn / tl})
+        single = {"peak_fp32": 2.0 * n1**3 / t, "matmul_n": n1,
+                  "linear_sweep_fp32": linear}
     finally:
         torch.set_num_threads(previous)
 
@@ -227,6 +286,8 @@ def measure_cpu(seconds: float = 2.0, threads: int | None = None, *, matmul_n: i
         "method": _METHOD,
         "matmul_sweep_fp32": small,
         "op_seconds": op_seconds,
+        "op_seconds_autograd": op_train,
+        "single_thread": single,
     }
 
 
@@ -328,7 +389,12 @@ def load_measurement(path: str | Path | None = None) -> Accelerator | None:
     source = (f"measured on this machine ({doc.get('cpu_model') or 'CPU'}, {threads} threads, "
               f"torch {doc.get('torch', '?')}, {doc.get('date', '?')}): best-of torch.mm per "
               f"dtype and tensor copy_; power unknown (0 W); file {target}")
+    single = doc.get("single_thread")
+    single_thread = None
+    if isinstance(single, dict) and single:
+        single_thread = _single_thread(target, doc, single)
     return Accelerator(
+        single_thread=single_thread,
         efficiency=_efficiency(doc, peaks, matmul_n=doc.get("matmul_n", 2048)),
         name=NAME,
         peak_flops=peaks,
@@ -350,10 +416,11 @@ def _efficiency(doc: dict[str, Any], peaks: dict[str, float], matmul_n: object
     curve through the n x n peak matmul (I_p = n/3, fraction 1 of the measured peak) and
     each swept k x k matmul (I_k = k/3, fraction f_k) has half_intensity
     h = I_k·I_p·(1 - f_k) / (f_k·I_p - I_k); the median over sizes is kept, and
-    peak_fraction = (I_p + h)/I_p. ``op_overhead`` is the measured time of one tiny operator.
+    peak_fraction = (I_p + h)/I_p. ``op_overhead`` is the measured time of one tiny operator
+    as training runs it (autograd recording), or without autograd in older files.
     """
     sweep = doc.get("matmul_sweep_fp32")
-    op = doc.get("op_seconds")
+    op = doc.get("op_seconds_autograd", doc.get("op_seconds"))
     if not isinstance(sweep, dict) or not sweep or not isinstance(op, int | float) or op <= 0:
         return None
     n = float(matmul_n) if isinstance(matmul_n, int | float) and matmul_n > 0 else 2048.0
@@ -365,8 +432,11 @@ def _efficiency(doc: dict[str, Any], peaks: dict[str, float], matmul_n: object
         except (TypeError, ValueError):
             continue
         # The curve through (I_peak, 1) and (I_k, f_k): f_k·I_p·(I_k + h) = I_k·(I_p + h).
+        # A size at or above the peak (cache-resident on one thread) gives a flat curve, h = 0.
         denom = i_peak * f_k - i_k
-        if 0 < f_k < 1 and denom > 0:
+        if f_k >= 1:
+            halves.append(0.0)
+        elif f_k > 0 and denom > 0:
             halves.append(i_k * i_peak * (1 - f_k) / denom)
     if not halves:
         return None
@@ -375,6 +445,41 @@ def _efficiency(doc: dict[str, Any], peaks: dict[str, float], matmul_n: object
                       f"measured on this machine: fp32 torch.mm at n = "
                       f"{', '.join(sorted(sweep, key=float))} against n = {int(n)}; one tiny "
                       f"operator {float(op) * 1e6:.1f} µs")
+
+
+def _single_thread(target: Path, doc: dict[str, Any], single: dict[str, Any]
+                   ) -> tuple[float, Efficiency] | None:
+    """(fp32 FLOP/s, efficiency curve) of one thread, or None.
+
+    The curve is fitted to the linear-layer sweep: with f = rate / peak and I the
+    planner's intensity 1/(1/t + 1/k + 1/n), ``peak_fraction · I/(I + half_intensity)``
+    means 1/f = (1 + half_intensity/I) / peak_fraction, a straight line in 1/I: its
+    least-squares fit gives both numbers (half_intensity at least 0).
+    """
+    try:
+        peak = _number(target, single, "peak_fp32", prefix="single_thread.")
+        rows = [(1.0 / (1.0 / r["t"] + 1.0 / r["k"] + 1.0 / r["n"]), r["flops_per_s"] / peak)
+                for r in single["linear_sweep_fp32"]]
+    except (SpecError, KeyError, TypeError, ZeroDivisionError):
+        return None
+    if len(rows) < 2 or any(f <= 0 for _, f in rows):
+        return None
+    xs = [1.0 / i for i, _ in rows]
+    ys = [1.0 / f for _, f in rows]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
+    slope = max(slope, 0.0)
+    intercept = my - slope * mx if slope > 0 else my
+    if intercept <= 0:
+        return None
+    op = doc.get("op_seconds_autograd", doc.get("op_seconds"))
+    op = float(op) if isinstance(op, int | float) and op > 0 else 0.0
+    eff = Efficiency(1.0 / intercept, slope / intercept, op, 1.0,
+                     f"measured on this machine, one thread: linear-layer forward + backward "
+                     f"matmuls at {len(rows)} training shapes against a {single.get('matmul_n')}"
+                     f"-square torch.mm; one tiny operator {op * 1e6:.1f} µs")
+    return peak, eff
 
 
 def accelerator_or_measured(name: str, hardware_file: str | Path | None = None,
