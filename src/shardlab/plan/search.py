@@ -66,10 +66,11 @@ def device_of(acc: Accelerator, policy: DtypePolicy, gpus: int) -> tuple[Device,
         memory /= gpus
         bandwidth /= gpus  # the processes stream through one memory bus at once
         if threads <= 1 and acc.single_thread is not None and policy.compute == "fp32":
-            # Each process runs one thread: its own measured peak and curve (a thread
-            # pool's figure shared out would count waits one thread never has).
+            # Each process runs one thread: the one-thread curve (training-shaped matmuls),
+            # at no more than one thread reaches alone nor than its share of all cores
+            # together (cores that share a physical core or its caches do not add up).
             peak1, eff1 = acc.single_thread
-            peak = peak1 if gpus <= cores else peak1 * cores / gpus
+            peak = min(peak, peak1 if gpus <= cores else peak1 * cores / gpus)
             eff = eff1
     return (Device(peak, bandwidth, acc.intra_link, acc.inter_link,
                    acc.gpus_per_node, eff), memory)
