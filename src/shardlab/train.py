@@ -116,6 +116,10 @@ def check_config(cfg: TrainConfig) -> None:
         if cfg.schedule == "interleaved-1f1b" and stages == cfg.pp:
             raise SpecError("virtual_stages", cfg.virtual_stages,
                             "must be >= 2 for interleaved-1f1b")
+    if cfg.dp_mode == "ddp" and cfg.dp > 1 and cfg.pp > 1:
+        raise SpecError("dp_mode", "ddp", "cannot run inside a pipeline (the schedule cannot "
+                        "defer composable DDP's all-reduce to the last micro-batch, as "
+                        "torchtitan refuses DDP with more than one mesh dim); use fsdp")
     if cfg.dp_mode == "ddp" and cfg.tp > 1:
         raise SpecError("dp_mode", "ddp", "cannot hold tensor-parallel (DTensor) parameters; "
                         "use fsdp with tp > 1")
@@ -165,22 +169,44 @@ def make_optimizer(params: list[Any], cfg: TrainConfig) -> tuple[Any, Any]:
 
 
 def clip_grad_norm(params: list[Any], max_norm: float, pp_group: Any = None) -> float:
-    """Clip by the norm of the gradient of the *whole* model: local DTensor norms made
-    whole, squared norms summed over pipeline stages (torchtitan's clip_grad_norm_)."""
+    """Clip by the norm of the gradient of the *whole* model (torchtitan's clip_grad_norm_).
+
+    Squares of every rank's local gradient elements are summed in float64 per sharding:
+    plain tensors and DTensor dims that are ``Replicate`` hold the same numbers on every
+    rank of that dim, so only the ``Shard`` dims are summed over, by one scalar all-reduce
+    per group of such dims (at most one for FSDP, one for TP, one for both), then over
+    the pipeline stages. Those scalars are filed as ``grad_norm`` by the comm meter.
+    """
     import torch
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
+    from shardlab.dist.measure import comm_label
+
     grads = [p.grad for p in params if p.grad is not None]
-    square = torch.zeros((), dtype=torch.float64)
+    squares: dict[tuple[str, ...], Any] = {}
+    groups: dict[tuple[str, ...], list[Any]] = {}
     for g in grads:  # FSDP/TP shards (DTensor) and replicated plain tensors side by side
-        n = g.detach().norm(2)
-        if isinstance(n, DTensor):
-            n = n.full_tensor()
-        square += n.double() ** 2
-    if pp_group is not None:
-        dist.all_reduce(square, group=pp_group)
-    total = float(square.sqrt())
+        local, key = g.detach(), ()
+        if isinstance(local, DTensor):
+            # Every dim but Replicate splits the elements (FSDP over a TP shard of the
+            # same tensor dim is _StridedShard, which is_shard() does not report).
+            mesh, dims = local.device_mesh, [i for i, p in enumerate(local.placements)
+                                             if not p.is_replicate()]
+            key = tuple(mesh.get_group(i).group_name for i in dims)
+            groups[key] = [mesh.get_group(i) for i in dims]
+            local = local.to_local()
+        square = local.double().pow(2).sum()
+        squares[key] = squares[key] + square if key in squares else square
+    total_sq = torch.zeros((), dtype=torch.float64)
+    with comm_label("grad_norm"):
+        for key, value in sorted(squares.items()):
+            for group in groups.get(key, []):
+                dist.all_reduce(value, group=group)
+            total_sq += value
+        if pp_group is not None:
+            dist.all_reduce(total_sq, group=pp_group)
+    total = float(total_sq.sqrt())
     coef = min(1.0, max_norm / (total + 1e-6))
     if coef < 1.0:
         for g in grads:
@@ -336,7 +362,11 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     if cfg.init_from:  # before any layout: every rank loads the same whole model
         load_initial_weights(model, cfg.init_from)
     fsdp_bf16 = cfg.dtype == "bf16" and cfg.dp > 1 and cfg.dp_mode != "ddp"
-    options = {"tp": cfg.tp, "dp": cfg.dp, "dp_mode": cfg.dp_mode, "sp": cfg.sp,
+    # In a pipeline FSDP keeps the gathered weights from the first micro-batch's forward to
+    # the last one's backward (torchtitan's default reshard_after_forward policy for pp):
+    # resharding after every forward would gather them again for each micro-batch.
+    dp_mode = "fsdp-zero2" if cfg.pp > 1 and cfg.dp_mode == "fsdp" else cfg.dp_mode
+    options = {"tp": cfg.tp, "dp": cfg.dp, "dp_mode": dp_mode, "sp": cfg.sp,
                "loss_parallel": cfg.loss_parallel and cfg.pp == 1, "ac": cfg.recompute,
                "param_dtype": torch.bfloat16 if fsdp_bf16 else None}
     holder = {"scale": 1.0}
@@ -378,18 +408,23 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     flops: dict[str, int] = {}
     comm: dict[str, Any] = {}
     activation_bytes = None
+    dims = {name: tuple(dist.get_process_group_ranks(mesh[name].get_group()))
+            for name in ("dp", "tp", "pp") if mesh[name].size() > 1}
     autocast = _autocast(cfg) if cfg.dtype == "bf16" and not fsdp_bf16 else None
     ckpt, first_step = _checkpointing(ctx, cfg, modules, opt, sched, losses, norms)
     for _ in range(first_step):  # the data position: the stream is a function of the seed
         next(stream)
+    # The step measured (FLOPs, bytes sent, saved activations): the third of this run when
+    # it has one, past FSDP's lazy init (step 0) and DDP's bucket rebuild (step 1).
+    probe = min(first_step + 2, cfg.steps - 1)
     for step in range(first_step, cfg.steps):
         _maybe_fail(ctx, cfg, step, "step")
         batch = next(stream)
         share = batch.split(cfg.dp)[dp_rank]
         # Each rank's token-loss sum over the global real tokens, x dp: DDP and FSDP average.
         holder["scale"] = cfg.dp / batch.real_tokens
-        counter = flop_counter() if step == 1 else contextlib.nullcontext()
-        meter = CommMeter() if step == 1 else contextlib.nullcontext()
+        counter = flop_counter() if step == probe else contextlib.nullcontext()
+        meter = CommMeter(dims) if step == probe else contextlib.nullcontext()
         dist.barrier()
         start = time.perf_counter()
         with counter, meter, (autocast or contextlib.nullcontext()):
@@ -406,7 +441,7 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
                             logits = model(mb.input_ids, mb.pad_mask)
                             return lm_loss_sum_any(logits, mb.targets, mb.loss_mask)
 
-                        if step == 1 and i == 0:  # what one micro-batch keeps for backward
+                        if step == probe and i == 0:  # what one micro-batch keeps for backward
                             loss, activation_bytes = saved_activation_bytes(forward)
                         else:
                             loss = forward()
@@ -422,7 +457,7 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
                 held = state_bytes(torch.nn.ModuleList(modules), opt)
             opt.zero_grad(set_to_none=True)
         elapsed = time.perf_counter() - start
-        if step == 1:
+        if step == probe:
             flops = {str(op): int(n) for op, n in counter.get_flop_counts()["Global"].items()}
             comm = meter.summary()
         total = torch.tensor([local], dtype=torch.float64)
@@ -446,7 +481,7 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
             "resumed_at": first_step, "checkpoint_seconds": ckpt.seconds if ckpt else [],
             "tp_rank": mesh["tp"].get_local_rank(), "losses": losses, "grad_norms": norms,
             "step_seconds": seconds, "flops_by_op": flops,
-            "activation_bytes": activation_bytes, "comm_step1": comm,
+            "activation_bytes": activation_bytes, "comm_step": comm, "measured_step": probe,
             "state_bytes": held}
 
 

@@ -22,7 +22,10 @@ def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
     tokens = cfg.global_batch * cfg.seq
     step_s = statistics.median(r0["step_seconds"][1:] or r0["step_seconds"])
     fpt = flops_per_token(cfg.shape, cfg.seq, cfg.recompute)
-    predicted_flops = fpt.hardware_train * tokens
+    # What the ranks compute together: the model's FLOPs (with recompute), plus the tied head
+    # that each tensor-parallel rank computes whole.
+    predicted_flops = (fpt.hardware_train * tokens + replicated_head_flops(cfg, tokens)
+                       - early_stop_flops(cfg, tokens))
     measured_flops = measured_step_flops(ranks)
     policy = get_policy("amp-bf16" if cfg.dtype == "bf16" else "fp32")
     zero = 0 if cfg.dp == 1 or cfg.dp_mode == "ddp" else 3
@@ -55,6 +58,7 @@ def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
         "layout": f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} {cfg.dp_mode} sp={int(cfg.sp)} "
                   f"recompute={cfg.recompute} schedule={cfg.schedule} dtype={cfg.dtype}",
         "world_size": len(ranks), "steps": cfg.steps, "log_dir": log_dir,
+        "measured_step": r0.get("measured_step"),
         "losses": losses, "grad_norms": r0["grad_norms"],
         "step_seconds": statistics.median(r0["step_seconds"]),
         "tokens_per_s": tokens / step_s,
@@ -83,16 +87,21 @@ def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
 
 
 def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per rank, bytes sent in step 1 by data parallelism and by pipeline sends, measured
-    (dispatch-mode meter) beside the cost model's ring figures for the same layout.
+    """Per rank and mesh dimension, bytes sent in the measured step (the meter files each
+    collective under the dimension whose group ran it) beside the cost model's ring figures for the
+    same layout.
 
-    Data parallel: FSDP2 (ZeRO-3: weights gathered for every micro-batch's forward and
-    backward, one gradient reduce-scatter) or DDP (one all-reduce of the gradients);
-    ``fsdp-zero2`` and tensor parallelism are measured but not compared (torch's TP sends
-    one backward all-reduce per column-parallel linear, not Megatron's one per block
-    half that ``estimate/comm.py`` counts).
+    * ``dp``: :func:`_dp_bytes`;
+    * ``tp``: torch's DTensor plan (:mod:`shardlab.estimate.comm_dtensor`: one backward
+      all-reduce per column-parallel linear, not Megatron's one per block half);
+    * ``pp``: activations forward and gradients back at every chunk boundary, each with
+      its micro-batch's int64 padding mask (b x s x 8 bytes) on the way forward.
+
+    The gradient-norm scalars of clipping (``grad_norm``, 8 bytes each) are listed under
+    ``measured`` only.
     """
-    from shardlab.estimate.comm import dp_bytes_per_step, pp_bytes_per_rank
+    from shardlab.estimate.comm import pp_bytes_per_rank
+    from shardlab.estimate.comm_dtensor import tp_bytes_dtensor
     from shardlab.estimate.partition import stage_params
     from shardlab.spec.dtypes import get_policy
     from shardlab.spec.layout import make_layout
@@ -102,7 +111,7 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     lay = make_layout(cfg.shape, dp=cfg.dp, tp=cfg.tp, pp=cfg.pp,
                       virtual_stages=cfg.virtual_stages, sp=cfg.sp,
                       micro_batch=cfg.micro_batch or share, global_batch=cfg.global_batch,
-                      seq=cfg.seq, dtype=policy.name,
+                      seq=cfg.seq, dtype=policy.name, recompute=cfg.recompute,
                       schedule=cfg.schedule if cfg.pp > 1 else None)
     psi = stage_params(cfg.shape, cfg.tp, cfg.pp, cfg.virtual_stages,
                        vocab_parallel=cfg.tp > 1 and not cfg.shape.tied)
@@ -113,40 +122,75 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     pp_pred = [b + f * lay.microbatches * mask for b, f in
                zip(pp_bytes_per_rank(cfg.shape, lay, split_by_tp=cfg.sp), forward_sends,
                    strict=True)]
+    tp_pred = tp_bytes_dtensor(cfg.shape, lay, loss_parallel=cfg.loss_parallel and cfg.pp == 1,
+                               fsdp=cfg.dp > 1 and cfg.dp_mode != "ddp")
+    zero = {"fsdp": 3, "fsdp-zero2": 2, "ddp": 0}[cfg.dp_mode]
     rows = []
     for r in ranks:
-        got = r["comm_step1"]
+        got = r["comm_step"]
+        by_dim = got.get("by_dim", {})
 
-        def sent(kind: str, got: dict[str, Any] = got) -> float:
-            return float(got.get(kind, {}).get("sent_bytes", 0.0))
+        def sent(dim: str, by_dim: dict[str, Any] = by_dim) -> float:
+            return float(sum(k["sent_bytes"] for k in by_dim.get(dim, {}).values()))
 
         row: dict[str, Any] = {"rank": r["rank"], "measured": got}
-        if cfg.dp > 1 and cfg.dp_mode in ("fsdp", "ddp"):
-            zero = 3 if cfg.dp_mode == "fsdp" else 0
-            row["dp"] = {"predicted": dp_bytes_per_step(psi[r["pp_rank"]], policy, zero,
-                                                        cfg.dp, cfg.microbatches),
-                         "measured": sent("all_gather") + sent("reduce_scatter")
-                         if zero else sent("all_reduce")}
+        if cfg.dp > 1:
+            row["dp"] = {"predicted": _dp_bytes(psi[r["pp_rank"]], policy, zero, cfg),
+                         "measured": sent("dp")}
+        if cfg.tp > 1:
+            row["tp"] = {"predicted": tp_pred[r["pp_rank"]], "measured": sent("tp")}
         if cfg.pp > 1:
-            row["pp"] = {"predicted": pp_pred[r["pp_rank"]], "measured": sent("send")}
+            row["pp"] = {"predicted": pp_pred[r["pp_rank"]], "measured": sent("pp")}
         rows.append(row)
     return rows
 
 
-def measured_step_flops(ranks: list[dict[str, Any]]) -> int:
-    """FLOPs of one step over all ranks, from each rank's FlopCounterMode.
+def _dp_bytes(params: float, policy: Any, zero: int, cfg: Any) -> float:
+    """Bytes one rank sends per step for data parallelism, as torch runs it.
 
-    The counter sees a DTensor operation at its global shape, so with tensor
-    parallelism every rank of a tensor-parallel group counts the whole matmul: those
-    are taken from the group's rank 0 only. The attention kernel runs on each rank's
-    own heads as plain tensors and is summed over all ranks.
+    DDP all-reduces the gradients once, after the last micro-batch (ZeRO paper's 2Ψ).
+    FSDP2 reduce-scatters them once and all-gathers the weights k times: ``fsdp``
+    (ZeRO-3) before every micro-batch's forward and backward (k = 2m); ``fsdp-zero2``
+    keeps them from forward to backward but reshards after each backward (k = m); in a
+    pipeline both keep them from the first forward to the last backward (k = 1:
+    train.py's reshard policy, and torch.distributed.pipelining defers the reshard
+    after backward to the last micro-batch).
     """
-    total = 0
-    for r in ranks:
-        for op, n in r["flops_by_op"].items():
-            if "scaled_dot_product" in op or r["tp_rank"] == 0:
-                total += n
-    return total
+    from shardlab.estimate.comm import ring_allreduce_bytes, ring_gather_bytes
+
+    # Under bf16 FSDP2's MixedPrecisionPolicy casts the shards before gathering them (2 bytes)
+    # and reduces gradients in fp32.
+    gathered = 2 if cfg.dtype == "bf16" else policy.weight_bytes
+    g, w = params * policy.grad_bytes, params * gathered
+    if zero == 0:
+        return ring_allreduce_bytes(g, cfg.dp)
+    m = cfg.microbatches
+    k = 1 if cfg.pp > 1 else (2 * m if zero == 3 else m)
+    return ring_gather_bytes(k * w + g, cfg.dp)
+
+
+def measured_step_flops(ranks: list[dict[str, Any]]) -> int:
+    """FLOPs of one step: the sum of what every rank's :class:`~shardlab.dist.measure.FlopMeter`
+    counted at the local shapes it computed."""
+    return sum(n for r in ranks for n in r["flops_by_op"].values())
+
+
+def early_stop_flops(cfg: Any, tokens: int) -> float:
+    """Recompute FLOPs torch's checkpoint skips under full recompute: non-reentrant
+    ``checkpoint`` stops re-running a block once the last tensor backward needs is back, so
+    each block's MLP output projection (2·d_ff·d per token) is not recomputed."""
+    if cfg.recompute != "full":
+        return 0.0
+    return cfg.shape.layers * 2 * cfg.shape.d_ff * cfg.shape.d_model * tokens
+
+
+def replicated_head_flops(cfg: Any, tokens: int) -> float:
+    """FLOPs a tied (replicated) head adds when every tensor-parallel rank computes it in full:
+    (t - 1) x 6·V·d per token (forward 2·V·d, backward twice that; Kaplan et al. 2020's
+    6N rule for the head's V·d weights)."""
+    if not cfg.shape.tied or cfg.tp == 1:
+        return 0.0
+    return (cfg.tp - 1) * 6 * cfg.shape.vocab * cfg.shape.d_model * tokens
 
 
 def peak_flops(cfg: Any, gpu: str | None, world: int) -> float | None:

@@ -8,12 +8,20 @@ records the payload (bytes of the tensor handed to the collective) and the bytes
 ring algorithm makes this rank send for it (Thakur et al. 2005): all-reduce
 2(p-1)/p·n, all-gather and reduce-scatter (p-1)/p·n of the full tensor, a
 broadcast's n from the root. Point-to-point sends of pipeline stages are counted by
-:func:`count_p2p` around the schedule's step.
+wrapping ``torch.distributed.isend`` while the meter is active.
+
+Each collective is also filed under the mesh dimension whose group ran it (``dp``,
+``tp``, ``pp``, matched by the group's ranks), or under a label the code set around it
+with :func:`comm_label` (the gradient-norm scalars of clipping are ``grad_norm``), so a
+run's bytes compare with the cost model's per dimension.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -40,6 +48,19 @@ _OPS = {
 }
 
 
+_LABEL: ContextVar[str | None] = ContextVar("shardlab_comm_label", default=None)
+
+
+@contextlib.contextmanager
+def comm_label(name: str) -> Iterator[None]:
+    """File the collectives run inside under ``name`` instead of their mesh dimension."""
+    token = _LABEL.set(name)
+    try:
+        yield
+    finally:
+        _LABEL.reset(token)
+
+
 def _nbytes(x: Any) -> int:
     if isinstance(x, torch.Tensor):
         return x.numel() * x.element_size()
@@ -48,24 +69,51 @@ def _nbytes(x: Any) -> int:
     return 0
 
 
-def _group_size(args: tuple, kwargs: dict) -> int:
-    """Ranks in the collective's group: a ProcessGroup object (c10d ops) or a group name
-    (functional collectives, DTensor's)."""
+def _group(args: tuple, kwargs: dict) -> Any:
+    """The collective's process group: a ProcessGroup (c10d ops; a script object in older
+    torch) or a group name (functional collectives, DTensor's); None when not found."""
     import torch.distributed as dist
     from torch.distributed.distributed_c10d import _resolve_process_group
 
     for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.ScriptObject) and hasattr(a, "size"):
+        if isinstance(a, dist.ProcessGroup):
+            return a
+        if isinstance(a, torch.ScriptObject):  # a boxed ProcessGroup, or a ReduceOp
             try:
-                return int(a.size())
+                return dist.ProcessGroup.unbox(a)
             except (RuntimeError, TypeError):
                 continue
         if isinstance(a, str):
             try:
-                return int(_resolve_process_group(a).size())
+                return _resolve_process_group(a)
             except (RuntimeError, ValueError, KeyError):
                 continue
-    return dist.get_world_size()
+    return None
+
+
+def _group_size(group: Any) -> int:
+    """Ranks in the collective's group."""
+    import torch.distributed as dist
+
+    if group is None:
+        return dist.get_world_size()
+    try:
+        return int(group.size())
+    except (RuntimeError, TypeError):
+        return dist.get_world_size()
+
+
+def _group_ranks(group: Any) -> tuple[int, ...]:
+    """Global ranks of the collective's group (the whole world when unknown), looked up by
+    the group's registered name: an unboxed group is a new Python wrapper that c10d's rank
+    tables do not know by identity."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    if group is not None:
+        with contextlib.suppress(RuntimeError, TypeError, ValueError, KeyError, AttributeError):
+            return tuple(dist.get_process_group_ranks(_resolve_process_group(group.group_name)))
+    return tuple(range(dist.get_world_size()))
 
 
 def ring_bytes(kind: str, payload: int, p: int) -> float:
@@ -90,15 +138,32 @@ class CommMeter(TorchDispatchMode):
 
     Point-to-point sends (pipeline stages) do not pass the dispatcher: while the meter
     is active, ``torch.distributed.isend`` (which ``batch_isend_irecv`` and the
-    pipelining schedules call) is wrapped to count what it sends as kind ``send``.
+    pipelining schedules call) is wrapped to count what it sends as kind ``send``
+    (filed under ``pp``).
+
+    ``dims`` names groups by their global ranks (``{"dp": (0, 2), "tp": (0, 1)}``);
+    a collective on one of them is filed under its name in ``summary()["by_dim"]``,
+    anything else under ``other``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, dims: dict[str, tuple[int, ...]] | None = None) -> None:
         super().__init__()
         self.calls: dict[str, int] = defaultdict(int)
         self.payload: dict[str, int] = defaultdict(int)
         self.sent: dict[str, float] = defaultdict(float)
+        self.by_dim: dict[str, dict[str, dict[str, float]]] = {}
+        self._dims = {tuple(r): name for name, r in (dims or {}).items()}
         self._original: Any = None
+
+    def _record(self, kind: str, payload: int, sent: float, where: str) -> None:
+        self.calls[kind] += 1
+        self.payload[kind] += payload
+        self.sent[kind] += sent
+        row = self.by_dim.setdefault(_LABEL.get() or where, {}).setdefault(
+            kind, {"calls": 0, "payload_bytes": 0, "sent_bytes": 0.0})
+        row["calls"] += 1
+        row["payload_bytes"] += payload
+        row["sent_bytes"] += sent
 
     def __enter__(self) -> CommMeter:
         import torch.distributed as dist
@@ -108,9 +173,7 @@ class CommMeter(TorchDispatchMode):
 
         def counting_isend(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             n = _nbytes(tensor)
-            self.calls["send"] += 1
-            self.payload["send"] += n
-            self.sent["send"] += n
+            self._record("send", n, float(n), "pp")
             return self._original(tensor, *args, **kwargs)
 
         # Both names: torch.distributed re-exports isend, and P2POp checks against c10d's.
@@ -128,21 +191,32 @@ class CommMeter(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return func(*args, **kwargs)
+        from torch.distributed.tensor import DTensor
+
+        if any(t is DTensor for t in types):
+            # Modes run before tensor subclasses: step aside so DTensor desugars the op
+            # first, and its own collectives (e.g. loss_parallel's all-reduces inside
+            # log_softmax) come back through this mode (as CommDebugMode does).
+            return NotImplemented
         name = func.__name__.split(".")[0] if hasattr(func, "__name__") else str(func)
         namespace = getattr(func, "namespace", "")
         if namespace in ("_c10d_functional", "c10d") and name in _OPS:
             kind, arg, _ = _OPS[name]
             payload = _nbytes(args[arg]) if len(args) > arg else 0
-            p = _group_size(args, kwargs)
-            self.calls[kind] += 1
-            self.payload[kind] += payload
-            self.sent[kind] += ring_bytes(kind, payload, p)
+            group = _group(args, kwargs)
+            where = self._dims.get(_group_ranks(group), "other")
+            self._record(kind, payload, ring_bytes(kind, payload, _group_size(group)), where)
         return func(*args, **kwargs)
 
-    def summary(self) -> dict[str, dict[str, float]]:
-        """Per kind: calls, payload bytes, bytes sent (ring)."""
-        return {k: {"calls": self.calls[k], "payload_bytes": self.payload[k],
-                    "sent_bytes": self.sent[k]} for k in sorted(self.calls)}
+    def summary(self) -> dict[str, Any]:
+        """Per kind: calls, payload bytes, bytes sent (ring); and ``by_dim``, the same per
+        mesh dimension or label."""
+        out: dict[str, Any] = {k: {"calls": self.calls[k], "payload_bytes": self.payload[k],
+                                   "sent_bytes": self.sent[k]} for k in sorted(self.calls)}
+        out["by_dim"] = {d: dict(sorted(v.items())) for d, v in sorted(self.by_dim.items())}
+        return out
 
 
 def saved_activation_bytes(fn: Any, exclude: set[int] | None = None) -> tuple[Any, int]:
@@ -170,31 +244,66 @@ def saved_activation_bytes(fn: Any, exclude: set[int] | None = None) -> tuple[An
     return out, sum(seen.values())
 
 
-def flop_counter() -> Any:
-    """``FlopCounterMode`` that also counts the CPU fused attention kernel.
+class FlopMeter(TorchDispatchMode):
+    """Count the FLOPs of the matmuls and attention kernels this rank runs, at the shapes it
+    runs them (a DTensor op is counted through the local ops it desugars to).
 
-    torch 2.13's counter has formulas for the CUDA SDPA kernels only, so on CPU the
-    attention core (4·s·d per token and layer forward) would go uncounted; this maps
-    ``_scaled_dot_product_flash_attention_for_cpu`` and its backward to the same
-    formulas (full s x s, as the cost model counts it by default).
+    It uses torch's own formulas (``torch.utils.flop_counter.flop_registry``) but, unlike
+    ``FlopCounterMode``, never decomposes an operator it has no formula for: a decomposed
+    operator computes with other kernels, so a measured step would no longer be bitwise
+    the step an unmeasured run takes (and a resumed run would drift from an uninterrupted
+    one). torch 2.13's registry has formulas for the CUDA SDPA kernels only, so the CPU
+    fused attention (``_scaled_dot_product_flash_attention_for_cpu`` and its backward) is
+    mapped to the same formulas (full s x s, as the cost model counts it by default).
     """
-    from torch.utils.flop_counter import (
-        FlopCounterMode,
-        sdpa_backward_flop_count,
-        sdpa_flop_count,
-    )
 
-    aten = torch.ops.aten
+    def __init__(self) -> None:
+        super().__init__()
+        from torch.utils.flop_counter import (
+            flop_registry,
+            sdpa_backward_flop_count,
+            sdpa_flop_count,
+            shape_wrapper,
+        )
 
-    def forward(q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kw: Any) -> int:
-        return sdpa_flop_count(q, k, v)
+        def forward(q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None,
+                    **kw: Any) -> int:
+            return sdpa_flop_count(q, k, v)
 
-    def backward(g: Any, q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None,
-                 **kw: Any) -> int:
-        return sdpa_backward_flop_count(g, q, k, v)
+        def backward(g: Any, q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None,
+                     **kw: Any) -> int:
+            return sdpa_backward_flop_count(g, q, k, v)
 
-    mapping = {}
-    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
-        mapping[aten._scaled_dot_product_flash_attention_for_cpu] = forward
-        mapping[aten._scaled_dot_product_flash_attention_for_cpu_backward] = backward
-    return FlopCounterMode(display=False, custom_mapping=mapping)
+        aten = torch.ops.aten
+        self.registry = dict(flop_registry)
+        if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
+            self.registry[aten._scaled_dot_product_flash_attention_for_cpu] = \
+                shape_wrapper(forward)
+            self.registry[aten._scaled_dot_product_flash_attention_for_cpu_backward] = \
+                shape_wrapper(backward)
+        self.counts: dict[str, int] = defaultdict(int)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return func(*args, **kwargs)
+        from torch.distributed.tensor import DTensor
+
+        if any(t is DTensor for t in types):  # count the local ops DTensor runs instead
+            return NotImplemented
+        out = func(*args, **kwargs)
+        packet = getattr(func, "_overloadpacket", None)
+        if packet in self.registry:
+            self.counts[str(packet)] += int(self.registry[packet](*args, **kwargs,
+                                                                  out_val=out))
+        return out
+
+    def get_flop_counts(self) -> dict[str, dict[str, int]]:
+        """FLOPs by operator, in ``FlopCounterMode``'s shape (``{"Global": {op: n}}``)."""
+        return {"Global": dict(self.counts)}
+
+
+def flop_counter() -> FlopMeter:
+    """A :class:`FlopMeter` (what ``train`` wraps its measured step in)."""
+    return FlopMeter()

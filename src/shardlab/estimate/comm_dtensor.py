@@ -1,0 +1,93 @@
+"""Tensor-parallel bytes of torch's DTensor plan, as ``shardlab train`` runs it.
+
+:func:`shardlab.estimate.comm.tp_bytes_per_stage` counts Megatron-LM's collectives:
+q, k and v fused into one column-parallel linear, so backward all-reduces the input
+gradient once per block half. torch's plan (``shardlab.dist.parallelize.tp_plan``, the
+same as torchtitan's) keeps q, k, v (and llama's gate and up) as separate
+``ColwiseParallel`` linears, and each converts its replicated input with its own
+``DTensor.from_local``; so, without sequence parallelism, backward all-reduces the
+input gradient once *per column-parallel linear* (4 in a GPT block: q, k, v, fc; 5 in a
+llama block: q, k, v, gate, up), while forward all-reduces the two row-parallel outputs.
+With sequence parallelism ``PrepareModuleInput`` gathers the sequence once per block
+half and the partial gradients of the linears meet in one reduce-scatter: Megatron's
+count again (Korthikanti et al. 2022).
+
+Full recompute (``checkpoint``, non-reentrant) stops recomputing a block once the last
+tensor backward needs is back: the MLP's output collective is not re-run, so a block's
+recompute adds one all-reduce (without SP) or two all-gathers and one reduce-scatter
+(with SP), not Megatron's two all-reduces.
+
+Around the blocks (per micro-batch; A = b·s·d activation bytes, V the vocabulary):
+
+* untied llama (vocabulary-parallel embedding and head): the embedding all-reduces its
+  output (SP: reduce-scatters it, and all-gathers its gradient), the head all-reduces
+  its input gradient (SP: all-gathers its input, reduce-scatters the gradient); the
+  logits are all-gathered (b·s·V) unless ``loss_parallel``, whose cross-entropy
+  all-reduces three b·s float32 vectors (max, sum of exponentials, target logit:
+  ``torch.distributed.tensor.parallel.loss``);
+* tied GPT (embedding and head replicated): nothing without SP; with it, the sequence
+  scattered at the first block gathers its gradient, and the last block's output is
+  gathered for the head.
+
+With SP, the norm weights' partial gradients are all-reduced (the row-parallel biases
+are added before the reduce-scatter, so theirs are whole; Megatron adds them after and
+all-reduces them too): by DTensor in every micro-batch's backward, or, under FSDP, once
+per step when FSDP reduces the accumulated gradients.
+
+Every byte here is what one rank sends with ring collectives (module
+:mod:`shardlab.estimate.comm`); ``shardlab train`` measures the same per rank.
+"""
+
+from __future__ import annotations
+
+from shardlab.estimate.comm import ring_allreduce_bytes, ring_gather_bytes
+from shardlab.estimate.params import norm_params
+from shardlab.estimate.partition import rank_layers
+from shardlab.spec.layout import Layout
+from shardlab.spec.model import ModelShape
+
+
+def column_linears(m: ModelShape) -> int:
+    """Column-parallel linears of one block in torch's plan: q, k, v and the MLP input
+    (two for a gated llama MLP)."""
+    return 3 + (2 if m.style == "llama" else 1)
+
+
+def tp_bytes_dtensor(m: ModelShape, layout: Layout, loss_parallel: bool = False,
+                     fsdp: bool = False) -> list[float]:
+    """Bytes one tensor-parallel rank of each pipeline stage sends per step under torch's
+    DTensor plan (module docstring); the tied GPT head stays replicated, the untied
+    llama head and embedding are split over the vocabulary. ``fsdp``: the data-parallel
+    wrapper is FSDP (it reduces the norms' gradients once per step)."""
+    lay, t = layout, layout.tp
+    if t == 1:
+        return [0.0] * lay.pp
+    act = lay.micro_batch * lay.seq * m.d_model * lay.dtype.activation_bytes
+    ar, g = ring_allreduce_bytes(act, t), ring_gather_bytes(act, t)
+    full = lay.recompute == "full"
+    if lay.sp:  # all-gathers + reduce-scatters of the whole activation, both g bytes
+        per_layer = (4 + 2 * full) * g + (4 + full) * g
+    else:
+        per_layer = (2 + column_linears(m) + full) * ar
+    vocab_parallel = not m.tied
+    logits = lay.micro_batch * lay.seq * m.vocab * lay.dtype.activation_bytes
+    out = []
+    for r, layers in enumerate(rank_layers(m.layers, lay.pp, lay.virtual_stages)):
+        first, last = r == 0, r == lay.pp - 1
+        per_mb = layers * per_layer
+        if vocab_parallel:
+            ends = first + last
+            per_mb += ends * (2 * g if lay.sp else ar)
+            if last:
+                per_mb += (3 * ring_allreduce_bytes(lay.micro_batch * lay.seq * 4, t)
+                           if loss_parallel else ring_gather_bytes(logits, t))
+        elif lay.sp:
+            per_mb += (first + last) * g
+        nbytes = lay.microbatches * per_mb
+        if lay.sp:
+            norms = layers * 2 + (1 if last and vocab_parallel else 0)
+            times = 1 if fsdp else lay.microbatches
+            nbytes += times * ring_allreduce_bytes(norms * norm_params(m) * lay.dtype.grad_bytes,
+                                                   t)
+        out.append(nbytes)
+    return out
