@@ -21,7 +21,10 @@
   job holds: a 64-square matmul on 2 threads measured 70 MFLOP/s on a loaded machine,
   on one thread 127 GFLOP/s).
 * **one operator's fixed cost** (s): a one-element ``torch.add``, without autograd
-  (``op_seconds``) and with it recording (``op_seconds_autograd``, as training runs it).
+  (``op_seconds``) and with it recording (``op_seconds_autograd``); and one thread's
+  forward + backward of a tiny shardlab layer (d = 16, 4 tokens: ``layer_seconds``),
+  the fixed cost of a layer as eager training runs it, which a one-thread plan shares
+  out over the operators it counts per layer.
 * **memory** (bytes): ``MemTotal`` of ``/proc/meminfo`` (or ``os.sysconf`` where there is
   no ``/proc``), lowered to the cgroup v2 limit ``/sys/fs/cgroup/memory.max`` when one is set.
 
@@ -259,8 +262,20 @@ def measure_cpu(seconds: float = 2.0, threads: int | None = None, *, matmul_n: i
                 tl = _best_seconds(fwd_bwd, budget / 16, min_runs=PEAK_RUNS)
                 linear.append({"t": tt, "k": kk, "n": nn,
                                "flops_per_s": 6.0 * tt * kk * nn / tl})
+        # The fixed cost of one layer's forward + backward as training runs it (eager
+        # dispatch, autograd, Python), on tensors too small for their work to count.
+        from shardlab.nn.model import Block, attention_mask, rope_tables
+        from shardlab.spec.model import ModelShape
+
+        tiny = ModelShape("tiny", 1, 16, 2, vocab=16, context=4, style="llama", tied=False,
+                          d_ff=32)
+        block = Block(tiny, torch.float32)
+        xt = torch.randn(1, 4, 16, generator=gen, requires_grad=True)
+        tmask, trope = attention_mask(None, 4, xt.device), rope_tables(4, 8, torch.float32)
+        layer_s = _best_seconds(lambda: block(xt, tmask, trope).sum().backward(), budget / 8,
+                                min_runs=20)
         single = {"peak_fp32": 2.0 * n1**3 / t, "matmul_n": n1,
-                  "linear_sweep_fp32": linear}
+                  "linear_sweep_fp32": linear, "layer_seconds": layer_s}
     finally:
         torch.set_num_threads(previous)
 
@@ -475,10 +490,18 @@ def _single_thread(target: Path, doc: dict[str, Any], single: dict[str, Any]
         return None
     op = doc.get("op_seconds_autograd", doc.get("op_seconds"))
     op = float(op) if isinstance(op, int | float) and op > 0 else 0.0
+    layer = single.get("layer_seconds")
+    if isinstance(layer, int | float) and layer > 0:
+        # The planner charges 3 x OPS_PER_LAYER_FORWARD launches per layer and micro-batch:
+        # the measured tiny layer's fixed cost, shared out over them.
+        from shardlab.plan.step_time import OPS_PER_LAYER_FORWARD
+
+        op = max(op, float(layer) / (3 * OPS_PER_LAYER_FORWARD))
     eff = Efficiency(1.0 / intercept, slope / intercept, op, 1.0,
                      f"measured on this machine, one thread: linear-layer forward + backward "
                      f"matmuls at {len(rows)} training shapes against a {single.get('matmul_n')}"
-                     f"-square torch.mm; one tiny operator {op * 1e6:.1f} µs")
+                     f"-square torch.mm; {op * 1e6:.1f} µs per operator (a tiny layer's "
+                     f"forward + backward over the planner's operator count)")
     return peak, eff
 
 
