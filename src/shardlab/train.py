@@ -168,7 +168,8 @@ def make_optimizer(params: list[Any], cfg: TrainConfig) -> tuple[Any, Any]:
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg))
 
 
-def clip_grad_norm(params: list[Any], max_norm: float, pp_group: Any = None) -> float:
+def clip_grad_norm(params: list[Any], max_norm: float, pp_group: Any = None,
+                   copies: tuple[Any, ...] = ()) -> float:
     """Clip by the norm of the gradient of the *whole* model (torchtitan's clip_grad_norm_).
 
     Squares of every rank's local gradient elements are summed in float64 per sharding:
@@ -176,6 +177,9 @@ def clip_grad_norm(params: list[Any], max_norm: float, pp_group: Any = None) -> 
     rank of that dim, so only the ``Shard`` dims are summed over, by one scalar all-reduce
     per group of such dims (at most one for FSDP, one for TP, one for both), then over
     the pipeline stages. Those scalars are filed as ``grad_norm`` by the comm meter.
+    ``copies``: parameters whose gradient another stage holds too (the last stage's copy of
+    a tied embedding, equal to the first's after ``sync_tied_grads``): clipped, but counted
+    once in the norm.
     """
     import torch
     import torch.distributed as dist
@@ -184,9 +188,12 @@ def clip_grad_norm(params: list[Any], max_norm: float, pp_group: Any = None) -> 
     from shardlab.dist.measure import comm_label
 
     grads = [p.grad for p in params if p.grad is not None]
+    skip = {id(p.grad) for p in copies if p.grad is not None}
     squares: dict[tuple[str, ...], Any] = {}
     groups: dict[tuple[str, ...], list[Any]] = {}
     for g in grads:  # FSDP/TP shards (DTensor) and replicated plain tensors side by side
+        if id(g) in skip:
+            continue
         local, key = g.detach(), ()
         if isinstance(local, DTensor):
             # Every dim but Replicate splits the elements (FSDP over a TP shard of the
@@ -348,7 +355,12 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from shardlab.dist.measure import CommMeter, flop_counter, saved_activation_bytes
+    from shardlab.dist.measure import (
+        CommMeter,
+        SavedBytesMeter,
+        flop_counter,
+        saved_activation_bytes,
+    )
     from shardlab.dist.parallelize import lm_loss_sum_any, parallelize, state_bytes
     from shardlab.nn.data import batches
     from shardlab.nn.model import TransformerLM
@@ -369,7 +381,7 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     options = {"tp": cfg.tp, "dp": cfg.dp, "dp_mode": dp_mode, "sp": cfg.sp,
                "loss_parallel": cfg.loss_parallel and cfg.pp == 1, "ac": cfg.recompute,
                "param_dtype": torch.bfloat16 if fsdp_bf16 else None}
-    holder = {"scale": 1.0}
+    holder: dict[str, Any] = {"scale": 1.0}
     if cfg.pp > 1:
         from torch.distributed.pipelining import PipelineStage
 
@@ -391,8 +403,10 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
         def loss_fn(logits: Any, targets: Any) -> Any:
             import torch.nn.functional as F
 
-            return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
-                                   ignore_index=-100, reduction="sum") * holder["scale"]
+            saved = holder.get("saved")  # the measured step counts what the loss keeps too
+            with saved.count() if saved is not None else contextlib.nullcontext():
+                return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
+                                       ignore_index=-100, reduction="sum") * holder["scale"]
 
         schedule = build_schedule(cfg.schedule, stages, cfg.microbatches, loss_fn)
         first = any(i == 0 for i, _ in owned)
@@ -401,6 +415,9 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
         parallelize(model, mesh, **options)
         modules = [model]
     params = [p for m in modules for p in m.parameters()]
+    # The last stage's copy of a tied embedding: its gradient is the first stage's again.
+    copies = tuple(m.tied_weight() for m in modules
+                   if getattr(m, "holds_tied_copy", False) and not m.is_first)
     opt, sched = make_optimizer(params, cfg)
     stream = batches(cfg.docs, cfg.global_batch, cfg.seq, seed=cfg.seed)
     log = Path(cfg.log_dir, "train.jsonl") if cfg.log_dir and ctx.rank == 0 else None
@@ -430,7 +447,14 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
         with counter, meter, (autocast or contextlib.nullcontext()):
             local = 0.0
             if cfg.pp > 1:
+                # What this rank's stages keep for backward, per micro-batch (all its chunks).
+                saved = SavedBytesMeter().attach(modules) if step == probe else None
+                holder["saved"] = saved
                 out = pipeline_step(schedule, share, first, last)
+                if saved is not None:
+                    saved.detach()
+                    holder["saved"] = None
+                    activation_bytes = saved.total // cfg.microbatches
                 local = float(out) / holder["scale"] if out is not None else 0.0
                 sync_tied_grads(modules, mesh["pp"].get_group())
             else:
@@ -450,7 +474,7 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
                     local += float(value.full_tensor() if hasattr(value, "full_tensor")
                                    else value)
             norm = clip_grad_norm(params, cfg.clip, mesh["pp"].get_group() if cfg.pp > 1
-                                  else None)
+                                  else None, copies=copies)
             opt.step()
             sched.step()
             if step == cfg.steps - 1:  # what a rank holds at the step's peak: grads included

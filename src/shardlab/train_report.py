@@ -37,21 +37,8 @@ def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
         memory.append({"rank": r["rank"], "measured": r["state_bytes"],
                        "predicted": {"weights": pred.weights, "gradients": pred.gradients,
                                      "optimizer": pred.optimizer}})
-    from shardlab.estimate.activations import (
-        first_stage_extra_bytes,
-        last_stage_extra_bytes,
-        layer_activation_bytes,
-    )
-
-    # One micro-batch, shardlab's eager LM (no dropout; the CPU attention kernel is fused).
-    e = 2 if cfg.dtype == "bf16" else 4
-    mb = cfg.micro_batch or cfg.global_batch // cfg.dp
-    kw = {"tp": cfg.tp, "sp": cfg.sp}
-    predicted_act = (cfg.shape.layers * layer_activation_bytes(
-        cfg.shape, mb, cfg.seq, e, recompute=cfg.recompute, dropout=False, flash=True,
-        eager=True, **kw) + first_stage_extra_bytes(cfg.shape, mb, cfg.seq, dropout=False, **kw)
-        + last_stage_extra_bytes(cfg.shape, mb, cfg.seq, e, **kw))
-    measured_act = r0.get("activation_bytes")
+    act_rows = activation_table(cfg, ranks)
+    act = act_rows[0]
     comm_rows = comm_table(cfg, ranks)
     doc: dict[str, Any] = {
         "model": cfg.shape.describe(),
@@ -72,10 +59,8 @@ def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
                                "ratio": measured_flops / predicted_flops},
             "comm_bytes_per_step": comm_rows,
             "activation_bytes_per_microbatch": {
-                "predicted": predicted_act if cfg.pp == 1 else None,
-                "measured": measured_act,
-                "ratio": measured_act / predicted_act if measured_act and cfg.pp == 1
-                else None},
+                "predicted": act["predicted"], "measured": act["measured"],
+                "ratio": act["ratio"], "per_rank": act_rows},
         },
     }
     if reference is not None:
@@ -84,6 +69,46 @@ def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
         doc.update({"reference_losses": reference, "max_loss_diff": diff,
                     "parity_tolerance": tol, "parity_passed": diff <= tol})
     return doc
+
+
+def activation_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per rank, the bytes its stages keep for backward for one micro-batch (measured with
+    saved-tensor hooks around every forward of the measured step, divided by the
+    micro-batches) beside the cost model: the layers the rank holds x
+    ``layer_activation_bytes`` for shardlab's eager LM (no dropout; the CPU attention
+    kernel is fused, keeping only softmax statistics), plus the embedding's and the head's
+    extras on the ranks holding the first and last chunk."""
+    from shardlab.estimate.activations import (
+        first_stage_extra_bytes,
+        last_stage_extra_bytes,
+        layer_activation_bytes,
+    )
+    from shardlab.estimate.partition import rank_layers
+
+    e = 2 if cfg.dtype == "bf16" else 4
+    mb = cfg.micro_batch or cfg.global_batch // cfg.dp
+    kw = {"tp": cfg.tp, "sp": cfg.sp}
+    per_layer = layer_activation_bytes(cfg.shape, mb, cfg.seq, e, recompute=cfg.recompute,
+                                       dropout=False, flash=True, eager=True, **kw)
+    layers = rank_layers(cfg.shape.layers, cfg.pp, cfg.virtual_stages)
+    bs = mb * cfg.seq
+    # Beyond the cost model's tensors, shardlab's loop keeps the token ids (int64, embedding),
+    # the targets (int64) and, without a pipeline, the fp32 token weights of the loss; and
+    # checkpointed blocks keep the boolean [b, 1, s, s] mask they are called with.
+    ids, targets = 8 * bs, 8 * bs + (4 * bs if cfg.pp == 1 else 0)
+    mask = mb * cfg.seq * cfg.seq if cfg.recompute == "full" else 0
+    rows = []
+    for r in ranks:
+        p = r["pp_rank"]
+        predicted = (layers[p] * per_layer + mask + ids * (p == 0) + targets * (p == cfg.pp - 1)
+                     + (first_stage_extra_bytes(cfg.shape, mb, cfg.seq, dropout=False, **kw)
+                        if p == 0 else 0.0)
+                     + (last_stage_extra_bytes(cfg.shape, mb, cfg.seq, e, **kw)
+                        if p == cfg.pp - 1 else 0.0))
+        measured = r.get("activation_bytes")
+        rows.append({"rank": r["rank"], "predicted": predicted, "measured": measured,
+                     "ratio": measured / predicted if measured else None})
+    return rows
 
 
 def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -95,12 +120,13 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     * ``tp``: torch's DTensor plan (:mod:`shardlab.estimate.comm_dtensor`: one backward
       all-reduce per column-parallel linear, not Megatron's one per block half);
     * ``pp``: activations forward and gradients back at every chunk boundary, each with
-      its micro-batch's int64 padding mask (b x s x 8 bytes) on the way forward.
+      its micro-batch's int64 padding mask (b x s x 8 bytes) on the way forward, and a
+      tied embedding's gradient exchanged between the first and last stage;
 
     The gradient-norm scalars of clipping (``grad_norm``, 8 bytes each) are listed under
     ``measured`` only.
     """
-    from shardlab.estimate.comm import pp_bytes_per_rank
+    from shardlab.estimate.comm import embedding_sync_bytes, pp_bytes_per_rank
     from shardlab.estimate.comm_dtensor import tp_bytes_dtensor
     from shardlab.estimate.partition import stage_params
     from shardlab.spec.dtypes import get_policy
@@ -119,6 +145,19 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     mask = (cfg.micro_batch or share) * cfg.seq * 8
     forward_sends = [sum(1 for c in range(lay.pp * lay.virtual_stages - 1) if c % lay.pp == r)
                      for r in range(lay.pp)]
+    # A tied embedding split over the first and last stage: their gradient parts are
+    # exchanged once per step (sync_tied_grads; the embedding group's all-reduce on two).
+    # Under FSDP each rank exchanges its own rows of it (dim 0 split as torch.chunk does).
+    sync = embedding_sync_bytes(cfg.shape, lay, vocab_parallel=False)
+    fsdp = cfg.dp > 1 and cfg.dp_mode != "ddp"
+    chunk = -(-cfg.shape.vocab // cfg.dp)
+
+    def sync_share(dp_rank: int) -> float:
+        if not fsdp:
+            return sync
+        return sync * min(chunk, max(0, cfg.shape.vocab - dp_rank * chunk)) / cfg.shape.vocab
+
+    ends = [(r == 0) + (r == lay.pp - 1) for r in range(lay.pp)]
     pp_pred = [b + f * lay.microbatches * mask for b, f in
                zip(pp_bytes_per_rank(cfg.shape, lay, split_by_tp=cfg.sp), forward_sends,
                    strict=True)]
@@ -140,7 +179,9 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if cfg.tp > 1:
             row["tp"] = {"predicted": tp_pred[r["pp_rank"]], "measured": sent("tp")}
         if cfg.pp > 1:
-            row["pp"] = {"predicted": pp_pred[r["pp_rank"]], "measured": sent("pp")}
+            row["pp"] = {"predicted": pp_pred[r["pp_rank"]]
+                         + (sync_share(r["dp_rank"]) if ends[r["pp_rank"]] else 0.0),
+                         "measured": sent("pp")}
         rows.append(row)
     return rows
 

@@ -219,29 +219,76 @@ class CommMeter(TorchDispatchMode):
         return out
 
 
-def saved_activation_bytes(fn: Any, exclude: set[int] | None = None) -> tuple[Any, int]:
-    """Run ``fn()`` and return (its result, bytes of distinct storages autograd saved for
-    backward, not counting storages in ``exclude`` (parameters)): the saved-tensor-hooks
-    measurement of seed 002."""
-    seen: dict[int, int] = {}
-    skip = exclude or set()
+def _packer(seen: dict[int, int]) -> Any:
+    """A saved-tensor pack hook that records each distinct non-parameter storage's bytes."""
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        if isinstance(t, torch.nn.Parameter):  # weights (FSDP's unsharded ones too)
+        # Weights (FSDP's unsharded ones too) and views of them: a linear saves weight.t(),
+        # a plain tensor whose base is the Parameter.
+        if isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter):
             return t
         local = t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this rank's part
         try:
             storage = local.untyped_storage()
-            key = storage.data_ptr()
-            if key not in skip and key != 0:
-                seen[key] = storage.nbytes()
-        except (RuntimeError, NotImplementedError):  # DTensor or a tensor without storage
+            if storage.data_ptr() != 0:
+                seen[storage.data_ptr()] = storage.nbytes()
+        except (RuntimeError, NotImplementedError):  # a tensor without storage
             pass
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    return pack
+
+
+def saved_activation_bytes(fn: Any) -> tuple[Any, int]:
+    """Run ``fn()`` and return (its result, bytes of distinct storages autograd saved for
+    backward, parameters left out): the saved-tensor-hooks measurement of seed 002."""
+    seen: dict[int, int] = {}
+    with torch.autograd.graph.saved_tensors_hooks(_packer(seen), lambda t: t):
         out = fn()
     return out, sum(seen.values())
+
+
+class SavedBytesMeter:
+    """Saved-for-backward bytes of every forward of some modules (pipeline stages, whose
+    forwards the schedule calls): each forward's distinct storages are counted on their
+    own (nothing saved is freed inside one forward; between forwards of different
+    micro-batches a freed storage's address may come back), and summed."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.forwards = 0
+        self._open: list[Any] = []
+        self._handles: list[Any] = []
+
+    @contextlib.contextmanager
+    def count(self) -> Iterator[None]:
+        """Count what autograd saves inside the block (e.g. the loss after a stage)."""
+        seen: dict[int, int] = {}
+        with torch.autograd.graph.saved_tensors_hooks(_packer(seen), lambda t: t):
+            yield
+        self.total += sum(seen.values())
+
+    def attach(self, modules: list[torch.nn.Module]) -> SavedBytesMeter:
+        """Count every forward of ``modules`` until :meth:`detach`."""
+        def enter(module: Any, args: Any) -> None:
+            ctx = self.count()
+            ctx.__enter__()
+            self._open.append(ctx)
+            self.forwards += 1
+
+        def leave(module: Any, args: Any, out: Any) -> None:
+            self._open.pop().__exit__(None, None, None)
+
+        for m in modules:
+            self._handles += [m.register_forward_pre_hook(enter),
+                              m.register_forward_hook(leave)]
+        return self
+
+    def detach(self) -> None:
+        """Remove the hooks."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
 
 
 class FlopMeter(TorchDispatchMode):

@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from shardlab.errors import SpecError, require_positive_int
 from shardlab.nn.data import Batch
@@ -220,7 +221,10 @@ def sync_tied_grads(stages: Sequence[StageModule],
         return
     stage = mine[0]
     weight = stage.tied_weight()
-    own = _grad_or_zeros(weight).contiguous()
+    grad = _grad_or_zeros(weight)
+    # Under FSDP the gradient is this rank's DTensor shard; the peer stage's rank with the
+    # same data-parallel index holds the same shard, so the local parts are exchanged.
+    own = (grad.to_local() if isinstance(grad, DTensor) else grad).contiguous()
     peer_stage = stage.num_stages - 1 if stage.is_first else 0
     peer = stage.stage_ranks[peer_stage]
     if pp_group is not None:
@@ -232,7 +236,10 @@ def sync_tied_grads(stages: Sequence[StageModule],
         ops.reverse()
     for work in dist.batch_isend_irecv(ops):
         work.wait()
-    weight.grad = own + other
+    total = own + other
+    weight.grad = (DTensor.from_local(total, grad.device_mesh, grad.placements,
+                                      shape=grad.shape, stride=grad.stride())
+                   if isinstance(grad, DTensor) else total)
 
 
 def _grad_or_zeros(p: nn.Parameter) -> torch.Tensor:

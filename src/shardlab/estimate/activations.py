@@ -61,7 +61,8 @@ def activation_terms(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int,
     ``eager`` counts what PyTorch's autograd keeps for shardlab's own unfused LM, where
     kernels are not fused as in Megatron: SwiGLU keeps silu(gate) as well (4f, not 3f),
     rotary embedding keeps q and k before rotation, and the attention kernel's output is
-    kept beside the output projection's (reshaped) input.
+    kept beside the output projection's (reshaped) input; with ``flash`` the CPU kernel
+    also keeps an fp32 [b, 1, s, s] mask per layer (:func:`layer_activation_bytes`).
     """
     sb = seq * micro_batch
     mask = 1 if dropout else 0
@@ -93,6 +94,10 @@ def layer_activation_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes
     outside = t.outside_tp / tp if sp else t.outside_tp
     if flash:
         core = 4.0 * m.heads * seq * micro_batch / tp  # softmax statistics only
+        if eager and recompute != "selective":
+            # torch's CPU fused kernel turns a boolean padding mask into an additive fp32
+            # one, [b, 1, s, s], in every layer and keeps it for backward.
+            core += 4.0 * micro_batch * seq * seq
     else:
         core = 0.0 if recompute == "selective" else t.attention_core / tp
     return outside + t.inside_tp / tp + core
