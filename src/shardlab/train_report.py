@@ -97,10 +97,14 @@ def activation_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, An
     # checkpointed blocks keep the boolean [b, 1, s, s] mask they are called with.
     ids, targets = 8 * bs, 8 * bs + (4 * bs if cfg.pp == 1 else 0)
     mask = mb * cfg.seq * cfg.seq if cfg.recompute == "full" else 0
+    # With sequence parallelism torch's column-parallel head keeps the input it gathered over
+    # the sequence, whole (the cost model counts Megatron's 1/t shard).
+    head = bs * cfg.shape.d_model * e * (1 - 1 / cfg.tp) if cfg.sp and not cfg.shape.tied else 0
     rows = []
     for r in ranks:
         p = r["pp_rank"]
-        predicted = (layers[p] * per_layer + mask + ids * (p == 0) + targets * (p == cfg.pp - 1)
+        predicted = (layers[p] * per_layer + mask + ids * (p == 0)
+                     + (targets + head) * (p == cfg.pp - 1)
                      + (first_stage_extra_bytes(cfg.shape, mb, cfg.seq, dropout=False, **kw)
                         if p == 0 else 0.0)
                      + (last_stage_extra_bytes(cfg.shape, mb, cfg.seq, e, **kw)

@@ -44,14 +44,17 @@ def test_parity_state_and_flops(layout: list[str]) -> None:
             m["predicted"]["weights"], m["predicted"]["gradients"], m["predicted"]["optimizer"]]
     ratio = doc["predicted_vs_measured"]["flops_per_step"]["ratio"]
     assert 0.98 <= ratio <= 1.02, ratio
+    # Saved activations per micro-batch on every rank within 15% of the cost model; the last
+    # stage of a sequence-parallel pipeline measures 1.21 (docs/guide/train.md).
     act = doc["predicted_vs_measured"]["activation_bytes_per_microbatch"]
-    if layout == ["--dp", "2"]:  # FSDP: measured 1.12 here (TP ~1.2x, DDP 1.59x: see docs)
-        assert 0.85 <= act["ratio"] <= 1.15, act
-    for row in doc["comm_bytes_per_step"]:  # pipeline sends: equal to the cost model
-        if "pp" in row:
-            assert row["pp"]["measured"] == row["pp"]["predicted"], row
-        if "dp" in row and not {"--pp", "--tp"} & set(layout):
-            assert row["dp"]["measured"] == row["dp"]["predicted"], row
+    high = 1.25 if {"--pp", "--sp"} <= set(layout) else 1.15
+    for row in act["per_rank"]:
+        assert 0.85 <= row["ratio"] <= high, row
+    for row in doc["comm_bytes_per_step"]:  # bytes sent per mesh dim: equal to the cost model
+        dims = [d for d in ("dp", "tp", "pp") if d in row]
+        assert dims, row
+        for d in dims:
+            assert row[d]["measured"] == row[d]["predicted"], (d, row)
     assert set(doc) >= {"losses", "reference_losses", "max_loss_diff", "tokens_per_s", "mfu",
                         "hfu", "memory_per_rank", "comm_bytes_per_step",
                         "predicted_vs_measured"}

@@ -1,0 +1,81 @@
+"""Tensor-parallel bytes of torch's DTensor plan, against collectives counted by hand.
+
+Each case is the count one can read off ``shardlab.dist.parallelize.tp_plan`` (and that
+``shardlab train`` measures: tests/cli/test_train_cli.py): A = b·s·d·4 bytes of one fp32
+activation; with t = 2 a ring all-reduce sends A, an all-gather or reduce-scatter A/2.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from shardlab.estimate.comm_dtensor import column_linears, tp_bytes_dtensor
+from shardlab.spec.layout import make_layout
+from shardlab.spec.model import ModelShape
+
+B, S, D, V, L = 8, 32, 32, 156, 2
+A = B * S * D * 4
+
+
+def shape(style: str) -> ModelShape:
+    return ModelShape(name="tiny", style=style, layers=L, d_model=D, heads=4, kv_heads=4,
+                      d_ff=4 * D, vocab=V, context=S, tied=style == "gpt")
+
+
+def layout(m: ModelShape, **kw: object) -> object:
+    args = {"dp": 1, "tp": 2, "pp": 1, "micro_batch": B, "global_batch": B, "seq": S,
+            "dtype": "fp32"} | kw
+    return make_layout(m, **args)
+
+
+def test_column_linears() -> None:
+    assert column_linears(shape("gpt")) == 4  # q, k, v, fc
+    assert column_linears(shape("llama")) == 5  # q, k, v, gate, up
+
+
+def test_gpt_without_sp_one_backward_all_reduce_per_column_linear() -> None:
+    m = shape("gpt")
+    # per layer: 2 forward (o, fc2 outputs) + 4 backward (q, k, v, fc inputs); tied head
+    # replicated: nothing around the blocks.
+    assert tp_bytes_dtensor(m, layout(m)) == [L * 6 * A]
+
+
+def test_llama_vocab_parallel_ends_and_the_logits_gather() -> None:
+    m = shape("llama")
+    logits_gather = B * S * V * 4 / 2  # (t-1)/t of the whole fp32 logits
+    assert tp_bytes_dtensor(m, layout(m)) == [L * 7 * A + 2 * A + logits_gather]
+    # loss_parallel: no gather, three b·s fp32 all-reduces in the cross-entropy instead
+    assert tp_bytes_dtensor(m, layout(m), loss_parallel=True) == [
+        L * 7 * A + 2 * A + 3 * B * S * 4]
+
+
+def test_full_recompute_reruns_one_all_reduce_per_block() -> None:
+    m = shape("gpt")  # non-reentrant checkpoint stops before the MLP's output all-reduce
+    assert tp_bytes_dtensor(m, layout(m, recompute="full")) == [L * 7 * A]
+
+
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_sequence_parallel(fsdp: bool) -> None:
+    m = shape("gpt")
+    lay = layout(m, sp=True, micro_batch=B // 2)
+    a = A / 2  # two micro-batches of b/2
+    # per layer and micro-batch 4 all-gathers + 4 reduce-scatters of a, each a/2 sent; the
+    # scatter at the first block gathers its gradient, the head's input is gathered; the
+    # norms' gradients (4 vectors of d per layer) are all-reduced per micro-batch, or
+    # once under FSDP.
+    norms = L * 4 * D * 4 * (1 if fsdp else 2)
+    assert tp_bytes_dtensor(m, lay, fsdp=fsdp) == [2 * (L * 8 * a / 2 + 2 * a / 2) + norms]
+
+
+def test_pipeline_stages_split_the_ends() -> None:
+    m = shape("llama")
+    lay = layout(m, pp=2, micro_batch=B // 2)
+    first, last = tp_bytes_dtensor(m, lay)
+    a = A / 2
+    assert first == 2 * (7 * a + a)
+    assert last == 2 * (7 * a + a + B // 2 * S * V * 4 / 2)
+
+
+def test_no_tensor_parallelism_sends_nothing() -> None:
+    m = shape("llama")
+    assert tp_bytes_dtensor(m, layout(m, tp=1)) == [0.0]
