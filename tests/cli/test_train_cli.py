@@ -108,6 +108,12 @@ def test_human_view(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (["--global-batch", "7", "--dp", "2"], "global_batch=7"),
     (["--data", "/nonexistent/corpus.txt"], "data="),
     (["--dp", "2", "--tp", "2", "--dp-mode", "ddp"], "dp_mode='ddp'"),
+    (["--dp", "2", "--pp", "2", "--micro-batch", "1", "--dp-mode", "ddp"], "dp_mode='ddp'"),
+    (["--pp", "2"], "1f1b needs at least pp=2"),
+    (["--pp", "2", "--micro-batch", "2", "--global-batch", "6",
+      "--schedule", "interleaved-1f1b", "--virtual-stages", "2"], "multiple of pp=2"),
+    (["--pp", "2", "--micro-batch", "2", "--virtual-stages", "2"], "schedule='1f1b'"),
+    (["--pp", "2", "--micro-batch", "2", "--schedule", "interleaved-1f1b"], "virtual_stages=1"),
 ])
 def test_bad_input_before_any_rank(capsys: pytest.CaptureFixture[str], argv: list[str],
                                    words: str) -> None:

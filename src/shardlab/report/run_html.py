@@ -68,7 +68,7 @@ def comparison_rows(doc: dict[str, Any], plan: dict[str, Any] | None = None
 
     pvm = doc["predicted_vs_measured"]
     f = pvm["flops_per_step"]
-    rows = [("FLOPs per step, all ranks (FlopCounterMode)", human(f["predicted"], "FLOP"),
+    rows = [("FLOPs per step, all ranks (counted in the run)", human(f["predicted"], "FLOP"),
              human(f["measured"], "FLOP"), ratio(f["predicted"], f["measured"]))]
     a = pvm.get("activation_bytes_per_microbatch") or {}
     if a.get("predicted") and a.get("measured"):
@@ -81,11 +81,13 @@ def comparison_rows(doc: dict[str, Any], plan: dict[str, Any] | None = None
         rows.append((f"rank {m['rank']}: weights + gradients + optimizer bytes",
                      f"{pred:,.0f}", f"{got:,.0f}", ratio(pred, got)))
     for row in doc.get("comm_bytes_per_step", []):
-        for kind, label in (("dp", "data-parallel"), ("pp", "pipeline")):
+        for kind, label in (("dp", "data-parallel"), ("tp", "tensor-parallel"),
+                            ("pp", "pipeline")):
             if kind in row:
                 p, g = row[kind]["predicted"], row[kind]["measured"]
-                rows.append((f"rank {row['rank']}: {label} bytes sent in step 1", f"{p:,.0f}",
-                             f"{g:,.0f}", ratio(p, g)))
+                step = doc.get("measured_step")
+                rows.append((f"rank {row['rank']}: {label} bytes sent in step {step}",
+                             f"{p:,.0f}", f"{g:,.0f}", ratio(p, g)))
     if plan is not None:
         rows.append(("step time (planner, median step measured)",
                      human_seconds(plan["step_seconds"]), human_seconds(doc["step_seconds"]),

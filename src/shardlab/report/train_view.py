@@ -24,12 +24,8 @@ def print_train(doc: dict[str, Any]) -> None:
     f = doc["predicted_vs_measured"]["flops_per_step"]
     rows = [("tokens/s (median step)", human(doc["tokens_per_s"])),
             ("FLOPs per step: cost model", human(f["predicted"], "FLOP")),
-            ("FLOPs per step: FlopCounterMode", human(f["measured"], "FLOP")),
+            ("FLOPs per step: counted in the run", human(f["measured"], "FLOP")),
             ("measured / predicted", f"{f['ratio']:.4f}")]
-    a = doc["predicted_vs_measured"]["activation_bytes_per_microbatch"]
-    if a["ratio"] is not None:
-        rows += [("activations kept per micro-batch: cost model", human(a["predicted"], "B")),
-                 ("activations kept: saved-tensor hooks (rank 0)", human(a["measured"], "B"))]
     if doc.get("mfu") is not None:
         rows += [("MFU / HFU", f"{doc['mfu']:.1%} / {doc['hfu']:.1%}")]
     show(table("Throughput and FLOPs", ("what", "value"), rows))
@@ -38,6 +34,20 @@ def print_train(doc: dict[str, Any]) -> None:
                [(m["rank"], f"{m['measured']['params']:,}", f"{m['measured']['grads']:,}",
                  f"{m['measured']['optimizer']:,}", f"{sum(m['predicted'].values()):,.0f}")
                 for m in doc["memory_per_rank"]]))
+    step = doc.get("measured_step")
+    a = doc["predicted_vs_measured"]["activation_bytes_per_microbatch"]
+    show(table(f"Activations per micro-batch (step {step}): measured vs cost model",
+               ("rank", "measured", "predicted", "ratio"),
+               [(r["rank"], f"{r['measured']:,}" if r["measured"] else "-",
+                 f"{r['predicted']:,.0f}", f"{r['ratio']:.3f}" if r["ratio"] else "-")
+                for r in a.get("per_rank", [])]))
+    comm = [(row["rank"], dim, f"{row[dim]['measured']:,.0f}", f"{row[dim]['predicted']:,.0f}",
+             f"{row[dim]['measured'] / row[dim]['predicted']:.3f}"
+             if row[dim]["predicted"] else "-")
+            for row in doc["comm_bytes_per_step"] for dim in ("dp", "tp", "pp") if dim in row]
+    if comm:
+        show(table(f"Bytes sent in step {step}: measured vs cost model",
+                   ("rank", "dim", "measured", "predicted", "ratio"), comm))
     if "max_loss_diff" in doc:
         ok = doc["parity_passed"]
         show(f"largest relative loss difference from one process: {doc['max_loss_diff']:.2e} "
