@@ -506,6 +506,8 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
             "tp_rank": mesh["tp"].get_local_rank(), "losses": losses, "grad_norms": norms,
             "step_seconds": seconds, "flops_by_op": flops,
             "activation_bytes": activation_bytes, "comm_step": comm, "measured_step": probe,
+            "cuda_peak_allocated": (torch.cuda.max_memory_allocated()
+                                    if device_type == "cuda" else None),
             "state_bytes": held}
 
 

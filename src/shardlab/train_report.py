@@ -31,14 +31,25 @@ def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
     zero = 0 if cfg.dp == 1 or cfg.dp_mode == "ddp" else 3
     psi = stage_params(cfg.shape, cfg.tp, cfg.pp, cfg.virtual_stages,
                        vocab_parallel=cfg.tp > 1)
-    memory = []
-    for r in ranks:
-        pred = zero_state_bytes(psi[r["pp_rank"]], policy, zero, cfg.dp)
-        memory.append({"rank": r["rank"], "measured": r["state_bytes"],
-                       "predicted": {"weights": pred.weights, "gradients": pred.gradients,
-                                     "optimizer": pred.optimizer}})
+    from shardlab.estimate.memory import inflight_microbatches
+
     act_rows = activation_table(cfg, ranks)
     act = act_rows[0]
+    memory = []
+    for r, a in zip(ranks, act_rows, strict=True):
+        pred = zero_state_bytes(psi[r["pp_rank"]], policy, zero, cfg.dp)
+        # Saved activations at the step's peak: one micro-batch's worth without a pipeline
+        # (each is freed by its backward), the schedule's in-flight count in one.
+        held = (inflight_microbatches(cfg.schedule, cfg.pp, r["pp_rank"], cfg.microbatches,
+                                      cfg.virtual_stages) if cfg.pp > 1 else 1)
+        memory.append({"rank": r["rank"], "measured": r["state_bytes"],
+                       "predicted": {"weights": pred.weights, "gradients": pred.gradients,
+                                     "optimizer": pred.optimizer},
+                       "activations": {"in_flight": held,
+                                       "measured": a["measured"] * held
+                                       if a["measured"] else None,
+                                       "predicted": a["predicted"] * held},
+                       "cuda_peak_allocated": r.get("cuda_peak_allocated")})
     comm_rows = comm_table(cfg, ranks)
     doc: dict[str, Any] = {
         "model": cfg.shape.describe(),

@@ -39,6 +39,8 @@ def test_parity_state_and_flops(layout: list[str]) -> None:
     assert len(doc["losses"]) == 20 and doc["max_loss_diff"] <= 1e-5  # fp32 parity
     assert doc["losses"][-1] < doc["losses"][0]  # it learns
     for m in doc["memory_per_rank"]:  # state bytes per rank: equal to the cost model
+        held = m["activations"]  # and the activations held at the step's peak beside them
+        assert held["in_flight"] >= 1 and 0.85 <= held["measured"] / held["predicted"] <= 1.25
         got = m["measured"]
         assert [got["params"], got["grads"], got["optimizer"]] == [
             m["predicted"]["weights"], m["predicted"]["gradients"], m["predicted"]["optimizer"]]

@@ -36,10 +36,12 @@ def print_train(doc: dict[str, Any]) -> None:
                 for m in doc["memory_per_rank"]]))
     step = doc.get("measured_step")
     a = doc["predicted_vs_measured"]["activation_bytes_per_microbatch"]
+    held = {m["rank"]: m.get("activations", {}).get("in_flight") for m in doc["memory_per_rank"]}
     show(table(f"Activations per micro-batch (step {step}): measured vs cost model",
-               ("rank", "measured", "predicted", "ratio"),
+               ("rank", "measured", "predicted", "ratio", "in flight at peak"),
                [(r["rank"], f"{r['measured']:,}" if r["measured"] else "-",
-                 f"{r['predicted']:,.0f}", f"{r['ratio']:.3f}" if r["ratio"] else "-")
+                 f"{r['predicted']:,.0f}", f"{r['ratio']:.3f}" if r["ratio"] else "-",
+                 f"{held.get(r['rank']) or '-'}")
                 for r in a.get("per_rank", [])]))
     comm = [(row["rank"], dim, f"{row[dim]['measured']:,.0f}", f"{row[dim]['predicted']:,.0f}",
              f"{row[dim]['measured'] / row[dim]['predicted']:.3f}"
