@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any
 
 from shardlab.report import charts
-from shardlab.report.budget_view import PARTS
+from shardlab.report.budget_view import PARTS, inference_rows
 from shardlab.report.html import Section, heading, para, table_html
 from shardlab.units import human, human_bytes, human_gib, human_seconds
 
@@ -217,15 +217,7 @@ def _inference(b: dict[str, Any], curve: list[dict[str, float]], prefix: str) ->
         styles={"memory per device (GB)": "o-", "decode tokens/s": "s--"},
         xlabel="decode batch (sequences)", ylabel="GB per device", right_label="tokens/s",
         logx=True, limit=b["hardware"]["memory_bytes"] / 1e9, limit_label="capacity"))
-    rows = [("KV cache per token", human_bytes(i["kv_bytes_per_token"])),
-            (f"KV cache (batch {i['batch']} x {i['context']} tokens)",
-             human_bytes(i["kv_cache_bytes"])),
-            (f"memory per device (tp={i['devices']})", human_bytes(i["memory_per_device"])),
-            ("largest batch that fits", f"{i['max_batch']:,}")]
-    for k in ("prefill", "decode"):
-        st = i[k]
-        rows += [(f"{k} step ({st['bound']}-bound)", human_seconds(st["seconds"])),
-                 (f"{k} tokens/s", human(st["tokens_per_s"]))]
-    s.add(table_html(("what", "value"), rows, caption="Roofline lower bounds; communication "
-                     "between tensor-parallel devices left out."))
+    s.add(table_html(("what", "value"), inference_rows(i),
+                     caption="Roofline lower bounds; communication between tensor-parallel "
+                     "devices left out."))
     return s

@@ -121,8 +121,8 @@ def _comm(b: dict[str, Any]) -> None:
     show(table("Communication sent per device (decimal bytes)", ("what", "value"), rows))
 
 
-def _inference(b: dict[str, Any]) -> None:
-    i = b["inference"]
+def inference_rows(i: dict[str, Any]) -> list[tuple[str, str]]:
+    """(what, value) rows of a budget's ``inference`` section: KV cache, memory, rooflines."""
     rows = [("KV cache per token", human_bytes(i["kv_bytes_per_token"])),
             (f"KV cache (batch {i['batch']} x {i['context']} tokens)",
              human_bytes(i["kv_cache_bytes"])),
@@ -132,6 +132,12 @@ def _inference(b: dict[str, Any]) -> None:
         s = i[k]
         rows.append((f"{k} step ({s['bound']}-bound)", human_seconds(s["seconds"])))
         rows.append((f"{k} tokens/s", human(s["tokens_per_s"])))
+    return rows
+
+
+def _inference(b: dict[str, Any]) -> None:
+    i = b["inference"]
+    rows = inference_rows(i)
     show(table("Inference (roofline lower bounds)", ("what", "value"), rows))
 
 
