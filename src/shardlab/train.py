@@ -174,9 +174,9 @@ def clip_grad_norm(params: list[Any], max_norm: float, pp_group: Any = None,
 
     Squares of every rank's local gradient elements are summed in float64 per sharding:
     plain tensors and DTensor dims that are ``Replicate`` hold the same numbers on every
-    rank of that dim, so only the ``Shard`` dims are summed over, by one scalar all-reduce
-    per group of such dims (at most one for FSDP, one for TP, one for both), then over
-    the pipeline stages. Those scalars are filed as ``grad_norm`` by the comm meter.
+    rank of that dim, so only the dims that split the elements (``Shard``, FSDP's
+    ``_StridedShard``) are summed over, by one scalar all-reduce per group of such dims,
+    then over the pipeline stages. Those scalars are filed as ``grad_norm`` by the comm meter.
     ``copies``: parameters whose gradient another stage holds too (the last stage's copy of
     a tied embedding, equal to the first's after ``sync_tied_grads``): clipped, but counted
     once in the norm.
