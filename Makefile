@@ -24,7 +24,7 @@ browser: $(STAMP)
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing chromium (Debian package) for the report's browser tests ..."; \
-	    { timeout 600 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 900 \
+	    { timeout 120 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 240 \
 	      apt-get install -y -qq chromium; } >$(VENV)/chromium-install.log 2>&1 \
 	      || echo "could not install chromium (see $(VENV)/chromium-install.log): the browser tests will be skipped"; \
 	  else \

@@ -19,7 +19,7 @@ def shardlab(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[st
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2])  # 4 ranks: tests/verify runs each experiment at 4
 def test_every_experiment_passes(world: int) -> None:
     start = time.monotonic()
     r = shardlab("verify", "--world-size", str(world), "--json")
