@@ -32,9 +32,9 @@ collectives never interleave with training's on the default group); training goe
 on, and the save is finished (barrier, manifest, rename) at the next save or at the
 end of training.
 
-**Loading reads data, never code.** DCP reads tensors with ``torch.load(...,
-weights_only=True)``, but unpickles its ``.metadata`` with plain ``pickle`` and any
-non-tensor value with ``weights_only=False`` (torch 2.13,
+**Loading reads data, never code.** DCP reads its tensors safely
+(``torch.load(f, weights_only=True)``), but unpickles its ``.metadata`` with plain
+``pickle`` and any non-tensor value without that guard (torch 2.13,
 ``distributed/checkpoint/filesystem.py`` and ``default_planner.py``). :func:`safe_reader`
 reads the metadata with an unpickler that resolves only DCP's own metadata dataclasses
 and torch's ``Size``/dtype/layout names, and :func:`safe_load_planner` refuses any
