@@ -31,6 +31,9 @@ def register(sub: Any) -> None:
                    help="time budget of --measure in seconds (default 2.0)")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch threads for --measure (default: torch's setting)")
+    p.add_argument("--no-runtime", action="store_true",
+                   help="--measure without the 2-rank part (gloo's collective rates and "
+                   "the runtime's fixed costs per parallel style, about 20 s)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(run=run_hardware)
 
@@ -57,7 +60,8 @@ def run_hardware(args: argparse.Namespace) -> int:
     CPU measurement); with ``--measure``, measure this CPU and store it instead."""
     if args.measure:
         return run_measure(args)
-    for flag, value in (("--seconds", args.seconds), ("--threads", args.threads)):
+    for flag, value in (("--seconds", args.seconds), ("--threads", args.threads),
+                        ("--no-runtime", args.no_runtime or None)):
         if value is not None:
             raise SpecError(flag, value, "only goes with --measure")
     from shardlab.spec.hardware import ACCELERATORS, LINKS, load_hardware_file
@@ -86,10 +90,11 @@ def run_measure(args: argparse.Namespace) -> int:
     if args.hardware_file is not None:
         raise SpecError("--hardware-file", str(args.hardware_file),
                         "does not go with --measure")
-    from shardlab.spec.measure import measure_cpu, save_measurement
+    from shardlab.spec.measure import save_measurement
+    from shardlab.spec.measure_runtime import measure_machine
 
     seconds = 2.0 if args.seconds is None else args.seconds
-    doc = measure_cpu(seconds=seconds, threads=args.threads)
+    doc = measure_machine(seconds=seconds, threads=args.threads, runtime=not args.no_runtime)
     path = save_measurement(doc)
     if args.json:
         print_json({**doc, "path": str(path)})
@@ -105,8 +110,26 @@ def run_measure(args: argparse.Namespace) -> int:
             ("memory", human_bytes(doc["memory_bytes"])),
             ("power", "unknown (0 W: energy estimates are 0)"),
             ("threads", str(doc["threads"])),
-            ("torch", doc["torch"]),
-            ("stored in", str(path))]
+            ("torch", doc["torch"])]
+    rows += runtime_rows(doc.get("runtime"))
+    rows.append(("stored in", str(path)))
     show(table(f"{doc['name']}: best runs within a {seconds:g} s budget", ("figure", "value"),
                rows, caption=doc["method"], left=2))
     return 0
+
+
+def runtime_rows(rt: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """Table rows of the measured runtime: each collective's fit, each style's fixed costs."""
+    if not rt:
+        return []
+    from shardlab.units import human
+
+    rows = [(f"gloo {name.replace('_', '-')}",
+             f"{human(c['bandwidth'], 'B/s')}, {c['latency'] * 1e3:.2f} ms latency "
+             f"({rt['world']} ranks)") for name, c in rt["collectives"].items()]
+    for style, o in rt["overheads"].items():
+        rows.append((f"fixed cost, {style}",
+                     f"{o['per_step'] * 1e3:.1f} ms/step + {o['per_layer_step'] * 1e3:.1f} "
+                     f"ms/layer + {o['per_microbatch'] * 1e3:.1f} ms/micro-batch + "
+                     f"{o['per_layer'] * 1e3:.1f} ms/layer/micro-batch"))
+    return rows

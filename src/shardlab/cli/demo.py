@@ -114,15 +114,17 @@ def _plan() -> tuple[dict[str, Any], dict[str, Any]]:
     from shardlab.cli.plan import add_plan_args, plan_document
     from shardlab.report.plan_view import print_plan
     from shardlab.report.tables import show
-    from shardlab.spec.measure import load_measurement, measure_cpu, save_measurement
+    from shardlab.spec.measure import load_measurement, save_measurement
+    from shardlab.spec.measure_runtime import measure_machine
 
     _step(2, "Which layout trains a small model fastest on this machine's 2 processes?  "
           "shardlab plan " + " ".join(PLAN_ARGS))
     if load_measurement() is None:
         # The planner and MFU need this CPU's peak; measuring takes a few seconds, once.
-        show("this CPU has not been measured yet: measuring its matmul peak and memory "
-             "bandwidth (about 5 s, stored for next time) ...")
-        path = save_measurement(measure_cpu(seconds=2.0))
+        show("this CPU has not been measured yet: measuring its matmul peak, memory "
+             "bandwidth, gloo's collectives and the runtime's fixed costs per parallel style "
+             "(about 30 s, stored for next time) ...")
+        path = save_measurement(measure_machine(seconds=2.0))
         show(f"  stored in {path}")
     doc = plan_document(_parse(add_plan_args, PLAN_ARGS))
     print_plan(doc)

@@ -150,9 +150,11 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     only = layout_candidates(model, space, args.layout) if args.layout else None
     dropout = args.dropout if args.dropout is not None else model.style == "gpt"
     result = plan(model, acc, space, policy, top=args.top, dropout=dropout,
-                  # On this machine the ranks' cores also move the bytes: no overlap.
+                  # On this machine the ranks' cores also move the bytes: no overlap; and
+                  # shardlab train is eager torch: gradients accumulate in their own pass.
                   options=StepOptions(flash=args.attention == "flash",
-                                      overlap_dp=not (args.no_overlap_dp or here)),
+                                      overlap_dp=not (args.no_overlap_dp or here),
+                                      fused_accumulation=not here),
                   train_prefix=f"shardlab train {model_flags}" if here else None,
                   train_dtype=dtype, only=only)
     dev = result.device

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -72,8 +72,12 @@ def device_of(acc: Accelerator, policy: DtypePolicy, gpus: int) -> tuple[Device,
             peak1, eff1 = acc.single_thread
             peak = min(peak, peak1 if gpus <= cores else peak1 * cores / gpus)
             eff = eff1
+        if acc.runtime is not None:
+            # The measured runtime's fixed costs include every operator's dispatch.
+            eff = replace(eff, op_overhead=0.0)
     return (Device(peak, bandwidth, acc.intra_link, acc.inter_link,
-                   acc.gpus_per_node, eff), memory)
+                   acc.gpus_per_node, eff, acc.runtime if is_this_machine(acc) else None),
+            memory)
 
 
 @dataclass

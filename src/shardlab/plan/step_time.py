@@ -17,6 +17,10 @@ tokens (T = b·s tokens each), on devices of dense peak P (:class:`Device`):
   writes its output), per tensor-parallel rank (norms and adds on T·h, or T·h/t with
   sequence parallelism; the rest split t ways), timed at the memory bandwidth
   (roofline: Williams et al. 2009); backward moves twice the forward's bytes.
+* **gradient accumulation** (part of compute, eager torch only: ``fused_accumulation``
+  off): each micro-batch after the first adds its gradients into the held ones, 3 x the
+  rank's gradient bytes (read both, write one) at the memory bandwidth. Megatron fuses
+  the add into the weight-gradient matmul, so the published runs pay nothing for it.
 * **recompute**: what :func:`shardlab.estimate.flops.flops_per_token` adds to the
   hardware FLOPs, at the same efficiencies: selective, the attention core's forward
   (with its softmax's bytes); full, every layer's forward (with its memory-bound
@@ -41,8 +45,16 @@ tokens (T = b·s tokens each), on devices of dense peak P (:class:`Device`):
   overlap-param-gather; FSDP's prefetch); what is longer than that window is exposed.
 * **optimizer**: Adam reads and writes the rank's weights, gradients and optimizer
   state (its ZeRO shard): 2·(w + g + o)·Ψ/N bytes at the memory bandwidth.
+* **overhead** (this machine only, 0 for a catalog accelerator): what the runtime costs
+  besides arithmetic and bytes, measured by ``shardlab hardware --measure``
+  (:mod:`shardlab.spec.measure_runtime`): the eager base (``ddp``'s fit) plus, for each
+  parallel style the layout uses (FSDP / ZeRO >= 1, tensor, pipeline), what that
+  style's measured fit adds to the base, at the timed rank's layers and micro-batches.
+  With these measured, each collective is timed at gloo's own fitted bandwidth for it
+  (all-reduce, all-gather, reduce-scatter, send) without its latency, which the tiny
+  runs already hold, and the per-operator launch cost above is not charged again.
 
-Step = the sum of the seven; MFU = model FLOPs of the step (3 x forward, logits
+Step = the sum of the eight; MFU = model FLOPs of the step (3 x forward, logits
 counted, full s x s attention) / (step x devices x P) (PaLM, Chowdhery et al. 2022).
 """
 
@@ -61,6 +73,7 @@ from shardlab.plan.space import Candidates
 from shardlab.spec.dtypes import DtypePolicy
 from shardlab.spec.hardware import Efficiency, Link
 from shardlab.spec.layout import RECOMPUTE
+from shardlab.spec.measure_runtime import Runtime
 from shardlab.spec.model import ModelShape
 
 OPS_PER_LAYER_FORWARD = 12
@@ -68,13 +81,14 @@ OPS_PER_LAYER_FORWARD = 12
 output projection, 2 residual adds, 2-3 MLP matmuls and the activation (order of)."""
 
 PARTS: tuple[str, ...] = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble",
-                          "optimizer")
+                          "optimizer", "overhead")
 
 
 @dataclass(frozen=True)
 class Device:
     """One device as the step-time model sees it: dense peak (FLOP/s) in the compute dtype,
-    memory bandwidth (bytes/s), links, devices per node and the efficiency curve."""
+    memory bandwidth (bytes/s), links, devices per node, the efficiency curve and, for this
+    machine, its measured runtime (collective rates and fixed costs per parallel style)."""
 
     peak: float
     memory_bandwidth: float
@@ -82,15 +96,29 @@ class Device:
     inter: Link
     gpus_per_node: int
     eff: Efficiency
+    runtime: Runtime | None = None
+
+    def link(self, collective: str, inside: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(latency s, bandwidth bytes/s) of ``collective`` per layout: the measured gloo fit
+        without its latency when there is one (the runtime's fixed costs hold it), else
+        the intra-node link where ``inside`` and the inter-node one elsewhere."""
+        if self.runtime is not None:
+            bandwidth = self.runtime.collectives[collective][1]
+            return np.zeros(len(inside)), np.full(len(inside), bandwidth)
+        return pick_link(inside, self.intra, self.inter, self.eff.link_fraction)
 
 
 @dataclass(frozen=True)
 class StepOptions:
     """``flash``: a fused attention kernel (its backward recomputes half the core);
-    ``overlap_dp``: data-parallel communication overlaps backward/forward where it can."""
+    ``overlap_dp``: data-parallel communication overlaps backward/forward where it can;
+    ``fused_accumulation``: the weight-gradient matmul adds into the held gradient
+    (Megatron's gradient-accumulation fusion), else eager torch adds each micro-batch's
+    gradients in a separate pass."""
 
     flash: bool = True
     overlap_dp: bool = True
+    fused_accumulation: bool = True
 
 
 def _layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, dev: Device,
@@ -194,7 +222,7 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
 
     # Tensor-parallel all-reduces of T·h activations: 4 per layer (6 with full recompute).
     act_bytes = tokens * m.d_model * policy.activation_bytes
-    lat, bw = pick_link(tp <= dev.gpus_per_node, dev.intra, dev.inter, dev.eff.link_fraction)
+    lat, bw = dev.link("all_reduce", tp <= dev.gpus_per_node)
     one_ar = allreduce_seconds(act_bytes, tp, lat, bw)
     per_layer_ar = np.where(rc == RECOMPUTE.index("full"), 6.0, 4.0) * one_ar
 
@@ -214,25 +242,28 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     comp_mb, rec_mb, tp_mb = (np.where(slow_last, b, a) for a, b in zip(c0, cl, strict=True))
     busy_mb = comp_mb + rec_mb + tp_mb
 
-    compute, recompute, tp_comm = micro * comp_mb, micro * rec_mb, micro * tp_mb
+    # Gradient accumulation in eager torch: every micro-batch after the first adds its
+    # gradients into the held ones (read both, write one: 3 x the rank's gradient bytes).
+    accumulate = 0.0 if opt.fused_accumulation else (
+        (micro - 1) * 3 * mem.params * policy.grad_bytes / dev.memory_bandwidth)
+    compute, recompute, tp_comm = micro * comp_mb + accumulate, micro * rec_mb, micro * tp_mb
     bubble = bubble_ratios(c.schedule, pp, c.microbatches, v) * micro * busy_mb
 
     # Point-to-point: 2·v messages per micro-batch of T·h/t activations.
-    lat_p, bw_p = pick_link(np.full(len(c), dp * tp * pp <= dev.gpus_per_node), dev.intra,
-                            dev.inter, dev.eff.link_fraction)
+    lat_p, bw_p = dev.link("send", dp * tp * pp <= dev.gpus_per_node)
     pp_comm = np.where(pp > 1, 2 * v * micro * send_seconds(act_bytes / tp, lat_p, bw_p), 0.0)
 
     # Data parallel / ZeRO: exposed beyond the windows it can hide behind.
-    lat_d, bw_d = pick_link(tp * dp <= dev.gpus_per_node, dev.intra, dev.inter,
-                            dev.eff.link_fraction)
+    inside_d = tp * dp <= dev.gpus_per_node
     grads = mem.params * policy.grad_bytes
     weights = mem.params * policy.weight_bytes
     on = 1.0 if opt.overlap_dp else 0.0
     fwd_window = on * comp_mb / 3
     bwd_window = on * (2 * comp_mb / 3 + rec_mb)
     z = c.zero
-    ar = allreduce_seconds(grads, dp, lat_d, bw_d)
-    rs = gather_seconds(grads, dp, lat_d, bw_d)
+    ar = allreduce_seconds(grads, dp, *dev.link("all_reduce", inside_d))
+    rs = gather_seconds(grads, dp, *dev.link("reduce_scatter", inside_d))
+    lat_d, bw_d = dev.link("all_gather", inside_d)
     ag = gather_seconds(weights, dp, lat_d, bw_d)
     # ZeRO-3/FSDP gathers layer by layer (one unit per block): each pays the latency.
     rank_layers_max = np.maximum(first_layers, last_layers)
@@ -246,10 +277,28 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     shard = np.where(z >= 1, dp, 1).astype(float)
     optimizer = 2.0 * mem.params * policy.state_bytes / shard / dev.memory_bandwidth
 
+    overhead = (runtime_overhead(dev.runtime, c, micro, rank_layers_max)
+                if dev.runtime is not None else np.zeros(len(c)))
+
     parts = {"compute": compute, "recompute": recompute, "tp_comm": tp_comm,
-             "pp_comm": pp_comm, "dp_comm": dp_comm, "bubble": bubble, "optimizer": optimizer}
+             "pp_comm": pp_comm, "dp_comm": dp_comm, "bubble": bubble, "optimizer": optimizer,
+             "overhead": overhead}
     step = sum(parts.values())
     model_flops = flops_per_token(m, seq).train * global_batch * seq
     gpus = (dp * tp * pp).astype(float)
     return {**parts, "step": step, "mfu": model_flops / (step * gpus * dev.peak),
             "stage": np.where(slow_last, pp - 1, 0)}
+
+
+def runtime_overhead(rt: Runtime, c: Candidates, micro: np.ndarray, layers: np.ndarray
+                     ) -> np.ndarray:
+    """Seconds per step of the measured runtime's fixed costs (module docstring, "overhead"):
+    the eager base plus what each parallel style in use adds to it, at the rank's
+    ``layers`` and ``micro`` micro-batches."""
+    base = rt.overheads["ddp"].seconds(micro, layers)
+    total = base.copy()
+    for style, used in (("fsdp", (c.dp > 1) & (c.zero >= 1)), ("tp", c.tp > 1),
+                        ("pp", c.pp > 1)):
+        extra = np.maximum(rt.overheads[style].seconds(micro, layers) - base, 0.0)
+        total = total + np.where(used, extra, 0.0)
+    return total

@@ -24,9 +24,13 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shardlab.errors import SpecError, require_positive_int, require_positive_number
 from shardlab.spec.lookup import find
+
+if TYPE_CHECKING:
+    from shardlab.spec.measure_runtime import Runtime
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,9 @@ class Accelerator:
     single_thread: tuple[float, Efficiency] | None = field(default=None, compare=False)
     """A measured CPU only: (fp32 FLOP/s of one thread, that thread's efficiency curve),
     what each of several one-thread processes gets (:mod:`shardlab.spec.measure`)."""
+    runtime: Runtime | None = field(default=None, compare=False)
+    """A measured CPU only: gloo's collective rates and the runtime's fixed costs per
+    parallel style, measured with real ranks (:mod:`shardlab.spec.measure_runtime`)."""
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for matmuls in ``dtype`` (fp32 falls back to tf32 if listed)."""

@@ -15,7 +15,9 @@
 * **one thread** (``single_thread``): the fp32 peak of an n/2-square ``torch.mm`` on one
   thread, and the three matmuls of a linear layer's forward and backward (x·wᵀ, dy·w,
   dyᵀ·x) at the shapes of small training runs (:data:`LINEAR_SHAPES`), 6·t·k·n FLOPs
-  each. When ``shardlab train`` runs one process per core, each process runs one thread:
+  each, cycling through copies of the operands that together exceed the caches
+  (:data:`COLD_BYTES`), as a training step's matmuls find them. When ``shardlab
+  train`` runs one process per core, each process runs one thread:
   the planner then uses these (:func:`shardlab.plan.search.device_of`). They are steady
   under load, where a thread pool's figures are not (its threads wait for a core another
   job holds: a 64-square matmul on 2 threads measured 70 MFLOP/s on a loaded machine,
@@ -94,11 +96,16 @@ by other jobs, never sped up, so the fastest of several is the closest to the ma
 own figure (one run under load measured 28 GFLOP/s where an idle one measured 287)."""
 
 SWEEP_SIZES = (64, 128, 256, 512)
-
-LINEAR_SHAPES = ((256, 256, 256), (256, 256, 1024), (1024, 256, 768), (1024, 1024, 256),
-                 (1024, 256, 1024), (2048, 512, 512))
-"""(tokens t, in features k, out features n) of the one-thread linear-layer sweep."""
 """Sides n of the smaller fp32 matmuls timed for the planner's efficiency curve."""
+
+LINEAR_SHAPES = ((128, 256, 1024), (256, 256, 256), (256, 256, 1024), (1024, 256, 768),
+                 (1024, 1024, 256), (1024, 256, 1024), (2048, 512, 512), (2048, 128, 256))
+"""(tokens t, in features k, out features n) of the one-thread linear-layer sweep."""
+
+COLD_BYTES = 32 * 2**20
+"""Bytes one pass of the linear-layer sweep streams (several copies of each shape's
+operands), 8x this machine's 4 MiB L2: the matmuls of a training step find their
+operands in memory, not in a cache the previous call warmed."""
 
 
 # -- where the file lives --------------------------------------------------------------------
@@ -249,17 +256,25 @@ def measure_cpu(seconds: float = 2.0, threads: int | None = None, *, matmul_n: i
             # FLOPs, at the shapes of small training runs: the curve the planner uses.
             linear: list[dict[str, float]] = []
             for tt, kk, nn in LINEAR_SHAPES:
-                x = torch.randn(tt, kk, generator=gen)
-                w = torch.randn(nn, kk, generator=gen)
-                dy = torch.randn(tt, nn, generator=gen)
-                y, dx, dw = torch.empty(tt, nn), torch.empty(tt, kk), torch.empty(nn, kk)
+                # Enough copies that one pass streams COLD_BYTES: in a training step each
+                # matmul's operands come from memory, not from a cache the previous call
+                # warmed (hot, a 128-row matmul measured 133 GFLOP/s here; cold, 94).
+                per_set = 8 * (tt * kk + nn * kk + tt * nn)  # operands + outputs, fp32
+                sets = []
+                for _ in range(max(2, math.ceil(COLD_BYTES / per_set))):
+                    x = torch.randn(tt, kk, generator=gen)
+                    w = torch.randn(nn, kk, generator=gen)
+                    dy = torch.randn(tt, nn, generator=gen)
+                    sets.append((x, w, dy, torch.empty(tt, nn), torch.empty(tt, kk),
+                                 torch.empty(nn, kk)))
 
-                def fwd_bwd(x=x, w=w, dy=dy, y=y, dx=dx, dw=dw) -> None:
-                    torch.mm(x, w.t(), out=y)
-                    torch.mm(dy, w, out=dx)
-                    torch.mm(dy.t(), x, out=dw)
+                def fwd_bwd(sets: list[tuple[Any, ...]] = sets) -> None:
+                    for x, w, dy, y, dx, dw in sets:
+                        torch.mm(x, w.t(), out=y)
+                        torch.mm(dy, w, out=dx)
+                        torch.mm(dy.t(), x, out=dw)
 
-                tl = _best_seconds(fwd_bwd, budget / 16, min_runs=PEAK_RUNS)
+                tl = _best_seconds(fwd_bwd, budget / 16, min_runs=3) / len(sets)
                 linear.append({"t": tt, "k": kk, "n": nn,
                                "flops_per_s": 6.0 * tt * kk * nn / tl})
         # The fixed cost of one layer's forward + backward as training runs it (eager
@@ -408,8 +423,11 @@ def load_measurement(path: str | Path | None = None) -> Accelerator | None:
     single_thread = None
     if isinstance(single, dict) and single:
         single_thread = _single_thread(target, doc, single)
+    from shardlab.spec.measure_runtime import parse_runtime
+
     return Accelerator(
         single_thread=single_thread,
+        runtime=parse_runtime(doc["runtime"]) if "runtime" in doc else None,
         efficiency=_efficiency(doc, peaks, matmul_n=doc.get("matmul_n", 2048)),
         name=NAME,
         peak_flops=peaks,
