@@ -16,7 +16,9 @@ from shardlab.plan.step_time import (
 )
 from shardlab.spec.catalog import get_model
 from shardlab.spec.dtypes import get_policy
-from shardlab.spec.hardware import get_accelerator
+from shardlab.spec.hardware import Accelerator, Link, get_accelerator
+from shardlab.spec.measure import NAME
+from shardlab.spec.measure_runtime import Overhead, Runtime
 from shardlab.spec.model import ModelShape
 
 H100 = get_accelerator("h100")
@@ -112,3 +114,77 @@ def test_memory_bound_bytes_are_the_operator_tables(name: str) -> None:
     assert sp[0] == pytest.approx(elems[0] / 4)
     fused, none = layer_elementwise_elements(m, 512, one, np.array([2]), np.array([False]), True)
     assert none[0] == 0 and fused[0] == pytest.approx(elems[0] - soft[0])
+
+
+# -- this machine: the measured runtime ---------------------------------------------------
+
+
+def runtime() -> Runtime:
+    over = {"ddp": Overhead(0.010, 0.001, 0.002, 0.001),
+            "fsdp": Overhead(0.020, 0.005, 0.002, 0.010),
+            "tp": Overhead(0.015, 0.001, 0.010, 0.030),
+            "pp": Overhead(0.012, 0.001, 0.003, 0.002)}
+    coll = {"all_reduce": (1e-4, 1e9), "all_gather": (3e-4, 4e8),
+            "reduce_scatter": (3e-4, 3e8), "send": (4e-5, 5e9)}
+    return Runtime(2, coll, over)
+
+
+def cpu_with(rt: Runtime | None) -> Accelerator:
+    link = Link("loopback", 7e9, 1.5e-4)
+    return Accelerator(NAME, {"fp32": 2.6e11, "bf16": 1.5e12}, 24e9, 1.4e10, 0.0, link, link,
+                       1, runtime=rt)
+
+
+def on_cpu(rt: Runtime | None, text: str, options: StepOptions | None = None) -> dict:
+    m = ModelShape("small", 4, 256, 4, vocab=156, context=128, style="llama", tied=False,
+                   d_ff=1024)
+    space = Space(gpus=2, global_batch=16, seq=128, gpus_per_node=1)
+    return plan(m, cpu_with(rt), space, get_policy("fp32"), options=options,
+                only=layout_candidates(m, space, text)).best[0]
+
+
+@pytest.mark.parametrize("text, styles, layers, micro", [
+    ("dp=2 zero=0 micro_batch=2", (), 4, 4),
+    ("dp=2 zero=3 micro_batch=8", ("fsdp",), 4, 1),
+    ("dp=1 tp=2 micro_batch=4", ("tp",), 4, 4),
+    ("dp=1 pp=2 micro_batch=4 schedule=1f1b", ("pp",), 2, 4),
+])
+def test_overhead_is_the_base_plus_each_style_in_use(text: str, styles: tuple[str, ...],
+                                                     layers: int, micro: int) -> None:
+    rt = runtime()
+    b = on_cpu(rt, text)
+    base = rt.overheads["ddp"].seconds(micro, layers)
+    want = base + sum(rt.overheads[s].seconds(micro, layers) - base for s in styles)
+    assert b["breakdown"]["overhead"] == pytest.approx(want, rel=1e-12)
+    assert sum(b["breakdown"][k] for k in PARTS) == pytest.approx(b["step_seconds"])
+
+
+def test_without_a_runtime_there_is_no_overhead_and_the_link_prices_comm() -> None:
+    text = "dp=2 zero=0 micro_batch=8"
+    bare, measured = on_cpu(None, text), on_cpu(runtime(), text)
+    assert bare["breakdown"]["overhead"] == 0 < measured["breakdown"]["overhead"]
+    assert one(get_model("llama-3-8b"), 8, 64, 4096, "dp=8 zero=1")["breakdown"][
+        "overhead"] == 0  # a catalog accelerator has no measured runtime
+
+
+def test_collectives_take_gloo_rates_without_latency() -> None:
+    # DDP's one gradient all-reduce, not overlapped: 2(p-1)/p x bytes at the all-reduce fit.
+    rt = runtime()
+    b = on_cpu(rt, "dp=2 zero=0 micro_batch=8", StepOptions(overlap_dp=False))
+    grads = b["memory_breakdown"]["gradients"]
+    assert b["breakdown"]["dp_comm"] == pytest.approx(grads / rt.collectives["all_reduce"][1])
+    # ZeRO-3 gathers twice and reduce-scatters once, each at its own rate.
+    z3 = on_cpu(rt, "dp=2 zero=3 micro_batch=8", StepOptions(overlap_dp=False))
+    weights = 2 * z3["memory_breakdown"]["weights"]  # the gathered whole (ZeRO-3 holds half)
+    want = 2 * 0.5 * weights / rt.collectives["all_gather"][1] + (
+        0.5 * grads / rt.collectives["reduce_scatter"][1])
+    assert z3["breakdown"]["dp_comm"] == pytest.approx(want, rel=1e-9)
+
+
+def test_eager_gradient_accumulation_is_a_memory_pass_per_extra_micro_batch() -> None:
+    text = "dp=2 zero=0 micro_batch=2"  # 4 micro-batches
+    fused = on_cpu(None, text, StepOptions(overlap_dp=False))
+    eager = on_cpu(None, text, StepOptions(overlap_dp=False, fused_accumulation=False))
+    grads = fused["memory_breakdown"]["gradients"]
+    extra = eager["breakdown"]["compute"] - fused["breakdown"]["compute"]
+    assert extra == pytest.approx(3 * 3 * grads / (1.4e10 / 2), rel=1e-9)  # 2 ranks share

@@ -24,6 +24,7 @@ from shardlab.spec.measure import (
     measurement_path,
     save_measurement,
 )
+from shardlab.spec.measure_runtime import SIZES, parse_runtime
 
 pytest.importorskip("torch")
 
@@ -166,12 +167,27 @@ def test_corrupt_file_is_spec_error_naming_it(tmp_path: Path, measured: dict[str
     assert "shardlab hardware --measure" in message
 
 
+@pytest.mark.multiprocess
 def test_cli_measure_json_then_listed(capsys: pytest.CaptureFixture[str], home: Path) -> None:
     code, out, err = run_cli(capsys, "hardware", "--measure", "--seconds", "0.2", "--json")
     assert code == 0, err
     assert err == ""
     doc = json.loads(out)  # one JSON document and nothing else
     assert doc["name"] == NAME
+    # The 2-rank part: gloo's fits and the runtime's fixed costs, usable by the planner.
+    rt = parse_runtime(doc["runtime"])
+    assert rt is not None and rt.world == 2
+    for name, (latency, bandwidth) in rt.collectives.items():
+        assert 0 <= latency < 0.1 and 1e6 < bandwidth < 1e12, name
+        samples = doc["runtime"]["collectives"][name]["samples"]
+        assert [n for n, _ in samples] == list(SIZES) and all(t > 0 for _, t in samples)
+    for style, o in rt.overheads.items():
+        points = doc["runtime"]["overheads"][style]["points"]
+        assert len(points) == 4 and all(p["seconds"] > 0 for p in points), style
+        assert o.seconds(2, 2) > 0
+    # DTensor dispatch on every operator costs more than plain eager (DDP) does.
+    assert rt.overheads["tp"].seconds(2, 2) > rt.overheads["ddp"].seconds(2, 2)
+    assert load_measurement().runtime == rt
     assert doc["peak_flops"]["fp32"] > 0 and doc["peak_flops"]["bf16"] > 0
     assert doc["memory_bandwidth"] > 0
     assert doc["path"] == str(home / "cpu.json")
@@ -193,9 +209,12 @@ def test_cli_measure_json_then_listed(capsys: pytest.CaptureFixture[str], home: 
 
 def test_cli_measure_human_view(capsys: pytest.CaptureFixture[str], home: Path) -> None:
     code, out, err = run_cli(capsys, "hardware", "--measure", "--seconds", "0.2",
-                             "--threads", "1")
+                             "--threads", "1", "--no-runtime")
     assert code == 0, err
     assert "TFLOP/s" in out and "GB/s" in out and "cpu.json" in out
+    assert "gloo" not in out  # the 2-rank part was left out
+    assert "runtime" not in json.loads((home / "cpu.json").read_text())
+    assert load_measurement().runtime is None
 
 
 def test_cli_hardware_without_measurement_has_no_cpu_row(capsys: pytest.CaptureFixture[str],
@@ -205,10 +224,11 @@ def test_cli_hardware_without_measurement_has_no_cpu_row(capsys: pytest.CaptureF
     assert NAME not in {a["name"] for a in json.loads(out)["accelerators"]}
 
 
-@pytest.mark.parametrize("argv", [["--seconds", "1"], ["--threads", "1"],
+@pytest.mark.parametrize("argv", [["--seconds", "1"], ["--threads", "1"], ["--no-runtime"],
                                   ["--measure", "--seconds", "0"],
                                   ["--measure", "--hardware-file", "x.toml"]],
-                         ids=["seconds-alone", "threads-alone", "zero-seconds", "with-file"])
+                         ids=["seconds-alone", "threads-alone", "no-runtime-alone",
+                              "zero-seconds", "with-file"])
 def test_cli_bad_measure_flags_are_one_line(capsys: pytest.CaptureFixture[str], home: Path,
                                             argv: list[str]) -> None:
     code, out, err = run_cli(capsys, "hardware", *argv)
@@ -227,7 +247,8 @@ def test_cli_corrupt_stored_file_is_one_line(capsys: pytest.CaptureFixture[str],
 
 
 def test_import_does_not_pull_in_torch() -> None:
-    code = ("import sys, shardlab.spec.measure, shardlab.cli.catalogs; "
+    code = ("import sys, shardlab.spec.measure, shardlab.spec.measure_runtime, "
+            "shardlab.cli.catalogs; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        check=False)
