@@ -97,16 +97,14 @@ def load_documents(args: argparse.Namespace) -> tuple[int, list[list[int]]]:
     return byte_documents(path, doc_tokens=args.seq + 1)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Check everything, start the ranks, print measured beside predicted."""
-    import dataclasses
-    import sys
-
+def prepare(args: argparse.Namespace) -> tuple[Any, float | None]:
+    """The run's TrainConfig and the peak MFU divides by, every check done and the log and
+    checkpoint folders made: what ``run`` launches (and the tests, several runs at once)."""
     from shardlab.cli.simulate import build_shape
     from shardlab.dist import checkpoint
-    from shardlab.dist.launch import LaunchError, launch, under_torchrun
-    from shardlab.train import TrainConfig, check_config, reference_run
-    from shardlab.train_report import peak_flops, report
+    from shardlab.dist.launch import under_torchrun
+    from shardlab.train import TrainConfig, check_config
+    from shardlab.train_report import peak_flops
 
     vocab, docs = load_documents(args)
     init = _init_folder(args)
@@ -149,6 +147,21 @@ def run(args: argparse.Namespace) -> int:
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     if args.checkpoint_dir:
         Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    return cfg, peak
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check everything, start the ranks, print measured beside predicted."""
+    import dataclasses
+    import sys
+
+    from shardlab.dist import checkpoint
+    from shardlab.dist.launch import LaunchError, launch, under_torchrun
+    from shardlab.train import reference_run
+    from shardlab.train_report import report
+
+    cfg, peak = prepare(args)
+    shape, world, log_dir = cfg.shape, cfg.world, cfg.log_dir
     reference = reference_run(cfg) if args.check_parity else None
     restarts = []
     while True:
