@@ -1,14 +1,14 @@
 """The gloo AVG probe, FSDP2 against one process, and distributed checkpointing, on real ranks.
 
-Each experiment runs through ``shardlab.dist.launch.launch`` (about 4 s of start-up per
-launch on two cores); fsdp2 also at world size 4. Every check must pass on every rank, and
-the checkpoint's ``after`` (no process group) must pass in this process.
+Each experiment runs in the session's launch at its world size (tests/verify/conftest.py:
+the start-up is paid once per world size); fsdp2 also at world size 4. Every check must
+pass on every rank, and the checkpoint's ``after`` (no process group) must pass in this
+process.
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
@@ -40,28 +40,28 @@ def test_ratio_classification() -> None:
         needs_force_sum(3.0, 2)
 
 
-def test_gloo_avg(tmp_path: Path, run_everywhere) -> None:
-    results = run_everywhere("gloo_avg", 2, tmp_path, EXPECTED_NAMES["gloo_avg"])
+def test_gloo_avg(run_everywhere) -> None:
+    results, work = run_everywhere("gloo_avg", 2, EXPECTED_NAMES["gloo_avg"])
     known = {c["name"]: c for c in results[0]}["avg_ratio_is_known"]
     assert "AVG honoured" in known["detail"] or "AVG summed" in known["detail"]
-    assert not any(tmp_path.iterdir()), "the experiment wrote under work_dir"
+    assert not any(work.iterdir()), "the experiment wrote under work_dir"
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_fsdp2(tmp_path: Path, run_everywhere, world_size: int) -> None:
-    results = run_everywhere("fsdp2", world_size, tmp_path, EXPECTED_NAMES["fsdp2"])
+def test_fsdp2(run_everywhere, world_size: int) -> None:
+    results, work = run_everywhere("fsdp2", world_size, EXPECTED_NAMES["fsdp2"])
     by_name = {c["name"]: c for c in results[0]}
     assert f"1/world = {1 / world_size:.4f}" in by_name["local_numel_fraction"]["detail"]
-    assert not any(tmp_path.iterdir()), "the experiment wrote under work_dir"
+    assert not any(work.iterdir()), "the experiment wrote under work_dir"
 
 
-def test_checkpoint_and_reshard(tmp_path: Path, run_everywhere) -> None:
+def test_checkpoint_and_reshard(run_everywhere) -> None:
     from shardlab.verify import checkpoint
 
-    run_everywhere("checkpoint", 2, tmp_path, EXPECTED_NAMES["checkpoint"])
-    after = checkpoint.after(str(tmp_path))
+    _, work = run_everywhere("checkpoint", 2, EXPECTED_NAMES["checkpoint"])
+    after = checkpoint.after(str(work))
     assert {c["name"] for c in after} >= AFTER_NAMES
     failed = [c for c in after if not c["passed"]]
     assert not failed, failed
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "consolidated.pt",
-                                                          "expected.pt"]
+    assert sorted(p.name for p in work.iterdir()) == ["ckpt", "consolidated.pt",
+                                                      "expected.pt"]

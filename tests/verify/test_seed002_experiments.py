@@ -1,19 +1,20 @@
 """Seed 002's experiments on two real gloo ranks, plus their single-process helpers.
 
-One launch runs all four experiments in each rank (through the runner, so the launch's
-few seconds of process start-up are paid once); every check must pass on every rank.
+The session's two-rank launch (tests/verify/conftest.py) runs all four experiments in each
+rank, with the seed-001 experiments, through the runner, so the launch's few seconds of
+process start-up are paid once; every check must pass on every rank.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from shardlab.dist.launch import launch
 from shardlab.nn.model import TransformerLM
 from shardlab.verify import checkpointing, ddp, precision, tp_algebra
 from shardlab.verify.registry import EXPERIMENTS
@@ -24,14 +25,14 @@ NAMES = ["ddp_token_weighting", "activation_checkpointing", "tp_algebra", "preci
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("seed002")
+def per_rank(launched: Callable[[int], tuple[list[dict[str, Any]], Path]]
+             ) -> list[dict[str, Any]]:
+    return launched(2)[0]
 
 
 @pytest.fixture(scope="module")
-def per_rank(work: Path) -> list[dict[str, Any]]:
-    return launch("shardlab.verify.runner:run_experiments", 2, (NAMES, str(work)),
-                  timeout_s=60)
+def work(launched: Callable[[int], tuple[list[dict[str, Any]], Path]]) -> Path:
+    return launched(2)[1]
 
 
 def test_registry_points_at_these_modules() -> None:
@@ -117,7 +118,7 @@ def test_tp_operands_are_the_same_on_every_call() -> None:
 
 
 def test_experiments_write_nothing(per_rank: list[dict[str, Any]], work: Path) -> None:
-    assert [p for p in work.rglob("*") if p.is_file()] == []
+    assert [p for n in NAMES for p in (work / n).rglob("*") if p.is_file()] == []
 
 
 def test_each_experiment_is_quick(per_rank: list[dict[str, Any]]) -> None:
