@@ -7,7 +7,8 @@ the parallelized copy runs on the rank's data-parallel share with
 FSDP2 and DDP average gradients over dp ranks). Compared: the logits of the share, the
 loss summed over dp ranks, every gradient (``full_tensor()`` of DTensors) and, where asked,
 the parameters after one AdamW step. The rank functions live in this file; a tiny module
-written to ``tmp_path`` loads it so the launcher's spawned workers can import them.
+written to a temporary folder loads it so the launcher's spawned workers can import them.
+The two-rank meshes (tp 2, dp 2) run in one launch.
 """
 
 from __future__ import annotations
@@ -172,23 +173,47 @@ def run_cases(ctx: Any, mesh_shape: tuple[int, int], cases: list[dict[str, Any]]
     return {"results": results, "refusals": _refusals(mesh) if refusals else {}}
 
 
+def run_meshes(ctx: Any, runs: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """Several ``run_cases`` one after another in the same ranks (one start-up)."""
+    return [run_cases(ctx, *run) for run in runs]
+
+
 # --- fixtures ------------------------------------------------------------------------------
 
-@pytest.fixture
-def cases_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A module in tmp_path that loads this file, so spawned workers can import its functions."""
+def _cases_module(folder: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A module in ``folder`` that loads this file, so spawned workers can import its
+    functions."""
     name = f"parallelize_cases_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{name}.py").write_text(
+    (folder / f"{name}.py").write_text(
         "import importlib.util\n"
         f"_spec = importlib.util.spec_from_file_location({name + '_impl'!r}, {__file__!r})\n"
         "_mod = importlib.util.module_from_spec(_spec)\n"
         "_spec.loader.exec_module(_mod)\n"
-        "run_cases = _mod.run_cases\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path),
+        "run_cases = _mod.run_cases\n"
+        "run_meshes = _mod.run_meshes\n")
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(folder),
                                                      os.environ.get("PYTHONPATH", "")]))
     assert importlib.util.find_spec(name) is not None
     return name
+
+
+@pytest.fixture
+def cases_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    return _cases_module(tmp_path, monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    """The tensor-parallel (mesh 1 x 2) and data-parallel (2 x 1) cases, each rank's results
+    by mesh, from one launch of two ranks."""
+    folder = tmp_path_factory.mktemp("parallelize")
+    with pytest.MonkeyPatch.context() as mp:
+        module = _cases_module(folder, mp)
+        out = launch(f"{module}:run_meshes", 2, ([((1, 2), TP_CASES, True),
+                                                  ((2, 1), DP_CASES)],),
+                     timeout_s=120, log_dir=str(folder / "logs"))
+    return {"tp": [rank[0] for rank in out], "dp": [rank[1] for rank in out]}
 
 
 def _assert_equal(results: list[dict[str, Any]]) -> None:
@@ -210,9 +235,8 @@ TP_CASES: list[dict[str, Any]] = [
 ]
 
 
-def test_tensor_parallel_equals_one_process(cases_module: str, tmp_path: Path) -> None:
-    out = launch(f"{cases_module}:run_cases", 2, ((1, 2), TP_CASES, True), timeout_s=120,
-                 log_dir=str(tmp_path / "logs"))
+def test_tensor_parallel_equals_one_process(two_ranks: dict[str, Any]) -> None:
+    out = two_ranks["tp"]
     _assert_equal(out)
     for result in out:
         by_case = {r["case"]: r for r in result["results"]}
@@ -241,9 +265,8 @@ DP_CASES: list[dict[str, Any]] = [
 ]
 
 
-def test_data_parallel_equals_one_process(cases_module: str, tmp_path: Path) -> None:
-    out = launch(f"{cases_module}:run_cases", 2, ((2, 1), DP_CASES), timeout_s=120,
-                 log_dir=str(tmp_path / "logs"))
+def test_data_parallel_equals_one_process(two_ranks: dict[str, Any]) -> None:
+    out = two_ranks["dp"]
     _assert_equal(out)
     fsdp = [result["results"][0] for result in out]
     ref = fsdp[0]["ref_bytes"]
