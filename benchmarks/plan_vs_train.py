@@ -9,6 +9,11 @@ ranks, the Spearman rank correlation and the share of layout pairs the planner o
 as measured. The 1-minute load average is printed before and after each round.
 
     python benchmarks/plan_vs_train.py [--rounds 3] [--steps 6] [--d-model 256] [--seq 128]
+                                       [--remeasure]
+
+``--remeasure`` runs ``shardlab hardware --measure`` first (matmul rates, gloo's collectives,
+the runtime's fixed costs per parallel style), so the prediction and the runs it is
+compared with see the same machine load.
 """
 
 from __future__ import annotations
@@ -70,8 +75,14 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--global-batch", type=int, default=16)
+    ap.add_argument("--remeasure", action="store_true",
+                    help="run `shardlab hardware --measure` before predicting")
     a = ap.parse_args()
-    predicted, commands = [], []
+    if a.remeasure:
+        print(f"measuring this machine; load average: {load()}", flush=True)
+        subprocess.run([sys.executable, "-m", "shardlab", "hardware", "--measure", "--json"],
+                       check=True, capture_output=True, timeout=600)
+    predicted, commands, parts = [], [], []
     for text in LAYOUTS:
         args = build_parser().parse_args([
             "plan", "--gpu", "cpu", "--gpus", "2", "--d-model", str(a.d_model), "--layers",
@@ -79,6 +90,7 @@ def main() -> int:
             str(a.global_batch), "--layout", text])
         best = plan_document(args)["best"][0]
         predicted.append(best["tokens_per_second"])
+        parts.append(best["breakdown"])
         cmd = shlex.split(best["train_command"])
         commands.append([sys.executable, "-m", "shardlab", *cmd[1:], "--steps",
                          str(a.steps), "--json"])
@@ -96,11 +108,13 @@ def main() -> int:
     pr, mr = ranks(predicted), ranks(med)
     print()
     print(f"{'layout':40s} {'predicted':>10s} {'measured':>10s} {'min-max':>13s} "
-          f"{'m/p':>5s} {'rank p':>6s} {'rank m':>6s}")
+          f"{'m/p':>5s} {'rank p':>6s} {'rank m':>6s}  predicted overhead, comm, bubble (ms)")
     for i, text in enumerate(LAYOUTS):
         print(f"{text:40s} {predicted[i]:10.0f} {med[i]:10.0f} "
               f"{min(measured[i]):6.0f}-{max(measured[i]):<6.0f} {med[i] / predicted[i]:5.2f} "
-              f"{pr[i]:6d} {mr[i]:6d}")
+              f"{pr[i]:6d} {mr[i]:6d}  {parts[i]['overhead'] * 1e3:5.0f} "
+              f"{sum(parts[i][k] for k in ('tp_comm', 'pp_comm', 'dp_comm')) * 1e3:5.0f} "
+              f"{parts[i]['bubble'] * 1e3:5.0f}")
     agree, total = pairs_ordered(predicted, med)
     print(f"tokens/s: measured = median of {a.rounds} round-robin runs of {a.steps} steps")
     print(f"pairs ordered as measured: {agree}/{total}; Spearman rank correlation "

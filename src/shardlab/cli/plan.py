@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +168,9 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
                        "half_intensity": dev.eff.half_intensity,
                        "op_overhead": dev.eff.op_overhead,
                        "link_fraction": dev.eff.link_fraction, "source": dev.eff.source},
+        # This machine's measured runtime (gloo's rates per collective, fixed costs per
+        # parallel style), or null when it was not measured (or is not this machine).
+        "runtime": asdict(dev.runtime) if dev.runtime is not None else None,
         "this_machine": here, "layout_given": args.layout,
         "candidates_evaluated": result.candidates_evaluated, "feasible": result.feasible,
         "rejected": result.rejected, "seconds": result.seconds,

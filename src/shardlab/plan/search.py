@@ -74,7 +74,8 @@ def device_of(acc: Accelerator, policy: DtypePolicy, gpus: int) -> tuple[Device,
             eff = eff1
         if acc.runtime is not None:
             # The measured runtime's fixed costs include every operator's dispatch.
-            eff = replace(eff, op_overhead=0.0)
+            eff = replace(eff, op_overhead=0.0, source=eff.source + "; the per-operator cost "
+                          "is charged within the runtime's measured fixed costs instead")
     return (Device(peak, bandwidth, acc.intra_link, acc.inter_link,
                    acc.gpus_per_node, eff, acc.runtime if is_this_machine(acc) else None),
             memory)

@@ -18,7 +18,8 @@ from shardlab.report import charts
 from shardlab.report.html import Section, heading, para, pre, table_html
 from shardlab.units import human, human_bytes, human_seconds
 
-STEP_PARTS = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "bubble", "optimizer")
+STEP_PARTS = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "bubble", "optimizer",
+              "overhead")
 
 
 def layout_label(b: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ from shardlab.report.tables import show, table
 from shardlab.units import human, human_bytes
 
 _SHORT = {"compute": "compute", "recompute": "recomp", "tp_comm": "tp", "pp_comm": "pp",
-          "dp_comm": "dp", "bubble": "bubble", "optimizer": "optim"}
+          "dp_comm": "dp", "bubble": "bubble", "optimizer": "optim", "overhead": "fixed"}
 
 
 _SCHED = {"interleaved-1f1b": "interleaved", "dualpipev": "dualpipev"}
@@ -36,21 +36,26 @@ def print_plan(doc: dict[str, Any]) -> None:
         f"{doc['feasible']:,} fit",
     ]
     show(*lines)
-    parts = list(_SHORT)
     rows, parts = [], []
+    # The runtime's fixed costs are measured for this machine only: no column elsewhere.
+    short = {k: v for k, v in _SHORT.items()
+             if k != "overhead" or any(b["breakdown"].get(k) for b in doc["best"])}
     for i, b in enumerate(doc["best"], 1):
         mem = human_bytes(b["memory_per_device"]).split(" (")[0]
         rows.append([i, *_mesh(b), f"{b['step_seconds']:.4g}", f"{b['tokens_per_second']:,.0f}",
                      f"{b['mfu']:.1%}", mem + ("" if b["fits"] else " (does not fit)")])
-        parts.append([i, *(f"{b['breakdown'][k]:.3f}" for k in _SHORT)])
+        parts.append([i, *(f"{b['breakdown'][k]:.3f}" for k in short)])
     show(table("Fastest layouts", ["#", "dp·tp·pp", "v", "schedule", "zero", "sp", "recompute",
                                    "mb x m", "step s", "tokens/s", "MFU", "memory/device"],
                rows, left=8),
          table("Where the step goes (seconds; communication and bubble: the exposed part)",
-               ["#", *_SHORT.values()], parts),
+               ["#", *short.values()], parts),
          f"matmul efficiency: {e['peak_fraction']:.3f} x peak x I/(I + "
          f"{e['half_intensity']:.0f}) at intensity I; {e['op_overhead'] * 1e6:.2g} µs per "
-         f"operator; {e['link_fraction']:.0%} of link bandwidth ({e['source']})")
+         f"operator; {e['link_fraction']:.0%} of link bandwidth ({e['source']})",
+         *([] if not doc.get("runtime") else [
+             "fixed: the runtime's fixed costs per step and gloo's rate per collective, both "
+             "measured by `shardlab hardware --measure` with real ranks"]))
     if doc["rejected"]:
         show(table("Rejected", ["reason", "layouts"],
                    [[k, f"{v:,}"] for k, v in sorted(doc["rejected"].items(),
