@@ -4,8 +4,9 @@ stated tolerance, a SIGKILL in the middle of a save, the safe metadata reader, c
 and the manifest.
 
 One launch of two ranks runs every two-rank training in sequence (``run_cases``), so
-the spawn cost is paid once; the files are compared afterwards in this process, with
-no process group (DCP reshards to one process).
+the spawn cost is paid once (the run killed in the middle of a save has a launch of its
+own before it; its resumed run joins the shared one); the files are compared afterwards
+in this process, with no process group (DCP reshards to one process).
 """
 
 from __future__ import annotations
@@ -86,10 +87,35 @@ def _helper_module(folder: Path) -> str:
     return name
 
 
+def _killed_in_save(root: Path) -> tuple[dict[str, Any], TrainConfig]:
+    """FSDP on two ranks, rank 1 SIGKILLed inside the save of step 4 (after writing its
+    shards, before the rename): what the launch raised and took, the children left, and
+    the folder as the kill left it; and the run that resumes it (in the shared launch)."""
+    shape, layout = LAYOUTS["fsdp"]
+    cfg = replace(config(root, "killed", shape, **layout), fail_at_step=4, fail_rank=1,
+                  fail_how="kill-in-save")
+    start = time.monotonic()
+    error = None
+    try:
+        launch("shardlab.train:train_rank", 2, (cfg,), timeout_s=20,
+               log_dir=str(root / "logs-killed"))
+    except LaunchError as e:
+        error = e
+    folder = root / "killed"
+    seen = {"error": error, "seconds": time.monotonic() - start,
+            "children": _live_children(), "tmp_left": (folder / "step-4.tmp").is_dir(),
+            "complete": sorted(checkpoint.complete_steps(folder)),
+            "found": checkpoint.find(folder)}
+    return seen, replace(cfg, fail_at_step=-1, resume_from=str(folder / "step-2"))
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every two-rank run in one launch, after the run killed in the middle of a save
+    (whose resumed run joins the launch)."""
     root = tmp_path_factory.mktemp("ckpt")
-    plan: list[tuple[str, TrainConfig]] = []
+    killed, killed_resumed = _killed_in_save(root)
+    plan: list[tuple[str, TrainConfig]] = [("killed-resumed", killed_resumed)]
     for name, (shape, layout) in LAYOUTS.items():
         first = config(root, name, shape, **layout)
         plan.append((name, first))
@@ -108,7 +134,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         mp.setenv("PYTHONPATH", os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
         out = launch(f"{module}:run_cases", 2, ([cfg for _, cfg in plan],), timeout_s=120,
                      log_dir=str(root / "logs"))
-    return {"root": root, "results": {name: out[0][i] for i, (name, _) in enumerate(plan)}}
+    return {"root": root, "results": {name: out[0][i] for i, (name, _) in enumerate(plan)},
+            "killed": killed}
 
 
 def final_params(folder: Path, shape: ModelShape) -> dict[str, torch.Tensor]:
@@ -160,27 +187,21 @@ def test_keeps_the_last_checkpoints_and_records_the_run(runs: dict[str, Any]) ->
 
 
 @pytest.mark.multiprocess
-def test_sigkill_in_the_middle_of_a_save(runs: dict[str, Any], tmp_path: Path) -> None:
+def test_sigkill_in_the_middle_of_a_save(runs: dict[str, Any]) -> None:
     """Rank 1 is SIGKILLed after writing its shards of step 4, before the rename: the job
     ends naming it, step-4.tmp is left and ignored, step 2 loads, and the resumed run
     ends bitwise equal to the uninterrupted one."""
-    shape, layout = LAYOUTS["fsdp"]
-    cfg = replace(config(tmp_path, "killed", shape, **layout), fail_at_step=4, fail_rank=1,
-                  fail_how="kill-in-save")
-    start = time.monotonic()
-    with pytest.raises(LaunchError) as info:
-        launch("shardlab.train:train_rank", 2, (cfg,), timeout_s=20,
-               log_dir=str(tmp_path / "logs"))
-    assert time.monotonic() - start < 30
-    assert info.value.rank == 1 and "SIGKILL" in info.value.error
-    assert not _live_children()
-    folder = tmp_path / "killed"
-    assert (folder / "step-4.tmp").is_dir() and sorted(checkpoint.complete_steps(folder)) == [2]
-    assert checkpoint.find(folder) == folder / "step-2"
-    launch("shardlab.train:train_rank", 2,
-           (replace(cfg, fail_at_step=-1, resume_from=str(folder / "step-2")),),
-           timeout_s=60, log_dir=str(tmp_path / "logs"))
+    killed, folder = runs["killed"], runs["root"] / "killed"
+    assert isinstance(killed["error"], LaunchError), killed["error"]
+    assert killed["seconds"] < 30
+    assert killed["error"].rank == 1 and "SIGKILL" in killed["error"].error
+    assert not killed["children"]
+    assert killed["tmp_left"] and killed["complete"] == [2]
+    assert killed["found"] == folder / "step-2"
+    resumed = runs["results"]["killed-resumed"]
+    assert resumed["resumed_at"] == 2 and resumed["losses"] == runs["results"]["fsdp"]["losses"]
     assert not (folder / "step-4.tmp").exists()
+    shape = LAYOUTS["fsdp"][0]
     a = final_params(runs["root"] / "fsdp" / "step-4", shape)
     b = final_params(folder / "step-4", shape)
     assert all(torch.equal(a[k], b[k]) for k in a)
