@@ -188,3 +188,23 @@ def test_eager_gradient_accumulation_is_a_memory_pass_per_extra_micro_batch() ->
     grads = fused["memory_breakdown"]["gradients"]
     extra = eager["breakdown"]["compute"] - fused["breakdown"]["compute"]
     assert extra == pytest.approx(3 * 3 * grads / (1.4e10 / 2), rel=1e-9)  # 2 ranks share
+
+
+def test_the_measured_layer_gives_the_memory_bound_rate() -> None:
+    # A layer whose memory-bound operators took exactly 2 GB/s on top of the model's
+    # matmul and attention time gives back 2 GB/s.
+    from shardlab.plan.search import device_of
+    from shardlab.plan.step_time import _layer_forward, probe_elementwise_bandwidth
+
+    dev, _ = device_of(cpu_with(None), get_policy("fp32"), 2)
+    probe = {"batch": 8.0, "seq": 128.0, "d_model": 256.0, "heads": 4.0, "d_ff": 1024.0}
+    shape = ModelShape("probe", 1, 256, 4, vocab=16, context=128, style="llama", tied=False,
+                       d_ff=1024)
+    one = np.ones(1, dtype=np.int64)
+    mat, core = _layer_forward(shape, 128, one, one * 8, dev, moe_layer=False)
+    elements, _ = layer_elementwise_elements(shape, 128, one, one * 8, np.zeros(1, bool), True)
+    ew_bytes = 3 * float(elements[0]) * 4
+    probe["seconds"] = 3 * float((mat + core)[0]) + ew_bytes / 2e9
+    assert probe_elementwise_bandwidth(probe, dev) == pytest.approx(2e9, rel=1e-9)
+    probe["seconds"] = 0.5 * float((mat + core)[0])  # faster than its matmuls: no figure
+    assert probe_elementwise_bandwidth(probe, dev) is None

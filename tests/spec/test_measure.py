@@ -18,6 +18,7 @@ from shardlab.spec.measure import (
     LINEAR_SHAPES,
     LOOPBACK_LATENCY,
     NAME,
+    PROBE,
     accelerator_or_measured,
     load_measurement,
     measure_cpu,
@@ -261,6 +262,20 @@ def test_measure_records_one_thread_figures(measured: dict[str, Any]) -> None:
     assert [(r["t"], r["k"], r["n"]) for r in single["linear_sweep_fp32"]] == list(LINEAR_SHAPES)
     assert all(r["flops_per_s"] > 0 for r in single["linear_sweep_fp32"])
     assert measured["op_seconds_autograd"] > 0 and single["layer_seconds"] > 0
+    probe = single["layer_probe"]
+    assert {k: probe[k] for k in PROBE} == PROBE and probe["seconds"] > 0
+
+
+def test_layer_probe_is_loaded_or_ignored(home: Path, measured: dict[str, Any]) -> None:
+    save_measurement(measured)
+    acc = load_measurement()
+    assert acc is not None and acc.layer_probe == {
+        k: float(v) for k, v in measured["single_thread"]["layer_probe"].items()}
+    for bad in (-1.0, "x", None, True):
+        doc = json.loads(json.dumps(measured))
+        doc["single_thread"]["layer_probe"]["seconds"] = bad
+        save_measurement(doc)
+        assert load_measurement().layer_probe is None, bad
 
 
 def test_one_thread_curve_is_the_least_squares_fit(home: Path, measured: dict[str, Any]) -> None:

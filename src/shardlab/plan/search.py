@@ -34,7 +34,13 @@ from shardlab.plan.space import (
     check_rules,
     enumerate_space,
 )
-from shardlab.plan.step_time import PARTS, Device, StepOptions, step_seconds
+from shardlab.plan.step_time import (
+    PARTS,
+    Device,
+    StepOptions,
+    probe_elementwise_bandwidth,
+    step_seconds,
+)
 from shardlab.spec.dtypes import DtypePolicy
 from shardlab.spec.hardware import Accelerator
 from shardlab.spec.layout import RECOMPUTE, SCHEDULES, make_layout
@@ -59,6 +65,7 @@ def device_of(acc: Accelerator, policy: DtypePolicy, gpus: int) -> tuple[Device,
     memory = acc.memory_bytes
     bandwidth = acc.memory_bandwidth
     eff = efficiency_of(acc)
+    one_thread = False
     if is_this_machine(acc):
         cores = os.cpu_count() or 1
         threads = cores // gpus
@@ -72,13 +79,20 @@ def device_of(acc: Accelerator, policy: DtypePolicy, gpus: int) -> tuple[Device,
             peak1, eff1 = acc.single_thread
             peak = min(peak, peak1 if gpus <= cores else peak1 * cores / gpus)
             eff = eff1
+            one_thread = True
         if acc.runtime is not None:
             # The measured runtime's fixed costs include every operator's dispatch.
             eff = replace(eff, op_overhead=0.0, source=eff.source + "; the per-operator cost "
                           "is charged within the runtime's measured fixed costs instead")
-    return (Device(peak, bandwidth, acc.intra_link, acc.inter_link,
-                   acc.gpus_per_node, eff, acc.runtime if is_this_machine(acc) else None),
-            memory)
+    dev = Device(peak, bandwidth, acc.intra_link, acc.inter_link, acc.gpus_per_node, eff,
+                 acc.runtime if is_this_machine(acc) else None)
+    if one_thread and acc.layer_probe is not None:
+        # One-thread ranks: memory-bound operators at the rate the measured layer shows,
+        # no faster than this rank's share of the memory bandwidth.
+        rate = probe_elementwise_bandwidth(acc.layer_probe, dev)
+        if rate is not None:
+            dev = replace(dev, elementwise_bandwidth=min(rate, bandwidth))
+    return dev, memory
 
 
 @dataclass

@@ -97,6 +97,10 @@ class Device:
     gpus_per_node: int
     eff: Efficiency
     runtime: Runtime | None = None
+    elementwise_bandwidth: float = 0.0
+    """Bytes/s at which the memory-bound operators' counted bytes move; 0: the memory
+    bandwidth. This machine's comes from its measured layer
+    (:func:`probe_elementwise_bandwidth`)."""
 
     def link(self, collective: str, inside: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(latency s, bandwidth bytes/s) of ``collective`` per layout: the measured gloo fit
@@ -210,8 +214,9 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
         mat_l, core_l = mat_d, core_d
     # Memory-bound operators at the memory bandwidth (bytes = elements x activation bytes).
     ew_elems, soft_elems = layer_elementwise_elements(m, seq, tp, mb, c.sp, opt.flash)
-    ew_l = ew_elems * policy.activation_bytes / dev.memory_bandwidth
-    soft_l = soft_elems * policy.activation_bytes / dev.memory_bandwidth
+    ew_bw = dev.elementwise_bandwidth or dev.memory_bandwidth
+    ew_l = ew_elems * policy.activation_bytes / ew_bw
+    soft_l = soft_elems * policy.activation_bytes / ew_bw
     fwd_layer = mat_l + core_l + ew_l
     tokens = (mb * seq).astype(float)
     head = matmul_seconds(2.0 * tokens * m.d_model * m.vocab / tp, tokens, m.d_model,
@@ -302,3 +307,26 @@ def runtime_overhead(rt: Runtime, c: Candidates, micro: np.ndarray, layers: np.n
         extra = np.maximum(rt.overheads[style].seconds(micro, layers) - base, 0.0)
         total = total + np.where(used, extra, 0.0)
     return total
+
+
+def probe_elementwise_bandwidth(probe: dict[str, float], dev: Device, flash: bool = True
+                                ) -> float | None:
+    """The rate (bytes/s) at which this machine's memory-bound operators move the bytes the
+    model counts, from one layer timed forward + backward on one thread (``probe``, see
+    :mod:`shardlab.spec.measure`): the measured seconds less the model's matmul and
+    attention-core time for that layer (3 x forward), over the model's memory-bound bytes
+    (forward + twice that in backward, fp32). Eager RMSNorm, rotary embedding and SwiGLU
+    make several passes over what the operator table counts once, so this is well below
+    the copy bandwidth. None when the matmuls alone take the measured time."""
+    shape = ModelShape("probe", 1, int(probe["d_model"]), int(probe["heads"]), vocab=16,
+                       context=int(probe["seq"]), style="llama", tied=False,
+                       d_ff=int(probe["d_ff"]))
+    one = np.ones(1, dtype=np.int64)
+    batch = one * int(probe["batch"])
+    mat, core = _layer_forward(shape, int(probe["seq"]), one, batch, dev, moe_layer=False)
+    elements, _ = layer_elementwise_elements(shape, int(probe["seq"]), one, batch,
+                                             np.zeros(1, bool), flash)
+    left = probe["seconds"] - 3 * float((mat + core)[0])
+    if left <= 0:
+        return None
+    return 3 * float(elements[0]) * 4 / left

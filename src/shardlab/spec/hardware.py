@@ -86,6 +86,11 @@ class Accelerator:
     single_thread: tuple[float, Efficiency] | None = field(default=None, compare=False)
     """A measured CPU only: (fp32 FLOP/s of one thread, that thread's efficiency curve),
     what each of several one-thread processes gets (:mod:`shardlab.spec.measure`)."""
+    layer_probe: dict[str, float] | None = field(default=None, compare=False)
+    """A measured CPU only: one llama layer's forward + backward on one thread (``batch``,
+    ``seq``, ``d_model``, ``heads``, ``d_ff`` and ``seconds``), from which the planner
+    derives what its memory-bound operators cost (:func:`shardlab.plan.step_time.
+    probe_elementwise_bandwidth`)."""
     runtime: Runtime | None = field(default=None, compare=False)
     """A measured CPU only: gloo's collective rates and the runtime's fixed costs per
     parallel style, measured with real ranks (:mod:`shardlab.spec.measure_runtime`)."""

@@ -102,6 +102,9 @@ LINEAR_SHAPES = ((128, 256, 1024), (256, 256, 256), (256, 256, 1024), (1024, 256
                  (1024, 1024, 256), (1024, 256, 1024), (2048, 512, 512), (2048, 128, 256))
 """(tokens t, in features k, out features n) of the one-thread linear-layer sweep."""
 
+PROBE = {"batch": 8, "seq": 128, "d_model": 256, "heads": 4, "d_ff": 1024}
+"""The llama-style layer timed forward + backward on one thread (``layer_probe``)."""
+
 COLD_BYTES = 32 * 2**20
 """Bytes one pass of the linear-layer sweep streams (several copies of each shape's
 operands), 8x this machine's 4 MiB L2: the matmuls of a training step find their
@@ -289,8 +292,21 @@ def measure_cpu(seconds: float = 2.0, threads: int | None = None, *, matmul_n: i
         tmask, trope = attention_mask(None, 4, xt.device), rope_tables(4, 8, torch.float32)
         layer_s = _best_seconds(lambda: block(xt, tmask, trope).sum().backward(), budget / 8,
                                 min_runs=20)
+        # One real layer's forward + backward (matmuls, attention and the memory-bound
+        # operators as eager torch runs them): what the planner's memory-bound operators
+        # really cost here is what is left after its matmul and attention estimates.
+        probe = ModelShape("probe", 1, PROBE["d_model"], PROBE["heads"], vocab=16,
+                           context=PROBE["seq"], style="llama", tied=False, d_ff=PROBE["d_ff"])
+        block = Block(probe, torch.float32)
+        xp = torch.randn(PROBE["batch"], PROBE["seq"], PROBE["d_model"], generator=gen,
+                         requires_grad=True)
+        pmask = attention_mask(None, PROBE["seq"], xp.device)
+        prope = rope_tables(PROBE["seq"], probe.head_dim, torch.float32)
+        probe_s = _best_seconds(lambda: block(xp, pmask, prope).sum().backward(), budget / 8,
+                                min_runs=3)
         single = {"peak_fp32": 2.0 * n1**3 / t, "matmul_n": n1,
-                  "linear_sweep_fp32": linear, "layer_seconds": layer_s}
+                  "linear_sweep_fp32": linear, "layer_seconds": layer_s,
+                  "layer_probe": {**PROBE, "seconds": probe_s}}
     finally:
         torch.set_num_threads(previous)
 
@@ -427,6 +443,7 @@ def load_measurement(path: str | Path | None = None) -> Accelerator | None:
 
     return Accelerator(
         single_thread=single_thread,
+        layer_probe=_layer_probe(single),
         runtime=parse_runtime(doc["runtime"]) if "runtime" in doc else None,
         efficiency=_efficiency(doc, peaks, matmul_n=doc.get("matmul_n", 2048)),
         name=NAME,
@@ -478,6 +495,17 @@ def _efficiency(doc: dict[str, Any], peaks: dict[str, float], matmul_n: object
                       f"measured on this machine: fp32 torch.mm at n = "
                       f"{', '.join(sorted(sweep, key=float))} against n = {int(n)}; one tiny "
                       f"operator {float(op) * 1e6:.1f} µs")
+
+
+def _layer_probe(single: object) -> dict[str, float] | None:
+    """The stored one-thread layer timing, or None when absent or not all positive numbers."""
+    probe = single.get("layer_probe") if isinstance(single, dict) else None
+    keys = (*PROBE, "seconds")
+    if not isinstance(probe, dict) or any(
+            isinstance(probe.get(k), bool) or not isinstance(probe.get(k), int | float)
+            or not math.isfinite(probe[k]) or probe[k] <= 0 for k in keys):
+        return None
+    return {k: float(probe[k]) for k in keys}
 
 
 def _single_thread(target: Path, doc: dict[str, Any], single: dict[str, Any]
