@@ -1,5 +1,7 @@
-"""``shardlab train`` end to end: parity with one process for every layout of issue 6,
-state bytes and FLOPs beside the cost model, a rank that fails, bad input."""
+"""``shardlab train``: parity with one process for every layout of issue 6, state bytes,
+FLOPs, activations and bytes sent beside the cost model (the CLI's parser, checks and
+report; the runs of one world size share a launch), a rank that fails (a real
+``python -m shardlab`` process), the human view, bad input."""
 
 from __future__ import annotations
 
