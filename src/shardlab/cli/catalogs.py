@@ -33,7 +33,7 @@ def register(sub: Any) -> None:
                    help="torch threads for --measure (default: torch's setting)")
     p.add_argument("--no-runtime", action="store_true",
                    help="--measure without the 2-rank part (gloo's collective rates and "
-                   "the runtime's fixed costs per parallel style, about 20 s)")
+                   "the runtime's fixed costs per parallel style, about 13 s)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(run=run_hardware)
 

@@ -123,7 +123,7 @@ def _plan() -> tuple[dict[str, Any], dict[str, Any]]:
         # The planner and MFU need this CPU's peak; measuring takes a few seconds, once.
         show("this CPU has not been measured yet: measuring its matmul peak, memory "
              "bandwidth, gloo's collectives and the runtime's fixed costs per parallel style "
-             "(about 30 s, stored for next time) ...")
+             "(about 20 s, stored for next time) ...")
         path = save_measurement(measure_machine(seconds=2.0))
         show(f"  stored in {path}")
     doc = plan_document(_parse(add_plan_args, PLAN_ARGS))
