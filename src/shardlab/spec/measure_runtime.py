@@ -10,8 +10,8 @@
   (relative error), to the ring formulas of :mod:`shardlab.plan.comm_time`:
   all-reduce 2(p-1)α + 2(p-1)/p·n/B, gather and scatter (p-1)α + (p-1)/p·n/B (n the
   whole, gathered buffer), send α + n/B (Thakur, Rabenseifner & Gropp 2005). gloo's
-  rates differ by collective (its all-gather on loopback is several times slower than
-  its all-reduce per byte), so each keeps its own α and B instead of one link speed.
+  rates differ by collective (its all-gather and reduce-scatter on loopback move a byte
+  1.5-3x slower than its all-reduce), so each keeps its own α and B, not one link speed.
 * **the runtime's fixed costs per step** (``overheads``): ``shardlab train`` itself
   (:func:`shardlab.train.train_rank`) on a tiny model (d = 16, 8 tokens per sequence,
   so the arithmetic is microseconds and what is left is Python, autograd, hooks,
