@@ -92,14 +92,17 @@ class Runtime:
 
 
 def ring_terms(name: str, nbytes: float, p: int) -> tuple[float, float]:
-    """(coefficient of α, bytes over B) of collective ``name`` on p ranks and n bytes."""
-    if name == "all_reduce":
-        return 2.0 * (p - 1), 2.0 * (p - 1) / p * nbytes
-    if name in ("all_gather", "reduce_scatter"):
-        return float(p - 1), (p - 1) / p * nbytes
+    """(coefficient of α, bytes over B) of collective ``name`` on p ranks and n bytes: the
+    planner's own ring formulas (:mod:`shardlab.plan.comm_time`) at α = 1, B = ∞ and at
+    α = 0, B = 1, so the fit and the planner price a collective the same way."""
+    from shardlab.plan.comm_time import allreduce_seconds, gather_seconds, send_seconds
+
+    if name not in COLLECTIVES:
+        raise SpecError("collective", name, f"must be one of {', '.join(COLLECTIVES)}")
     if name == "send":
-        return 1.0, float(nbytes)
-    raise SpecError("collective", name, f"must be one of {', '.join(COLLECTIVES)}")
+        return float(send_seconds(nbytes, 1.0, math.inf)), float(send_seconds(nbytes, 0.0, 1.0))
+    ring = allreduce_seconds if name == "all_reduce" else gather_seconds
+    return float(ring(nbytes, p, 1.0, math.inf)), float(ring(nbytes, p, 0.0, 1.0))
 
 
 def fit_collective(name: str, p: int, samples: list[tuple[float, float]]
