@@ -122,3 +122,35 @@ def test_add_plan_args_and_plan_document_for_other_commands(cpu_home: Path) -> N
     with pytest.raises(SpecError):
         plan_document(p.parse_args(["gpt2", "--gpus", "4", "--global-batch", "16", "--gpu",
                                     "nope"]))
+
+
+def test_an_emulated_bf16_is_planned_slow_and_said(capsys: pytest.CaptureFixture[str],
+                                                   tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU whose bf16 matmul is torch's emulated kernel (1.6 GFLOP/s, fp32 100): the plan
+    in bf16 is priced at that rate and says fp32 is the fast path; in fp32 it says nothing."""
+    from shardlab.cli.train import dtype_note
+    from shardlab.spec.measure import load_measurement
+
+    monkeypatch.setenv("SHARDLAB_HOME", str(tmp_path))
+    save_measurement({"schema": SCHEMA, "name": "cpu (measured)",
+                      "peak_flops": {"fp32": 1e11, "bf16": 1.6e9}, "memory_bytes": 8e9,
+                      "memory_bandwidth": 2e10, "copy_bandwidth": 1e10, "power_watts": 0,
+                      "threads": 2, "kernels": {"fp32": "native", "bf16": "emulated"}})
+    assert load_measurement().emulated == ("bf16",)
+    docs = {}
+    for dtype in ("fp32", "bf16"):
+        code, out, _ = run(capsys, "--gpu", "cpu", "--gpus", "2", "--global-batch", "8",
+                           "--dtype", dtype, "--json")
+        assert code == 0
+        docs[dtype] = json.loads(out)
+    assert docs["fp32"]["notes"] == []
+    (note,) = docs["bf16"]["notes"]
+    assert "emulated" in note and "x0.016 of fp32" in note and "fp32 is the fast path" in note
+    assert docs["bf16"]["best"][0]["step_seconds"] > 5 * docs["fp32"]["best"][0]["step_seconds"]
+    code, out, _ = run(capsys, "--gpu", "cpu", "--gpus", "2", "--global-batch", "8",
+                       "--dtype", "bf16")
+    assert code == 0 and "note: bf16 matmuls run torch's emulated kernel" in out
+    # shardlab train says the same before it starts, for this machine only.
+    assert dtype_note("bf16", None) == note and dtype_note("bf16", "cpu") == note
+    assert dtype_note("fp32", None) is None and dtype_note("bf16", "h100") is None

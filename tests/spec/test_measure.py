@@ -15,6 +15,7 @@ from shardlab.cli import main
 from shardlab.errors import SpecError
 from shardlab.spec.hardware import ACCELERATORS, Accelerator
 from shardlab.spec.measure import (
+    BUDGET_SHARES,
     LINEAR_SHAPES,
     LOOPBACK_LATENCY,
     NAME,
@@ -172,9 +173,12 @@ def test_corrupt_file_is_spec_error_naming_it(tmp_path: Path, measured: dict[str
 def test_cli_measure_json_then_listed(capsys: pytest.CaptureFixture[str], home: Path) -> None:
     code, out, err = run_cli(capsys, "hardware", "--measure", "--seconds", "0.2", "--json")
     assert code == 0, err
-    assert err == ""
     doc = json.loads(out)  # one JSON document and nothing else
     assert doc["name"] == NAME
+    # Progress goes to stderr: one line per phase, each phase with its budget recorded.
+    names = [p["name"] for p in doc["phases"]]
+    assert names == [*BUDGET_SHARES, "runtime"]
+    assert [line.split()[0] for line in err.splitlines()] == [n.split()[0] for n in names]
     # The 2-rank part: gloo's fits and the runtime's fixed costs, usable by the planner.
     rt = parse_runtime(doc["runtime"])
     assert rt is not None and rt.world == 2
@@ -259,7 +263,9 @@ def test_import_does_not_pull_in_torch() -> None:
 def test_measure_records_one_thread_figures(measured: dict[str, Any]) -> None:
     single = measured["single_thread"]
     assert single["peak_fp32"] > 0 and single["matmul_n"] == FAST["matmul_n"] // 2
-    assert [(r["t"], r["k"], r["n"]) for r in single["linear_sweep_fp32"]] == list(LINEAR_SHAPES)
+    # The shapes in order; with a tiny budget the sweep may stop early, after two at least.
+    shapes = [(r["t"], r["k"], r["n"]) for r in single["linear_sweep_fp32"]]
+    assert len(shapes) >= 2 and shapes == list(LINEAR_SHAPES[:len(shapes)])
     assert all(r["flops_per_s"] > 0 for r in single["linear_sweep_fp32"])
     assert measured["op_seconds_autograd"] > 0 and single["layer_seconds"] > 0
     probe = single["layer_probe"]

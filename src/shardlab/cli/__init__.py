@@ -55,6 +55,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecError as e:
         sys.stderr.write(f"shardlab {args.command}: error: {e}\n")
         return 2
+    except KeyboardInterrupt:
+        # Ctrl-C: one line and the shell's code for SIGINT (128 + 2), no traceback.
+        sys.stderr.write(f"shardlab {args.command}: interrupted\n")
+        return 130
     except BrokenPipeError:
         # `shardlab ... | head` closed the pipe: not an error. Point stdout at /dev/null so
         # the interpreter's final flush does not raise again.

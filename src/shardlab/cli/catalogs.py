@@ -28,12 +28,13 @@ def register(sub: Any) -> None:
     p.add_argument("--measure", action="store_true",
                    help="measure this machine's CPU with torch and store the result")
     p.add_argument("--seconds", type=positive_float, default=None,
-                   help="time budget of --measure in seconds (default 2.0)")
+                   help="time budget of --measure's in-process phases in seconds (default 6; "
+                   "each phase has its share, on any CPU)")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch threads for --measure (default: torch's setting)")
     p.add_argument("--no-runtime", action="store_true",
                    help="--measure without the 2-rank part (gloo's collective rates and "
-                   "the runtime's fixed costs per parallel style, about 13 s)")
+                   "the runtime's fixed costs per parallel style, about 13 s more)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(run=run_hardware)
 
@@ -86,50 +87,29 @@ def run_hardware(args: argparse.Namespace) -> int:
 
 
 def run_measure(args: argparse.Namespace) -> int:
-    """Measure this CPU (``shardlab.spec.measure.measure_cpu``), store it, print the figures."""
+    """Measure this CPU (``shardlab.spec.measure_runtime.measure_machine``) with a progress
+    line per phase on stderr, store it atomically, print the figures. Ctrl-C stores
+    nothing (the previous measurement stays as it was) and exits 130 with one line."""
     if args.hardware_file is not None:
         raise SpecError("--hardware-file", str(args.hardware_file),
                         "does not go with --measure")
-    from shardlab.spec.measure import save_measurement
+    import sys
+
+    from shardlab.report.measure_view import measure_progress, print_measurement
+    from shardlab.spec.measure import BUDGET_SHARES, measurement_path, save_measurement
     from shardlab.spec.measure_runtime import measure_machine
 
-    seconds = 2.0 if args.seconds is None else args.seconds
-    doc = measure_machine(seconds=seconds, threads=args.threads, runtime=not args.no_runtime)
+    try:
+        with measure_progress(len(BUDGET_SHARES) + (not args.no_runtime)) as phases:
+            doc = measure_machine(seconds=args.seconds, threads=args.threads,
+                                  runtime=not args.no_runtime, phases=phases)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"shardlab hardware: interrupted: nothing stored, "
+                         f"{measurement_path()} is as it was\n")
+        return 130
     path = save_measurement(doc)
     if args.json:
         print_json({**doc, "path": str(path)})
         return 0
-    from shardlab.report.tables import show, table
-    from shardlab.units import human, human_bytes
-
-    bf16, fp32 = doc["peak_flops"]["bf16"], doc["peak_flops"]["fp32"]
-    rows = [("fp32 matmul", f"{fp32 / 1e12:,.3f} TFLOP/s"),
-            ("bf16 matmul", f"{bf16 / 1e12:,.3f} TFLOP/s (x{bf16 / fp32:.2f} fp32)"),
-            ("memory bandwidth", f"{doc['memory_bandwidth'] / 1e9:,.1f} GB/s (read + write)"),
-            ("copy rate", human(doc["copy_bandwidth"], "B/s")),
-            ("memory", human_bytes(doc["memory_bytes"])),
-            ("power", "unknown (0 W: energy estimates are 0)"),
-            ("threads", str(doc["threads"])),
-            ("torch", doc["torch"])]
-    rows += runtime_rows(doc.get("runtime"))
-    rows.append(("stored in", str(path)))
-    show(table(f"{doc['name']}: best runs within a {seconds:g} s budget", ("figure", "value"),
-               rows, caption=doc["method"], left=2))
+    print_measurement(doc, str(path))
     return 0
-
-
-def runtime_rows(rt: dict[str, Any] | None) -> list[tuple[str, str]]:
-    """Table rows of the measured runtime: each collective's fit, each style's fixed costs."""
-    if not rt:
-        return []
-    from shardlab.units import human
-
-    rows = [(f"gloo {name.replace('_', '-')}",
-             f"{human(c['bandwidth'], 'B/s')}, {c['latency'] * 1e3:.2f} ms latency "
-             f"({rt['world']} ranks)") for name, c in rt["collectives"].items()]
-    for style, o in rt["overheads"].items():
-        rows.append((f"fixed cost, {style}",
-                     f"{o['per_step'] * 1e3:.1f} ms/step + {o['per_layer_step'] * 1e3:.1f} "
-                     f"ms/layer + {o['per_microbatch'] * 1e3:.1f} ms/micro-batch + "
-                     f"{o['per_layer'] * 1e3:.1f} ms/layer/micro-batch"))
-    return rows

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shardlab.cli.args import positive_int
+from shardlab.cli.args import positive_float, positive_int
 from shardlab.errors import SpecError
 
 BUDGET_ARGS = ["hypo-100b", "--gpus", "1024", "--tp", "8", "--pp", "8", "--zero", "1",
@@ -34,6 +34,9 @@ def register(sub: Any) -> None:
     p.add_argument("-o", "--output", default="demo-report.html",
                    help="the HTML report to write (default demo-report.html)")
     p.add_argument("--steps", type=positive_int, default=20, help="training steps")
+    p.add_argument("--measure-seconds", type=positive_float, default=None,
+                   help="budget of the CPU measurement's in-process phases when this CPU "
+                   "has not been measured yet (default 6, as shardlab hardware --measure)")
     p.add_argument("--run-dir", help="where the training run writes (default: a new "
                    "temporary folder)")
     p.set_defaults(run=run)
@@ -69,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
                         "new folder")
 
     budget = _budget()
-    plan, winner = _plan()
+    plan, winner = _plan(args.measure_seconds)
     code, run = _train(winner, args.steps, run_dir)
     if run is None:
         return code
@@ -110,11 +113,12 @@ def _budget() -> tuple[Any, ...]:
     return model, layout, acc, assumptions
 
 
-def _plan() -> tuple[dict[str, Any], dict[str, Any]]:
+def _plan(measure_seconds: float | None) -> tuple[dict[str, Any], dict[str, Any]]:
     from shardlab.cli.plan import add_plan_args, plan_document
+    from shardlab.report.measure_view import measure_progress
     from shardlab.report.plan_view import print_plan
     from shardlab.report.tables import show
-    from shardlab.spec.measure import load_measurement, save_measurement
+    from shardlab.spec.measure import BUDGET_SHARES, load_measurement, save_measurement
     from shardlab.spec.measure_runtime import measure_machine
 
     _step(2, "Which layout trains a small model fastest on this machine's 2 processes?  "
@@ -123,8 +127,10 @@ def _plan() -> tuple[dict[str, Any], dict[str, Any]]:
         # The planner and MFU need this CPU's peak; measuring takes a few seconds, once.
         show("this CPU has not been measured yet: measuring its matmul peak, memory "
              "bandwidth, gloo's collectives and the runtime's fixed costs per parallel style "
-             "(about 20 s, stored for next time) ...")
-        path = save_measurement(measure_machine(seconds=2.0))
+             "(about 20 s on any CPU, stored for next time) ...")
+        with measure_progress(len(BUDGET_SHARES) + 1) as phases:
+            doc = measure_machine(measure_seconds, phases=phases)
+        path = save_measurement(doc)
         show(f"  stored in {path}")
     doc = plan_document(_parse(add_plan_args, PLAN_ARGS))
     print_plan(doc)

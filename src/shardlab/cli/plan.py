@@ -120,7 +120,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     from shardlab.plan.space import TRAIN_SCHEDULES, TRAIN_ZERO, Space
     from shardlab.plan.step_time import StepOptions
     from shardlab.spec.dtypes import get_policy
-    from shardlab.spec.measure import accelerator_or_measured
+    from shardlab.spec.measure import accelerator_or_measured, slow_dtype_note
 
     acc = accelerator_or_measured(args.gpu, args.hardware_file)
     model, model_flags = _model(args)
@@ -172,6 +172,8 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         # parallel style), or null when it was not measured (or is not this machine).
         "runtime": asdict(dev.runtime) if dev.runtime is not None else None,
         "this_machine": here, "layout_given": args.layout,
+        # A dtype with no fast kernel on this measured CPU: priced at its measured slow rate.
+        "notes": [n for n in (slow_dtype_note(acc, dtype),) if n],
         "candidates_evaluated": result.candidates_evaluated, "feasible": result.feasible,
         "rejected": result.rejected, "seconds": result.seconds,
         "smallest_memory_per_device": result.smallest_memory, "best": result.best,

@@ -150,6 +150,17 @@ def prepare(args: argparse.Namespace) -> tuple[Any, float | None]:
     return cfg, peak
 
 
+def dtype_note(dtype: str, gpu: str | None) -> str | None:
+    """The line that says ``dtype`` is slow on this machine (an emulated matmul kernel, as
+    ``shardlab hardware --measure`` found), or None (fast, another --gpu, or unmeasured)."""
+    from shardlab.spec.measure import NAMES, load_measurement, slow_dtype_note
+
+    if gpu is not None and gpu.strip().lower() not in NAMES:
+        return None
+    acc = load_measurement()
+    return slow_dtype_note(acc, dtype) if acc is not None else None
+
+
 def run(args: argparse.Namespace) -> int:
     """Check everything, start the ranks, print measured beside predicted."""
     import dataclasses
@@ -162,6 +173,9 @@ def run(args: argparse.Namespace) -> int:
 
     cfg, peak = prepare(args)
     shape, world, log_dir = cfg.shape, cfg.world, cfg.log_dir
+    note = dtype_note(cfg.dtype, args.gpu)
+    if note:
+        sys.stderr.write(f"shardlab train: note: {note}\n")
     reference = reference_run(cfg) if args.check_parity else None
     restarts = []
     while True:
@@ -188,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
     if not ranks:  # a non-zero rank under torchrun
         return 0
     doc = report(cfg, ranks, reference, log_dir, peak)
+    doc["notes"] = [note] if note else []
     if cfg.checkpoint_dir:
         saves = ranks[0]["checkpoint_seconds"]
         doc["checkpoint"] = {

@@ -25,6 +25,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import socket
 import tempfile
 import time
@@ -157,8 +158,12 @@ class _QuietElastic:
     NAMES = ("torch.distributed.elastic", "torch.distributed.launcher")
 
     def __enter__(self) -> None:
-        self.levels = {n: logging.getLogger(n).level for n in self.NAMES}
-        for n in self.NAMES:
+        # torch gives some of its elastic modules' loggers a level of their own, which a
+        # parent's level does not override: quiet each one that exists.
+        names = [n for n in logging.root.manager.loggerDict
+                 if n.startswith(self.NAMES)] + list(self.NAMES)
+        self.levels = {n: logging.getLogger(n).level for n in names}
+        for n in names:
             logging.getLogger(n).setLevel(logging.CRITICAL)
 
     def __exit__(self, *exc: object) -> None:
@@ -182,7 +187,7 @@ def launch(target: str, world_size: int, args: tuple = (), *, timeout_s: float =
     if under_torchrun():
         result = _run_rank_gathered(target, args, backend, timeout_s, threads)
         return result if result is not None else []
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -202,6 +207,12 @@ def launch(target: str, world_size: int, args: tuple = (), *, timeout_s: float =
         with quiet:
             results = elastic_launch(config, _elastic_entry)(target, args, backend, timeout_s,
                                                              threads, str(failures))
+    except SignalException as e:
+        # The agent turns Ctrl-C (and SIGTERM) into its own exception after stopping the
+        # ranks; to the caller it is the interrupt it would have been without ranks.
+        if e.sigval == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        raise
     except ChildFailedError as e:
         # The first rank to fail is the cause; the others fail after it (their peers
         # vanished mid-collective).

@@ -34,6 +34,7 @@ def print_plan(doc: dict[str, Any]) -> None:
         f"searched {doc['candidates_evaluated']:,} layouts in {doc['seconds'] * 1e3:.0f} ms "
         f"({doc['candidates_evaluated'] / max(doc['seconds'], 1e-9):,.0f} layouts/s): "
         f"{doc['feasible']:,} fit",
+        *(f"note: {n}" for n in doc.get("notes", [])),
     ]
     show(*lines)
     rows, parts = [], []

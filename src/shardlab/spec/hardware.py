@@ -94,6 +94,9 @@ class Accelerator:
     runtime: Runtime | None = field(default=None, compare=False)
     """A measured CPU only: gloo's collective rates and the runtime's fixed costs per
     parallel style, measured with real ranks (:mod:`shardlab.spec.measure_runtime`)."""
+    emulated: tuple[str, ...] = field(default=(), compare=False)
+    """A measured CPU only: the dtypes whose matmul has no vectorised kernel here (bf16 on a
+    CPU without AVX-512 BF16 or AMX); their ``peak_flops`` is that slow path's real rate."""
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for matmuls in ``dtype`` (fp32 falls back to tf32 if listed)."""

@@ -36,6 +36,7 @@ from dataclasses import astuple, dataclass
 from typing import Any
 
 from shardlab.errors import SpecError
+from shardlab.spec.measure_budget import Phases
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send")
 """The collectives timed; the names :class:`Runtime.collectives` is keyed by."""
@@ -51,6 +52,17 @@ TINY = {"d_model": 16, "heads": 4, "seq": 8, "vocab": 64}
 
 STEPS = 6
 """Steps per overhead run."""
+
+COLLECTIVE_SECONDS = 3.0
+"""The collectives' share of the 2-rank phase (s), split evenly over collective and size."""
+
+MAX_CALLS = 20
+"""Most timed calls of one collective at one size."""
+
+RUNTIME_SECONDS = 15.0
+"""The budget of the 2-rank phase (s): its collectives take :data:`COLLECTIVE_SECONDS`;
+the rest is two interpreters starting torch and the 16 tiny training runs, fixed work on
+a d = 16 model that no CPU feature makes slow (13 s measured on a 2-core machine)."""
 
 FIRST_TIMED = 3
 """The first step timed: past FSDP's lazy init (0), DDP's bucket rebuild (1) and the step
@@ -190,25 +202,36 @@ def _call(name: str, rank: int, whole: Any, part: Any) -> None:
         dist.recv(whole, 0)
 
 
-def _time_collectives(ctx: Any) -> dict[str, list[tuple[float, float]]]:
-    """Best seconds of each collective at each size in :data:`SIZES` (rank 0's view)."""
+def _time_collectives(ctx: Any, budget: float) -> dict[str, list[tuple[float, float]]]:
+    """Best seconds of each collective at each size in :data:`SIZES` (rank 0's view), each
+    (collective, size) for an equal share of ``budget`` seconds: one warm-up call, then
+    calls while the share lasts (at least 2, at most :data:`MAX_CALLS`). Rank 0 decides
+    when to stop and tells the others, so every rank makes the same calls."""
     import time
 
     import torch
     import torch.distributed as dist
 
+    share = budget / (len(SIZES) * len(COLLECTIVES))
     out: dict[str, list[tuple[float, float]]] = {name: [] for name in COLLECTIVES}
+    go = torch.ones(1)
     for nbytes in SIZES:
         whole = torch.ones(nbytes // 4)
         part = torch.ones(nbytes // 4 // ctx.world_size)
         for name in COLLECTIVES:
-            best = math.inf
-            for i in range(6):
+            best, calls, start = math.inf, 0, time.perf_counter()
+            while True:
                 dist.barrier()
                 t0 = time.perf_counter()
                 _call(name, ctx.rank, whole, part)
-                if i:  # the first call is a warm-up
+                if calls:  # the first call is a warm-up
                     best = min(best, time.perf_counter() - t0)
+                calls += 1
+                go.fill_(float(calls < 3 or (calls <= MAX_CALLS
+                                             and time.perf_counter() - start < share)))
+                dist.broadcast(go, 0)
+                if not go.item():
+                    break
             out[name].append((float(nbytes), best))
     return out
 
@@ -249,7 +272,7 @@ def _runtime_rank(ctx: Any, world: int) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
-    collectives = _time_collectives(ctx)
+    collectives = _time_collectives(ctx, COLLECTIVE_SECONDS)
     overheads = _overhead_runs(ctx, world)
     return {"collectives": collectives, "overheads": overheads}
 
@@ -266,16 +289,33 @@ def measure_runtime(world: int = 2, timeout_s: float = 120.0) -> dict[str, Any]:
     return runtime_document(world, raw)
 
 
-def measure_machine(seconds: float = 2.0, threads: int | None = None, runtime: bool = True
-                    ) -> dict[str, Any]:
-    """:func:`shardlab.spec.measure.measure_cpu` plus, with ``runtime``, the ``runtime``
-    section measured at 2 ranks (the document ``shardlab hardware --measure`` stores)."""
-    from shardlab.spec.measure import measure_cpu
+def measure_machine(seconds: float | None = None, threads: int | None = None,
+                    runtime: bool = True, phases: Phases | None = None) -> dict[str, Any]:
+    """:func:`shardlab.spec.measure.measure_cpu` (``seconds`` its budget, default
+    :data:`~shardlab.spec.measure.DEFAULT_SECONDS`) plus, with ``runtime``, the ``runtime``
+    section measured at 2 ranks as one more phase (the document ``shardlab hardware
+    --measure`` stores). ``phases`` records and shows every phase."""
+    from shardlab.spec.measure import DEFAULT_SECONDS, measure_cpu
 
-    doc = measure_cpu(seconds=seconds, threads=threads)
+    log = phases if phases is not None else Phases()
+    doc = measure_cpu(seconds=DEFAULT_SECONDS if seconds is None else seconds,
+                      threads=threads, phases=log)
     if runtime:
-        doc["runtime"] = measure_runtime(2)
+        with log.phase("runtime", RUNTIME_SECONDS) as ph:
+            doc["runtime"] = measure_runtime(2)
+            rt = doc["runtime"]
+            ar = rt["collectives"]["all_reduce"]
+            ph.figure = (f"2 gloo ranks: all-reduce {ar['bandwidth'] / 1e9:.2f} GB/s, "
+                         f"{ar['latency'] * 1e3:.2f} ms; fixed cost per step of "
+                         + ", ".join(f"{k} {_one_step(o) * 1e3:.1f} ms"
+                                     for k, o in rt["overheads"].items()))
+        doc["phases"] = log.records()
     return doc
+
+
+def _one_step(o: dict[str, float]) -> float:
+    """Seconds of a stored overhead fit for one layer and one micro-batch."""
+    return o["per_step"] + o["per_layer_step"] + o["per_microbatch"] + o["per_layer"]
 
 
 def runtime_document(world: int, raw: dict[str, Any]) -> dict[str, Any]:
@@ -295,10 +335,11 @@ def runtime_document(world: int, raw: dict[str, Any]) -> dict[str, Any]:
                                         "seconds": p[2]} for p in points]}
     return {"world": world, "threads_per_rank": 1, "backend": "gloo",
             "collectives": collectives, "overheads": overheads,
-            "method": ("collectives: best of 5 calls per size, least-squares ring fit on the "
-                       "relative error; overheads: shardlab train on a d=16, 8-token model, the "
-                       "fastest of steps 3-5 (each its slowest rank), 4 points per style fitted "
-                       "to per_step + L*per_layer_step + m*(per_microbatch + L*per_layer)")}
+            "method": ("collectives: best of 2-20 calls per size, 3 s in all, least-squares "
+                       "ring fit on the relative error; overheads: shardlab train on a d=16, "
+                       "8-token model, the fastest of steps 3-5 (each its slowest rank), 4 points "
+                       "per style fitted to per_step + L*per_layer_step + m*(per_microbatch + "
+                       "L*per_layer)")}
 
 
 def parse_runtime(doc: Any) -> Runtime | None:
