@@ -32,7 +32,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-from shardlab.dist import checkpoint
+from shardlab.distributed import checkpoint
 from shardlab.nn.model import TransformerLM
 from shardlab.spec.model import ModelShape
 

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from shardlab.dist.launch import launch
+from shardlab.distributed.launch import launch
 from shardlab.nn.data import batches
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.nn.model import TransformerLM

@@ -215,7 +215,7 @@ def export(ckpt: str | os.PathLike[str], out_dir: str | os.PathLike[str],
     No process group: DCP reshards from the ranks that wrote it to one process. Returns
     a summary (family, parameters, files, bytes).
     """
-    from shardlab.dist import checkpoint
+    from shardlab.distributed import checkpoint
     from shardlab.spec.model import ModelShape, MoE
 
     if fmt not in FORMATS:

@@ -61,7 +61,7 @@ class TrainConfig:
     fail_rank: int = -1
     fail_how: str = "raise"
     attempt: int = 0
-    # Checkpoints (shardlab.dist.checkpoint): every K steps and after the last one.
+    # Checkpoints (shardlab.distributed.checkpoint): every K steps and after the last one.
     checkpoint_dir: str = ""
     checkpoint_every: int = 0
     keep: int = 3
@@ -152,7 +152,7 @@ def token_loss_sum(logits: Any, batch: Any) -> Any:
     a vocabulary-sharded DTensor under ``loss_parallel``."""
     import torch.nn.functional as F
 
-    from shardlab.dist.pipeline import masked_targets
+    from shardlab.distributed.pipeline import masked_targets
 
     return F.cross_entropy(logits.flatten(0, 1), masked_targets(batch).flatten(),
                            ignore_index=-100, reduction="sum")
@@ -185,7 +185,7 @@ def clip_grad_norm(params: list[Any], max_norm: float, pp_group: Any = None,
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    from shardlab.dist.measure import comm_label
+    from shardlab.distributed.measure import comm_label
 
     grads = [p.grad for p in params if p.grad is not None]
     skip = {id(p.grad) for p in copies if p.grad is not None}
@@ -324,7 +324,7 @@ def _checkpointing(ctx: Any, cfg: TrainConfig, modules: list[Any], opt: Any, sch
     """The rank's Checkpointer (None without ``checkpoint_dir``) and the step to start at:
     0, or the resumed checkpoint's, with the model, optimizer, scheduler and RNGs loaded
     from it and its loss and gradient-norm history put in ``losses`` and ``norms``."""
-    from shardlab.dist import checkpoint
+    from shardlab.distributed import checkpoint
 
     if not (cfg.checkpoint_dir or cfg.resume_from):
         return None, 0
@@ -350,18 +350,18 @@ def _checkpointing(ctx: Any, cfg: TrainConfig, modules: list[Any], opt: Any, sch
 
 
 def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
-    """One rank of the job (run by :func:`shardlab.dist.launch.launch` or torchrun)."""
+    """One rank of the job (run by :func:`shardlab.distributed.launch.launch` or torchrun)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from shardlab.dist.measure import (
+    from shardlab.distributed.measure import (
         CommMeter,
         SavedBytesMeter,
         flop_counter,
         saved_activation_bytes,
     )
-    from shardlab.dist.parallelize import lm_loss_sum_any, parallelize, state_bytes
+    from shardlab.distributed.parallelize import lm_loss_sum_any, parallelize, state_bytes
     from shardlab.nn.data import batches
     from shardlab.nn.model import TransformerLM
 
@@ -385,7 +385,7 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     if cfg.pp > 1:
         from torch.distributed.pipelining import PipelineStage
 
-        from shardlab.dist.pipeline import (
+        from shardlab.distributed.pipeline import (
             build_schedule,
             pipeline_step,
             split_model,

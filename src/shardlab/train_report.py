@@ -226,7 +226,7 @@ def _dp_bytes(params: float, policy: Any, zero: int, cfg: Any) -> float:
 
 
 def measured_step_flops(ranks: list[dict[str, Any]]) -> int:
-    """FLOPs of one step: the sum of what every rank's :class:`~shardlab.dist.measure.FlopMeter`
+    """FLOPs of one step: the sum of what every rank's :class:`~shardlab.distributed.measure.FlopMeter`
     counted at the local shapes it computed."""
     return sum(n for r in ranks for n in r["flops_by_op"].values())
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from shardlab.cli import main
-from shardlab.dist import checkpoint
+from shardlab.distributed import checkpoint
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.nn.model import TransformerLM
 from shardlab.spec.model import ModelShape
@@ -38,7 +38,7 @@ def train_one_process(cfg: TrainConfig) -> None:
     """train_rank on a gloo group of one in this process."""
     import torch.distributed as dist
 
-    from shardlab.dist.launch import RankContext
+    from shardlab.distributed.launch import RankContext
     from shardlab.train import train_rank
 
     store = dist.FileStore(tempfile.mktemp(prefix="shardlab-store-"), 1)

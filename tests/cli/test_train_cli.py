@@ -55,7 +55,7 @@ def documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
     the ranks' start-up (torch imported once per process) is paid once per world size."""
     from shardlab.cli import build_parser
     from shardlab.cli.train import prepare
-    from shardlab.dist.launch import launch
+    from shardlab.distributed.launch import launch
     from shardlab.train import reference_run
     from shardlab.train_report import report
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from shardlab.dist.launch import launch
+from shardlab.distributed.launch import launch
 
 # What tests/verify runs at each world size (registry names), in one launch each.
 AT = {

@@ -101,8 +101,8 @@ def prepare(args: argparse.Namespace) -> tuple[Any, float | None]:
     """The run's TrainConfig and the peak MFU divides by, every check done and the log and
     checkpoint folders made: what ``run`` launches (and the tests, several runs at once)."""
     from shardlab.cli.simulate import build_shape
-    from shardlab.dist import checkpoint
-    from shardlab.dist.launch import under_torchrun
+    from shardlab.distributed import checkpoint
+    from shardlab.distributed.launch import under_torchrun
     from shardlab.train import TrainConfig, check_config
     from shardlab.train_report import peak_flops
 
@@ -166,8 +166,8 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
     import sys
 
-    from shardlab.dist import checkpoint
-    from shardlab.dist.launch import LaunchError, launch, under_torchrun
+    from shardlab.distributed import checkpoint
+    from shardlab.distributed.launch import LaunchError, launch, under_torchrun
     from shardlab.train import reference_run
     from shardlab.train_report import report
 
@@ -249,7 +249,7 @@ def _init_folder(args: argparse.Namespace) -> Path | None:
 
 def _resume_folder(args: argparse.Namespace, shape: Any, data_id: str, attempt: int) -> str:
     """The verified checkpoint folder to resume from ("" for a fresh start)."""
-    from shardlab.dist import checkpoint
+    from shardlab.distributed import checkpoint
 
     which = args.resume
     if which is None and attempt > 0 and checkpoint.complete_steps(args.checkpoint_dir or ""):
@@ -292,7 +292,7 @@ def _print_checkpoints(info: dict[str, Any]) -> None:
 def _launch_with_progress(cfg: Any, world: int, args: argparse.Namespace, launch: Any,
                           log_dir: str) -> list[Any]:
     """Run the ranks in a thread; show rank 0's steps from its JSONL log as they land."""
-    from shardlab.dist.launch import under_torchrun
+    from shardlab.distributed.launch import under_torchrun
 
     target = "shardlab.train:train_rank"
     if under_torchrun() or args.json:

@@ -55,7 +55,7 @@ def _work_dir() -> Iterator[str]:
     """A folder every rank shares (distributed checkpoints are written there). Under
     torchrun each rank runs this command itself, so the name comes from the job's run id
     (on several nodes it must be on a shared file system)."""
-    from shardlab.dist.launch import under_torchrun
+    from shardlab.distributed.launch import under_torchrun
 
     if not under_torchrun():
         with tempfile.TemporaryDirectory(prefix="shardlab-verify-") as work:
@@ -73,7 +73,7 @@ def _work_dir() -> Iterator[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Validate, launch, print one row per check; exit 1 when any check fails."""
-    from shardlab.dist.launch import LaunchError, under_torchrun
+    from shardlab.distributed.launch import LaunchError, under_torchrun
     from shardlab.verify.runner import GLOBAL_BATCH, verify
 
     names = selected(args.only)
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     import torch
 
-    from shardlab.dist.launch import backend_for_this_machine
+    from shardlab.distributed.launch import backend_for_this_machine
 
     doc = {"checks": checks, "world_size": world, "torch_version": torch.__version__,
            "backend": backend_for_this_machine(), "elapsed_s": time.perf_counter() - start,

@@ -2,7 +2,7 @@
 
 :func:`shardlab.estimate.comm.tp_bytes_per_stage` counts Megatron-LM's collectives:
 q, k and v fused into one column-parallel linear, so backward all-reduces the input
-gradient once per block half. torch's plan (``shardlab.dist.parallelize.tp_plan``, the
+gradient once per block half. torch's plan (``shardlab.distributed.parallelize.tp_plan``, the
 same as torchtitan's) keeps q, k, v (and llama's gate and up) as separate
 ``ColwiseParallel`` linears, and each converts its replicated input with its own
 ``DTensor.from_local``; so, without sequence parallelism, backward all-reduces the

@@ -1,7 +1,7 @@
 """What a training step on this machine costs besides its arithmetic, measured with real ranks.
 
 ``shardlab hardware --measure`` adds this to the stored CPU measurement (``runtime`` in
-``cpu.json``). It starts ``world`` one-thread ranks through :func:`shardlab.dist.launch.launch`
+``cpu.json``). It starts ``world`` one-thread ranks through :func:`shardlab.distributed.launch.launch`
 (gloo on loopback, the same launcher ``shardlab train`` uses) and times two things:
 
 * **collectives**: ``all_reduce``, ``all_gather`` (into one tensor), ``reduce_scatter``
@@ -280,7 +280,7 @@ def _runtime_rank(ctx: Any, world: int) -> dict[str, Any]:
 def measure_runtime(world: int = 2, timeout_s: float = 120.0) -> dict[str, Any]:
     """Start ``world`` one-thread gloo ranks and measure; return the JSON-ready ``runtime``
     section of ``cpu.json`` (fitted figures plus the raw samples they came from)."""
-    from shardlab.dist.launch import launch
+    from shardlab.distributed.launch import launch
 
     if world < 2:
         raise SpecError("world", world, "must be >= 2 (collectives need two ranks)")

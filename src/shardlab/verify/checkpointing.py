@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from shardlab.dist.launch import RankContext
+from shardlab.distributed.launch import RankContext
 from shardlab.nn.data import Batch, make_batch
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.nn.loss import lm_loss_sum

@@ -41,7 +41,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from shardlab.dist.launch import RankContext
+from shardlab.distributed.launch import RankContext
 from shardlab.nn.data import Batch, global_token_normalizer, make_batch
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.nn.loss import lm_loss_sum

@@ -54,7 +54,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shardlab.dist.launch import RankContext
+from shardlab.distributed.launch import RankContext
 from shardlab.nn.data import Batch, batches, global_token_normalizer
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.nn.loss import lm_loss_sum

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shardlab.dist.launch import RankContext
+from shardlab.distributed.launch import RankContext
 from shardlab.verify.registry import check
 
 RATIO_TOL = 1e-6  # the probe's values are small integers: exact in fp32 either way

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from shardlab.dist.launch import RankContext
+from shardlab.distributed.launch import RankContext
 from shardlab.verify.registry import check
 
 SAMPLES: tuple[tuple[str, float], ...] = (

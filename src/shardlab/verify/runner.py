@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shardlab.dist.launch import RankContext, launch
+from shardlab.distributed.launch import RankContext, launch
 from shardlab.verify.registry import EXPERIMENTS
 
 GLOBAL_BATCH = 8  # sequences in the experiments' global batches: the world size must divide it

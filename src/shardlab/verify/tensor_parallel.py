@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shardlab.dist.launch import RankContext
+from shardlab.distributed.launch import RankContext
 from shardlab.nn.model import MLP, Attention, attention_mask, rope_tables
 from shardlab.spec.model import ModelShape
 from shardlab.verify.registry import check

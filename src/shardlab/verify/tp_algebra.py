@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from shardlab.dist.launch import RankContext
+from shardlab.distributed.launch import RankContext
 from shardlab.verify.registry import check
 
 SEED = 2027

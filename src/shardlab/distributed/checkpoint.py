@@ -8,11 +8,11 @@ A checkpoint is a folder ``ROOT/step-N`` (N = optimizer steps done) holding:
   every tensor is keyed by the unsharded model's parameter name (``model.blocks.3.attn.
   q_proj.weight``, ``optim.state.blocks.3.attn.q_proj.weight.exp_avg``) whatever the
   layout: FSDP2 and tensor-parallel DTensor shards, DDP replicas and pipeline stages
-  (which keep the full model's names, :mod:`shardlab.dist.pipeline`) all write the same
+  (which keep the full model's names, :mod:`shardlab.distributed.pipeline`) all write the same
   keys, and DCP reshards on load from the saved chunk metadata. Only tensors go into
   DCP: the optimizer's hyper-parameters travel in the manifest, so no pickled object is
   ever written or read (below);
-* ``rng/rank-R.json``: every random generator of rank R (:mod:`shardlab.dist.rng`);
+* ``rng/rank-R.json``: every random generator of rank R (:mod:`shardlab.distributed.rng`);
 * ``manifest.json``: format, step, model shape, layout, world size, shardlab and torch
   versions, the data position, the LR scheduler's state, AdamW's hyper-parameters,
   the loss history so far, the size and SHA-256 of every other file, and the SHA-256
@@ -389,7 +389,7 @@ class Checkpointer:
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
 
-        from shardlab.dist import rng
+        from shardlab.distributed import rng
 
         start = time.perf_counter()
         self.finish()  # an async save still in flight completes first
@@ -459,7 +459,7 @@ class Checkpointer:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
-        from shardlab.dist import rng
+        from shardlab.distributed import rng
 
         state, optim_sd = self._state()
         saved = set(safe_reader(folder).read_metadata().state_dict_metadata)

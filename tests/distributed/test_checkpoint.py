@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import torch
 
-from shardlab.dist import checkpoint
-from shardlab.dist.launch import LaunchError, launch
+from shardlab.distributed import checkpoint
+from shardlab.distributed.launch import LaunchError, launch
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.spec.model import ModelShape
@@ -287,7 +287,7 @@ def test_rng_states_round_trip() -> None:
 
     import numpy as np
 
-    from shardlab.dist import rng
+    from shardlab.distributed import rng
 
     state = json.loads(json.dumps(rng.capture()))
     a = (torch.rand(3), random.random(), np.random.rand(2))

@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from shardlab.dist.pipeline import (
+from shardlab.distributed.pipeline import (
     IGNORE_INDEX,
     StageModule,
     build_schedule,
@@ -198,7 +198,7 @@ def test_bad_splits_and_schedules_raise_spec_error() -> None:
 
 # --- two processes ---------------------------------------------------------------------
 # The ranks' function lives in this file; workers load it through a shim module that
-# the launcher can import by name (see tests/dist/test_launch.py).
+# the launcher can import by name (see tests/distributed/test_launch.py).
 
 STEPS, N_MICRO, LR = 2, 4, 0.5
 
@@ -267,7 +267,7 @@ CASES = [(style, name) for style in STYLES for name in SCHEDULES]
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, dict[str, Any]]]:
-    from shardlab.dist.launch import launch
+    from shardlab.distributed.launch import launch
 
     folder = tmp_path_factory.mktemp("pp")
     name = f"pp_ranks_{uuid.uuid4().hex[:8]}"

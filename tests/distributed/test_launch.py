@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shardlab.dist.launch import LaunchError, launch
+from shardlab.distributed.launch import LaunchError, launch
 
 pytestmark = pytest.mark.multiprocess
 
@@ -95,7 +95,7 @@ def test_a_failing_rank_ends_the_job_and_is_named(ranks_module: str, how: str) -
 
 def test_gloo_chatter_never_reaches_stdout(ranks_module: str, tmp_path: Path) -> None:
     code = (f"import json, sys; sys.path.insert(0, {str(tmp_path)!r}); "
-            "from shardlab.dist.launch import launch; "
+            "from shardlab.distributed.launch import launch; "
             f"print(json.dumps(launch('{ranks_module}:total', 2, (0,), timeout_s=30)))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=120)

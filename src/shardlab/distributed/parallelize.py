@@ -17,7 +17,7 @@ torchtitan's (``parallelize_llama`` in ``torchtitan/models/llama3/infra/parallel
 (a ``"pp"`` dim may be present; pipeline stages are cut elsewhere).
 
 Decisions the model's layout forces (each checked against an unsharded model in float64
-by ``tests/dist/test_parallelize.py``):
+by ``tests/distributed/test_parallelize.py``):
 
 * **Attention on local heads.** q/k/v are ``ColwiseParallel`` and o ``RowwiseParallel``
   with ``use_local_output=True``, so :func:`~shardlab.nn.model.attend` sees plain
@@ -319,7 +319,7 @@ def apply_ac(model: nn.Module, mode: AcMode) -> nn.Module:
 
 def _named_blocks(model: nn.Module) -> list[tuple[Any, nn.Module]]:
     """(key, block) of ``model.blocks``: a ModuleList (the whole model) or a ModuleDict keyed
-    by the original layer index (a pipeline stage, :mod:`shardlab.dist.pipeline`)."""
+    by the original layer index (a pipeline stage, :mod:`shardlab.distributed.pipeline`)."""
     blocks = model.blocks
     if isinstance(blocks, nn.ModuleDict):
         return list(blocks.items())
@@ -337,7 +337,7 @@ def _force_sum_needed(mesh: Any) -> bool:
     Measured once per process and backend by :func:`shardlab.verify.gloo_avg.probe_avg_ratio`
     (a reduce-scatter over the default group: every rank must get here), never assumed.
     """
-    from shardlab.dist.launch import RankContext
+    from shardlab.distributed.launch import RankContext
     from shardlab.verify.gloo_avg import needs_force_sum, probe_avg_ratio
 
     backend = str(dist.get_backend())

@@ -24,8 +24,8 @@ import pytest
 import torch
 from torch import nn
 
-from shardlab.dist.launch import launch
-from shardlab.dist.parallelize import (
+from shardlab.distributed.launch import launch
+from shardlab.distributed.parallelize import (
     apply_ac,
     block_plan,
     check_tp,
@@ -99,7 +99,7 @@ def _case(mesh: Any, *, model: str, tp: int = 1, dp: int = 1, dp_mode: str = "fs
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import loss_parallel
 
-    from shardlab.dist.parallelize import lm_loss_sum_any
+    from shardlab.distributed.parallelize import lm_loss_sum_any
 
     shape, batch = SHAPES[model], the_batch()
     n = batch.real_tokens
@@ -146,7 +146,7 @@ def _case(mesh: Any, *, model: str, tp: int = 1, dp: int = 1, dp_mode: str = "fs
 
 def _refusals(mesh: Any) -> dict[str, str]:
     """DDP on tensor-parallel parameters, and a sequence tp does not divide under SP."""
-    from shardlab.dist.parallelize import apply_ddp
+    from shardlab.distributed.parallelize import apply_ddp
 
     found = {}
     net = parallelize(TransformerLM(SHAPES["llama"], DTYPE, seed=SEED), mesh, tp=2, sp=True)
