@@ -32,9 +32,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
+from shardlab.config.model import ModelShape
 from shardlab.distributed import checkpoint
 from shardlab.nn.model import TransformerLM
-from shardlab.spec.model import ModelShape
 
 
 def _median_s(fn: Callable[[], object], repeats: int) -> float:

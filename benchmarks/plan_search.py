@@ -12,11 +12,11 @@ import argparse
 import statistics
 import time
 
+from shardlab.config.catalog import get_model
+from shardlab.config.dtypes import get_policy
+from shardlab.config.hardware import get_accelerator
 from shardlab.plan.search import plan
 from shardlab.plan.space import Space
-from shardlab.spec.catalog import get_model
-from shardlab.spec.dtypes import get_policy
-from shardlab.spec.hardware import get_accelerator
 
 
 def main() -> int:

@@ -19,12 +19,12 @@ import time
 
 import torch
 
+from shardlab.config.model import ModelShape
 from shardlab.nn.data import batches
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.nn.model import TransformerLM
 from shardlab.sim.engine import Parallel, Simulator
 from shardlab.sim.reference import Reference
-from shardlab.spec.model import ModelShape
 
 TARGET = 1.2
 

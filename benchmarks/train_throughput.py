@@ -19,11 +19,11 @@ import time
 
 import torch
 
+from shardlab.config.model import ModelShape
 from shardlab.distributed.launch import launch
 from shardlab.nn.data import batches
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.nn.model import TransformerLM
-from shardlab.spec.model import ModelShape
 from shardlab.train import TrainConfig, make_optimizer, token_loss_sum
 
 

@@ -42,7 +42,7 @@ from shardlab.nn.model import ROPE_THETA
 if TYPE_CHECKING:
     import torch
 
-    from shardlab.spec.model import ModelShape
+    from shardlab.config.model import ModelShape
 
 RMS_EPS, LN_EPS = 1e-6, 1e-5  # shardlab.nn.model.make_norm
 WEIGHTS, CONFIG, MARKER = "model.safetensors", "config.json", "shardlab-weights.json"
@@ -215,8 +215,8 @@ def export(ckpt: str | os.PathLike[str], out_dir: str | os.PathLike[str],
     No process group: DCP reshards from the ranks that wrote it to one process. Returns
     a summary (family, parameters, files, bytes).
     """
+    from shardlab.config.model import ModelShape, MoE
     from shardlab.distributed import checkpoint
-    from shardlab.spec.model import ModelShape, MoE
 
     if fmt not in FORMATS:
         raise SpecError("format", fmt, f"must be one of {', '.join(FORMATS)}")
@@ -289,8 +289,8 @@ def import_hf(hf_dir: str | os.PathLike[str],
     """A Hugging Face folder (config.json + safetensors) as shardlab initial weights:
     ``out_dir/model.safetensors`` in TransformerLM names beside the ``config.json``
     (the shape ``shardlab train --init-from`` builds), checked by building the model."""
+    from shardlab.config.hf_config import shape_from_hf_config
     from shardlab.nn.model import TransformerLM
-    from shardlab.spec.hf_config import shape_from_hf_config
 
     folder, out = Path(hf_dir), Path(out_dir)
     if not (folder / CONFIG).is_file():

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
-from shardlab.spec.model import ModelShape
 
 DP_MODES = ("fsdp", "fsdp-zero2", "ddp")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
@@ -85,7 +85,7 @@ class TrainConfig:
 
 def check_config(cfg: TrainConfig) -> None:
     """Every constraint the mesh and the model impose, as one-line SpecErrors."""
-    from shardlab.spec.layout import make_layout
+    from shardlab.config.layout import make_layout
 
     if cfg.dp_mode not in DP_MODES:
         raise SpecError("dp_mode", cfg.dp_mode, f"must be one of {', '.join(DP_MODES)}")

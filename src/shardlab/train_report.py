@@ -12,10 +12,10 @@ def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
     """Measured beside predicted, and parity with one process."""
     import statistics
 
+    from shardlab.config.dtypes import get_policy
     from shardlab.estimate.flops import flops_per_token
     from shardlab.estimate.memory import zero_state_bytes
     from shardlab.estimate.partition import stage_params
-    from shardlab.spec.dtypes import get_policy
 
     r0 = ranks[0]
     losses = r0["losses"]
@@ -141,11 +141,11 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     The gradient-norm scalars of clipping (``grad_norm``, 8 bytes each) are listed under
     ``measured`` only.
     """
+    from shardlab.config.dtypes import get_policy
+    from shardlab.config.layout import make_layout
     from shardlab.estimate.comm import embedding_sync_bytes, pp_bytes_per_rank
     from shardlab.estimate.comm_dtensor import tp_bytes_dtensor
     from shardlab.estimate.partition import stage_params
-    from shardlab.spec.dtypes import get_policy
-    from shardlab.spec.layout import make_layout
 
     policy = get_policy("amp-bf16" if cfg.dtype == "bf16" else "fp32")
     share = cfg.global_batch // cfg.dp
@@ -226,8 +226,8 @@ def _dp_bytes(params: float, policy: Any, zero: int, cfg: Any) -> float:
 
 
 def measured_step_flops(ranks: list[dict[str, Any]]) -> int:
-    """FLOPs of one step: the sum of what every rank's :class:`~shardlab.distributed.measure.FlopMeter`
-    counted at the local shapes it computed."""
+    """FLOPs of one step: the sum of what every rank's
+    :class:`~shardlab.distributed.measure.FlopMeter` counted at the local shapes it computed."""
     return sum(n for r in ranks for n in r["flops_by_op"].values())
 
 
@@ -253,7 +253,7 @@ def peak_flops(cfg: Any, gpu: str | None, world: int) -> float | None:
     """The job's dense peak FLOP/s for MFU: ``--gpu``'s peak x ranks, or, by default,
     this whole machine as ``shardlab hardware --measure`` stored it (ranks share its
     cores); None when neither is known."""
-    from shardlab.spec.measure import accelerator_or_measured, load_measurement
+    from shardlab.config.measure import accelerator_or_measured, load_measurement
 
     dtype = "bf16" if cfg.dtype == "bf16" else "fp32"
     if gpu is not None:

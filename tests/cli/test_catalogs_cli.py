@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from shardlab.cli import main
-from shardlab.spec.catalog import MODELS
+from shardlab.config.catalog import MODELS
 
 DENSE_BF16_PEAKS = {"H100 SXM": 989e12, "H200 SXM": 989e12, "A100 SXM 80GB": 312e12,
                     "MI300X": 1307.4e12}

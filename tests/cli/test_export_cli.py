@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from shardlab.cli import main
+from shardlab.config.model import ModelShape
 from shardlab.distributed import checkpoint
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.nn.model import TransformerLM
-from shardlab.spec.model import ModelShape
 from shardlab.train import TrainConfig
 
 V = garden_vocab().size

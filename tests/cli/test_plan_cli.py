@@ -9,8 +9,8 @@ import pytest
 
 from shardlab.cli import build_parser, main
 from shardlab.cli.plan import add_plan_args, plan_document
+from shardlab.config.measure import SCHEMA, save_measurement
 from shardlab.errors import SpecError
-from shardlab.spec.measure import SCHEMA, save_measurement
 
 BEST_KEYS = {"dp", "tp", "pp", "virtual_stages", "micro_batch", "microbatches", "zero", "sp",
              "recompute", "schedule", "step_seconds", "mfu", "memory_per_device", "breakdown",
@@ -130,7 +130,7 @@ def test_an_emulated_bf16_is_planned_slow_and_said(capsys: pytest.CaptureFixture
     """A CPU whose bf16 matmul is torch's emulated kernel (1.6 GFLOP/s, fp32 100): the plan
     in bf16 is priced at that rate and says fp32 is the fast path; in fp32 it says nothing."""
     from shardlab.cli.train import dtype_note
-    from shardlab.spec.measure import load_measurement
+    from shardlab.config.measure import load_measurement
 
     monkeypatch.setenv("SHARDLAB_HOME", str(tmp_path))
     save_measurement({"schema": SCHEMA, "name": "cpu (measured)",

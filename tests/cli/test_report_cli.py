@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_budget_page_escapes_a_hostile_model_name(tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    config = json.loads((ROOT / "tests/spec/data/hf/gpt2.json").read_text())
+    config = json.loads((ROOT / "tests/config/data/hf/gpt2.json").read_text())
     config["_name_or_path"] = '<script>alert("x")</script>&$\\frac{a}{b}$'
     (tmp_path / "config.json").write_text(json.dumps(config))
     out, figs = tmp_path / "b.html", tmp_path / "figs"

@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 import torch
 
+from shardlab.config.model import ModelShape
 from shardlab.distributed import checkpoint
 from shardlab.distributed.launch import LaunchError, launch
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_documents, garden_vocab
-from shardlab.spec.model import ModelShape
 from shardlab.train import TrainConfig
 
 DOCS = garden_documents(200, 0)

@@ -24,6 +24,7 @@ import pytest
 import torch
 from torch import nn
 
+from shardlab.config.model import ModelShape
 from shardlab.distributed.launch import launch
 from shardlab.distributed.parallelize import (
     apply_ac,
@@ -39,7 +40,6 @@ from shardlab.nn.data import Batch, make_batch
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.nn.loss import lm_loss_sum
 from shardlab.nn.model import TransformerLM
-from shardlab.spec.model import ModelShape
 
 pytestmark = pytest.mark.multiprocess
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from shardlab.config.model import ModelShape
 from shardlab.distributed.pipeline import (
     IGNORE_INDEX,
     StageModule,
@@ -34,7 +35,6 @@ from shardlab.errors import SpecError
 from shardlab.nn.data import Batch, global_token_normalizer, make_batch
 from shardlab.nn.loss import lm_loss_sum
 from shardlab.nn.model import TransformerLM
-from shardlab.spec.model import ModelShape
 
 DTYPE = torch.float64
 TOLERANCE = 1e-10

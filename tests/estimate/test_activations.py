@@ -5,13 +5,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
+from shardlab.config.catalog import get_model
+from shardlab.config.model import ModelShape
 from shardlab.estimate.activations import (
     korthikanti_layer_bytes,
     last_stage_extra_bytes,
     layer_activation_bytes,
 )
-from shardlab.spec.catalog import get_model
-from shardlab.spec.model import ModelShape
 
 CASES = [(sp, rc) for sp in (False, True) for rc in ("none", "selective", "full")]
 

@@ -3,6 +3,10 @@
 import pytest
 from torch.testing import assert_close
 
+from shardlab.config.catalog import get_model
+from shardlab.config.dtypes import get_policy
+from shardlab.config.hardware import LINKS
+from shardlab.config.layout import make_layout
 from shardlab.estimate.comm import (
     dp_bytes_per_step,
     embedding_sync_bytes,
@@ -13,10 +17,6 @@ from shardlab.estimate.comm import (
     ring_gather_bytes,
     tp_bytes_per_stage,
 )
-from shardlab.spec.catalog import get_model
-from shardlab.spec.dtypes import get_policy
-from shardlab.spec.hardware import LINKS
-from shardlab.spec.layout import make_layout
 
 
 def test_ring_volumes() -> None:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
+from shardlab.config.layout import make_layout
+from shardlab.config.model import ModelShape
 from shardlab.estimate.comm_dtensor import column_linears, tp_bytes_dtensor
-from shardlab.spec.layout import make_layout
-from shardlab.spec.model import ModelShape
 
 B, S, D, V, L = 8, 32, 32, 156, 2
 A = B * S * D * 4

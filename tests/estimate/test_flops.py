@@ -4,6 +4,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
+from shardlab.config.catalog import get_model
+from shardlab.config.model import ModelShape
 from shardlab.estimate.flops import (
     flops_per_token,
     korthikanti_model_flops,
@@ -11,8 +13,6 @@ from shardlab.estimate.flops import (
     train_flops_6nd,
 )
 from shardlab.estimate.params import count_params
-from shardlab.spec.catalog import get_model
-from shardlab.spec.model import ModelShape
 
 gpt_shapes = st.builds(
     lambda L, a, hd, V, s: ModelShape("h", L, a * hd, a, V, s, style="gpt"),

@@ -2,6 +2,8 @@
 
 import pytest
 
+from shardlab.config.catalog import get_model
+from shardlab.config.hardware import ACCELERATORS
 from shardlab.estimate.inference import (
     decode_step,
     kv_bytes_per_token,
@@ -10,8 +12,6 @@ from shardlab.estimate.inference import (
     weights_read_per_step,
 )
 from shardlab.estimate.params import count_params
-from shardlab.spec.catalog import get_model
-from shardlab.spec.hardware import ACCELERATORS
 
 H100 = ACCELERATORS["H100 SXM"]
 

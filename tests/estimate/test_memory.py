@@ -7,6 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
+from shardlab.config.catalog import get_model
+from shardlab.config.dtypes import POLICIES, get_policy
+from shardlab.config.layout import make_layout
 from shardlab.estimate.memory import (
     inflight_microbatches,
     peak_stage,
@@ -14,9 +17,6 @@ from shardlab.estimate.memory import (
     zero_state_bytes,
 )
 from shardlab.estimate.params import count_params
-from shardlab.spec.catalog import get_model
-from shardlab.spec.dtypes import POLICIES, get_policy
-from shardlab.spec.layout import make_layout
 
 BF16 = get_policy("bf16")
 

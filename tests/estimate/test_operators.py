@@ -2,10 +2,10 @@
 
 import pytest
 
+from shardlab.config.catalog import get_model
+from shardlab.config.hardware import ACCELERATORS
 from shardlab.estimate.flops import layer_matmul_weights
 from shardlab.estimate.operators import layer_operators
-from shardlab.spec.catalog import get_model
-from shardlab.spec.hardware import ACCELERATORS
 
 H100 = ACCELERATORS["H100 SXM"]
 

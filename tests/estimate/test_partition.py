@@ -2,6 +2,7 @@
 
 import pytest
 
+from shardlab.config.catalog import MODELS, get_model
 from shardlab.estimate.params import count_params
 from shardlab.estimate.partition import (
     chunk_layers,
@@ -9,7 +10,6 @@ from shardlab.estimate.partition import (
     rank_layers,
     stage_params,
 )
-from shardlab.spec.catalog import MODELS, get_model
 
 
 def test_chunks_and_ranks() -> None:

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
 from shardlab.nn.data import (
     BYTE_VOCAB,
@@ -21,7 +22,6 @@ from shardlab.nn.data import (
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.nn.loss import lm_loss_sum
 from shardlab.nn.model import TransformerLM
-from shardlab.spec.model import ModelShape
 
 # --- make_batch ---------------------------------------------------------------------------
 

@@ -6,11 +6,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
+from shardlab.config.catalog import get_model
+from shardlab.config.model import ModelShape, MoE
 from shardlab.errors import SpecError
 from shardlab.estimate.params import count_params
 from shardlab.nn.model import TransformerLM, apply_rope, numel, rope_tables
-from shardlab.spec.catalog import get_model
-from shardlab.spec.model import ModelShape, MoE
 
 shapes = st.builds(
     lambda style, layers, kvh, group, hd, ff, vocab, ctx, tied, qkv: ModelShape(

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
+from shardlab.config.layout import SCHEDULES
 from shardlab.plan.bubble import bubble_ratio, bubble_ratios, simulated_idle_units
 from shardlab.schedules.generators import build
 from shardlab.schedules.simulate import simulate
-from shardlab.spec.layout import SCHEDULES
 
 
 @pytest.mark.parametrize(("kind", "v"), [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2),

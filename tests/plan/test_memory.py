@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
+from shardlab.config.catalog import get_model
+from shardlab.config.dtypes import get_policy
+from shardlab.config.layout import SCHEDULES, make_layout
 from shardlab.estimate.memory import inflight_microbatches, peak_stage, stage_memory
 from shardlab.plan.memory import MemoryOptions, inflight, memory_arrays
 from shardlab.plan.space import Space, enumerate_space
-from shardlab.spec.catalog import get_model
-from shardlab.spec.dtypes import get_policy
-from shardlab.spec.layout import SCHEDULES, make_layout
 
 
 @pytest.mark.parametrize(("name", "gpus", "batch", "seq", "dropout", "flash"), [

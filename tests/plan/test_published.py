@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shardlab.config.hardware import get_accelerator
 from shardlab.plan.published import RUNS, errors, fit, held_out_mean
-from shardlab.spec.hardware import get_accelerator
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "validation.md"
 

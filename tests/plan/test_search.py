@@ -4,12 +4,12 @@ import time
 
 import pytest
 
+from shardlab.config.catalog import get_model
+from shardlab.config.dtypes import get_policy
+from shardlab.config.hardware import get_accelerator
 from shardlab.errors import SpecError
 from shardlab.plan.search import layout_candidates, plan
 from shardlab.plan.space import Space
-from shardlab.spec.catalog import get_model
-from shardlab.spec.dtypes import get_policy
-from shardlab.spec.hardware import get_accelerator
 
 H100 = get_accelerator("h100")
 BF16 = get_policy("bf16")

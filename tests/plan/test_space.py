@@ -3,6 +3,9 @@
 import numpy as np
 import pytest
 
+from shardlab.config.catalog import get_model
+from shardlab.config.layout import RECOMPUTE, SCHEDULES, make_layout
+from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
 from shardlab.plan.space import (
     R_DUALPIPE,
@@ -14,9 +17,6 @@ from shardlab.plan.space import (
     enumerate_space,
 )
 from shardlab.schedules.generators import build
-from shardlab.spec.catalog import get_model
-from shardlab.spec.layout import RECOMPUTE, SCHEDULES, make_layout
-from shardlab.spec.model import ModelShape
 
 
 def _make(model: ModelShape, sp: Space, lay: dict) -> object:

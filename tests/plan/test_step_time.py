@@ -3,6 +3,12 @@
 import numpy as np
 import pytest
 
+from shardlab.config.catalog import get_model
+from shardlab.config.dtypes import get_policy
+from shardlab.config.hardware import Accelerator, Link, get_accelerator
+from shardlab.config.measure import NAME
+from shardlab.config.measure_runtime import Overhead, Runtime
+from shardlab.config.model import ModelShape
 from shardlab.estimate.flops import flops_per_token
 from shardlab.estimate.operators import layer_operators
 from shardlab.plan.efficiency import fraction_of_peak, matmul_intensity
@@ -14,12 +20,6 @@ from shardlab.plan.step_time import (
     StepOptions,
     layer_elementwise_elements,
 )
-from shardlab.spec.catalog import get_model
-from shardlab.spec.dtypes import get_policy
-from shardlab.spec.hardware import Accelerator, Link, get_accelerator
-from shardlab.spec.measure import NAME
-from shardlab.spec.measure_runtime import Overhead, Runtime
-from shardlab.spec.model import ModelShape
 
 H100 = get_accelerator("h100")
 BF16 = get_policy("bf16")

@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 
 from shardlab.cli.budget import load_model
+from shardlab.config.hardware import get_accelerator
+from shardlab.config.layout import make_layout
 from shardlab.estimate.budget import Assumptions, model_budget
 from shardlab.report.budget_html import budget_document, budget_sections, decode_curve
-from shardlab.spec.hardware import get_accelerator
-from shardlab.spec.layout import make_layout
 
 
 @pytest.fixture(scope="module")

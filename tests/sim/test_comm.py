@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
+from shardlab.config.hardware import LINKS
 from shardlab.estimate.comm import (
     ring_allreduce_bytes,
     ring_allreduce_seconds,
@@ -23,7 +24,6 @@ from shardlab.estimate.comm import (
     ring_gather_seconds,
 )
 from shardlab.sim.comm import Ledger, VirtualGroup, ring_all_reduce_steps
-from shardlab.spec.hardware import LINKS
 
 TOL = {"rtol": 1e-12, "atol": 1e-12}
 F64 = torch.float64

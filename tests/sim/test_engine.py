@@ -3,12 +3,12 @@
 import pytest
 import torch
 
+from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
 from shardlab.nn.data import Batch, batches
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.sim.engine import Parallel
 from shardlab.sim.run import layout_for, simulate_run
-from shardlab.spec.model import ModelShape
 
 V = garden_vocab().size
 LLAMA = ModelShape("llama", 4, 32, 4, V, 32, kv_heads=2, d_ff=64, style="llama", tied=False)

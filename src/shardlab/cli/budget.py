@@ -8,8 +8,8 @@ from typing import Any
 
 from shardlab.cli.args import fraction, nonneg_int, positive_float, positive_int
 from shardlab.cli.output import print_json
+from shardlab.config.layout import RECOMPUTE, SCHEDULES
 from shardlab.errors import SpecError
-from shardlab.spec.layout import RECOMPUTE, SCHEDULES
 
 
 def add_layout_args(p: argparse.ArgumentParser) -> None:
@@ -89,7 +89,7 @@ def assumptions_from(args: argparse.Namespace) -> Any:
 
 def model_and_layout(args: argparse.Namespace) -> tuple[Any, Any]:
     """MODEL and the layout the flags of :func:`add_layout_args` give (SpecError if bad)."""
-    from shardlab.spec.layout import make_layout
+    from shardlab.config.layout import make_layout
 
     model = load_model(args.model)
     layout = make_layout(model, gpus=args.gpus, dp=args.dp, tp=args.tp, pp=args.pp,
@@ -102,8 +102,8 @@ def model_and_layout(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def load_model(name: str) -> Any:
     """A catalog name, or a path to a config.json (an existing path, or a name ending .json)."""
-    from shardlab.spec.catalog import get_model
-    from shardlab.spec.model import ModelShape
+    from shardlab.config.catalog import get_model
+    from shardlab.config.model import ModelShape
 
     if not name.strip():
         raise SpecError("model", name, "must name a catalog model or a config.json")
@@ -117,9 +117,9 @@ def load_model(name: str) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Compute the budget and print it (tables, or one JSON document with --json)."""
+    from shardlab.config.dtypes import get_policy
+    from shardlab.config.measure import accelerator_or_measured
     from shardlab.estimate.budget import model_budget, params_budget
-    from shardlab.spec.dtypes import get_policy
-    from shardlab.spec.measure import accelerator_or_measured
 
     if (args.model is None) == (args.params is None):
         raise SpecError("model", args.model, "give a MODEL or --params N, not both or neither")

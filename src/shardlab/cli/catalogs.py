@@ -41,8 +41,8 @@ def register(sub: Any) -> None:
 
 def run_models(args: argparse.Namespace) -> int:
     """Print the model catalog."""
+    from shardlab.config.catalog import MODELS
     from shardlab.estimate.params import count_params
-    from shardlab.spec.catalog import MODELS
 
     rows = [{"name": m.name, **{k: v for k, v in asdict(m).items() if k != "name"},
              "params": count_params(m).total,
@@ -65,8 +65,8 @@ def run_hardware(args: argparse.Namespace) -> int:
                         ("--no-runtime", args.no_runtime or None)):
         if value is not None:
             raise SpecError(flag, value, "only goes with --measure")
-    from shardlab.spec.hardware import ACCELERATORS, LINKS, load_hardware_file
-    from shardlab.spec.measure import load_measurement
+    from shardlab.config.hardware import ACCELERATORS, LINKS, load_hardware_file
+    from shardlab.config.measure import load_measurement
 
     accels, links = (load_hardware_file(args.hardware_file) if args.hardware_file
                      else (ACCELERATORS, LINKS))
@@ -87,7 +87,7 @@ def run_hardware(args: argparse.Namespace) -> int:
 
 
 def run_measure(args: argparse.Namespace) -> int:
-    """Measure this CPU (``shardlab.spec.measure_runtime.measure_machine``) with a progress
+    """Measure this CPU (``shardlab.config.measure_runtime.measure_machine``) with a progress
     line per phase on stderr, store it atomically, print the figures. Ctrl-C stores
     nothing (the previous measurement stays as it was) and exits 130 with one line."""
     if args.hardware_file is not None:
@@ -95,9 +95,9 @@ def run_measure(args: argparse.Namespace) -> int:
                         "does not go with --measure")
     import sys
 
+    from shardlab.config.measure import BUDGET_SHARES, measurement_path, save_measurement
+    from shardlab.config.measure_runtime import measure_machine
     from shardlab.report.measure_view import measure_progress, print_measurement
-    from shardlab.spec.measure import BUDGET_SHARES, measurement_path, save_measurement
-    from shardlab.spec.measure_runtime import measure_machine
 
     try:
         with measure_progress(len(BUDGET_SHARES) + (not args.no_runtime)) as phases:

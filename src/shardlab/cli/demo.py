@@ -93,9 +93,9 @@ def _budget() -> tuple[Any, ...]:
         assumptions_from,
         model_and_layout,
     )
+    from shardlab.config.measure import accelerator_or_measured
     from shardlab.estimate.budget import model_budget
     from shardlab.report.budget_view import print_budget
-    from shardlab.spec.measure import accelerator_or_measured
 
     _step(1, "What does a 100B-parameter model take?  shardlab budget " + " ".join(BUDGET_ARGS))
 
@@ -115,11 +115,11 @@ def _budget() -> tuple[Any, ...]:
 
 def _plan(measure_seconds: float | None) -> tuple[dict[str, Any], dict[str, Any]]:
     from shardlab.cli.plan import add_plan_args, plan_document
+    from shardlab.config.measure import BUDGET_SHARES, load_measurement, save_measurement
+    from shardlab.config.measure_runtime import measure_machine
     from shardlab.report.measure_view import measure_progress
     from shardlab.report.plan_view import print_plan
     from shardlab.report.tables import show
-    from shardlab.spec.measure import BUDGET_SHARES, load_measurement, save_measurement
-    from shardlab.spec.measure_runtime import measure_machine
 
     _step(2, "Which layout trains a small model fastest on this machine's 2 processes?  "
           "shardlab plan " + " ".join(PLAN_ARGS))

@@ -10,8 +10,8 @@ from typing import Any
 
 from shardlab.cli.args import positive_int
 from shardlab.cli.output import print_json
+from shardlab.config.layout import RECOMPUTE, SCHEDULES
 from shardlab.errors import SpecError
-from shardlab.spec.layout import RECOMPUTE, SCHEDULES
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -116,11 +116,11 @@ def _model(args: argparse.Namespace) -> tuple[Any, str]:
 
 def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     """The ``--json`` document of ``shardlab plan`` (SpecError for bad input)."""
+    from shardlab.config.dtypes import get_policy
+    from shardlab.config.measure import accelerator_or_measured, slow_dtype_note
     from shardlab.plan.search import is_this_machine, layout_candidates, plan
     from shardlab.plan.space import TRAIN_SCHEDULES, TRAIN_ZERO, Space
     from shardlab.plan.step_time import StepOptions
-    from shardlab.spec.dtypes import get_policy
-    from shardlab.spec.measure import accelerator_or_measured, slow_dtype_note
 
     acc = accelerator_or_measured(args.gpu, args.hardware_file)
     model, model_flags = _model(args)

@@ -62,7 +62,7 @@ def register(sub: Any) -> None:
 
 def build_shape(args: argparse.Namespace, vocab: int) -> Any:
     """MODEL (catalog or config.json), or the shape the flags describe."""
-    from shardlab.spec.model import ModelShape
+    from shardlab.config.model import ModelShape
 
     if args.model is not None:
         from shardlab.cli.budget import load_model
@@ -92,8 +92,8 @@ def run(args: argparse.Namespace) -> int:
                    microbatches=args.microbatches, schedule=args.schedule)
     link = None
     if args.link is not None:
-        from shardlab.spec.hardware import LINKS
-        from shardlab.spec.lookup import find
+        from shardlab.config.hardware import LINKS
+        from shardlab.config.lookup import find
 
         link = find("link", args.link, LINKS)
     global_batch = args.global_batch or args.dp * args.microbatches * 2

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from shardlab.spec.model import ModelShape
+    from shardlab.config.model import ModelShape
 
 FORMAT = 1
 MANIFEST = "manifest.json"

@@ -68,8 +68,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle
 
+from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError, require_positive_int
-from shardlab.spec.model import ModelShape
 
 AcMode = Literal["none", "selective", "full"]
 DpMode = Literal["ddp", "fsdp", "fsdp-zero2"]

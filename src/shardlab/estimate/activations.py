@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardlab.spec.model import ModelShape
+from shardlab.config.model import ModelShape
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from shardlab.config.dtypes import DtypePolicy
+from shardlab.config.hardware import Accelerator
+from shardlab.config.layout import Layout
+from shardlab.config.model import ModelShape
 from shardlab.estimate.activations import layer_activation_bytes
 from shardlab.estimate.comm import (
     dp_bytes_per_step,
@@ -31,10 +35,6 @@ from shardlab.estimate.params import count_params
 from shardlab.estimate.partition import rank_layers
 from shardlab.estimate.roofline import Roofline
 from shardlab.estimate.timing import train_time
-from shardlab.spec.dtypes import DtypePolicy
-from shardlab.spec.hardware import Accelerator
-from shardlab.spec.layout import Layout
-from shardlab.spec.model import ModelShape
 
 CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: compute-optimal D ≈ 20 N
 

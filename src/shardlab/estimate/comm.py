@@ -28,11 +28,11 @@ virtual device and ``shardlab simulate`` checks them for equality.
 
 from __future__ import annotations
 
+from shardlab.config.dtypes import DtypePolicy
+from shardlab.config.hardware import Link
+from shardlab.config.layout import Layout
+from shardlab.config.model import ModelShape
 from shardlab.estimate.partition import layer_replicated_params, rank_layers
-from shardlab.spec.dtypes import DtypePolicy
-from shardlab.spec.hardware import Link
-from shardlab.spec.layout import Layout
-from shardlab.spec.model import ModelShape
 
 
 def ring_allreduce_bytes(nbytes: float, p: int) -> float:

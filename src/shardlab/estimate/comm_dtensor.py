@@ -40,11 +40,11 @@ Every byte here is what one rank sends with ring collectives (module
 
 from __future__ import annotations
 
+from shardlab.config.layout import Layout
+from shardlab.config.model import ModelShape
 from shardlab.estimate.comm import ring_allreduce_bytes, ring_gather_bytes
 from shardlab.estimate.params import norm_params
 from shardlab.estimate.partition import rank_layers
-from shardlab.spec.layout import Layout
-from shardlab.spec.model import ModelShape
 
 
 def column_linears(m: ModelShape) -> int:

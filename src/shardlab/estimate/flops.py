@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardlab.spec.model import ModelShape
+from shardlab.config.model import ModelShape
 
 
 def layer_matmul_weights(m: ModelShape, moe_layer: bool) -> int:

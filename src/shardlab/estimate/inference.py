@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shardlab.config.hardware import Accelerator
+from shardlab.config.model import ModelShape
 from shardlab.estimate.flops import attention_core_flops_per_token, matmul_weights_per_token
 from shardlab.estimate.params import count_params, mlp_params
 from shardlab.estimate.roofline import Roofline, roofline
-from shardlab.spec.hardware import Accelerator
-from shardlab.spec.model import ModelShape
 
 
 def kv_bytes_per_token(m: ModelShape, bytes_per: int = 2) -> int:

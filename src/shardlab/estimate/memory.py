@@ -37,15 +37,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shardlab.config.dtypes import DtypePolicy
+from shardlab.config.layout import Layout
+from shardlab.config.model import ModelShape
 from shardlab.estimate.activations import (
     first_stage_extra_bytes,
     last_stage_extra_bytes,
     layer_activation_bytes,
 )
 from shardlab.estimate.partition import chunk_layers, stage_params
-from shardlab.spec.dtypes import DtypePolicy
-from shardlab.spec.layout import Layout
-from shardlab.spec.model import ModelShape
 
 
 @dataclass(frozen=True)

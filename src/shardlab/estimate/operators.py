@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shardlab.config.hardware import Accelerator
+from shardlab.config.model import ModelShape
 from shardlab.estimate.inference import weights_read_per_step
 from shardlab.estimate.params import count_params
 from shardlab.estimate.roofline import Roofline, roofline
-from shardlab.spec.hardware import Accelerator
-from shardlab.spec.model import ModelShape
 
 
 @dataclass(frozen=True)

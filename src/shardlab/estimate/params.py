@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardlab.spec.model import ModelShape
+from shardlab.config.model import ModelShape
 
 
 def attention_params(m: ModelShape) -> int:

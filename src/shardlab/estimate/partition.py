@@ -11,8 +11,8 @@ embedding, as Megatron does. Vocabulary padding to a multiple of tp is ignored.
 
 from __future__ import annotations
 
+from shardlab.config.model import ModelShape
 from shardlab.estimate.params import attention_params, mlp_params, norm_params, router_params
-from shardlab.spec.model import ModelShape
 
 
 def chunk_layers(layers: int, pp: int, virtual_stages: int = 1) -> list[int]:

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
-from shardlab.spec.model import ModelShape
 
 ROPE_THETA = 10_000.0  # Su et al. 2021; Llama 1/2's base
 

@@ -27,8 +27,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from shardlab.config.layout import SCHEDULES
 from shardlab.schedules.closed_forms import bubble_1f1b, bubble_interleaved
-from shardlab.spec.layout import SCHEDULES
 
 _CLOSED = ("gpipe", "1f1b", "interleaved-1f1b")
 

@@ -2,7 +2,7 @@
 
 Ring algorithms on p ranks and an n-byte buffer (Thakur, Rabenseifner & Gropp 2005),
 α the link latency, B its bandwidth times the fraction collectives reach
-(:class:`shardlab.spec.hardware.Efficiency`):
+(:class:`shardlab.config.hardware.Efficiency`):
 
 * all-reduce: 2(p-1)·α + 2·(p-1)/p·n/B;
 * reduce-scatter or all-gather: (p-1)·α + (p-1)/p·n/B;
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardlab.spec.hardware import Link
+from shardlab.config.hardware import Link
 
 
 def _arr(x: np.ndarray | float) -> np.ndarray:

@@ -3,7 +3,7 @@
 One constant MFU cannot rank layouts: tensor parallelism makes every matmul thinner
 (N/t columns), a small micro-batch makes it shorter (M = b·s rows), and both lower
 the fraction of the peak a GPU reaches. shardlab uses a two-number saturating curve
-per accelerator (:class:`shardlab.spec.hardware.Efficiency`):
+per accelerator (:class:`shardlab.config.hardware.Efficiency`):
 
     fraction(I) = peak_fraction · I / (I + half_intensity)
     I = 1 / (1/M + 1/K + 1/N)      (FLOPs per byte at 2-byte elements)
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardlab.spec.hardware import Accelerator, Efficiency
+from shardlab.config.hardware import Accelerator, Efficiency
 
 DEFAULT = Efficiency(
     0.5, 64.0, 5e-6, 0.8,

@@ -19,6 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shardlab.config.dtypes import DtypePolicy
+from shardlab.config.layout import RECOMPUTE, SCHEDULES
+from shardlab.config.model import ModelShape
 from shardlab.estimate.activations import (
     first_stage_extra_bytes,
     last_stage_extra_bytes,
@@ -26,9 +29,6 @@ from shardlab.estimate.activations import (
 )
 from shardlab.estimate.partition import chunk_layers, stage_params
 from shardlab.plan.space import Candidates
-from shardlab.spec.dtypes import DtypePolicy
-from shardlab.spec.layout import RECOMPUTE, SCHEDULES
-from shardlab.spec.model import ModelShape
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Each run gives the model's shape, the layout, the devices and a measured time per
 step, or the achieved TFLOP/s per GPU from which the step time follows by the paper's
 own FLOP formula. Runs are ``calibration`` (the efficiency curves in
-:mod:`shardlab.spec.hardware` are fitted on them, :func:`fit`), ``validation``
+:mod:`shardlab.config.hardware` are fitted on them, :func:`fit`), ``validation``
 (held out: never used in a fit) or ``unverified`` (figures that could not be checked
 against a reachable source: shown in the table, never fitted or averaged). Each run's
 ``checked`` says what its figures were checked against; a held-out run that is left
@@ -37,10 +37,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from shardlab.config.catalog import get_model
+from shardlab.config.hardware import Accelerator, Efficiency, get_accelerator
+from shardlab.config.model import ModelShape
 from shardlab.estimate.flops import flops_per_token, narayanan_full_recompute_flops
-from shardlab.spec.catalog import get_model
-from shardlab.spec.hardware import Accelerator, Efficiency, get_accelerator
-from shardlab.spec.model import ModelShape
 
 
 def _gpt(name: str, layers: int, hidden: int, heads: int) -> ModelShape:
@@ -199,10 +199,10 @@ RUNS: tuple[PublishedRun, ...] = (
 
 def predict(run: PublishedRun, acc: Accelerator | None = None) -> dict[str, float]:
     """The planner's step seconds and MFU for ``run`` on ``acc`` (default: the catalog's)."""
+    from shardlab.config.dtypes import get_policy
     from shardlab.plan.search import layout_candidates, plan
     from shardlab.plan.space import Space
     from shardlab.plan.step_time import StepOptions
-    from shardlab.spec.dtypes import get_policy
 
     acc = acc or get_accelerator(run.gpu)
     space = Space(gpus=run.gpus, global_batch=run.global_batch, seq=run.seq)

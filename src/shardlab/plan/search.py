@@ -20,6 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from shardlab.config.dtypes import DtypePolicy
+from shardlab.config.hardware import Accelerator
+from shardlab.config.layout import RECOMPUTE, SCHEDULES, make_layout
+from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
 from shardlab.plan.efficiency import efficiency_of
 from shardlab.plan.memory import MemoryOptions, memory_arrays
@@ -41,10 +45,6 @@ from shardlab.plan.step_time import (
     probe_elementwise_bandwidth,
     step_seconds,
 )
-from shardlab.spec.dtypes import DtypePolicy
-from shardlab.spec.hardware import Accelerator
-from shardlab.spec.layout import RECOMPUTE, SCHEDULES, make_layout
-from shardlab.spec.model import ModelShape
 
 USABLE_MEMORY = 0.9
 """Share of a device's memory the planner lets a layout use: the rest is left for what the
@@ -54,7 +54,7 @@ FSDP's transient unsharded layers)."""
 
 def is_this_machine(acc: Accelerator) -> bool:
     """Whether ``acc`` is the stored measurement of this machine's CPU."""
-    from shardlab.spec.measure import NAME
+    from shardlab.config.measure import NAME
 
     return acc.name == NAME
 

@@ -1,5 +1,5 @@
 """The search space: every layout of a model on N devices, as numpy arrays, with the
-reason each one that breaks a rule of :func:`shardlab.spec.layout.make_layout` breaks it.
+reason each one that breaks a rule of :func:`shardlab.config.layout.make_layout` breaks it.
 
 A layout is dp x tp x pp = N (tensor parallel within a node unless ``max_tp`` says
 otherwise), virtual stages v, a pipeline schedule, ZeRO stage 0-3 (3 = FSDP), sequence
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shardlab.config.layout import RECOMPUTE, SCHEDULES, V_SCHEDULES
+from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
-from shardlab.spec.layout import RECOMPUTE, SCHEDULES, V_SCHEDULES
-from shardlab.spec.model import ModelShape
 
 TRAIN_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b")
 TRAIN_ZERO: tuple[int, ...] = (0, 2, 3)
@@ -76,8 +76,8 @@ class Space:
 class Candidates:
     """Layouts as parallel integer arrays (one entry per layout).
 
-    ``schedule`` indexes :data:`shardlab.spec.layout.SCHEDULES`, ``recompute``
-    :data:`shardlab.spec.layout.RECOMPUTE`; ``reason`` is -1 for a valid layout, else the
+    ``schedule`` indexes :data:`shardlab.config.layout.SCHEDULES`, ``recompute``
+    :data:`shardlab.config.layout.RECOMPUTE`; ``reason`` is -1 for a valid layout, else the
     index in :data:`REASONS` of the first rule it breaks.
     """
 

@@ -58,7 +58,7 @@ from typing import NamedTuple, TypedDict
 import torch
 from torch import Tensor
 
-from shardlab.spec.hardware import Link
+from shardlab.config.hardware import Link
 
 ALGORITHMS = ("ring", "tree")
 

@@ -32,14 +32,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from shardlab.config.hardware import Link
+from shardlab.config.model import ModelShape
 from shardlab.nn.data import Batch
 from shardlab.schedules.generators import build
 from shardlab.schedules.simulate import simulate as time_schedule
 from shardlab.sim.comm import Ledger, VirtualGroup
 from shardlab.sim.shard import replicated_under_sp, shard, unshard
 from shardlab.sim.stage import Context, Params, Stage, make_context, stage_forward, stages_of
-from shardlab.spec.hardware import Link
-from shardlab.spec.model import ModelShape
 
 
 @dataclass(frozen=True)

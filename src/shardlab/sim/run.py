@@ -20,6 +20,9 @@ from typing import Any
 
 import torch
 
+from shardlab.config.hardware import Link
+from shardlab.config.layout import Layout, make_layout
+from shardlab.config.model import ModelShape
 from shardlab.estimate.comm import (
     dp_bytes_per_step,
     embedding_sync_bytes,
@@ -33,9 +36,6 @@ from shardlab.nn.model import TransformerLM
 from shardlab.sim.comm import Ledger
 from shardlab.sim.engine import DEFAULT_ADAMW, AdamWConfig, Parallel, Simulator
 from shardlab.sim.reference import Reference
-from shardlab.spec.hardware import Link
-from shardlab.spec.layout import Layout, make_layout
-from shardlab.spec.model import ModelShape
 
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}
 KINDS = ("tp", "pp", "embedding", "dp")

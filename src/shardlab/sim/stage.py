@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from shardlab.config.model import ModelShape
 from shardlab.nn.loss import lm_loss_sum
 from shardlab.nn.model import attend, attention_mask, rope_tables
 from shardlab.sim.comm import VirtualGroup
@@ -26,7 +27,6 @@ from shardlab.sim.tp_ops import (
     reduce_scatter_seq,
     split_seq,
 )
-from shardlab.spec.model import ModelShape
 
 Params = dict[str, torch.Tensor]
 Tensors = list[torch.Tensor]

@@ -35,12 +35,12 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from shardlab.config.model import ModelShape
 from shardlab.distributed.launch import RankContext
 from shardlab.nn.data import Batch, make_batch
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.nn.loss import lm_loss_sum
 from shardlab.nn.model import TransformerLM
-from shardlab.spec.model import ModelShape
 from shardlab.verify.registry import check
 
 SHAPE = ModelShape("ckpt-tiny", 4, 32, 4, garden_vocab().size, 64, style="llama", tied=False)

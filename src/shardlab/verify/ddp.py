@@ -41,12 +41,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from shardlab.config.model import ModelShape
 from shardlab.distributed.launch import RankContext
 from shardlab.nn.data import Batch, global_token_normalizer, make_batch
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.nn.loss import lm_loss_sum
 from shardlab.nn.model import TransformerLM
-from shardlab.spec.model import ModelShape
 from shardlab.verify.registry import check
 from shardlab.verify.runner import GLOBAL_BATCH
 

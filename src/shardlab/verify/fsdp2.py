@@ -54,12 +54,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from shardlab.config.model import ModelShape
 from shardlab.distributed.launch import RankContext
 from shardlab.nn.data import Batch, batches, global_token_normalizer
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.nn.loss import lm_loss_sum
 from shardlab.nn.model import TransformerLM
-from shardlab.spec.model import ModelShape
 from shardlab.verify.gloo_avg import needs_force_sum, probe_avg_ratio
 from shardlab.verify.registry import check
 from shardlab.verify.runner import GLOBAL_BATCH

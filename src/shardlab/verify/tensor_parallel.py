@@ -1,6 +1,6 @@
 """Tensor parallelism with torch's own plans equals the unsharded module, in float64.
 
-Two modules of a small llama-style :class:`~shardlab.spec.model.ModelShape` (RMSNorm
+Two modules of a small llama-style :class:`~shardlab.config.model.ModelShape` (RMSNorm
 world, SwiGLU MLP, rotary positions, grouped-query attention) are sharded over a 1-D
 mesh of every rank (``torch.distributed.device_mesh.init_device_mesh``) with
 ``torch.distributed.tensor.parallel.parallelize_module``:
@@ -44,9 +44,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from shardlab.config.model import ModelShape
 from shardlab.distributed.launch import RankContext
 from shardlab.nn.model import MLP, Attention, attention_mask, rope_tables
-from shardlab.spec.model import ModelShape
 from shardlab.verify.registry import check
 
 DTYPE = torch.float64

@@ -6,8 +6,8 @@ checkpoint's exact count (the sum of ``numel`` over its tensors).
 
 from __future__ import annotations
 
-from shardlab.spec.lookup import find
-from shardlab.spec.model import ModelShape, MoE
+from shardlab.config.lookup import find
+from shardlab.config.model import ModelShape, MoE
 
 _GPT2 = "OpenAI GPT-2 (Radford et al. 2019), Hugging Face config.json of openai-community/{}"
 _HF = "Hugging Face config.json of {}"
@@ -59,5 +59,5 @@ ALIASES: dict[str, tuple[str, ...]] = {
 
 
 def get_model(name: str) -> ModelShape:
-    """The catalog entry ``name`` names (loose match, see :mod:`shardlab.spec.lookup`)."""
+    """The catalog entry ``name`` names (loose match, see :mod:`shardlab.config.lookup`)."""
     return find("model", name, MODELS, ALIASES)

@@ -2,9 +2,9 @@
 
 import pytest
 
+from shardlab.config.catalog import MODELS, get_model
 from shardlab.errors import SpecError
 from shardlab.estimate.params import count_params
-from shardlab.spec.catalog import MODELS, get_model
 
 # Sum of numel over the tensors of each released checkpoint (Hugging Face model cards /
 # safetensors index metadata); GPT-3 and the hypothetical 100B from their published shapes.

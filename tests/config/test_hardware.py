@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from shardlab.config.hardware import ACCELERATORS, get_accelerator, load_hardware_file
 from shardlab.errors import SpecError
-from shardlab.spec.hardware import ACCELERATORS, get_accelerator, load_hardware_file
 
 
 def test_dense_bf16_peaks_not_sparse() -> None:

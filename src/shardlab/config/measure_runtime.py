@@ -1,8 +1,9 @@
 """What a training step on this machine costs besides its arithmetic, measured with real ranks.
 
 ``shardlab hardware --measure`` adds this to the stored CPU measurement (``runtime`` in
-``cpu.json``). It starts ``world`` one-thread ranks through :func:`shardlab.distributed.launch.launch`
-(gloo on loopback, the same launcher ``shardlab train`` uses) and times two things:
+``cpu.json``). It starts ``world`` one-thread ranks through
+:func:`shardlab.distributed.launch.launch` (gloo on loopback, the same launcher
+``shardlab train`` uses) and times two things:
 
 * **collectives**: ``all_reduce``, ``all_gather`` (into one tensor), ``reduce_scatter``
   (from one tensor) and a point-to-point ``send``/``recv`` of 16 KiB to 4 MiB, best of
@@ -35,8 +36,8 @@ import math
 from dataclasses import astuple, dataclass
 from typing import Any
 
+from shardlab.config.measure_budget import Phases
 from shardlab.errors import SpecError
-from shardlab.spec.measure_budget import Phases
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send")
 """The collectives timed; the names :class:`Runtime.collectives` is keyed by."""
@@ -242,7 +243,7 @@ def _overhead_runs(ctx: Any, world: int) -> dict[str, list[tuple[int, int, float
 
     import torch.distributed as dist
 
-    from shardlab.spec.model import ModelShape
+    from shardlab.config.model import ModelShape
     from shardlab.train import TrainConfig, train_rank
 
     rng = random.Random(0)
@@ -284,18 +285,18 @@ def measure_runtime(world: int = 2, timeout_s: float = 120.0) -> dict[str, Any]:
 
     if world < 2:
         raise SpecError("world", world, "must be >= 2 (collectives need two ranks)")
-    raw = launch("shardlab.spec.measure_runtime:_runtime_rank", world, (world,),
+    raw = launch("shardlab.config.measure_runtime:_runtime_rank", world, (world,),
                  timeout_s=timeout_s, threads=1)[0]
     return runtime_document(world, raw)
 
 
 def measure_machine(seconds: float | None = None, threads: int | None = None,
                     runtime: bool = True, phases: Phases | None = None) -> dict[str, Any]:
-    """:func:`shardlab.spec.measure.measure_cpu` (``seconds`` its budget, default
-    :data:`~shardlab.spec.measure.DEFAULT_SECONDS`) plus, with ``runtime``, the ``runtime``
+    """:func:`shardlab.config.measure.measure_cpu` (``seconds`` its budget, default
+    :data:`~shardlab.config.measure.DEFAULT_SECONDS`) plus, with ``runtime``, the ``runtime``
     section measured at 2 ranks as one more phase (the document ``shardlab hardware
     --measure`` stores). ``phases`` records and shows every phase."""
-    from shardlab.spec.measure import DEFAULT_SECONDS, measure_cpu
+    from shardlab.config.measure import DEFAULT_SECONDS, measure_cpu
 
     log = phases if phases is not None else Phases()
     doc = measure_cpu(seconds=DEFAULT_SECONDS if seconds is None else seconds,

@@ -40,8 +40,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from shardlab.config.model import ModelShape, MoE
 from shardlab.errors import SpecError
-from shardlab.spec.model import ModelShape, MoE
 
 Config = dict[str, Any]
 

@@ -4,9 +4,9 @@ import re
 
 import pytest
 
+from shardlab.config.catalog import get_model
+from shardlab.config.layout import make_layout
 from shardlab.errors import SpecError
-from shardlab.spec.catalog import get_model
-from shardlab.spec.layout import make_layout
 
 LLAMA = get_model("llama-3-8b")  # 32 heads, 8 kv heads, d_ff 14336, 32 layers
 

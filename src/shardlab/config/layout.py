@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shardlab.config.dtypes import DtypePolicy, get_policy
+from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError, require_positive_int
-from shardlab.spec.dtypes import DtypePolicy, get_policy
-from shardlab.spec.model import ModelShape
 
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v",

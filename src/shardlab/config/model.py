@@ -148,8 +148,8 @@ class ModelShape:
     def from_hf_config(cls, path: str, name: str | None = None) -> ModelShape:
         """Build a shape from a Hugging Face ``config.json`` (llama, mistral, mixtral, qwen2, gpt2).
 
-        See :func:`shardlab.spec.hf_config.shape_from_hf_config`.
+        See :func:`shardlab.config.hf_config.shape_from_hf_config`.
         """
-        from shardlab.spec.hf_config import shape_from_hf_config  # avoids an import cycle
+        from shardlab.config.hf_config import shape_from_hf_config  # avoids an import cycle
 
         return shape_from_hf_config(path, name)

@@ -1,5 +1,5 @@
-"""``shardlab.spec.measure_runtime``: the fits and configurations of the 2-rank measurement
-(the measurement itself runs once, in tests/spec/test_measure.py's CLI test)."""
+"""``shardlab.config.measure_runtime``: the fits and configurations of the 2-rank measurement
+(the measurement itself runs once, in tests/config/test_measure.py's CLI test)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import math
 
 import pytest
 
-from shardlab.errors import SpecError
-from shardlab.spec.measure_runtime import (
+from shardlab.config.measure_runtime import (
     COLLECTIVES,
     STYLES,
     Overhead,
@@ -20,7 +19,8 @@ from shardlab.spec.measure_runtime import (
     runtime_document,
     solve_overhead,
 )
-from shardlab.spec.model import ModelShape
+from shardlab.config.model import ModelShape
+from shardlab.errors import SpecError
 from shardlab.train import TrainConfig, check_config
 
 

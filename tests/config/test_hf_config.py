@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from shardlab.config.catalog import get_model
+from shardlab.config.hf_config import shape_from_hf_config
+from shardlab.config.model import ModelShape, MoE
 from shardlab.errors import SpecError
 from shardlab.estimate.params import count_params
-from shardlab.spec.catalog import get_model
-from shardlab.spec.hf_config import shape_from_hf_config
-from shardlab.spec.model import ModelShape, MoE
 
 DATA = Path(__file__).parent / "data" / "hf"
 

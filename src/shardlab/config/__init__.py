@@ -1,10 +1,10 @@
 """The shared vocabulary: ModelShape, Hardware (Accelerator, Link), Layout, dtype policies."""
 
-from shardlab.spec.catalog import MODELS, get_model
-from shardlab.spec.dtypes import POLICIES, DtypePolicy, get_policy
-from shardlab.spec.hardware import ACCELERATORS, LINKS, Accelerator, Link, get_accelerator
-from shardlab.spec.layout import Layout, make_layout
-from shardlab.spec.model import ModelShape, MoE
+from shardlab.config.catalog import MODELS, get_model
+from shardlab.config.dtypes import POLICIES, DtypePolicy, get_policy
+from shardlab.config.hardware import ACCELERATORS, LINKS, Accelerator, Link, get_accelerator
+from shardlab.config.layout import Layout, make_layout
+from shardlab.config.model import ModelShape, MoE
 
 __all__ = [
            "ACCELERATORS",

@@ -1,4 +1,4 @@
-"""``shardlab.spec.measure`` and ``shardlab hardware --measure``: this CPU as an accelerator."""
+"""``shardlab.config.measure`` and ``shardlab hardware --measure``: this CPU as an accelerator."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 
 from shardlab.cli import main
-from shardlab.errors import SpecError
-from shardlab.spec.hardware import ACCELERATORS, Accelerator
-from shardlab.spec.measure import (
+from shardlab.config.hardware import ACCELERATORS, Accelerator
+from shardlab.config.measure import (
     BUDGET_SHARES,
     LINEAR_SHAPES,
     LOOPBACK_LATENCY,
@@ -26,7 +25,8 @@ from shardlab.spec.measure import (
     measurement_path,
     save_measurement,
 )
-from shardlab.spec.measure_runtime import SIZES, parse_runtime
+from shardlab.config.measure_runtime import SIZES, parse_runtime
+from shardlab.errors import SpecError
 
 pytest.importorskip("torch")
 
@@ -252,12 +252,12 @@ def test_cli_corrupt_stored_file_is_one_line(capsys: pytest.CaptureFixture[str],
 
 
 def test_import_does_not_pull_in_torch() -> None:
-    code = ("import sys, shardlab.spec.measure, shardlab.spec.measure_runtime, "
+    code = ("import sys, shardlab.config.measure, shardlab.config.measure_runtime, "
             "shardlab.cli.catalogs; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        check=False)
-    assert r.returncode == 0, "importing shardlab.spec.measure pulled in torch" + r.stderr
+    assert r.returncode == 0, "importing shardlab.config.measure pulled in torch" + r.stderr
 
 
 def test_measure_records_one_thread_figures(measured: dict[str, Any]) -> None:
@@ -318,8 +318,8 @@ def test_small_matmuls_at_peak_give_a_flat_curve(home: Path, measured: dict[str,
 
 def test_plan_uses_one_thread_figures_when_each_process_has_one_core(
         home: Path, measured: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardlab.config.dtypes import get_policy
     from shardlab.plan import search
-    from shardlab.spec.dtypes import get_policy
 
     save_measurement(measured)
     acc = load_measurement()

@@ -2,8 +2,8 @@
 
 import pytest
 
+from shardlab.config.model import ModelShape, MoE
 from shardlab.errors import SpecError
-from shardlab.spec.model import ModelShape, MoE
 
 
 def test_defaults_are_derived() -> None:
