@@ -1,6 +1,6 @@
 """Training throughput, measured side by side in one run.
 
-1. shardlab's single-process training loop (``shardlab.train.train_rank`` on one rank)
+1. shardlab's single-process training loop (``shardlab.train.loop.train_rank`` on one rank)
    against a plain PyTorch loop training the same model on the same batches with the
    same optimizer, both with one thread: the ratio of their tokens/s (target >= 0.95).
 2. dp=2 (DDP by default, --dp-mode to change; one thread per rank) against the single
@@ -24,7 +24,7 @@ from shardlab.distributed.launch import launch
 from shardlab.nn.data import batches
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.nn.model import TransformerLM
-from shardlab.train import TrainConfig, make_optimizer, token_loss_sum
+from shardlab.train.loop import TrainConfig, make_optimizer, token_loss_sum
 
 
 def plain_loop(cfg: TrainConfig) -> float:
@@ -59,8 +59,8 @@ def main() -> int:
     one = TrainConfig(**base)
     two = TrainConfig(**base, dp=2, dp_mode=args.dp_mode)
     t_plain = plain_loop(one)
-    r1 = launch("shardlab.train:train_rank", 1, (one,), timeout_s=120, threads=1)
-    r2 = launch("shardlab.train:train_rank", 2, (two,), timeout_s=120, threads=1)
+    r1 = launch("shardlab.train.loop:train_rank", 1, (one,), timeout_s=120, threads=1)
+    r2 = launch("shardlab.train.loop:train_rank", 2, (two,), timeout_s=120, threads=1)
     t1 = statistics.median(r1[0]["step_seconds"][1:])
     t2 = statistics.median(r2[0]["step_seconds"][1:])
     doc = {"plain_step_s": t_plain, "shardlab_step_s": t1, "dp2_step_s": t2,

@@ -21,7 +21,7 @@ from shardlab.config.model import ModelShape
 from shardlab.distributed import checkpoint
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.nn.model import TransformerLM
-from shardlab.train import TrainConfig
+from shardlab.train.loop import TrainConfig
 
 V = garden_vocab().size
 SHAPES = {
@@ -39,7 +39,7 @@ def train_one_process(cfg: TrainConfig) -> None:
     import torch.distributed as dist
 
     from shardlab.distributed.launch import RankContext
-    from shardlab.train import train_rank
+    from shardlab.train.loop import train_rank
 
     store = dist.FileStore(tempfile.mktemp(prefix="shardlab-store-"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
@@ -86,7 +86,7 @@ def test_transformers_loads_the_same_logits(checkpoints: dict[str, Path], tmp_pa
     # ... and back: import gives the checkpoint's weights exactly
     back = tmp_path / "back"
     assert main(["import", str(out), str(back)]) == 0
-    from shardlab.hf_export import read_weights
+    from shardlab.hf.weights import read_weights
 
     saved = checkpoint.load_model_state(checkpoints[name] / "step-2", SHAPES[name])
     got = read_weights(back)
@@ -103,7 +103,7 @@ def test_torch_format_and_init_from(checkpoints: dict[str, Path], tmp_path: Path
     imported = tmp_path / "imported"
     assert main(["import", str(hf), str(imported)]) == 0
     # train starts from the imported weights: its first loss is the checkpoint's model's
-    from shardlab.train import reference_run
+    from shardlab.train.loop import reference_run
 
     docs = garden_documents(100, 0)
     base = TrainConfig(shape=SHAPES["llama"], steps=1, docs=docs)
@@ -138,7 +138,7 @@ def test_bad_input(checkpoints: dict[str, Path], tmp_path: Path,
 def test_import_refuses_what_the_model_cannot_compute(tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]
                                                       ) -> None:
-    from shardlab.hf_export import hf_config
+    from shardlab.hf.weights import hf_config
 
     hf = tmp_path / "hf"
     hf.mkdir()

@@ -39,7 +39,7 @@ BF16 = ["--dp", "2", "--dtype", "bf16", "--steps", "10"]
 STEPS = 6
 RUN_CASES = (
     "def run_cases(ctx, runs):\n"
-    "    from shardlab.train import train_rank\n"
+    "    from shardlab.train.loop import train_rank\n"
     "    return [train_rank(ctx, cfg) for cfg in runs]\n")
 
 
@@ -56,8 +56,8 @@ def documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
     from shardlab.cli import build_parser
     from shardlab.cli.train import prepare
     from shardlab.distributed.launch import launch
-    from shardlab.train import reference_run
-    from shardlab.train_report import report
+    from shardlab.train.loop import reference_run
+    from shardlab.train.report import report
 
     root = tmp_path_factory.mktemp("train")
     planned = {}

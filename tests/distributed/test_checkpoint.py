@@ -29,7 +29,7 @@ from shardlab.distributed import checkpoint
 from shardlab.distributed.launch import LaunchError, launch
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_documents, garden_vocab
-from shardlab.train import TrainConfig
+from shardlab.train.loop import TrainConfig
 
 DOCS = garden_documents(200, 0)
 LLAMA = ModelShape("tiny-llama", 2, 32, 4, garden_vocab().size, 32, kv_heads=2,
@@ -50,7 +50,7 @@ def config(root: Path, name: str, shape: ModelShape = LLAMA, **kw: Any) -> Train
 
 def run_cases(ctx: Any, runs: list[TrainConfig]) -> list[dict[str, Any]]:
     """Every run in order on this rank (the same process group)."""
-    from shardlab.train import train_rank
+    from shardlab.train.loop import train_rank
 
     out = []
     for cfg in runs:
@@ -97,7 +97,7 @@ def _killed_in_save(root: Path) -> tuple[dict[str, Any], TrainConfig]:
     start = time.monotonic()
     error = None
     try:
-        launch("shardlab.train:train_rank", 2, (cfg,), timeout_s=20,
+        launch("shardlab.train.loop:train_rank", 2, (cfg,), timeout_s=20,
                log_dir=str(root / "logs-killed"))
     except LaunchError as e:
         error = e

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
+from shardlab.calibrate.cpu import NAME
+from shardlab.calibrate.runtime import Overhead, Runtime
 from shardlab.config.catalog import get_model
 from shardlab.config.dtypes import get_policy
 from shardlab.config.hardware import Accelerator, Link, get_accelerator
-from shardlab.config.measure import NAME
-from shardlab.config.measure_runtime import Overhead, Runtime
 from shardlab.config.model import ModelShape
 from shardlab.estimate.flops import flops_per_token
 from shardlab.estimate.operators import layer_operators

@@ -65,8 +65,8 @@ def run_hardware(args: argparse.Namespace) -> int:
                         ("--no-runtime", args.no_runtime or None)):
         if value is not None:
             raise SpecError(flag, value, "only goes with --measure")
+    from shardlab.calibrate.cpu import load_measurement
     from shardlab.config.hardware import ACCELERATORS, LINKS, load_hardware_file
-    from shardlab.config.measure import load_measurement
 
     accels, links = (load_hardware_file(args.hardware_file) if args.hardware_file
                      else (ACCELERATORS, LINKS))
@@ -87,7 +87,7 @@ def run_hardware(args: argparse.Namespace) -> int:
 
 
 def run_measure(args: argparse.Namespace) -> int:
-    """Measure this CPU (``shardlab.config.measure_runtime.measure_machine``) with a progress
+    """Measure this CPU (``shardlab.calibrate.runtime.measure_machine``) with a progress
     line per phase on stderr, store it atomically, print the figures. Ctrl-C stores
     nothing (the previous measurement stays as it was) and exits 130 with one line."""
     if args.hardware_file is not None:
@@ -95,8 +95,8 @@ def run_measure(args: argparse.Namespace) -> int:
                         "does not go with --measure")
     import sys
 
-    from shardlab.config.measure import BUDGET_SHARES, measurement_path, save_measurement
-    from shardlab.config.measure_runtime import measure_machine
+    from shardlab.calibrate.cpu import BUDGET_SHARES, measurement_path, save_measurement
+    from shardlab.calibrate.runtime import measure_machine
     from shardlab.report.measure_view import measure_progress, print_measurement
 
     try:

@@ -17,7 +17,7 @@ def register(sub: Any) -> None:
                        "GPT-style as GPT2LMHeadModel.")
     p.add_argument("checkpoint", help="a step-N folder, or a --checkpoint-dir (its latest)")
     p.add_argument("out_dir", help="a new or empty folder")
-    # hf_export.FORMATS, not imported here: registering a command must not import torch
+    # shardlab.hf.weights.FORMATS, not imported here: registering a command must not import torch
     p.add_argument("--format", choices=("safetensors", "torch"), default="safetensors",
                    help="model.safetensors (default) or pytorch_model.bin")
     p.add_argument("--json", action="store_true", help="print one JSON document")
@@ -26,7 +26,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Verify the checkpoint, reshard it to one process, write the folder."""
-    from shardlab.hf_export import export
+    from shardlab.hf.weights import export
 
     doc = export(args.checkpoint, args.out_dir, args.format)
     if args.json:

@@ -23,7 +23,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Map the names, check the shapes by loading the model, write the folder."""
-    from shardlab.hf_export import import_hf
+    from shardlab.hf.weights import import_hf
 
     doc = import_hf(args.hf_dir, args.out_dir)
     if args.json:

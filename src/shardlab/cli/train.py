@@ -17,7 +17,7 @@ from shardlab.errors import SpecError
 def register(sub: Any) -> None:
     """Add the ``train`` sub-command."""
     from shardlab.cli.simulate import add_shape_args
-    from shardlab.train import DP_MODES, PP_SCHEDULES
+    from shardlab.train.loop import DP_MODES, PP_SCHEDULES
 
     p = sub.add_parser("train", help="real training on a device mesh (FSDP2/DDP, TP, PP)",
                        description="Train shardlab's LM on dp x tp x pp real processes and "
@@ -103,8 +103,8 @@ def prepare(args: argparse.Namespace) -> tuple[Any, float | None]:
     from shardlab.cli.simulate import build_shape
     from shardlab.distributed import checkpoint
     from shardlab.distributed.launch import under_torchrun
-    from shardlab.train import TrainConfig, check_config
-    from shardlab.train_report import peak_flops
+    from shardlab.train.loop import TrainConfig, check_config
+    from shardlab.train.report import peak_flops
 
     vocab, docs = load_documents(args)
     init = _init_folder(args)
@@ -153,7 +153,7 @@ def prepare(args: argparse.Namespace) -> tuple[Any, float | None]:
 def dtype_note(dtype: str, gpu: str | None) -> str | None:
     """The line that says ``dtype`` is slow on this machine (an emulated matmul kernel, as
     ``shardlab hardware --measure`` found), or None (fast, another --gpu, or unmeasured)."""
-    from shardlab.config.measure import NAMES, load_measurement, slow_dtype_note
+    from shardlab.calibrate.cpu import NAMES, load_measurement, slow_dtype_note
 
     if gpu is not None and gpu.strip().lower() not in NAMES:
         return None
@@ -168,8 +168,8 @@ def run(args: argparse.Namespace) -> int:
 
     from shardlab.distributed import checkpoint
     from shardlab.distributed.launch import LaunchError, launch, under_torchrun
-    from shardlab.train import reference_run
-    from shardlab.train_report import report
+    from shardlab.train.loop import reference_run
+    from shardlab.train.report import report
 
     cfg, peak = prepare(args)
     shape, world, log_dir = cfg.shape, cfg.world, cfg.log_dir
@@ -235,7 +235,7 @@ def _init_folder(args: argparse.Namespace) -> Path | None:
     """``--init-from``'s folder, checked to be what ``shardlab import`` writes."""
     if args.init_from is None:
         return None
-    from shardlab.hf_export import MARKER, WEIGHTS
+    from shardlab.hf.weights import MARKER, WEIGHTS
 
     folder = Path(args.init_from)
     if not (folder / MARKER).is_file() or not (folder / WEIGHTS).is_file():
@@ -294,7 +294,7 @@ def _launch_with_progress(cfg: Any, world: int, args: argparse.Namespace, launch
     """Run the ranks in a thread; show rank 0's steps from its JSONL log as they land."""
     from shardlab.distributed.launch import under_torchrun
 
-    target = "shardlab.train:train_rank"
+    target = "shardlab.train.loop:train_rank"
     if under_torchrun() or args.json:
         return launch(target, world, (cfg,), timeout_s=args.timeout, log_dir=log_dir)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn

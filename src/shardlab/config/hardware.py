@@ -30,7 +30,7 @@ from shardlab.config.lookup import find
 from shardlab.errors import SpecError, require_positive_int, require_positive_number
 
 if TYPE_CHECKING:
-    from shardlab.config.measure_runtime import Runtime
+    from shardlab.calibrate.runtime import Runtime
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class Accelerator:
     efficiency: Efficiency | None = field(default=None, compare=False)
     single_thread: tuple[float, Efficiency] | None = field(default=None, compare=False)
     """A measured CPU only: (fp32 FLOP/s of one thread, that thread's efficiency curve),
-    what each of several one-thread processes gets (:mod:`shardlab.config.measure`)."""
+    what each of several one-thread processes gets (:mod:`shardlab.calibrate.cpu`)."""
     layer_probe: dict[str, float] | None = field(default=None, compare=False)
     """A measured CPU only: one llama layer's forward + backward on one thread (``batch``,
     ``seq``, ``d_model``, ``heads``, ``d_ff`` and ``seconds``), from which the planner
@@ -93,7 +93,7 @@ class Accelerator:
     probe_elementwise_bandwidth`)."""
     runtime: Runtime | None = field(default=None, compare=False)
     """A measured CPU only: gloo's collective rates and the runtime's fixed costs per
-    parallel style, measured with real ranks (:mod:`shardlab.config.measure_runtime`)."""
+    parallel style, measured with real ranks (:mod:`shardlab.calibrate.runtime`)."""
     emulated: tuple[str, ...] = field(default=(), compare=False)
     """A measured CPU only: the dtypes whose matmul has no vectorised kernel here (bf16 on a
     CPU without AVX-512 BF16 or AMX); their ``peak_flops`` is that slow path's real rate."""

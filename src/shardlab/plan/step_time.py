@@ -47,7 +47,7 @@ tokens (T = b·s tokens each), on devices of dense peak P (:class:`Device`):
   state (its ZeRO shard): 2·(w + g + o)·Ψ/N bytes at the memory bandwidth.
 * **overhead** (this machine only, 0 for a catalog accelerator): what the runtime costs
   besides arithmetic and bytes, measured by ``shardlab hardware --measure``
-  (:mod:`shardlab.config.measure_runtime`): the eager base (``ddp``'s fit) plus, for each
+  (:mod:`shardlab.calibrate.runtime`): the eager base (``ddp``'s fit) plus, for each
   parallel style the layout uses (FSDP / ZeRO >= 1, tensor, pipeline), what that
   style's measured fit adds to the base, at the timed rank's layers and micro-batches.
   With these measured, each collective is timed at gloo's own fitted bandwidth for it
@@ -64,10 +64,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shardlab.calibrate.runtime import Runtime
 from shardlab.config.dtypes import DtypePolicy
 from shardlab.config.hardware import Efficiency, Link
 from shardlab.config.layout import RECOMPUTE
-from shardlab.config.measure_runtime import Runtime
 from shardlab.config.model import ModelShape
 from shardlab.estimate.flops import flops_per_token
 from shardlab.plan.bubble import bubble_ratios
@@ -313,7 +313,7 @@ def probe_elementwise_bandwidth(probe: dict[str, float], dev: Device, flash: boo
                                 ) -> float | None:
     """The rate (bytes/s) at which this machine's memory-bound operators move the bytes the
     model counts, from one layer timed forward + backward on one thread (``probe``, see
-    :mod:`shardlab.config.measure`): the measured seconds less the model's matmul and
+    :mod:`shardlab.calibrate.cpu`): the measured seconds less the model's matmul and
     attention-core time for that layer (3 x forward), over the model's memory-bound bytes
     (forward + twice that in backward, fp32). Eager RMSNorm, rotary embedding and SwiGLU
     make several passes over what the operator table counts once, so this is well below

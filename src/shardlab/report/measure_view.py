@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from shardlab.config.measure_budget import Phase, Phases
+from shardlab.calibrate.budget import Phase, Phases
 from shardlab.report.tables import show, table
 from shardlab.units import human, human_bytes
 

@@ -251,7 +251,7 @@ def reference_run(cfg: TrainConfig) -> list[float]:
 def load_initial_weights(model: Any, path: str) -> None:
     """Every parameter of the (not yet laid out) model from a safetensors file in
     shardlab's names (what ``shardlab import`` writes); strict: all names, all shapes."""
-    from shardlab.hf_export import read_weights
+    from shardlab.hf.weights import read_weights
 
     model.load_state_dict(read_weights(path), strict=True)
 
@@ -509,11 +509,3 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
             "cuda_peak_allocated": (torch.cuda.max_memory_allocated()
                                     if device_type == "cuda" else None),
             "state_bytes": held}
-
-
-if __name__ == "__main__":  # python -m shardlab.train ... (e.g. under torchrun)
-    import sys
-
-    from shardlab.cli import main
-
-    sys.exit(main(["train", *sys.argv[1:]]))

@@ -1,4 +1,4 @@
-"""``shardlab.config.measure_budget`` and the measurement's budgets: a dtype with no fast
+"""``shardlab.calibrate.budget`` and the measurement's budgets: a dtype with no fast
 kernel here costs its share of the budget, not minutes, on any CPU."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from shardlab.config.measure_budget import HARD_CAP, Phases, best_seconds, matmul_side
+from shardlab.calibrate.budget import HARD_CAP, Phases, best_seconds, matmul_side
 
 SLOW_BF16 = 1e9
 """FLOP/s the slowed-down bf16 matmul of these tests runs at (torch's generic bf16 GEMM
@@ -70,7 +70,7 @@ def slow_bf16_mm(a: Any, b: Any, out: Any) -> Any:
 
 def test_a_slow_dtype_is_sized_to_its_budget_and_marked_emulated() -> None:
     pytest.importorskip("torch")
-    from shardlab.config.measure import BUDGET_SHARES, measure_cpu
+    from shardlab.calibrate.cpu import BUDGET_SHARES, measure_cpu
 
     seconds = 2.0
     doc = measure_cpu(seconds, threads=1, copy_bytes=2**22, mm=slow_bf16_mm)
@@ -91,7 +91,7 @@ def test_torch_s_own_slow_bf16_path_is_found(tmp_path: Path) -> None:
     """oneDNN held to AVX2 and ATen to its AVX2 kernels: torch's generic bf16 GEMM, the path
     of a CPU without native bf16, on any x86 CPU (one process, about 5 s)."""
     pytest.importorskip("torch")
-    code = ("import json, sys; from shardlab.config.measure import measure_cpu; "
+    code = ("import json, sys; from shardlab.calibrate.cpu import measure_cpu; "
             "json.dump(measure_cpu(1.0, threads=1, copy_bytes=2**22), sys.stdout)")
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,

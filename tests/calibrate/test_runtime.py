@@ -1,5 +1,5 @@
-"""``shardlab.config.measure_runtime``: the fits and configurations of the 2-rank measurement
-(the measurement itself runs once, in tests/config/test_measure.py's CLI test)."""
+"""``shardlab.calibrate.runtime``: the fits and configurations of the 2-rank measurement
+(the measurement itself runs once, in tests/calibrate/test_cpu.py's CLI test)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from shardlab.config.measure_runtime import (
+from shardlab.calibrate.runtime import (
     COLLECTIVES,
     STYLES,
     Overhead,
@@ -21,7 +21,7 @@ from shardlab.config.measure_runtime import (
 )
 from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
-from shardlab.train import TrainConfig, check_config
+from shardlab.train.loop import TrainConfig, check_config
 
 
 @pytest.mark.parametrize("name", COLLECTIVES)

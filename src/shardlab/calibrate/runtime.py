@@ -14,7 +14,7 @@
   rates differ by collective (its all-gather and reduce-scatter on loopback move a byte
   1.5-3x slower than its all-reduce), so each keeps its own α and B, not one link speed.
 * **the runtime's fixed costs per step** (``overheads``): ``shardlab train`` itself
-  (:func:`shardlab.train.train_rank`) on a tiny model (d = 16, 8 tokens per sequence,
+  (:func:`shardlab.train.loop.train_rank`) on a tiny model (d = 16, 8 tokens per sequence,
   so the arithmetic is microseconds and what is left is Python, autograd, hooks,
   DTensor dispatch, the optimizer's per-tensor work, the schedule and the collectives'
   latency), for each parallel style the planner prices differently: ``ddp`` (the
@@ -36,7 +36,7 @@ import math
 from dataclasses import astuple, dataclass
 from typing import Any
 
-from shardlab.config.measure_budget import Phases
+from shardlab.calibrate.budget import Phases
 from shardlab.errors import SpecError
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send")
@@ -244,7 +244,7 @@ def _overhead_runs(ctx: Any, world: int) -> dict[str, list[tuple[int, int, float
     import torch.distributed as dist
 
     from shardlab.config.model import ModelShape
-    from shardlab.train import TrainConfig, train_rank
+    from shardlab.train.loop import TrainConfig, train_rank
 
     rng = random.Random(0)
     docs = [[rng.randrange(TINY["vocab"]) for _ in range(TINY["seq"] + 1)] for _ in range(64)]
@@ -285,18 +285,18 @@ def measure_runtime(world: int = 2, timeout_s: float = 120.0) -> dict[str, Any]:
 
     if world < 2:
         raise SpecError("world", world, "must be >= 2 (collectives need two ranks)")
-    raw = launch("shardlab.config.measure_runtime:_runtime_rank", world, (world,),
+    raw = launch("shardlab.calibrate.runtime:_runtime_rank", world, (world,),
                  timeout_s=timeout_s, threads=1)[0]
     return runtime_document(world, raw)
 
 
 def measure_machine(seconds: float | None = None, threads: int | None = None,
                     runtime: bool = True, phases: Phases | None = None) -> dict[str, Any]:
-    """:func:`shardlab.config.measure.measure_cpu` (``seconds`` its budget, default
-    :data:`~shardlab.config.measure.DEFAULT_SECONDS`) plus, with ``runtime``, the ``runtime``
+    """:func:`shardlab.calibrate.cpu.measure_cpu` (``seconds`` its budget, default
+    :data:`~shardlab.calibrate.cpu.DEFAULT_SECONDS`) plus, with ``runtime``, the ``runtime``
     section measured at 2 ranks as one more phase (the document ``shardlab hardware
     --measure`` stores). ``phases`` records and shows every phase."""
-    from shardlab.config.measure import DEFAULT_SECONDS, measure_cpu
+    from shardlab.calibrate.cpu import DEFAULT_SECONDS, measure_cpu
 
     log = phases if phases is not None else Phases()
     doc = measure_cpu(seconds=DEFAULT_SECONDS if seconds is None else seconds,

@@ -1,4 +1,4 @@
-"""``shardlab.config.measure`` and ``shardlab hardware --measure``: this CPU as an accelerator."""
+"""``shardlab.calibrate.cpu`` and ``shardlab hardware --measure``: this CPU as an accelerator."""
 
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ from typing import Any
 
 import pytest
 
-from shardlab.cli import main
-from shardlab.config.hardware import ACCELERATORS, Accelerator
-from shardlab.config.measure import (
+from shardlab.calibrate.cpu import (
     BUDGET_SHARES,
     LINEAR_SHAPES,
     LOOPBACK_LATENCY,
@@ -25,7 +23,9 @@ from shardlab.config.measure import (
     measurement_path,
     save_measurement,
 )
-from shardlab.config.measure_runtime import SIZES, parse_runtime
+from shardlab.calibrate.runtime import SIZES, parse_runtime
+from shardlab.cli import main
+from shardlab.config.hardware import ACCELERATORS, Accelerator
 from shardlab.errors import SpecError
 
 pytest.importorskip("torch")
@@ -252,12 +252,12 @@ def test_cli_corrupt_stored_file_is_one_line(capsys: pytest.CaptureFixture[str],
 
 
 def test_import_does_not_pull_in_torch() -> None:
-    code = ("import sys, shardlab.config.measure, shardlab.config.measure_runtime, "
+    code = ("import sys, shardlab.calibrate.cpu, shardlab.calibrate.runtime, "
             "shardlab.cli.catalogs; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        check=False)
-    assert r.returncode == 0, "importing shardlab.config.measure pulled in torch" + r.stderr
+    assert r.returncode == 0, "importing shardlab.calibrate.cpu pulled in torch" + r.stderr
 
 
 def test_measure_records_one_thread_figures(measured: dict[str, Any]) -> None:

@@ -2,7 +2,7 @@
 
 ``shardlab hardware --measure`` times these and writes one JSON file. Each is a phase
 with its own share of the time budget (:data:`BUDGET_SHARES`), and no phase runs a fixed
-count of large operations (:mod:`shardlab.config.measure_budget`), so the whole takes about
+count of large operations (:mod:`shardlab.calibrate.budget`), so the whole takes about
 its budget on any CPU:
 
 * **peak FLOP/s per dtype** (``fp32``, ``bf16``): first a probe, one 256-square matmul
@@ -59,8 +59,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from shardlab.calibrate.budget import HARD_CAP, Phases, best_seconds, matmul_side
 from shardlab.config.hardware import Accelerator, Efficiency, Link, get_accelerator
-from shardlab.config.measure_budget import HARD_CAP, Phases, best_seconds, matmul_side
 from shardlab.errors import SpecError, require_positive_int, require_positive_number
 from shardlab.units import human
 
@@ -200,7 +200,7 @@ def measure_cpu(seconds: float = DEFAULT_SECONDS, threads: int | None = None, *,
 
     ``seconds``: the whole time budget (s), shared out over the phases by
     :data:`BUDGET_SHARES`; each phase stops at its own budget, and each large matmul is
-    sized from a small probe of its dtype first (:mod:`shardlab.config.measure_budget`), so
+    sized from a small probe of its dtype first (:mod:`shardlab.calibrate.budget`), so
     a dtype without a fast kernel here (bf16 on a CPU without AVX-512 BF16 or AMX) costs
     its share of the budget, not minutes. ``threads``: torch intra-op threads (``None``:
     torch's current setting; restored afterwards). ``matmul_n``: the largest matmul side
@@ -516,7 +516,7 @@ def load_measurement(path: str | Path | None = None) -> Accelerator | None:
     single_thread = None
     if isinstance(single, dict) and single:
         single_thread = _single_thread(target, doc, single)
-    from shardlab.config.measure_runtime import parse_runtime
+    from shardlab.calibrate.runtime import parse_runtime
 
     kernels = doc.get("kernels")
     return Accelerator(
