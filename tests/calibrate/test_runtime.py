@@ -8,18 +8,15 @@ import math
 import pytest
 
 from shardlab.calibrate.runtime import (
-    COLLECTIVES,
-    STYLES,
-    Overhead,
     fit_collective,
     measure_runtime,
     overhead_points,
-    parse_runtime,
     ring_terms,
     runtime_document,
     solve_overhead,
 )
 from shardlab.config.model import ModelShape
+from shardlab.config.runtime import COLLECTIVES, STYLES, Overhead, parse_runtime
 from shardlab.errors import SpecError
 from shardlab.train.loop import TrainConfig, check_config
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from shardlab.calibrate.cpu import SCHEMA, save_measurement
+from shardlab.calibrate.store import save_measurement
 from shardlab.cli import build_parser, main
 from shardlab.cli.plan import add_plan_args, plan_document
+from shardlab.config.measured import SCHEMA
 from shardlab.errors import SpecError
 
 BEST_KEYS = {"dp", "tp", "pp", "virtual_stages", "micro_batch", "microbatches", "zero", "sp",
@@ -129,8 +130,8 @@ def test_an_emulated_bf16_is_planned_slow_and_said(capsys: pytest.CaptureFixture
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A CPU whose bf16 matmul is torch's emulated kernel (1.6 GFLOP/s, fp32 100): the plan
     in bf16 is priced at that rate and says fp32 is the fast path; in fp32 it says nothing."""
-    from shardlab.calibrate.cpu import load_measurement
     from shardlab.cli.train import dtype_note
+    from shardlab.config.measured import load_measurement
 
     monkeypatch.setenv("SHARDLAB_HOME", str(tmp_path))
     save_measurement({"schema": SCHEMA, "name": "cpu (measured)",

@@ -3,19 +3,18 @@
 import numpy as np
 import pytest
 
-from shardlab.calibrate.cpu import NAME
-from shardlab.calibrate.runtime import Overhead, Runtime
 from shardlab.config.catalog import get_model
 from shardlab.config.dtypes import get_policy
-from shardlab.config.hardware import Accelerator, Link, get_accelerator
+from shardlab.config.hardware import OPS_PER_LAYER_FORWARD, Accelerator, Link, get_accelerator
+from shardlab.config.measured import NAME
 from shardlab.config.model import ModelShape
+from shardlab.config.runtime import Overhead, Runtime
 from shardlab.estimate.flops import flops_per_token
 from shardlab.estimate.operators import layer_operators
 from shardlab.plan.efficiency import fraction_of_peak, matmul_intensity
 from shardlab.plan.search import layout_candidates, plan
 from shardlab.plan.space import Space
 from shardlab.plan.step_time import (
-    OPS_PER_LAYER_FORWARD,
     PARTS,
     StepOptions,
     layer_elementwise_elements,

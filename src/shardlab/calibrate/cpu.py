@@ -42,50 +42,27 @@ its budget on any CPU:
 computed from it (``estimate.timing.train_time``: device-hours x watts) come out 0.
 
 The file goes to ``$SHARDLAB_HOME/cpu.json``, or ``~/.cache/shardlab/cpu.json`` when
-``SHARDLAB_HOME`` is unset. It records no host name. torch is imported only inside
-:func:`measure_cpu`: reading a stored measurement needs no torch.
+``SHARDLAB_HOME`` is unset (:func:`save_measurement`, atomically). It records no host
+name. Reading it needs no torch: :mod:`shardlab.config.measured`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
+import torch
+
 from shardlab.calibrate.budget import HARD_CAP, Phases, best_seconds, matmul_side
-from shardlab.config.hardware import Accelerator, Efficiency, Link, get_accelerator
-from shardlab.errors import SpecError, require_positive_int, require_positive_number
+from shardlab.calibrate.host import cpu_model, memory_bytes
+from shardlab.config.measured import NAME, PROBE, SCHEMA
+from shardlab.config.model import ModelShape
+from shardlab.errors import require_positive_int, require_positive_number
+from shardlab.nn.model import Block, attention_mask, rope_tables
 from shardlab.units import human
-
-NAME = "cpu (measured)"
-"""The accelerator name a stored measurement is listed and looked up under."""
-
-NAMES = ("cpu", NAME)
-"""Names (case-insensitive) that :func:`accelerator_or_measured` resolves to the measurement."""
-
-SCHEMA = "shardlab.cpu-measurement/1"
-"""The ``schema`` field of the stored JSON document."""
-
-LOOPBACK_LATENCY = 0.15e-3
-"""Seconds: a small message between processes on one host, assumed, not measured.
-
-About 0.15 ms for a 4-byte gloo all-reduce over loopback, 2 ranks, on a 2-core
-machine (``shared/REFERENCE.md``, "Collectives")."""
-
-LOOPBACK_NAME = "loopback (shared memory)"
-
-_LOOPBACK_SOURCE = (
-    "one host, process to process: bandwidth = measured copy rate (bytes copied/s, an upper "
-    "bound: gloo over loopback reaches about 1.4-1.7 GB/s algBw on a 2-core machine); "
-    "latency 0.15 ms assumed (a 4-byte gloo all-reduce, shared/REFERENCE.md)"
-)
 
 _METHOD = (
     "each phase has its own share of the budget; peak_flops: a probe at n = 256 per dtype "
@@ -97,7 +74,6 @@ _METHOD = (
     "the cgroup v2 memory.max; power_watts 0 = unknown (not measured)"
 )
 
-DTYPES = ("fp32", "bf16")
 
 DEFAULT_SECONDS = 6.0
 """The in-process measurement's whole budget (s) by default (``--seconds``)."""
@@ -130,8 +106,6 @@ LINEAR_SHAPES = ((128, 256, 1024), (256, 256, 256), (256, 256, 1024), (1024, 256
                  (1024, 1024, 256), (1024, 256, 1024), (2048, 512, 512), (2048, 128, 256))
 """(tokens t, in features k, out features n) of the one-thread linear-layer sweep."""
 
-PROBE = {"batch": 8, "seq": 128, "d_model": 256, "heads": 4, "d_ff": 1024}
-"""The llama-style layer timed forward + backward on one thread (``layer_probe``)."""
 
 COLD_BYTES = 32 * 2**20
 """Bytes one pass of the linear-layer sweep streams (several copies of each shape's
@@ -142,53 +116,13 @@ operands in memory, not in a cache the previous call warmed."""
 # -- where the file lives --------------------------------------------------------------------
 
 
-def measurement_path() -> Path:
-    """``$SHARDLAB_HOME/cpu.json``, or ``~/.cache/shardlab/cpu.json`` when it is unset or empty."""
-    home = os.environ.get("SHARDLAB_HOME", "").strip()
-    base = Path(home).expanduser() if home else Path.home() / ".cache" / "shardlab"
-    return base / "cpu.json"
 
 
 # -- the measurement (torch) -----------------------------------------------------------------
 
 
-def _memory_bytes() -> tuple[float, str]:
-    """Physical memory (bytes) and where the figure came from."""
-    total, source = 0.0, ""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    total, source = float(line.split()[1]) * 1024, "/proc/meminfo MemTotal"
-                    break
-    except (OSError, ValueError, IndexError):
-        pass
-    if total <= 0:
-        try:
-            total = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-            source = "os.sysconf(SC_PAGE_SIZE x SC_PHYS_PAGES)"
-        except (OSError, ValueError, AttributeError):
-            total, source = 0.0, ""
-    try:
-        text = Path("/sys/fs/cgroup/memory.max").read_text(encoding="ascii").strip()
-        limit = float(text) if text != "max" else math.inf
-        if 0 < limit < (total or math.inf):
-            total, source = limit, "cgroup v2 /sys/fs/cgroup/memory.max"
-    except (OSError, ValueError):
-        pass
-    return total, source
 
 
-def _cpu_model() -> str:
-    """The ``model name`` of ``/proc/cpuinfo`` (e.g. "Intel(R) Xeon(R) Processor"), or ""."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 def measure_cpu(seconds: float = DEFAULT_SECONDS, threads: int | None = None, *,
@@ -221,12 +155,6 @@ def measure_cpu(seconds: float = DEFAULT_SECONDS, threads: int | None = None, *,
     copy_bytes = require_positive_int("copy_bytes", copy_bytes)
     if threads is not None:
         threads = require_positive_int("threads", threads)
-    try:
-        import torch
-    except ImportError:
-        raise SpecError("measure", "torch", "needs torch: pip install 'shardlab[torch]'") from None
-    from shardlab.config.model import ModelShape
-    from shardlab.nn.model import Block, attention_mask, rope_tables
 
     mm = mm or torch.mm
     log = phases if phases is not None else Phases()
@@ -314,7 +242,7 @@ def measure_cpu(seconds: float = DEFAULT_SECONDS, threads: int | None = None, *,
             peak1 = 2.0 * n1**3 / t
             ph.figure = f"fp32 {human(peak1, 'FLOP/s')} (n = {n1})"
         with torch.inference_mode(), log.phase("linear sweep", share["linear sweep"]) as ph:
-            linear = _linear_sweep(torch, gen, mm, share["linear sweep"])
+            linear = _linear_sweep(gen, mm, share["linear sweep"])
             rates = sorted(r["flops_per_s"] for r in linear)
             ph.figure = (f"{len(linear)} of {len(LINEAR_SHAPES)} training shapes, "
                          f"{human(rates[0], 'FLOP/s')} to {human(rates[-1], 'FLOP/s')}")
@@ -346,7 +274,7 @@ def measure_cpu(seconds: float = DEFAULT_SECONDS, threads: int | None = None, *,
     finally:
         torch.set_num_threads(previous)
 
-    memory, memory_source = _memory_bytes()
+    memory, memory_source = memory_bytes()
     return {
         "schema": SCHEMA,
         "name": NAME,
@@ -361,7 +289,7 @@ def measure_cpu(seconds: float = DEFAULT_SECONDS, threads: int | None = None, *,
         "power_watts": 0.0,
         "power_note": "unknown, not measured: 0 W, so energy estimates come out 0",
         "threads": used_threads,
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "torch": str(torch.__version__),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "seconds": seconds,
@@ -376,7 +304,7 @@ def measure_cpu(seconds: float = DEFAULT_SECONDS, threads: int | None = None, *,
     }
 
 
-def _linear_sweep(torch: Any, gen: Any, mm: Callable[..., Any], budget: float
+def _linear_sweep(gen: Any, mm: Callable[..., Any], budget: float
                   ) -> list[dict[str, float]]:
     """The three matmuls of a linear layer's forward and backward as autograd runs them
     (y = x·wᵀ, dx = dy·w, dw = dyᵀ·x: transposed operands), 6·t·k·n FLOPs, at the shapes
@@ -417,243 +345,21 @@ def _linear_sweep(torch: Any, gen: Any, mm: Callable[..., Any], budget: float
 # -- storing and reading ---------------------------------------------------------------------
 
 
-def save_measurement(doc: dict[str, Any], path: str | Path | None = None) -> Path:
-    """Write ``doc`` as JSON to ``path`` (default :func:`measurement_path`) atomically.
-
-    The text goes to a temporary file in the same folder, which then replaces the
-    target (``os.replace``), so a reader never sees half a file. Returns the path.
-    A folder that cannot be written is a SpecError naming it.
-    """
-    target = Path(path) if path is not None else measurement_path()
-    text = json.dumps(doc, indent=2, sort_keys=False) + "\n"
-    tmp: str | None = None
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-        tmp = None
-    except OSError as e:
-        raise SpecError("measurement_file", str(target),
-                        f"cannot be written ({e.strerror}); set SHARDLAB_HOME to a writable "
-                        "folder") from None
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-    return target
 
 
-def _bad(target: Path, what: str) -> SpecError:
-    return SpecError("measurement_file", str(target),
-                     f"{what}; run `shardlab hardware --measure` again")
 
 
-def _number(target: Path, doc: dict[str, Any], key: str, allow_zero: bool = False,
-            prefix: str = "") -> float:
-    value = doc.get(key)
-    ok = (not isinstance(value, bool) and isinstance(value, int | float)
-          and math.isfinite(value) and (value > 0 or (allow_zero and value == 0)))
-    if not ok:
-        need = "a finite number >= 0" if allow_zero else "a finite number > 0"
-        raise _bad(target, f"{prefix}{key} must be {need} (got {value!r})")
-    return float(value)
 
 
-def measurement_link(copy_bandwidth: float) -> Link:
-    """The loopback link of the measured CPU: copy rate (bytes/s), 0.15 ms latency assumed."""
-    return Link(LOOPBACK_NAME, copy_bandwidth, LOOPBACK_LATENCY, _LOOPBACK_SOURCE)
 
 
-def load_measurement(path: str | Path | None = None) -> Accelerator | None:
-    """The stored measurement as an :class:`Accelerator`, or None when there is no file.
-
-    ``path`` defaults to :func:`measurement_path`. Peaks (FLOP/s), memory (bytes) and
-    memory bandwidth (read + write bytes/s) are the measured figures; power is 0 W
-    (unknown); both links are the loopback link of :func:`measurement_link`;
-    ``gpus_per_node`` is 1 (the whole CPU, with the measured thread count, is one
-    device). A file that is not JSON, or lacks or has a bad field, is a SpecError
-    naming the file.
-    """
-    target = Path(path) if path is not None else measurement_path()
-    try:
-        text = target.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise _bad(target, f"cannot be read ({e.strerror})") from None
-    except UnicodeDecodeError:
-        raise _bad(target, "is not UTF-8 text") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise _bad(target, f"is not valid JSON ({e.msg}, line {e.lineno})") from None
-    if not isinstance(doc, dict):
-        raise _bad(target, "must hold one JSON object")
-    if doc.get("schema") != SCHEMA:
-        raise _bad(target, f"schema must be {SCHEMA!r} (got {doc.get('schema')!r})")
-    flops = doc.get("peak_flops")
-    if not isinstance(flops, dict):
-        raise _bad(target, f"peak_flops must be an object of dtype: FLOP/s (got {flops!r})")
-    missing = [k for k in DTYPES if k not in flops]
-    if missing:
-        raise _bad(target, f"peak_flops lacks {', '.join(missing)}")
-    peaks = {str(k): _number(target, flops, k, prefix="peak_flops.") for k in flops}
-    memory_bandwidth = _number(target, doc, "memory_bandwidth")
-    copy_bandwidth = (_number(target, doc, "copy_bandwidth") if "copy_bandwidth" in doc
-                      else memory_bandwidth / 2)
-    threads = doc.get("threads")
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise _bad(target, f"threads must be a positive integer (got {threads!r})")
-    link = measurement_link(copy_bandwidth)
-    source = (f"measured on this machine ({doc.get('cpu_model') or 'CPU'}, {threads} threads, "
-              f"torch {doc.get('torch', '?')}, {doc.get('date', '?')}): best-of torch.mm per "
-              f"dtype and tensor copy_; power unknown (0 W); file {target}")
-    single = doc.get("single_thread")
-    single_thread = None
-    if isinstance(single, dict) and single:
-        single_thread = _single_thread(target, doc, single)
-    from shardlab.calibrate.runtime import parse_runtime
-
-    kernels = doc.get("kernels")
-    return Accelerator(
-        emulated=tuple(k for k, v in kernels.items() if v == "emulated" and k in peaks)
-        if isinstance(kernels, dict) else (),
-        single_thread=single_thread,
-        layer_probe=_layer_probe(single),
-        runtime=parse_runtime(doc["runtime"]) if "runtime" in doc else None,
-        efficiency=_efficiency(doc, peaks, matmul_n=doc.get("matmul_n", 2048)),
-        name=NAME,
-        peak_flops=peaks,
-        memory_bytes=_number(target, doc, "memory_bytes"),
-        memory_bandwidth=memory_bandwidth,
-        power_watts=_number(target, doc, "power_watts", allow_zero=True),
-        intra_link=link,
-        inter_link=link,
-        gpus_per_node=1,
-        source=source,
-    )
 
 
-def _efficiency(doc: dict[str, Any], peaks: dict[str, float], matmul_n: object
-                ) -> Efficiency | None:
-    """The planner's efficiency curve from the stored fp32 sweep (None for older files).
-
-    fraction(I) = peak_fraction · I/(I + half_intensity) (:class:`Efficiency`), with the
-    curve through the n x n peak matmul (I_p = n/3, fraction 1 of the measured peak) and
-    each swept k x k matmul (I_k = k/3, fraction f_k) has half_intensity
-    h = I_k·I_p·(1 - f_k) / (f_k·I_p - I_k); the median over sizes is kept, and
-    peak_fraction = (I_p + h)/I_p. ``op_overhead`` is the measured time of one tiny operator
-    as training runs it (autograd recording), or without autograd in older files.
-    """
-    sweep = doc.get("matmul_sweep_fp32")
-    op = doc.get("op_seconds_autograd", doc.get("op_seconds"))
-    if not isinstance(sweep, dict) or not sweep or not isinstance(op, int | float) or op <= 0:
-        return None
-    n = float(matmul_n) if isinstance(matmul_n, int | float) and matmul_n > 0 else 2048.0
-    i_peak = n / 3
-    halves = []
-    for k, flops in sweep.items():
-        try:
-            i_k, f_k = float(k) / 3, float(flops) / peaks["fp32"]
-        except (TypeError, ValueError):
-            continue
-        # The curve through (I_peak, 1) and (I_k, f_k): f_k·I_p·(I_k + h) = I_k·(I_p + h).
-        # A size at or above the peak (cache-resident on one thread) gives a flat curve, h = 0.
-        denom = i_peak * f_k - i_k
-        if f_k >= 1:
-            halves.append(0.0)
-        elif f_k > 0 and denom > 0:
-            halves.append(i_k * i_peak * (1 - f_k) / denom)
-    if not halves:
-        return None
-    half = sorted(halves)[len(halves) // 2]
-    return Efficiency((i_peak + half) / i_peak, half, float(op), 1.0,
-                      f"measured on this machine: fp32 torch.mm at n = "
-                      f"{', '.join(sorted(sweep, key=float))} against n = {int(n)}; one tiny "
-                      f"operator {float(op) * 1e6:.1f} µs")
 
 
-def _layer_probe(single: object) -> dict[str, float] | None:
-    """The stored one-thread layer timing, or None when absent or not all positive numbers."""
-    probe = single.get("layer_probe") if isinstance(single, dict) else None
-    keys = (*PROBE, "seconds")
-    if not isinstance(probe, dict) or any(
-            isinstance(probe.get(k), bool) or not isinstance(probe.get(k), int | float)
-            or not math.isfinite(probe[k]) or probe[k] <= 0 for k in keys):
-        return None
-    return {k: float(probe[k]) for k in keys}
 
 
-def _single_thread(target: Path, doc: dict[str, Any], single: dict[str, Any]
-                   ) -> tuple[float, Efficiency] | None:
-    """(fp32 FLOP/s, efficiency curve) of one thread, or None.
-
-    The curve is fitted to the linear-layer sweep: with f = rate / peak and I the
-    planner's intensity 1/(1/t + 1/k + 1/n), ``peak_fraction · I/(I + half_intensity)``
-    means 1/f = (1 + half_intensity/I) / peak_fraction, a straight line in 1/I: its
-    least-squares fit gives both numbers (half_intensity at least 0).
-    """
-    try:
-        peak = _number(target, single, "peak_fp32", prefix="single_thread.")
-        rows = [(1.0 / (1.0 / r["t"] + 1.0 / r["k"] + 1.0 / r["n"]), r["flops_per_s"] / peak)
-                for r in single["linear_sweep_fp32"]]
-    except (SpecError, KeyError, TypeError, ZeroDivisionError):
-        return None
-    if len(rows) < 2 or any(f <= 0 for _, f in rows):
-        return None
-    xs = [1.0 / i for i, _ in rows]
-    ys = [1.0 / f for _, f in rows]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
-    slope = max(slope, 0.0)
-    intercept = my - slope * mx if slope > 0 else my
-    if intercept <= 0:
-        return None
-    op = doc.get("op_seconds_autograd", doc.get("op_seconds"))
-    op = float(op) if isinstance(op, int | float) and op > 0 else 0.0
-    layer = single.get("layer_seconds")
-    if isinstance(layer, int | float) and layer > 0:
-        # The planner charges 3 x OPS_PER_LAYER_FORWARD launches per layer and micro-batch:
-        # the measured tiny layer's fixed cost, shared out over them.
-        from shardlab.plan.step_time import OPS_PER_LAYER_FORWARD
-
-        op = max(op, float(layer) / (3 * OPS_PER_LAYER_FORWARD))
-    eff = Efficiency(1.0 / intercept, slope / intercept, op, 1.0,
-                     f"measured on this machine, one thread: linear-layer forward + backward "
-                     f"matmuls at {len(rows)} training shapes against a {single.get('matmul_n')}"
-                     f"-square torch.mm; {op * 1e6:.1f} µs per operator (a tiny layer's "
-                     f"forward + backward over the planner's operator count)")
-    return peak, eff
 
 
-def slow_dtype_note(acc: Accelerator, dtype: str) -> str | None:
-    """A line saying that ``dtype`` runs an emulated matmul on this measured CPU (with its
-    measured rate against fp32's), or None when it does not."""
-    if dtype not in acc.emulated or "fp32" not in acc.peak_flops:
-        return None
-    rate = acc.peak(dtype)
-    return (f"{dtype} matmuls run torch's emulated kernel on this CPU ({human(rate, 'FLOP/s')} "
-            f"measured, x{rate / acc.peak('fp32'):.3f} of fp32): fp32 is the fast path here")
 
 
-def accelerator_or_measured(name: str, hardware_file: str | Path | None = None,
-                            path: str | Path | None = None) -> Accelerator:
-    """``name`` as an accelerator: "cpu" / "cpu (measured)" is the stored measurement.
-
-    Those two names (any case) read :func:`load_measurement` (``path`` as there); no
-    stored measurement is a SpecError telling to run ``shardlab hardware --measure``.
-    Every other name goes to :func:`shardlab.config.hardware.get_accelerator`.
-    """
-    if name.strip().lower() in NAMES:
-        acc = load_measurement(path)
-        if acc is None:
-            where = Path(path) if path is not None else measurement_path()
-            raise SpecError("gpu", name, f"no stored CPU measurement at {where}: run "
-                            "`shardlab hardware --measure` first")
-        return acc
-    return get_accelerator(name, hardware_file)

@@ -27,26 +27,33 @@
 
 These are what :func:`shardlab.plan.step_time.step_seconds` adds for "this machine"
 (the ``overhead`` part, and the collectives at their own rates, latency excluded since
-the tiny runs already hold it). torch is imported only inside the rank function.
+the tiny runs already hold it). The fitted figures' types and their reading are
+vocabulary (:mod:`shardlab.config.runtime`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import astuple, dataclass
+import random
+import time
 from typing import Any
 
-from shardlab.calibrate.budget import Phases
-from shardlab.errors import SpecError
+import numpy as np
+import torch
+import torch.distributed as dist
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send")
-"""The collectives timed; the names :class:`Runtime.collectives` is keyed by."""
+from shardlab.calibrate.budget import Phases
+from shardlab.calibrate.cpu import DEFAULT_SECONDS, measure_cpu
+from shardlab.config.model import ModelShape
+from shardlab.config.runtime import COLLECTIVES, STYLES, Overhead
+from shardlab.distributed.launch import launch
+from shardlab.errors import SpecError
+from shardlab.plan.comm_time import allreduce_seconds, gather_seconds, send_seconds
+from shardlab.train.loop import TrainConfig, train_rank
 
 SIZES = (2**14, 2**16, 2**18, 2**20, 2**22)
 """Bytes of the timed buffers (the gathered / reduced whole)."""
 
-STYLES = ("ddp", "fsdp", "tp", "pp")
-"""Parallel styles whose fixed costs are measured (see the module docstring)."""
 
 TINY = {"d_model": 16, "heads": 4, "seq": 8, "vocab": 64}
 """The tiny model of the overhead runs: arithmetic in microseconds, every operator kept."""
@@ -70,35 +77,8 @@ FIRST_TIMED = 3
 ``shardlab train`` measures FLOPs and bytes in (2)."""
 
 
-@dataclass(frozen=True)
-class Overhead:
-    """Seconds a step costs beyond its arithmetic, for L layers on the rank and m
-    micro-batches: per_step + L·per_layer_step + m·(per_microbatch + L·per_layer).
-
-    ``per_layer_step`` is what a layer costs once a step (its parameters' optimizer and
-    clipping work, FSDP's one gradient reduce-scatter under accumulation);
-    ``per_layer`` what it costs in every micro-batch (forward and backward dispatch,
-    hooks, FSDP's gathers, tensor parallel's collectives)."""
-
-    per_step: float
-    per_layer_step: float
-    per_microbatch: float
-    per_layer: float
-
-    def seconds(self, microbatches: Any, layers: Any) -> Any:
-        """The overhead of a step (numpy arrays broadcast)."""
-        return (self.per_step + layers * self.per_layer_step
-                + microbatches * (self.per_microbatch + layers * self.per_layer))
 
 
-@dataclass(frozen=True)
-class Runtime:
-    """The measured runtime of this machine: ``collectives`` name -> (latency s, bandwidth
-    bytes/s), ``overheads`` style -> :class:`Overhead`, at ``world`` one-thread ranks."""
-
-    world: int
-    collectives: dict[str, tuple[float, float]]
-    overheads: dict[str, Overhead]
 
 
 # -- fitting (no torch) ------------------------------------------------------------------------
@@ -108,8 +88,6 @@ def ring_terms(name: str, nbytes: float, p: int) -> tuple[float, float]:
     """(coefficient of α, bytes over B) of collective ``name`` on p ranks and n bytes: the
     planner's own ring formulas (:mod:`shardlab.plan.comm_time`) at α = 1, B = ∞ and at
     α = 0, B = 1, so the fit and the planner price a collective the same way."""
-    from shardlab.plan.comm_time import allreduce_seconds, gather_seconds, send_seconds
-
     if name not in COLLECTIVES:
         raise SpecError("collective", name, f"must be one of {', '.join(COLLECTIVES)}")
     if name == "send":
@@ -122,8 +100,6 @@ def fit_collective(name: str, p: int, samples: list[tuple[float, float]]
                    ) -> tuple[float, float]:
     """(α seconds, B bytes/s) of ``name`` from (bytes, seconds) samples, least squares on
     the relative error: minimise Σ((a·α + x/B - t)/t)². α and 1/B are kept >= 0."""
-    import numpy as np
-
     if len(samples) < 2:
         raise SpecError("samples", len(samples), "needs at least 2 sizes to fit α and B")
     rows = [ring_terms(name, n, p) for n, _ in samples]
@@ -144,8 +120,6 @@ def solve_overhead(points: list[tuple[int, int, float]]) -> Overhead:
     """The :class:`Overhead` through (layers L, micro-batches m, seconds) points: least
     squares for s + L·k + m·b + m·L·l, no term negative (a negative one, which only noise
     gives, is set to 0 and the others refitted)."""
-    import numpy as np
-
     a = np.array([[1.0, layers, m, m * layers] for layers, m, _ in points])
     y = np.array([s for _, _, s in points])
     keep = np.ones(4, bool)
@@ -189,8 +163,6 @@ def overhead_points(style: str, world: int) -> list[tuple[int, int, dict[str, An
 
 def _call(name: str, rank: int, whole: Any, part: Any) -> None:
     """One call of collective ``name``: ``whole`` is the gathered / reduced buffer."""
-    import torch.distributed as dist
-
     if name == "all_reduce":
         dist.all_reduce(whole)
     elif name == "all_gather":
@@ -208,11 +180,6 @@ def _time_collectives(ctx: Any, budget: float) -> dict[str, list[tuple[float, fl
     (collective, size) for an equal share of ``budget`` seconds: one warm-up call, then
     calls while the share lasts (at least 2, at most :data:`MAX_CALLS`). Rank 0 decides
     when to stop and tells the others, so every rank makes the same calls."""
-    import time
-
-    import torch
-    import torch.distributed as dist
-
     share = budget / (len(SIZES) * len(COLLECTIVES))
     out: dict[str, list[tuple[float, float]]] = {name: [] for name in COLLECTIVES}
     go = torch.ones(1)
@@ -239,13 +206,6 @@ def _time_collectives(ctx: Any, budget: float) -> dict[str, list[tuple[float, fl
 
 def _overhead_runs(ctx: Any, world: int) -> dict[str, list[tuple[int, int, float]]]:
     """Each style's three (layers per rank, micro-batches, seconds per step) points."""
-    import random
-
-    import torch.distributed as dist
-
-    from shardlab.config.model import ModelShape
-    from shardlab.train.loop import TrainConfig, train_rank
-
     rng = random.Random(0)
     docs = [[rng.randrange(TINY["vocab"]) for _ in range(TINY["seq"] + 1)] for _ in range(64)]
     out: dict[str, list[tuple[int, int, float]]] = {}
@@ -270,8 +230,6 @@ def _overhead_runs(ctx: Any, world: int) -> dict[str, list[tuple[int, int, float
 
 def _runtime_rank(ctx: Any, world: int) -> dict[str, Any]:
     """One rank of :func:`measure_runtime`: one thread, collectives, then the tiny runs."""
-    import torch
-
     torch.set_num_threads(1)
     collectives = _time_collectives(ctx, COLLECTIVE_SECONDS)
     overheads = _overhead_runs(ctx, world)
@@ -281,8 +239,6 @@ def _runtime_rank(ctx: Any, world: int) -> dict[str, Any]:
 def measure_runtime(world: int = 2, timeout_s: float = 120.0) -> dict[str, Any]:
     """Start ``world`` one-thread gloo ranks and measure; return the JSON-ready ``runtime``
     section of ``cpu.json`` (fitted figures plus the raw samples they came from)."""
-    from shardlab.distributed.launch import launch
-
     if world < 2:
         raise SpecError("world", world, "must be >= 2 (collectives need two ranks)")
     raw = launch("shardlab.calibrate.runtime:_runtime_rank", world, (world,),
@@ -296,8 +252,6 @@ def measure_machine(seconds: float | None = None, threads: int | None = None,
     :data:`~shardlab.calibrate.cpu.DEFAULT_SECONDS`) plus, with ``runtime``, the ``runtime``
     section measured at 2 ranks as one more phase (the document ``shardlab hardware
     --measure`` stores). ``phases`` records and shows every phase."""
-    from shardlab.calibrate.cpu import DEFAULT_SECONDS, measure_cpu
-
     log = phases if phases is not None else Phases()
     doc = measure_cpu(seconds=DEFAULT_SECONDS if seconds is None else seconds,
                       threads=threads, phases=log)
@@ -343,21 +297,3 @@ def runtime_document(world: int, raw: dict[str, Any]) -> dict[str, Any]:
                        "L*per_layer)")}
 
 
-def parse_runtime(doc: Any) -> Runtime | None:
-    """The stored ``runtime`` section as a :class:`Runtime`, or None when absent or unusable
-    (an older file: the planner then prices this machine without it)."""
-    try:
-        world = int(doc["world"])
-        collectives = {name: (float(doc["collectives"][name]["latency"]),
-                              float(doc["collectives"][name]["bandwidth"]))
-                       for name in COLLECTIVES}
-        overheads = {style: Overhead(*(float(doc["overheads"][style][k]) for k in (
-            "per_step", "per_layer_step", "per_microbatch", "per_layer"))) for style in STYLES}
-    except (KeyError, TypeError, ValueError):
-        return None
-    values = [v for c in collectives.values() for v in c] + [
-        v for o in overheads.values() for v in astuple(o)]
-    if world < 2 or any(not math.isfinite(v) or v < 0 for v in values) or any(
-            b <= 0 for _, b in collectives.values()):
-        return None
-    return Runtime(world, collectives, overheads)

@@ -117,8 +117,8 @@ def load_model(name: str) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Compute the budget and print it (tables, or one JSON document with --json)."""
-    from shardlab.calibrate.cpu import accelerator_or_measured
     from shardlab.config.dtypes import get_policy
+    from shardlab.config.measured import accelerator_or_measured
     from shardlab.estimate.budget import model_budget, params_budget
 
     if (args.model is None) == (args.params is None):

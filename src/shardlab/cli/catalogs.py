@@ -65,8 +65,8 @@ def run_hardware(args: argparse.Namespace) -> int:
                         ("--no-runtime", args.no_runtime or None)):
         if value is not None:
             raise SpecError(flag, value, "only goes with --measure")
-    from shardlab.calibrate.cpu import load_measurement
     from shardlab.config.hardware import ACCELERATORS, LINKS, load_hardware_file
+    from shardlab.config.measured import load_measurement
 
     accels, links = (load_hardware_file(args.hardware_file) if args.hardware_file
                      else (ACCELERATORS, LINKS))
@@ -93,10 +93,18 @@ def run_measure(args: argparse.Namespace) -> int:
     if args.hardware_file is not None:
         raise SpecError("--hardware-file", str(args.hardware_file),
                         "does not go with --measure")
+    import importlib.util
     import sys
 
-    from shardlab.calibrate.cpu import BUDGET_SHARES, measurement_path, save_measurement
+    from shardlab.config.measured import measurement_path
+
+    if importlib.util.find_spec("torch") is None:
+        raise SpecError("--measure", "torch", "needs torch: pip install 'shardlab[torch]'")
+    # Measuring runs torch and launches ranks: imported here, so listing the catalogs
+    # (shardlab hardware) stays torch-free.
+    from shardlab.calibrate.cpu import BUDGET_SHARES
     from shardlab.calibrate.runtime import measure_machine
+    from shardlab.calibrate.store import save_measurement
     from shardlab.report.measure_view import measure_progress, print_measurement
 
     try:

@@ -86,7 +86,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _budget() -> tuple[Any, ...]:
-    from shardlab.calibrate.cpu import accelerator_or_measured
     from shardlab.cli.budget import (
         add_assumption_args,
         add_hardware_args,
@@ -94,6 +93,7 @@ def _budget() -> tuple[Any, ...]:
         assumptions_from,
         model_and_layout,
     )
+    from shardlab.config.measured import accelerator_or_measured
     from shardlab.estimate.budget import model_budget
     from shardlab.report.budget_view import print_budget
 
@@ -114,9 +114,11 @@ def _budget() -> tuple[Any, ...]:
 
 
 def _plan(measure_seconds: float | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    from shardlab.calibrate.cpu import BUDGET_SHARES, load_measurement, save_measurement
+    from shardlab.calibrate.cpu import BUDGET_SHARES
     from shardlab.calibrate.runtime import measure_machine
+    from shardlab.calibrate.store import save_measurement
     from shardlab.cli.plan import add_plan_args, plan_document
+    from shardlab.config.measured import load_measurement
     from shardlab.report.measure_view import measure_progress
     from shardlab.report.plan_view import print_plan
     from shardlab.report.tables import show

@@ -116,8 +116,8 @@ def _model(args: argparse.Namespace) -> tuple[Any, str]:
 
 def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     """The ``--json`` document of ``shardlab plan`` (SpecError for bad input)."""
-    from shardlab.calibrate.cpu import accelerator_or_measured, slow_dtype_note
     from shardlab.config.dtypes import get_policy
+    from shardlab.config.measured import accelerator_or_measured, slow_dtype_note
     from shardlab.plan.search import is_this_machine, layout_candidates, plan
     from shardlab.plan.space import TRAIN_SCHEDULES, TRAIN_ZERO, Space
     from shardlab.plan.step_time import StepOptions

@@ -83,8 +83,8 @@ def _write(title: str, subtitle: list[str], sections: list[Any], out: Path,
 
 def run_budget(args: argparse.Namespace) -> int:
     """``shardlab report budget``."""
-    from shardlab.calibrate.cpu import accelerator_or_measured
     from shardlab.cli.budget import assumptions_from, model_and_layout
+    from shardlab.config.measured import accelerator_or_measured
 
     out, figures = _outputs(args)
     acc = accelerator_or_measured(args.gpu, args.hardware_file)

@@ -153,7 +153,7 @@ def prepare(args: argparse.Namespace) -> tuple[Any, float | None]:
 def dtype_note(dtype: str, gpu: str | None) -> str | None:
     """The line that says ``dtype`` is slow on this machine (an emulated matmul kernel, as
     ``shardlab hardware --measure`` found), or None (fast, another --gpu, or unmeasured)."""
-    from shardlab.calibrate.cpu import NAMES, load_measurement, slow_dtype_note
+    from shardlab.config.measured import NAMES, load_measurement, slow_dtype_note
 
     if gpu is not None and gpu.strip().lower() not in NAMES:
         return None

@@ -24,13 +24,15 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from shardlab.config.lookup import find
+from shardlab.config.runtime import Runtime
 from shardlab.errors import SpecError, require_positive_int, require_positive_number
 
-if TYPE_CHECKING:
-    from shardlab.calibrate.runtime import Runtime
+OPS_PER_LAYER_FORWARD = 12
+"""Operators one layer's forward launches, as the planner charges their fixed cost
+(:class:`Efficiency` ``op_overhead`` each): 2 norms, QKV, rotary/positions, attention,
+output projection, 2 residual adds, 2-3 MLP matmuls and the activation (order of)."""
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ FSDP's transient unsharded layers)."""
 
 def is_this_machine(acc: Accelerator) -> bool:
     """Whether ``acc`` is the stored measurement of this machine's CPU."""
-    from shardlab.calibrate.cpu import NAME
+    from shardlab.config.measured import NAME
 
     return acc.name == NAME
 

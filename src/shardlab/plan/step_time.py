@@ -64,21 +64,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardlab.calibrate.runtime import Runtime
 from shardlab.config.dtypes import DtypePolicy
-from shardlab.config.hardware import Efficiency, Link
+from shardlab.config.hardware import OPS_PER_LAYER_FORWARD, Efficiency, Link
 from shardlab.config.layout import RECOMPUTE
 from shardlab.config.model import ModelShape
+from shardlab.config.runtime import Runtime
 from shardlab.estimate.flops import flops_per_token
 from shardlab.plan.bubble import bubble_ratios
 from shardlab.plan.comm_time import allreduce_seconds, gather_seconds, pick_link, send_seconds
 from shardlab.plan.efficiency import matmul_seconds
 from shardlab.plan.memory import MemoryArrays
 from shardlab.plan.space import Candidates
-
-OPS_PER_LAYER_FORWARD = 12
-"""Operators one layer's forward launches: 2 norms, QKV, rotary/positions, attention,
-output projection, 2 residual adds, 2-3 MLP matmuls and the activation (order of)."""
 
 PARTS: tuple[str, ...] = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble",
                           "optimizer", "overhead")

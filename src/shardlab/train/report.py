@@ -253,7 +253,7 @@ def peak_flops(cfg: Any, gpu: str | None, world: int) -> float | None:
     """The job's dense peak FLOP/s for MFU: ``--gpu``'s peak x ranks, or, by default,
     this whole machine as ``shardlab hardware --measure`` stored it (ranks share its
     cores); None when neither is known."""
-    from shardlab.calibrate.cpu import accelerator_or_measured, load_measurement
+    from shardlab.config.measured import accelerator_or_measured, load_measurement
 
     dtype = "bf16" if cfg.dtype == "bf16" else "fp32"
     if gpu is not None:

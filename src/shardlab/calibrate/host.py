@@ -1,0 +1,46 @@
+"""What the operating system says about this machine: its memory (bytes) and its CPU's
+model name, stored beside the measured figures (never its host name)."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+
+def memory_bytes() -> tuple[float, str]:
+    """Physical memory (bytes) and where the figure came from."""
+    total, source = 0.0, ""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    total, source = float(line.split()[1]) * 1024, "/proc/meminfo MemTotal"
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if total <= 0:
+        try:
+            total = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+            source = "os.sysconf(SC_PAGE_SIZE x SC_PHYS_PAGES)"
+        except (OSError, ValueError, AttributeError):
+            total, source = 0.0, ""
+    try:
+        text = Path("/sys/fs/cgroup/memory.max").read_text(encoding="ascii").strip()
+        limit = float(text) if text != "max" else math.inf
+        if 0 < limit < (total or math.inf):
+            total, source = limit, "cgroup v2 /sys/fs/cgroup/memory.max"
+    except (OSError, ValueError):
+        pass
+    return total, source
+
+def cpu_model() -> str:
+    """The ``model name`` of ``/proc/cpuinfo`` (e.g. "Intel(R) Xeon(R) Processor"), or ""."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
