@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from shardlab.cli.budget import load_model
 from shardlab.config.hardware import get_accelerator
 from shardlab.config.layout import make_layout
+from shardlab.config.resolve import load_model
 from shardlab.estimate.budget import Assumptions, model_budget
 from shardlab.report.budget_html import budget_document, budget_sections, decode_curve
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 
 class Parser(argparse.ArgumentParser):
@@ -60,3 +60,28 @@ def fraction(text: str) -> float:
     if value > 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be in (0, 1]")
     return value
+
+
+def add_shape_args(p: argparse.ArgumentParser) -> None:
+    """The model-shape flags shared with ``train``: a small model built from flags."""
+    g = p.add_argument_group("model shape (when no MODEL is given)")
+    g.add_argument("--style", choices=("gpt", "llama"), default="llama")
+    g.add_argument("--layers", type=positive_int, default=4)
+    g.add_argument("--d-model", type=positive_int, default=64)
+    g.add_argument("--heads", type=positive_int, default=4)
+    g.add_argument("--kv-heads", type=positive_int, help="default: heads (no GQA)")
+    g.add_argument("--d-ff", type=positive_int, help="default 4 x d-model")
+    g.add_argument("--vocab", type=positive_int,
+                   help="default: the garden corpus's vocabulary size")
+    g.add_argument("--seq", type=positive_int, default=32, help="tokens per sequence")
+
+
+def build_shape(args: argparse.Namespace, corpus_vocab: int) -> Any:
+    """MODEL (catalog or config.json), or the shape :func:`add_shape_args`' flags describe
+    (:func:`shardlab.config.resolve.model_or_flags`)."""
+    # Imported here: registering a command's flags must not import the vocabulary's catalog.
+    from shardlab.config.resolve import model_or_flags
+
+    return model_or_flags(args.model, corpus_vocab, style=args.style, layers=args.layers,
+                          d_model=args.d_model, heads=args.heads, kv_heads=args.kv_heads,
+                          d_ff=args.d_ff, vocab=args.vocab, seq=args.seq)

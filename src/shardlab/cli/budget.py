@@ -90,6 +90,7 @@ def assumptions_from(args: argparse.Namespace) -> Any:
 def model_and_layout(args: argparse.Namespace) -> tuple[Any, Any]:
     """MODEL and the layout the flags of :func:`add_layout_args` give (SpecError if bad)."""
     from shardlab.config.layout import make_layout
+    from shardlab.config.resolve import load_model
 
     model = load_model(args.model)
     layout = make_layout(model, gpus=args.gpus, dp=args.dp, tp=args.tp, pp=args.pp,
@@ -98,21 +99,6 @@ def model_and_layout(args: argparse.Namespace) -> tuple[Any, Any]:
                          seq=args.seq, recompute=args.recompute, dtype=args.dtype,
                          schedule=args.schedule)
     return model, layout
-
-
-def load_model(name: str) -> Any:
-    """A catalog name, or a path to a config.json (an existing path, or a name ending .json)."""
-    from shardlab.config.catalog import get_model
-    from shardlab.config.model import ModelShape
-
-    if not name.strip():
-        raise SpecError("model", name, "must name a catalog model or a config.json")
-    path = Path(name)
-    if path.suffix == ".json" or path.exists():
-        if path.is_dir():
-            path = path / "config.json"
-        return ModelShape.from_hf_config(str(path))
-    return get_model(name)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from shardlab.cli.args import positive_int
+from shardlab.cli.args import add_shape_args, build_shape, positive_int
 from shardlab.cli.output import print_json
 from shardlab.config.layout import RECOMPUTE, SCHEDULES
 from shardlab.errors import SpecError
@@ -37,7 +37,6 @@ def _names(allowed: tuple[str, ...]) -> Any:
 
 def add_plan_args(p: argparse.ArgumentParser) -> None:
     """Every flag of ``shardlab plan`` except --json (``shardlab report plan`` reuses them)."""
-    from shardlab.cli.simulate import add_shape_args
 
     p.add_argument("model", nargs="?", help="catalog name or config.json (default: a small "
                    "model from the shape flags, as `shardlab train` builds it)")
@@ -94,11 +93,10 @@ def register(sub: Any) -> None:
 
 def _model(args: argparse.Namespace) -> tuple[Any, str]:
     """The model, and how `shardlab train` names it (catalog name, or the shape flags)."""
-    from shardlab.cli.simulate import build_shape
     from shardlab.nn.garden import garden_vocab
 
     if args.model is not None:
-        from shardlab.cli.budget import load_model
+        from shardlab.config.resolve import load_model
 
         return load_model(args.model), shlex.quote(args.model)
     vocab = garden_vocab().size

@@ -6,25 +6,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from shardlab.cli.args import nonneg_int, positive_float, positive_int
+from shardlab.cli.args import add_shape_args, build_shape, nonneg_int, positive_float, positive_int
 from shardlab.cli.output import print_json
 from shardlab.errors import SpecError
 
 SIM_SCHEDULES = ("gpipe", "1f1b")
-
-
-def add_shape_args(p: argparse.ArgumentParser) -> None:
-    """The model-shape flags shared with ``train``: a small model built from flags."""
-    g = p.add_argument_group("model shape (when no MODEL is given)")
-    g.add_argument("--style", choices=("gpt", "llama"), default="llama")
-    g.add_argument("--layers", type=positive_int, default=4)
-    g.add_argument("--d-model", type=positive_int, default=64)
-    g.add_argument("--heads", type=positive_int, default=4)
-    g.add_argument("--kv-heads", type=positive_int, help="default: heads (no GQA)")
-    g.add_argument("--d-ff", type=positive_int, help="default 4 x d-model")
-    g.add_argument("--vocab", type=positive_int,
-                   help="default: the garden corpus's vocabulary size")
-    g.add_argument("--seq", type=positive_int, default=32, help="tokens per sequence")
 
 
 def register(sub: Any) -> None:
@@ -58,24 +44,6 @@ def register(sub: Any) -> None:
                    help="AdamW epsilon (1e-6: see docs/guide/simulate.md on fp32 checks)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(run=run)
-
-
-def build_shape(args: argparse.Namespace, vocab: int) -> Any:
-    """MODEL (catalog or config.json), or the shape the flags describe."""
-    from shardlab.config.model import ModelShape
-
-    if args.model is not None:
-        from shardlab.cli.budget import load_model
-
-        shape = load_model(args.model)
-        if shape.vocab < vocab:
-            raise SpecError("vocab", shape.vocab, f"must be >= the corpus's {vocab} words")
-        return shape
-    if args.vocab is not None and args.vocab < vocab:
-        raise SpecError("vocab", args.vocab, f"must be >= the corpus's {vocab} words")
-    return ModelShape("flags", args.layers, args.d_model, args.heads, args.vocab or vocab,
-                      args.seq, kv_heads=args.kv_heads or 0, d_ff=args.d_ff or 0,
-                      style=args.style, tied=args.style == "gpt")
 
 
 def run(args: argparse.Namespace) -> int:

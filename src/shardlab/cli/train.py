@@ -9,14 +9,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from shardlab.cli.args import nonneg_int, positive_float, positive_int
+from shardlab.cli.args import add_shape_args, build_shape, nonneg_int, positive_float, positive_int
 from shardlab.cli.output import print_json
 from shardlab.errors import SpecError
 
 
 def register(sub: Any) -> None:
     """Add the ``train`` sub-command."""
-    from shardlab.cli.simulate import add_shape_args
     from shardlab.train.loop import DP_MODES, PP_SCHEDULES
 
     p = sub.add_parser("train", help="real training on a device mesh (FSDP2/DDP, TP, PP)",
@@ -100,7 +99,6 @@ def load_documents(args: argparse.Namespace) -> tuple[int, list[list[int]]]:
 def prepare(args: argparse.Namespace) -> tuple[Any, float | None]:
     """The run's TrainConfig and the peak MFU divides by, every check done and the log and
     checkpoint folders made: what ``run`` launches (and the tests, several runs at once)."""
-    from shardlab.cli.simulate import build_shape
     from shardlab.distributed import checkpoint
     from shardlab.distributed.launch import under_torchrun
     from shardlab.train.loop import TrainConfig, check_config
