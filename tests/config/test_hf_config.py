@@ -18,7 +18,7 @@ import pytest
 
 from shardlab.config.catalog import get_model
 from shardlab.config.hf_config import shape_from_hf_config
-from shardlab.config.model import ModelShape, MoE
+from shardlab.config.model import MoE
 from shardlab.errors import SpecError
 from shardlab.estimate.params import count_params
 
@@ -123,11 +123,6 @@ def test_name_from_name_or_path_folder_or_argument(tmp_path: Path) -> None:
     folder = tmp_path / "Meta-Llama-3-8B"
     folder.mkdir()
     assert shape_from_hf_config(write(folder, fixture("llama-3-8b"))).name == "Meta-Llama-3-8B"
-
-
-def test_model_shape_classmethod_delegates() -> None:
-    path = DATA / "qwen2.5-7b.json"
-    assert ModelShape.from_hf_config(str(path), "q") == shape_from_hf_config(path, "q")
 
 
 # --- family defaults --------------------------------------------------------------------

@@ -12,12 +12,14 @@ from shardlab.config.runtime import Overhead, Runtime
 from shardlab.estimate.flops import flops_per_token
 from shardlab.estimate.operators import layer_operators
 from shardlab.plan.efficiency import fraction_of_peak, matmul_intensity
-from shardlab.plan.search import layout_candidates, plan
+from shardlab.plan.search import device_of, layout_candidates, plan
 from shardlab.plan.space import Space
 from shardlab.plan.step_time import (
     PARTS,
     StepOptions,
+    _layer_forward,
     layer_elementwise_elements,
+    probe_elementwise_bandwidth,
 )
 
 H100 = get_accelerator("h100")
@@ -192,9 +194,6 @@ def test_eager_gradient_accumulation_is_a_memory_pass_per_extra_micro_batch() ->
 def test_the_measured_layer_gives_the_memory_bound_rate() -> None:
     # A layer whose memory-bound operators took exactly 2 GB/s on top of the model's
     # matmul and attention time gives back 2 GB/s.
-    from shardlab.plan.search import device_of
-    from shardlab.plan.step_time import _layer_forward, probe_elementwise_bandwidth
-
     dev, _ = device_of(cpu_with(None), get_policy("fp32"), 2)
     probe = {"batch": 8.0, "seq": 128.0, "d_model": 256.0, "heads": 4.0, "d_ff": 1024.0}
     shape = ModelShape("probe", 1, 256, 4, vocab=16, context=128, style="llama", tied=False,

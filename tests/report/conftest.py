@@ -9,12 +9,17 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from PIL import Image
 
 CHROMIUMS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
@@ -30,6 +35,7 @@ def find_chromium() -> str | None:
 @pytest.fixture(scope="session")
 def browser() -> Iterator[Any]:
     try:
+        # Imported here: playwright is an optional dev extra; without it these tests skip.
         from playwright.sync_api import sync_playwright
     except ImportError:
         pytest.skip("browser checks skipped: playwright is not installed "
@@ -75,9 +81,6 @@ class Seen:
 
 def pixel_spread(png: bytes) -> tuple[float, int]:
     """(standard deviation of the grey levels, distinct colours) of a PNG screenshot."""
-    import numpy as np
-    from PIL import Image
-
     img = np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(np.uint32)
     packed = (img[..., 0] << 16) | (img[..., 1] << 8) | img[..., 2]  # one int per colour
     return float(img.mean(axis=2).std()), len(np.unique(packed))
@@ -146,10 +149,6 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
     About 27 s, over the suite's 30 s mark for one test with the browser tests' share:
     the whole demo is the test (budget, plan, measuring this CPU's 2-rank runtime, about
     12 s on any CPU, a real 2-process run and one process beside it, the report)."""
-    import subprocess
-    import sys
-    import time
-
     cwd = tmp_path_factory.mktemp("demo")
     env = {**os.environ, "SHARDLAB_HOME": str(cwd / "home")}
     start = time.perf_counter()

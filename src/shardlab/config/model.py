@@ -143,13 +143,3 @@ class ModelShape:
         return (f"{self.style} L={self.layers} d={self.d_model} heads={self.heads}{gqa} "
                 f"hd={self.head_dim} ff={self.d_ff} V={self.vocab} ctx={self.context}"
                 f"{' tied' if self.tied else ''}{moe}")
-
-    @classmethod
-    def from_hf_config(cls, path: str, name: str | None = None) -> ModelShape:
-        """Build a shape from a Hugging Face ``config.json`` (llama, mistral, mixtral, qwen2, gpt2).
-
-        See :func:`shardlab.config.hf_config.shape_from_hf_config`.
-        """
-        from shardlab.config.hf_config import shape_from_hf_config  # avoids an import cycle
-
-        return shape_from_hf_config(path, name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from shardlab.config.catalog import get_model
+from shardlab.config.hf_config import shape_from_hf_config
 from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
 
@@ -21,7 +22,7 @@ def load_model(name: str) -> ModelShape:
     if path.suffix == ".json" or path.exists():
         if path.is_dir():
             path = path / "config.json"
-        return ModelShape.from_hf_config(str(path))
+        return shape_from_hf_config(path)
     return get_model(name)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
@@ -81,8 +82,6 @@ class Attention(nn.Module):
         args = (self.q_proj(x), self.k_proj(x), self.v_proj(x), self.head_dim, mask,
                 rope if self.rotary else None)
         if self.recompute_core and torch.is_grad_enabled():
-            from torch.utils.checkpoint import checkpoint
-
             return self.o_proj(checkpoint(attend, *args, use_reentrant=False))
         return self.o_proj(attend(*args))
 

@@ -29,6 +29,8 @@ import numpy as np
 
 from shardlab.config.layout import SCHEDULES
 from shardlab.schedules.closed_forms import bubble_1f1b, bubble_interleaved
+from shardlab.schedules.generators import build
+from shardlab.schedules.simulate import simulate
 
 _CLOSED = ("gpipe", "1f1b", "interleaved-1f1b")
 
@@ -36,9 +38,6 @@ _CLOSED = ("gpipe", "1f1b", "interleaved-1f1b")
 @lru_cache(maxsize=4096)
 def simulated_idle_units(kind: str, p: int, m: int, v: int) -> float:
     """Idle units of a rank inside the makespan (makespan - 3·m·v) of the simulated schedule."""
-    from shardlab.schedules.generators import build
-    from shardlab.schedules.simulate import simulate
-
     timing = simulate(build(kind, p, m, v))
     return float(timing.makespan - 3 * m * v)
 

@@ -38,9 +38,13 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from shardlab.config.catalog import get_model
+from shardlab.config.dtypes import get_policy
 from shardlab.config.hardware import Accelerator, Efficiency, get_accelerator
 from shardlab.config.model import ModelShape
 from shardlab.estimate.flops import flops_per_token, narayanan_full_recompute_flops
+from shardlab.plan.search import layout_candidates, plan
+from shardlab.plan.space import Space
+from shardlab.plan.step_time import StepOptions
 
 
 def _gpt(name: str, layers: int, hidden: int, heads: int) -> ModelShape:
@@ -199,11 +203,6 @@ RUNS: tuple[PublishedRun, ...] = (
 
 def predict(run: PublishedRun, acc: Accelerator | None = None) -> dict[str, float]:
     """The planner's step seconds and MFU for ``run`` on ``acc`` (default: the catalog's)."""
-    from shardlab.config.dtypes import get_policy
-    from shardlab.plan.search import layout_candidates, plan
-    from shardlab.plan.space import Space
-    from shardlab.plan.step_time import StepOptions
-
     acc = acc or get_accelerator(run.gpu)
     space = Space(gpus=run.gpus, global_batch=run.global_batch, seq=run.seq)
     only = layout_candidates(run.model, space, run.layout_text)

@@ -23,6 +23,7 @@ import numpy as np
 from shardlab.config.dtypes import DtypePolicy
 from shardlab.config.hardware import Accelerator
 from shardlab.config.layout import RECOMPUTE, SCHEDULES, make_layout
+from shardlab.config.measured import NAME
 from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
 from shardlab.plan.efficiency import efficiency_of
@@ -54,8 +55,6 @@ FSDP's transient unsharded layers)."""
 
 def is_this_machine(acc: Accelerator) -> bool:
     """Whether ``acc`` is the stored measurement of this machine's CPU."""
-    from shardlab.config.measured import NAME
-
     return acc.name == NAME
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from shardlab.estimate.budget import model_budget
+from shardlab.estimate.inference import decode_step
 from shardlab.report import charts
 from shardlab.report.budget_view import PARTS, inference_rows
 from shardlab.report.html import Section, heading, para, table_html
@@ -24,8 +26,6 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 def budget_document(model: Any, layout: Any, acc: Any, a: Any) -> dict[str, Any]:
     """``model_budget`` of the layout asked, with ``memory_variants``: the busiest device's
     bytes for each ZeRO stage 0-3 and recompute mode, everything else unchanged."""
-    from shardlab.estimate.budget import model_budget
-
     doc = model_budget(model, layout, acc, a)
     variants = []
     for r in RECOMPUTE_MODES:
@@ -41,8 +41,6 @@ def decode_curve(model: Any, acc: Any, doc: dict[str, Any]) -> list[dict[str, fl
     """Per decode batch (powers of two, up to the first at least 4x the largest batch that
     fits, at least 8, at most 2**16): memory per device (weights + KV cache, bytes) and
     tokens/s at the roofline bound."""
-    from shardlab.estimate.inference import decode_step
-
     i = doc["inference"]
     top = min(2**16, max(8, 4 * i["max_batch"]))
     out = []

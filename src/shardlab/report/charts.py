@@ -19,6 +19,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import matplotlib
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, MaxNLocator
+
 # One colour per part, the same in every chart (Tableau 10, readable when printed grey).
 PART_COLOURS = {
     "weights": "#4C78A8", "gradients": "#F58518", "optimizer": "#54A24B",
@@ -68,15 +72,11 @@ class Chart:
 
 def new_figure(width: float = 8.0, height: float = 3.6) -> Any:
     """A bare matplotlib Figure (no pyplot) of ``width`` x ``height`` inches."""
-    from matplotlib.figure import Figure
-
     return Figure(figsize=(width, height), layout="constrained")
 
 
 def style() -> Any:
     """A context in which matplotlib draws and saves in the reports' style."""
-    import matplotlib
-
     return matplotlib.rc_context(_rc())
 
 
@@ -213,8 +213,6 @@ def lines(name: str, caption: str, series: Mapping[str, tuple[Sequence[float], S
         handles.append(ax.axhline(limit, color=CAPACITY_COLOUR, linestyle="--", linewidth=1.3,
                                   label=limit_label or "limit"))
     if logx:
-        from matplotlib.ticker import FuncFormatter
-
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     if logy:
@@ -222,8 +220,6 @@ def lines(name: str, caption: str, series: Mapping[str, tuple[Sequence[float], S
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if integer_x:
-        from matplotlib.ticker import MaxNLocator
-
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if right_scale is not None:
         label, factor = right_scale

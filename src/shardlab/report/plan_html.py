@@ -16,6 +16,9 @@ from typing import Any
 
 from shardlab.report import charts
 from shardlab.report.html import Section, heading, para, pre, table_html
+from shardlab.schedules.draw import save_figure
+from shardlab.schedules.generators import build
+from shardlab.schedules.simulate import Durations, simulate
 from shardlab.units import human, human_bytes, human_seconds
 
 STEP_PARTS = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "bubble", "optimizer",
@@ -129,9 +132,6 @@ def timeline_timing(b: dict[str, Any]) -> Any:
     """Layout ``b``'s schedule timed in seconds: each forward of one micro-batch on one chunk
     takes the planner's compute (with recompute) on the timed stage / (3 x micro-batches x
     chunks), a backward twice that (its input and weight halves one forward each)."""
-    from shardlab.schedules.generators import build
-    from shardlab.schedules.simulate import Durations, simulate
-
     sched = build(b["schedule"], b["pp"], b["microbatches"], b["virtual_stages"])
     work = b["breakdown"]["compute"] + b["breakdown"].get("recompute", 0.0)
     t_f = work / (3 * b["microbatches"] * b["virtual_stages"])
@@ -140,8 +140,6 @@ def timeline_timing(b: dict[str, Any]) -> Any:
 
 def timeline(b: dict[str, Any], name: str) -> charts.Chart:
     """:func:`timeline_timing` drawn by :func:`shardlab.schedules.draw.save_figure`."""
-    from shardlab.schedules.draw import save_figure
-
     t = timeline_timing(b)
 
     def draw(suffix: str) -> bytes:

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from shardlab.report.tables import show, table
+from shardlab.schedules.draw import rich_timeline
+from shardlab.units import human
 
 
 def print_schedule(timing: Any, doc: dict[str, Any], width: int) -> None:
     """The coloured timeline, then bubble and peak in-flight per rank."""
-    from shardlab.schedules.draw import rich_timeline
-
     show(f"[bold]{doc['kind']}[/bold]: p={doc['stages']} m={doc['microbatches']} "
          f"v={doc['virtual']}, {doc['actions']} actions, {doc['messages']} p2p messages; "
          f"makespan {doc['makespan']:g}, bubble {doc['bubble']:.2%}")
@@ -20,8 +20,6 @@ def print_schedule(timing: Any, doc: dict[str, Any], width: int) -> None:
     rows = [(r, f"{b:.2%}", k) for r, (b, k) in
             enumerate(zip(doc["bubble_per_rank"], doc["peak_inflight"], strict=True))]
     if "peak_activation_bytes" in doc:
-        from shardlab.units import human
-
         rows = [(*row, human(x, "B")) for row, x in zip(rows, doc["peak_activation_bytes"],
                                                          strict=True)]
     cols = ["rank", "bubble (own span)", "peak in flight"]

@@ -13,6 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from rich.text import Text
+
 from shardlab.schedules.simulate import Timing
 
 COLOURS = {"F": "#4C78A8", "B": "#54A24B", "I": "#72B7B2", "W": "#F2A93B"}
@@ -47,8 +49,6 @@ def ascii_timeline(t: Timing, width: int = 100) -> str:
 
 def rich_timeline(t: Timing, width: int = 100) -> Any:
     """The same timeline as a rich ``Text`` with a colour per kind."""
-    from rich.text import Text
-
     out = Text()
     for r, row in enumerate(ascii_rows(t, width)):
         out.append(("\n" if r else "") + f"r{r:<3}|")
@@ -73,9 +73,11 @@ def _atomic_write(path: Path, write: Any) -> None:
 
 def save_figure(t: Timing, path: str | Path) -> None:
     """PNG or SVG (by suffix) of the timeline: ranks as rows, bars coloured by kind."""
+    # Imported here: `shardlab schedule`'s terminal view imports this module; only PNG/SVG draw.
     import matplotlib
 
     matplotlib.use("Agg")
+    # Imported here, as matplotlib, and after use("Agg") so pyplot never picks a GUI backend.
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
