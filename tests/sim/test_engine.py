@@ -7,6 +7,7 @@ from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
 from shardlab.nn.data import Batch, batches
 from shardlab.nn.garden import garden_documents, garden_vocab
+from shardlab.sim import run
 from shardlab.sim.engine import Parallel
 from shardlab.sim.run import layout_for, simulate_run
 
@@ -56,8 +57,6 @@ def test_float32_within_1e5() -> None:
 
 
 def test_checks_fail_when_the_cost_model_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    import shardlab.sim.run as run
-
     real = run.tp_bytes_per_stage
     monkeypatch.setattr(run, "tp_bytes_per_stage",
                         lambda *a, **k: [x + 4 for x in real(*a, **k)])

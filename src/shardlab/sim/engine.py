@@ -2,7 +2,7 @@
 
 Device (d, s, t) is data-parallel replica d, pipeline stage s, tensor-parallel rank t;
 its global id is (d·pp + s)·tp + t. Every device holds its own tensors; all they
-exchange goes through :class:`~shardlab.sim.comm.VirtualGroup` collectives, which
+exchange goes through :class:`~shardlab.sim.virtual_group.VirtualGroup` collectives, which
 count every byte under a kind: ``tp`` (inside a stage), ``pp`` (between stages),
 ``embedding`` (a tied head's gradient, first and last stage), ``dp`` (gradients and
 ZeRO's gathers).
@@ -37,9 +37,10 @@ from shardlab.config.model import ModelShape
 from shardlab.nn.data import Batch
 from shardlab.schedules.generators import build
 from shardlab.schedules.simulate import simulate as time_schedule
-from shardlab.sim.comm import Ledger, VirtualGroup
+from shardlab.sim.ledger import Ledger
 from shardlab.sim.shard import replicated_under_sp, shard, unshard
 from shardlab.sim.stage import Context, Params, Stage, make_context, stage_forward, stages_of
+from shardlab.sim.virtual_group import VirtualGroup
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,8 @@ from shardlab.estimate.memory import zero_state_bytes
 from shardlab.estimate.partition import stage_params
 from shardlab.nn.data import Batch
 from shardlab.nn.model import TransformerLM
-from shardlab.sim.comm import Ledger
 from shardlab.sim.engine import DEFAULT_ADAMW, AdamWConfig, Parallel, Simulator
+from shardlab.sim.ledger import Ledger
 from shardlab.sim.reference import Reference
 
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-12}

@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from shardlab.config.model import ModelShape
 from shardlab.nn.loss import lm_loss_sum
 from shardlab.nn.model import attend, attention_mask, rope_tables
-from shardlab.sim.comm import VirtualGroup
 from shardlab.sim.tp_ops import (
     copy_to_tp,
     gather_seq,
@@ -27,6 +26,7 @@ from shardlab.sim.tp_ops import (
     reduce_scatter_seq,
     split_seq,
 )
+from shardlab.sim.virtual_group import VirtualGroup
 
 Params = dict[str, torch.Tensor]
 Tensors = list[torch.Tensor]

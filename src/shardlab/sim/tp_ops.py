@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from shardlab.sim.comm import VirtualGroup
+from shardlab.sim.virtual_group import VirtualGroup
 
 Tensors = list[torch.Tensor]
 

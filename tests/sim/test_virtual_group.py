@@ -23,7 +23,9 @@ from shardlab.estimate.comm import (
     ring_gather_bytes,
     ring_gather_seconds,
 )
-from shardlab.sim.comm import Ledger, VirtualGroup, ring_all_reduce_steps
+from shardlab.sim.ledger import Ledger
+from shardlab.sim.ring_steps import ring_all_reduce_steps
+from shardlab.sim.virtual_group import VirtualGroup
 
 TOL = {"rtol": 1e-12, "atol": 1e-12}
 F64 = torch.float64
