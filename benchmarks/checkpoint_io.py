@@ -33,7 +33,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
 from shardlab.config.model import ModelShape
-from shardlab.distributed import checkpoint
+from shardlab.distributed.checkpoint_manifest import sha256_file
+from shardlab.distributed.checkpoint_reader import safe_load_planner, safe_reader
 from shardlab.nn.model import TransformerLM
 
 
@@ -65,15 +66,15 @@ def measure(width: int, repeats: int, work: Path) -> dict[str, float]:
         shutil.rmtree(folder, ignore_errors=True)
         dcp.save(state, storage_writer=dcp.FileSystemWriter(str(folder)), no_dist=True)
         for p in folder.rglob("*"):  # what the manifest records
-            checkpoint.sha256_file(p)
+            sha256_file(p)
 
     def dcp_load() -> None:
         for p in folder.rglob("*"):  # what verify checks before a resume
-            checkpoint.sha256_file(p)
+            sha256_file(p)
         target = {k: {n: torch.empty_like(t) for n, t in part.items()}
                   for k, part in state.items()}
-        dcp.load(target, storage_reader=checkpoint.safe_reader(folder),
-                 planner=checkpoint.safe_load_planner(), no_dist=True)
+        dcp.load(target, storage_reader=safe_reader(folder),
+                 planner=safe_load_planner(), no_dist=True)
 
     def plain_save() -> None:
         torch.save(state, single)

@@ -24,7 +24,9 @@ from shardlab.distributed.launch import launch
 from shardlab.nn.data import batches
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.nn.model import TransformerLM
-from shardlab.train.loop import TrainConfig, make_optimizer, token_loss_sum
+from shardlab.train.config import TrainConfig
+from shardlab.train.optimizer import make_optimizer
+from shardlab.train.reference import token_loss_sum
 
 
 def plain_loop(cfg: TrainConfig) -> float:

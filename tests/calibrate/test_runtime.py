@@ -18,7 +18,7 @@ from shardlab.calibrate.runtime import (
 from shardlab.config.model import ModelShape
 from shardlab.config.runtime import COLLECTIVES, STYLES, Overhead, parse_runtime
 from shardlab.errors import SpecError
-from shardlab.train.loop import TrainConfig, check_config
+from shardlab.train.config import TrainConfig, check_config
 
 
 @pytest.mark.parametrize("name", COLLECTIVES)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import random
 import shutil
 import time
 import uuid
@@ -21,15 +22,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from shardlab.config.model import ModelShape
-from shardlab.distributed import checkpoint
+from shardlab.distributed import checkpoint_manifest, rng
+from shardlab.distributed.checkpoint import load_model_state
+from shardlab.distributed.checkpoint_reader import safe_reader
 from shardlab.distributed.launch import LaunchError, launch
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_documents, garden_vocab
-from shardlab.train.loop import TrainConfig
+from shardlab.train.config import TrainConfig
+from shardlab.train.loop import train_rank
 
 DOCS = garden_documents(200, 0)
 LLAMA = ModelShape("tiny-llama", 2, 32, 4, garden_vocab().size, 32, kv_heads=2,
@@ -45,13 +50,11 @@ RESHARD_RTOL = 1e-5
 def config(root: Path, name: str, shape: ModelShape = LLAMA, **kw: Any) -> TrainConfig:
     return TrainConfig(shape=shape, steps=STEPS, checkpoint_every=EVERY,
                        checkpoint_dir=str(root / name), docs=DOCS,
-                       data_id=checkpoint.data_fingerprint(DOCS), **kw)
+                       data_id=checkpoint_manifest.data_fingerprint(DOCS), **kw)
 
 
 def run_cases(ctx: Any, runs: list[TrainConfig]) -> list[dict[str, Any]]:
     """Every run in order on this rank (the same process group)."""
-    from shardlab.train.loop import train_rank
-
     out = []
     for cfg in runs:
         r = train_rank(ctx, cfg)
@@ -104,8 +107,8 @@ def _killed_in_save(root: Path) -> tuple[dict[str, Any], TrainConfig]:
     folder = root / "killed"
     seen = {"error": error, "seconds": time.monotonic() - start,
             "children": _live_children(), "tmp_left": (folder / "step-4.tmp").is_dir(),
-            "complete": sorted(checkpoint.complete_steps(folder)),
-            "found": checkpoint.find(folder)}
+            "complete": sorted(checkpoint_manifest.complete_steps(folder)),
+            "found": checkpoint_manifest.find(folder)}
     return seen, replace(cfg, fail_at_step=-1, resume_from=str(folder / "step-2"))
 
 
@@ -139,7 +142,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def final_params(folder: Path, shape: ModelShape) -> dict[str, torch.Tensor]:
-    return checkpoint.load_model_state(folder, shape)
+    return load_model_state(folder, shape)
 
 
 @pytest.mark.multiprocess
@@ -154,7 +157,7 @@ def test_resumed_run_is_bitwise_the_uninterrupted_one(runs: dict[str, Any], name
     b = final_params(root / f"{name}-resumed" / "step-4", shape)
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a), name
-    doc = checkpoint.verify(root / f"{name}-resumed" / "step-4")
+    doc = checkpoint_manifest.verify(root / f"{name}-resumed" / "step-4")
     assert doc["step"] == 4 and doc["data"]["batches_consumed"] == 4
     assert doc["world_size"] == 2 and doc["torch"] == torch.__version__
 
@@ -177,8 +180,8 @@ def test_resharded_resume_within_tolerance(runs: dict[str, Any], name: str) -> N
 @pytest.mark.multiprocess
 def test_keeps_the_last_checkpoints_and_records_the_run(runs: dict[str, Any]) -> None:
     root = runs["root"]
-    assert sorted(checkpoint.complete_steps(root / "fsdp")) == [2, 4]
-    doc = checkpoint.read_manifest(root / "tp" / "step-4")
+    assert sorted(checkpoint_manifest.complete_steps(root / "fsdp")) == [2, 4]
+    doc = checkpoint_manifest.read_manifest(root / "tp" / "step-4")
     assert doc["layout"]["tp"] == 2 and doc["shape"]["kv_heads"] == 2
     assert len(doc["history"]["losses"]) == 4 and doc["scheduler"]["last_epoch"] == 4
     assert doc["optimizer"]["betas"] == [0.9, 0.95]
@@ -243,32 +246,32 @@ def test_corrupt_truncated_or_missing_files_are_named(runs: dict[str, Any],
     data[100] ^= 0xFF
     shard.write_bytes(bytes(data))
     with pytest.raises(SpecError, match="SHA-256 does not match"):
-        checkpoint.verify(step)
+        checkpoint_manifest.verify(step)
     shard.write_bytes(bytes(data[:-10]))
     with pytest.raises(SpecError, match="truncated"):
-        checkpoint.verify(step)
+        checkpoint_manifest.verify(step)
     shard.unlink()
     with pytest.raises(SpecError, match="is missing"):
-        checkpoint.verify(step)
+        checkpoint_manifest.verify(step)
     manifest = json.loads((step / "manifest.json").read_text())
     manifest["step"] = 5
     (step / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(SpecError, match="manifest checksum"):
-        checkpoint.verify(step)
+        checkpoint_manifest.verify(step)
     with pytest.raises(SpecError, match="found 2, 4"):
-        checkpoint.find(root, 3)
+        checkpoint_manifest.find(root, 3)
 
 
 @pytest.mark.multiprocess
 def test_another_shape_names_the_field(runs: dict[str, Any]) -> None:
-    doc = checkpoint.read_manifest(runs["root"] / "fsdp" / "step-2")
-    data = {"fingerprint": checkpoint.data_fingerprint(DOCS), "seed": 0, "global_batch": 8,
+    doc = checkpoint_manifest.read_manifest(runs["root"] / "fsdp" / "step-2")
+    data = {"fingerprint": checkpoint_manifest.data_fingerprint(DOCS), "seed": 0, "global_batch": 8,
             "seq": 32}
-    checkpoint.check_compatible(doc, LLAMA, data, "here")
+    checkpoint_manifest.check_compatible(doc, LLAMA, data, "here")
     with pytest.raises(SpecError, match=r"^d_model=64: differs from the checkpoint's d_model=32"):
-        checkpoint.check_compatible(doc, replace(LLAMA, d_model=64), data, "here")
+        checkpoint_manifest.check_compatible(doc, replace(LLAMA, d_model=64), data, "here")
     with pytest.raises(SpecError, match=r"^global_batch=16"):
-        checkpoint.check_compatible(doc, LLAMA, {**data, "global_batch": 16}, "here")
+        checkpoint_manifest.check_compatible(doc, LLAMA, {**data, "global_batch": 16}, "here")
 
 
 class _Evil:
@@ -279,16 +282,10 @@ class _Evil:
 def test_metadata_is_never_unpickled_beyond_dcp_classes(tmp_path: Path) -> None:
     (tmp_path / ".metadata").write_bytes(pickle.dumps(_Evil()))
     with pytest.raises(pickle.UnpicklingError, match="not allowed"):
-        checkpoint.safe_reader(tmp_path).read_metadata()
+        safe_reader(tmp_path).read_metadata()
 
 
 def test_rng_states_round_trip() -> None:
-    import random
-
-    import numpy as np
-
-    from shardlab.distributed import rng
-
     state = json.loads(json.dumps(rng.capture()))
     a = (torch.rand(3), random.random(), np.random.rand(2))
     rng.restore(state)
@@ -323,7 +320,7 @@ def test_3d_resume_is_bitwise(tmp_path: Path) -> None:
     assert a.keys() == b.keys()
     for k in a:  # fp32 on CPU, same layout: the same bits
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
-    doc = checkpoint.verify(tmp_path / "3d-resumed" / "step-3")
+    doc = checkpoint_manifest.verify(tmp_path / "3d-resumed" / "step-3")
     assert doc["world_size"] == 8 and doc["step"] == 3
     assert {k: doc["layout"][k] for k in ("dp", "tp", "pp", "sp")} == {
         "dp": 2, "tp": 2, "pp": 2, "sp": True}

@@ -22,17 +22,30 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    loss_parallel,
+)
 
 from shardlab.config.model import ModelShape
+from shardlab.distributed.activation_checkpoint import apply_ac
+from shardlab.distributed.data_parallel import apply_ddp
 from shardlab.distributed.launch import launch
-from shardlab.distributed.parallelize import (
-    apply_ac,
+from shardlab.distributed.measure import state_bytes
+from shardlab.distributed.parallelize import parallelize
+from shardlab.distributed.tensor_parallel import (
     block_plan,
     check_tp,
-    parallelize,
+    lm_loss_sum_any,
     root_plan,
-    state_bytes,
     tp_plan,
 )
 from shardlab.errors import SpecError
@@ -72,8 +85,6 @@ def _clean(name: str) -> str:
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
@@ -95,12 +106,6 @@ def _worst(diffs: Any) -> float:
 def _case(mesh: Any, *, model: str, tp: int = 1, dp: int = 1, dp_mode: str = "fsdp",
           sp: bool = False, lp: bool = False, ac: str = "none", step: bool = False,
           bf16: bool = False) -> dict[str, Any]:
-    import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.parallel import loss_parallel
-
-    from shardlab.distributed.parallelize import lm_loss_sum_any
-
     shape, batch = SHAPES[model], the_batch()
     n = batch.real_tokens
     ref = TransformerLM(shape, DTYPE, seed=SEED)
@@ -146,8 +151,6 @@ def _case(mesh: Any, *, model: str, tp: int = 1, dp: int = 1, dp_mode: str = "fs
 
 def _refusals(mesh: Any) -> dict[str, str]:
     """DDP on tensor-parallel parameters, and a sequence tp does not divide under SP."""
-    from shardlab.distributed.parallelize import apply_ddp
-
     found = {}
     net = parallelize(TransformerLM(SHAPES["llama"], DTYPE, seed=SEED), mesh, tp=2, sp=True)
     try:
@@ -165,8 +168,6 @@ def _refusals(mesh: Any) -> dict[str, str]:
 def run_cases(ctx: Any, mesh_shape: tuple[int, int], cases: list[dict[str, Any]],
               refusals: bool = False) -> dict[str, Any]:
     """Every case on one ("dp", "tp") mesh; the refusals last (they leave no collectives)."""
-    from torch.distributed.device_mesh import init_device_mesh
-
     torch.manual_seed(0)
     mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("dp", "tp"))
     results = [_case(mesh, **case) for case in cases]
@@ -290,14 +291,6 @@ def test_fsdp_over_tensor_parallel_2x2(cases_module: str, tmp_path: Path) -> Non
 # --- single-process checks -----------------------------------------------------------------
 
 def test_plans_are_declarative_and_follow_torchtitan() -> None:
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-    )
-
     llama, tied = SHAPES["llama"], SHAPES["gpt-tied"]
     plain = block_plan(llama, sequence_parallel=False)
     assert {k: type(v) for k, v in plain.items()} == {
@@ -345,8 +338,6 @@ def test_refusals_before_any_collective() -> None:
 
 @pytest.mark.parametrize("mode", ["full", "selective"])
 def test_activation_checkpointing_keeps_gradients(mode: str) -> None:
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
-
     batch = the_batch()
 
     def grads(model: nn.Module) -> dict[str, torch.Tensor]:

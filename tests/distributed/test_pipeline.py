@@ -19,6 +19,7 @@ import torch
 from torch.testing import assert_close
 
 from shardlab.config.model import ModelShape
+from shardlab.distributed.launch import launch
 from shardlab.distributed.pipeline import (
     IGNORE_INDEX,
     StageModule,
@@ -267,8 +268,6 @@ CASES = [(style, name) for style in STYLES for name in SCHEDULES]
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, dict[str, Any]]]:
-    from shardlab.distributed.launch import launch
-
     folder = tmp_path_factory.mktemp("pp")
     name = f"pp_ranks_{uuid.uuid4().hex[:8]}"
     (folder / f"{name}.py").write_text(

@@ -1,8 +1,9 @@
 """Tensor-parallel bytes of torch's DTensor plan, against collectives counted by hand.
 
-Each case is the count one can read off ``shardlab.distributed.parallelize.tp_plan`` (and that
-``shardlab train`` measures: tests/cli/test_train_cli.py): A = b·s·d·4 bytes of one fp32
-activation; with t = 2 a ring all-reduce sends A, an all-gather or reduce-scatter A/2.
+Each case is the count one can read off ``shardlab.distributed.tensor_parallel.tp_plan``
+(and that ``shardlab train`` measures: tests/cli/test_train_cli.py): A = b·s·d·4 bytes of
+one fp32 activation; with t = 2 a ring all-reduce sends A, an all-gather or reduce-scatter
+A/2.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from shardlab.cli import main
+
 pytest.importorskip("torch")
 
 
@@ -42,8 +44,7 @@ def test_two_nodes_train_as_one_job(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert doc["world_size"] == 2 and len(doc["losses"]) == 3
     for row in doc["comm_bytes_per_step"]:
         assert row["dp"]["measured"] == row["dp"]["predicted"]
-    from shardlab.cli import main  # the same job from `shardlab train`, in this process
-
+    # The same job from `shardlab train`, in this process.
     capsys.readouterr()
     code = main(["train", *args, "--log-dir", str(tmp_path / "local")])
     out, err = capsys.readouterr()

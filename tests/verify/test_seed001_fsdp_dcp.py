@@ -12,7 +12,8 @@ import math
 
 import pytest
 
-from shardlab.verify.gloo_avg import classify_ratio, needs_force_sum
+from shardlab.distributed.avg_probe import classify_ratio, needs_force_sum
+from shardlab.verify import checkpoint
 
 pytestmark = pytest.mark.multiprocess
 
@@ -56,8 +57,6 @@ def test_fsdp2(run_everywhere, world_size: int) -> None:
 
 
 def test_checkpoint_and_reshard(run_everywhere) -> None:
-    from shardlab.verify import checkpoint
-
     _, work = run_everywhere("checkpoint", 2, EXPECTED_NAMES["checkpoint"])
     after = checkpoint.after(str(work))
     assert {c["name"] for c in after} >= AFTER_NAMES

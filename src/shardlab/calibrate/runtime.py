@@ -49,7 +49,8 @@ from shardlab.config.runtime import COLLECTIVES, STYLES, Overhead
 from shardlab.distributed.launch import launch
 from shardlab.errors import SpecError
 from shardlab.plan.comm_time import allreduce_seconds, gather_seconds, send_seconds
-from shardlab.train.loop import TrainConfig, train_rank
+from shardlab.train.config import TrainConfig
+from shardlab.train.loop import train_rank
 
 SIZES = (2**14, 2**16, 2**18, 2**20, 2**22)
 """Bytes of the timed buffers (the gathered / reduced whole)."""

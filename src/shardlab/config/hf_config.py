@@ -1,4 +1,11 @@
-"""Build a ModelShape from a Hugging Face transformers ``config.json``.
+"""A Hugging Face transformers ``config.json`` and a ModelShape, translated both ways.
+
+:func:`shape_from_hf_config` builds the ModelShape a ``config.json`` describes;
+:func:`hf_config` writes the ``config.json`` transformers builds shardlab's model from
+(the family :func:`hf_family` picks: ``llama``, ``qwen2`` when q/k/v carry biases, or
+``gpt2``; the weights themselves are :mod:`shardlab.hf.weights`). Both need no torch.
+
+Reading a config.json:
 
 Each family keeps its own field names and its own defaults, and the importer follows
 the configuration class that transformers loads the file into (``LlamaConfig``,
@@ -31,6 +38,12 @@ Where transformers would fill a sizing field (``hidden_size``, ``vocab_size``, e
 counts, ...) from its class default we refuse instead: a config.json without it
 describes no published checkpoint, and a silent 4096 would be a guess.
 A file without ``model_type`` is identified by ``architectures[0]``.
+
+Writing one (export): the constants shardlab's model is built with go in, as
+transformers' fields: RMSNorm eps 1e-6 (``rms_norm_eps``) and LayerNorm eps 1e-5
+(``layer_norm_epsilon``, :func:`shardlab.nn.model.make_norm`), SwiGLU with SiLU
+(``hidden_act: silu``), GELU tanh (``activation_function: gelu_pytorch_tanh``), and the
+rotary base 10 000 (``rope_theta``, :data:`shardlab.nn.model.ROPE_THETA`).
 """
 
 from __future__ import annotations
@@ -59,6 +72,12 @@ ARCHITECTURES: dict[str, str] = {
 _ABSENT_KV_HEADS: dict[str, int | None] = {"llama": None, "mistral": 8, "mixtral": 8,
                                            "qwen2": 32}
 _MISSING = object()
+
+# The constants shardlab's model is built with (shardlab.nn.model: make_norm and
+# ROPE_THETA), written into an exported config.json. Stated here because the vocabulary
+# imports nothing of nn (and so no torch); they must equal the model's.
+RMS_EPS, LN_EPS = 1e-6, 1e-5
+ROPE_THETA = 10_000.0  # Su et al. 2021; Llama 1/2's base
 
 
 def shape_from_hf_config(path: str | Path, name: str | None = None) -> ModelShape:
@@ -229,3 +248,48 @@ def _gpt2(r: _Reader) -> dict[str, Any]:
 _BUILDERS: dict[str, Callable[[_Reader], dict[str, Any]]] = {
     "llama": _llama, "mistral": _rotary, "mixtral": _mixtral, "qwen2": _qwen2, "gpt2": _gpt2,
 }
+
+
+# --- ModelShape -> config.json ------------------------------------------------------
+
+def hf_family(shape: ModelShape) -> str:
+    """``llama``, ``qwen2`` or ``gpt2``: the transformers family a shape exports to."""
+    if shape.moe is not None:
+        raise SpecError("model", shape.name, "mixture-of-experts shapes are not built in "
+                        "torch by shardlab, so there is nothing to export")
+    if shape.style == "llama":
+        return "qwen2" if shape.qkv_bias else "llama"
+    if shape.kv_heads != shape.heads or shape.head_dim * shape.heads != shape.d_model:
+        raise SpecError("kv_heads", shape.kv_heads, "GPT-2 has multi-head attention with "
+                        "head_dim = d_model / heads only")
+    return "gpt2"
+
+
+def hf_config(shape: ModelShape) -> dict[str, Any]:
+    """The ``config.json`` transformers builds the same model from."""
+    family = hf_family(shape)
+    if family == "gpt2":
+        return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+                "n_embd": shape.d_model, "n_layer": shape.layers, "n_head": shape.heads,
+                "n_inner": shape.d_ff, "n_positions": shape.context, "n_ctx": shape.context,
+                "vocab_size": shape.vocab, "activation_function": "gelu_pytorch_tanh",
+                "layer_norm_epsilon": LN_EPS, "tie_word_embeddings": shape.tied,
+                "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+                "bos_token_id": None, "eos_token_id": None, "dtype": "float32"}
+    arch = "Qwen2ForCausalLM" if family == "qwen2" else "LlamaForCausalLM"
+    config = {"architectures": [arch], "model_type": family,
+              "hidden_size": shape.d_model, "intermediate_size": shape.d_ff,
+              "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads,
+              "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim,
+              "vocab_size": shape.vocab, "max_position_embeddings": shape.context,
+              "rms_norm_eps": RMS_EPS, "hidden_act": "silu",
+              # transformers 4.x reads rope_theta, 5.x rope_parameters
+              "rope_theta": ROPE_THETA,
+              "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
+              "tie_word_embeddings": shape.tied, "attention_dropout": 0.0,
+              "bos_token_id": None, "eos_token_id": None, "dtype": "float32"}
+    if family == "llama":
+        config |= {"attention_bias": False, "mlp_bias": False}
+    else:
+        config |= {"use_sliding_window": False}
+    return config

@@ -36,6 +36,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
 from shardlab.errors import SpecError
 
 
@@ -61,9 +67,7 @@ class RankContext:
 
 
 def backend_for_this_machine() -> str:
-    """NCCL when CUDA is present, gloo otherwise (torch imported lazily)."""
-    import torch
-
+    """NCCL when CUDA is present, gloo otherwise."""
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
@@ -86,9 +90,6 @@ def _run_rank(target: str, args: tuple, backend: str, timeout_s: float,
     A failing rank writes when and how it failed into ``failures`` (a folder), so the
     launcher can name the rank that failed first rather than a peer that lost it.
     """
-    import torch
-    import torch.distributed as dist
-
     torch.set_num_threads(threads)  # ranks share the machine's cores
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
@@ -116,8 +117,6 @@ def _run_rank(target: str, args: tuple, backend: str, timeout_s: float,
 def _elastic_entry(target: str, args: tuple, backend: str, timeout_s: float,
                    threads: int, failures: str) -> Any:
     """Spawned worker: record any exception for the agent, then run the rank."""
-    from torch.distributed.elastic.multiprocessing.errors import record
-
     return record(_run_rank)(target, args, backend, timeout_s, threads, failures)
 
 
@@ -187,10 +186,6 @@ def launch(target: str, world_size: int, args: tuple = (), *, timeout_s: float =
     if under_torchrun():
         result = _run_rank_gathered(target, args, backend, timeout_s, threads)
         return result if result is not None else []
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
     root = Path(log_dir or tempfile.mkdtemp(prefix="shardlab-logs-"))
     root.mkdir(parents=True, exist_ok=True)
     run_id = uuid.uuid4().hex[:12]
@@ -234,8 +229,6 @@ def launch(target: str, world_size: int, args: tuple = (), *, timeout_s: float =
 def _run_rank_gathered(target: str, args: tuple, backend: str, timeout_s: float,
                        threads: int) -> list[Any] | None:
     """Under torchrun: run this rank, gather every rank's result to rank 0."""
-    import torch.distributed as dist
-
     def body(ctx: RankContext, *a: Any) -> list[Any] | None:
         mine = _resolve(target)(ctx, *a)
         every: list[Any] = [None] * ctx.world_size

@@ -14,6 +14,10 @@ Each collective is also filed under the mesh dimension whose group ran it (``dp`
 ``tp``, ``pp``, matched by the group's ranks), or under a label the code set around it
 with :func:`comm_label` (the gradient-norm scalars of clipping are ``grad_norm``), so a
 run's bytes compare with the cost model's per dimension.
+
+What a rank holds: :func:`saved_activation_bytes` and :class:`SavedBytesMeter` count what
+autograd keeps for backward, :func:`state_bytes` its parameters, gradients and optimizer
+state; :class:`FlopMeter` counts the FLOPs it computes.
 """
 
 from __future__ import annotations
@@ -25,7 +29,18 @@ from contextvars import ContextVar
 from typing import Any
 
 import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from torch import nn
+from torch.distributed.distributed_c10d import _resolve_process_group
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import (
+    flop_registry,
+    sdpa_backward_flop_count,
+    sdpa_flop_count,
+    shape_wrapper,
+)
 
 # op name -> (kind, which argument holds the payload, payload is the gathered output?)
 _OPS = {
@@ -72,9 +87,6 @@ def _nbytes(x: Any) -> int:
 def _group(args: tuple, kwargs: dict) -> Any:
     """The collective's process group: a ProcessGroup (c10d ops; a script object in older
     torch) or a group name (functional collectives, DTensor's); None when not found."""
-    import torch.distributed as dist
-    from torch.distributed.distributed_c10d import _resolve_process_group
-
     for a in (*args, *kwargs.values()):
         if isinstance(a, dist.ProcessGroup):
             return a
@@ -93,8 +105,6 @@ def _group(args: tuple, kwargs: dict) -> Any:
 
 def _group_size(group: Any) -> int:
     """Ranks in the collective's group."""
-    import torch.distributed as dist
-
     if group is None:
         return dist.get_world_size()
     try:
@@ -107,9 +117,6 @@ def _group_ranks(group: Any) -> tuple[int, ...]:
     """Global ranks of the collective's group (the whole world when unknown), looked up by
     the group's registered name: an unboxed group is a new Python wrapper that c10d's rank
     tables do not know by identity."""
-    import torch.distributed as dist
-    from torch.distributed.distributed_c10d import _resolve_process_group
-
     if group is not None:
         with contextlib.suppress(RuntimeError, TypeError, ValueError, KeyError, AttributeError):
             return tuple(dist.get_process_group_ranks(_resolve_process_group(group.group_name)))
@@ -166,9 +173,6 @@ class CommMeter(TorchDispatchMode):
         row["sent_bytes"] += sent
 
     def __enter__(self) -> CommMeter:
-        import torch.distributed as dist
-        import torch.distributed.distributed_c10d as c10d
-
         self._original = c10d.isend
 
         def counting_isend(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -182,9 +186,6 @@ class CommMeter(TorchDispatchMode):
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        import torch.distributed as dist
-        import torch.distributed.distributed_c10d as c10d
-
         super().__exit__(*exc)
         dist.isend = c10d.isend = self._original
 
@@ -193,8 +194,6 @@ class CommMeter(TorchDispatchMode):
         kwargs = kwargs or {}
         if isinstance(func, torch._ops.HigherOrderOperator):
             return func(*args, **kwargs)
-        from torch.distributed.tensor import DTensor
-
         if any(t is DTensor for t in types):
             # Modes run before tensor subclasses: step aside so DTensor desugars the op
             # first, and its own collectives (e.g. loss_parallel's all-reduces inside
@@ -306,12 +305,6 @@ class FlopMeter(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        from torch.utils.flop_counter import (
-            flop_registry,
-            sdpa_backward_flop_count,
-            sdpa_flop_count,
-            shape_wrapper,
-        )
 
         def forward(q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None,
                     **kw: Any) -> int:
@@ -335,8 +328,6 @@ class FlopMeter(TorchDispatchMode):
         kwargs = kwargs or {}
         if isinstance(func, torch._ops.HigherOrderOperator):
             return func(*args, **kwargs)
-        from torch.distributed.tensor import DTensor
-
         if any(t is DTensor for t in types):  # count the local ops DTensor runs instead
             return NotImplemented
         out = func(*args, **kwargs)
@@ -354,3 +345,43 @@ class FlopMeter(TorchDispatchMode):
 def flop_counter() -> FlopMeter:
     """A :class:`FlopMeter` (what ``train`` wraps its measured step in)."""
     return FlopMeter()
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _held_bytes(tensors: list[torch.Tensor], seen: set[tuple[int, int, int, str]]) -> int:
+    total = 0
+    for t in tensors:
+        loc = _local(t)
+        key = (loc.untyped_storage().data_ptr(), loc.storage_offset(), loc.numel(),
+               str(loc.dtype))
+        if loc.numel() == 0 or key in seen:
+            continue
+        seen.add(key)
+        total += loc.numel() * loc.element_size()
+    return total
+
+
+def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+                ) -> dict[str, int]:
+    """Bytes this rank holds: parameters, gradients, optimizer state, and their total.
+
+    DTensors count their local shard (``to_local()``: elements held, so FSDP2's padding
+    of an uneven last shard is not counted); a tensor reached twice (a tied weight, a
+    shared storage) counts once. ``optimizer`` counts every non-scalar state
+    tensor (AdamW's ``exp_avg`` and ``exp_avg_sq``); the 0-dim ``step`` counters are left
+    out so the figure compares with the estimator's ``2 x params`` of Adam moments.
+    """
+    seen: set[tuple[int, int, int, str]] = set()
+    params = list(model.parameters())
+    out = {"params": _held_bytes(params, seen)}
+    out["grads"] = _held_bytes([p.grad for p in params if p.grad is not None], seen)
+    states: list[torch.Tensor] = []
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            states += [v for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
+    out["optimizer"] = _held_bytes(states, seen)
+    out["total"] = out["params"] + out["grads"] + out["optimizer"]
+    return out

@@ -42,22 +42,27 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleDualPipeV,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleZBVZeroBubble,
+)
+from torch.distributed.pipelining.schedules import _PipelineSchedule
 from torch.distributed.tensor import DTensor
 
 from shardlab.errors import SpecError, require_positive_int
 from shardlab.nn.data import Batch
 from shardlab.nn.model import TransformerLM, attention_mask, rope_tables
 from shardlab.schedules.actions import loop_placement, v_placement
-
-if TYPE_CHECKING:
-    from torch.distributed.pipelining import PipelineStage
-    from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index
 PLACEMENT_STYLES = ("loop", "v")
@@ -275,8 +280,6 @@ def make_loss_fn(global_tokens: int) -> Callable[[torch.Tensor, torch.Tensor], t
 def pipeline_stages(owned: Sequence[tuple[int, StageModule]], device: torch.device | str,
                     group: dist.ProcessGroup | None = None) -> list[PipelineStage]:
     """Wrap :func:`split_model`'s stages in ``PipelineStage`` (shapes inferred at run time)."""
-    from torch.distributed.pipelining import PipelineStage
-
     return [PipelineStage(module, stage_index=s, num_stages=module.num_stages,
                           device=torch.device(device), group=group) for s, module in owned]
 
@@ -295,14 +298,6 @@ def build_schedule(name: str, stages: Sequence[PipelineStage], n_microbatches: i
     Always ``scale_grads=False``: :func:`make_loss_fn` already divides by the global
     token count. Raises SpecError for an unknown name or a precondition that fails.
     """
-    from torch.distributed.pipelining import (
-        Schedule1F1B,
-        ScheduleDualPipeV,
-        ScheduleGPipe,
-        ScheduleInterleaved1F1B,
-        ScheduleZBVZeroBubble,
-    )
-
     if name not in SCHEDULE_NAMES:
         raise SpecError("schedule", name, f"must be one of {', '.join(SCHEDULE_NAMES)}")
     require_positive_int("n_microbatches", n_microbatches)

@@ -26,7 +26,8 @@ compute, so export and import only rename and reshape tensors:
 
 Files are read with ``safetensors`` only (a checkpoint is data, never code); export
 writes ``model.safetensors`` (or ``pytorch_model.bin`` with ``--format torch``, read back
-by transformers with ``weights_only=True``) and ``config.json``.
+by transformers with ``weights_only=True``) and ``config.json``
+(:func:`shardlab.config.hf_config.hf_config`, which needs no torch).
 """
 
 from __future__ import annotations
@@ -34,62 +35,21 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from shardlab.config.hf_config import LN_EPS, RMS_EPS, hf_config, hf_family, shape_from_hf_config
+from shardlab.config.model import ModelShape, MoE
+from shardlab.distributed import checkpoint_manifest
+from shardlab.distributed.checkpoint import load_model_state
 from shardlab.errors import SpecError
-from shardlab.nn.model import ROPE_THETA
+from shardlab.nn.model import ROPE_THETA, TransformerLM
 
-if TYPE_CHECKING:
-    import torch
-
-    from shardlab.config.model import ModelShape
-
-RMS_EPS, LN_EPS = 1e-6, 1e-5  # shardlab.nn.model.make_norm
 WEIGHTS, CONFIG, MARKER = "model.safetensors", "config.json", "shardlab-weights.json"
 FORMATS = ("safetensors", "torch")
-
-
-def hf_family(shape: ModelShape) -> str:
-    """``llama``, ``qwen2`` or ``gpt2``: the transformers family a shape exports to."""
-    if shape.moe is not None:
-        raise SpecError("model", shape.name, "mixture-of-experts shapes are not built in "
-                        "torch by shardlab, so there is nothing to export")
-    if shape.style == "llama":
-        return "qwen2" if shape.qkv_bias else "llama"
-    if shape.kv_heads != shape.heads or shape.head_dim * shape.heads != shape.d_model:
-        raise SpecError("kv_heads", shape.kv_heads, "GPT-2 has multi-head attention with "
-                        "head_dim = d_model / heads only")
-    return "gpt2"
-
-
-def hf_config(shape: ModelShape) -> dict[str, Any]:
-    """The ``config.json`` transformers builds the same model from."""
-    family = hf_family(shape)
-    if family == "gpt2":
-        return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-                "n_embd": shape.d_model, "n_layer": shape.layers, "n_head": shape.heads,
-                "n_inner": shape.d_ff, "n_positions": shape.context, "n_ctx": shape.context,
-                "vocab_size": shape.vocab, "activation_function": "gelu_pytorch_tanh",
-                "layer_norm_epsilon": LN_EPS, "tie_word_embeddings": shape.tied,
-                "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-                "bos_token_id": None, "eos_token_id": None, "dtype": "float32"}
-    arch = "Qwen2ForCausalLM" if family == "qwen2" else "LlamaForCausalLM"
-    config = {"architectures": [arch], "model_type": family,
-              "hidden_size": shape.d_model, "intermediate_size": shape.d_ff,
-              "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads,
-              "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim,
-              "vocab_size": shape.vocab, "max_position_embeddings": shape.context,
-              "rms_norm_eps": RMS_EPS, "hidden_act": "silu",
-              # transformers 4.x reads rope_theta, 5.x rope_parameters
-              "rope_theta": ROPE_THETA,
-              "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
-              "tie_word_embeddings": shape.tied, "attention_dropout": 0.0,
-              "bos_token_id": None, "eos_token_id": None, "dtype": "float32"}
-    if family == "llama":
-        config |= {"attention_bias": False, "mlp_bias": False}
-    else:
-        config |= {"use_sliding_window": False}
-    return config
 
 
 # --- names -----------------------------------------------------------------------------
@@ -108,8 +68,6 @@ _GPT_BLOCK = {f"{ours}.{t}": f"{theirs}.{t}" for t in ("weight", "bias")
 
 def to_hf(state: dict[str, torch.Tensor], shape: ModelShape) -> dict[str, torch.Tensor]:
     """shardlab's state dict (TransformerLM names) in the exported family's names."""
-    import torch
-
     family = hf_family(shape)
     out: dict[str, torch.Tensor] = {}
     for i in range(shape.layers):
@@ -146,8 +104,6 @@ def from_hf(tensors: dict[str, torch.Tensor], shape: ModelShape) -> dict[str, to
     Accepts the prefixes real checkpoints use or omit (``model.``, ``transformer.``) and
     skips non-parameter buffers (``rotary_emb.inv_freq``, GPT-2's ``attn.bias`` masks).
     """
-    import torch
-
     family = hf_family(shape)
     prefix = "transformer." if family == "gpt2" else "model."
     src = {(k if k.startswith(prefix) or k == "lm_head.weight" else prefix + k): v
@@ -201,8 +157,6 @@ def _empty_target(out: Path) -> None:
 
 def _save_safetensors(tensors: dict[str, torch.Tensor], path: Path,
                       metadata: dict[str, str]) -> None:
-    from safetensors.torch import save_file
-
     # safetensors refuses tensors that share memory (a tied head): write distinct copies.
     save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, str(path),
               metadata=metadata)
@@ -215,9 +169,6 @@ def export(ckpt: str | os.PathLike[str], out_dir: str | os.PathLike[str],
     No process group: DCP reshards from the ranks that wrote it to one process. Returns
     a summary (family, parameters, files, bytes).
     """
-    from shardlab.config.model import ModelShape, MoE
-    from shardlab.distributed import checkpoint
-
     if fmt not in FORMATS:
         raise SpecError("format", fmt, f"must be one of {', '.join(FORMATS)}")
     out = Path(out_dir)
@@ -225,15 +176,16 @@ def export(ckpt: str | os.PathLike[str], out_dir: str | os.PathLike[str],
     folder = Path(ckpt)
     if not folder.is_dir():
         raise SpecError("checkpoint", str(folder), "does not exist")
-    if not (folder / checkpoint.MANIFEST).is_file() and checkpoint.complete_steps(folder):
-        folder = checkpoint.find(folder)  # a checkpoint root: its latest step
-    doc = checkpoint.verify(folder)
+    if (not (folder / checkpoint_manifest.MANIFEST).is_file()
+            and checkpoint_manifest.complete_steps(folder)):
+        folder = checkpoint_manifest.find(folder)  # a checkpoint root: its latest step
+    doc = checkpoint_manifest.verify(folder)
     record = dict(doc["shape"])
     moe = record.pop("moe")
     shape = ModelShape(name=f"shardlab-step-{doc['step']}",
                        moe=MoE(**moe) if moe else None, **record)
     hf_family(shape)  # refuse before writing anything
-    state = checkpoint.load_model_state(folder, shape)
+    state = load_model_state(folder, shape)
     tensors = to_hf(state, shape)
     out.mkdir(parents=True, exist_ok=True)
     config = hf_config(shape)
@@ -242,8 +194,6 @@ def export(ckpt: str | os.PathLike[str], out_dir: str | os.PathLike[str],
         _save_safetensors(tensors, out / WEIGHTS, {"format": "pt"})
         name = WEIGHTS
     else:
-        import torch
-
         name = "pytorch_model.bin"
         torch.save({k: v.contiguous() for k, v in tensors.items()}, out / name)
     return {"checkpoint": str(folder), "step": doc["step"], "family": hf_family(shape),
@@ -256,9 +206,6 @@ def export(ckpt: str | os.PathLike[str], out_dir: str | os.PathLike[str],
 
 def _read_hf_tensors(folder: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a Hugging Face folder's safetensors files (one, or sharded)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise SpecError("hf_dir", str(folder), "holds no *.safetensors file (shardlab "
@@ -289,9 +236,6 @@ def import_hf(hf_dir: str | os.PathLike[str],
     """A Hugging Face folder (config.json + safetensors) as shardlab initial weights:
     ``out_dir/model.safetensors`` in TransformerLM names beside the ``config.json``
     (the shape ``shardlab train --init-from`` builds), checked by building the model."""
-    from shardlab.config.hf_config import shape_from_hf_config
-    from shardlab.nn.model import TransformerLM
-
     folder, out = Path(hf_dir), Path(out_dir)
     if not (folder / CONFIG).is_file():
         raise SpecError("hf_dir", str(folder), f"has no {CONFIG}")
@@ -328,9 +272,6 @@ def import_hf(hf_dir: str | os.PathLike[str],
 
 def read_weights(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """The tensors of ``shardlab import``'s output (a folder or its model.safetensors)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     p = Path(path)
     if p.is_dir():
         if not (p / MARKER).is_file():

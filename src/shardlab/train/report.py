@@ -4,19 +4,32 @@ process. Built on rank 0's side from what every rank returned."""
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
+
+from shardlab.config.dtypes import get_policy
+from shardlab.config.layout import make_layout
+from shardlab.config.measured import accelerator_or_measured, load_measurement
+from shardlab.estimate.activations import (
+    first_stage_extra_bytes,
+    last_stage_extra_bytes,
+    layer_activation_bytes,
+)
+from shardlab.estimate.comm import (
+    embedding_sync_bytes,
+    pp_bytes_per_rank,
+    ring_allreduce_bytes,
+    ring_gather_bytes,
+)
+from shardlab.estimate.comm_dtensor import tp_bytes_dtensor
+from shardlab.estimate.flops import flops_per_token
+from shardlab.estimate.memory import inflight_microbatches, zero_state_bytes
+from shardlab.estimate.partition import rank_layers, stage_params
 
 
 def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
            log_dir: str, peak: float | None = None) -> dict[str, Any]:
     """Measured beside predicted, and parity with one process."""
-    import statistics
-
-    from shardlab.config.dtypes import get_policy
-    from shardlab.estimate.flops import flops_per_token
-    from shardlab.estimate.memory import zero_state_bytes
-    from shardlab.estimate.partition import stage_params
-
     r0 = ranks[0]
     losses = r0["losses"]
     tokens = cfg.global_batch * cfg.seq
@@ -31,8 +44,6 @@ def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
     zero = 0 if cfg.dp == 1 or cfg.dp_mode == "ddp" else 3
     psi = stage_params(cfg.shape, cfg.tp, cfg.pp, cfg.virtual_stages,
                        vocab_parallel=cfg.tp > 1)
-    from shardlab.estimate.memory import inflight_microbatches
-
     act_rows = activation_table(cfg, ranks)
     act = act_rows[0]
     memory = []
@@ -89,13 +100,6 @@ def activation_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, An
     ``layer_activation_bytes`` for shardlab's eager LM (no dropout; the CPU attention
     kernel is fused, keeping only softmax statistics), plus the embedding's and the head's
     extras on the ranks holding the first and last chunk."""
-    from shardlab.estimate.activations import (
-        first_stage_extra_bytes,
-        last_stage_extra_bytes,
-        layer_activation_bytes,
-    )
-    from shardlab.estimate.partition import rank_layers
-
     e = 2 if cfg.dtype == "bf16" else 4
     mb = cfg.micro_batch or cfg.global_batch // cfg.dp
     kw = {"tp": cfg.tp, "sp": cfg.sp}
@@ -141,12 +145,6 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     The gradient-norm scalars of clipping (``grad_norm``, 8 bytes each) are listed under
     ``measured`` only.
     """
-    from shardlab.config.dtypes import get_policy
-    from shardlab.config.layout import make_layout
-    from shardlab.estimate.comm import embedding_sync_bytes, pp_bytes_per_rank
-    from shardlab.estimate.comm_dtensor import tp_bytes_dtensor
-    from shardlab.estimate.partition import stage_params
-
     policy = get_policy("amp-bf16" if cfg.dtype == "bf16" else "fp32")
     share = cfg.global_batch // cfg.dp
     lay = make_layout(cfg.shape, dp=cfg.dp, tp=cfg.tp, pp=cfg.pp,
@@ -212,8 +210,6 @@ def _dp_bytes(params: float, policy: Any, zero: int, cfg: Any) -> float:
     train.py's reshard policy, and torch.distributed.pipelining defers the reshard
     after backward to the last micro-batch).
     """
-    from shardlab.estimate.comm import ring_allreduce_bytes, ring_gather_bytes
-
     # Under bf16 FSDP2's MixedPrecisionPolicy casts the shards before gathering them (2 bytes)
     # and reduces gradients in fp32.
     gathered = 2 if cfg.dtype == "bf16" else policy.weight_bytes
@@ -253,8 +249,6 @@ def peak_flops(cfg: Any, gpu: str | None, world: int) -> float | None:
     """The job's dense peak FLOP/s for MFU: ``--gpu``'s peak x ranks, or, by default,
     this whole machine as ``shardlab hardware --measure`` stored it (ranks share its
     cores); None when neither is known."""
-    from shardlab.config.measured import accelerator_or_measured, load_measurement
-
     dtype = "bf16" if cfg.dtype == "bf16" else "fp32"
     if gpu is not None:
         acc = accelerator_or_measured(gpu)

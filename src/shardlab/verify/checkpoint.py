@@ -39,8 +39,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from shardlab.distributed.launch import RankContext
+from shardlab.nn.data import global_token_normalizer
 from shardlab.nn.model import TransformerLM
 from shardlab.verify.fsdp2 import (
     SEED,
@@ -82,8 +86,6 @@ def optimizer_tensors(model: torch.nn.Module, opt: torch.optim.Optimizer
 def _train_one_more(ctx: RankContext, model: torch.nn.Module,
                     opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
     """One more step on the second training batch; the full parameters after it."""
-    from shardlab.nn.data import global_token_normalizer
-
     batch = training_data(2)[1]
     mine = to_device(batch.chunk(ctx.rank, ctx.world_size), torch.device(ctx.device))
     share_loss(model, mine, global_token_normalizer(batch), ctx.world_size).backward()
@@ -97,9 +99,6 @@ def run(ctx: RankContext, work_dir: str) -> list[dict[str, object]]:
 
     Writes ``work_dir/ckpt`` (every rank) and ``work_dir/expected.pt`` (rank 0).
     """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
     device = torch.device(ctx.device)
     ckpt = str(Path(work_dir, CKPT))
     force = force_sum_needed(ctx)
@@ -156,9 +155,6 @@ def after(work_dir: str) -> list[dict[str, object]]:
 
     Writes ``work_dir/consolidated.pt``.
     """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
     ckpt = Path(work_dir, CKPT)
     expected = _load_plain(Path(work_dir, EXPECTED))
     plain = TransformerLM(SHAPE, seed=SEED + 200)

@@ -36,6 +36,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.debug import CommDebugMode
 
 from shardlab.distributed.launch import RankContext
 from shardlab.verify.registry import check
@@ -71,8 +74,6 @@ def addend(global_: torch.Tensor, rank: int, world: int) -> torch.Tensor:
 
 def _measured(step: Callable[[], Any]) -> tuple[Any, dict[str, int]]:
     """Run ``step`` under CommDebugMode; its result and the collectives by short name."""
-    from torch.distributed.tensor.debug import CommDebugMode
-
     mode = CommDebugMode()
     with mode:
         result = step()
@@ -84,9 +85,6 @@ def run(ctx: RankContext, work_dir: str) -> list[dict[str, object]]:
 
     Writes nothing under ``work_dir``.
     """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
-
     del work_dir
     rank, world = ctx.rank, ctx.world_size
     device_type = torch.device(ctx.device).type

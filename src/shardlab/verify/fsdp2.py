@@ -40,7 +40,7 @@ What is checked, and why:
   full-batch reference, where the bound is loose (see :data:`BF16_DRIFT_TOL`).
 
 Whether the gloo backend honours ``ReduceOp.AVG`` is *measured* with
-:func:`shardlab.verify.gloo_avg.probe_avg_ratio`; the force-sum workaround is applied only
+:func:`shardlab.distributed.avg_probe.probe_avg_ratio`; the force-sum workaround is applied only
 when the probe says AVG is summed (torch 2.8's gloo summed; on 2.13 the probe reads 1).
 """
 
@@ -53,14 +53,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Shard
 
 from shardlab.config.model import ModelShape
+from shardlab.distributed.avg_probe import needs_force_sum, probe_avg_ratio
 from shardlab.distributed.launch import RankContext
 from shardlab.nn.data import Batch, batches, global_token_normalizer
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.nn.loss import lm_loss_sum
 from shardlab.nn.model import TransformerLM
-from shardlab.verify.gloo_avg import needs_force_sum, probe_avg_ratio
 from shardlab.verify.registry import check
 from shardlab.verify.runner import GLOBAL_BATCH
 
@@ -107,8 +110,6 @@ def new_optimizer(params: Iterable[nn.Parameter]) -> torch.optim.AdamW:
 
 def dp_mesh(ctx: RankContext) -> Any:
     """A 1-D :class:`DeviceMesh` over all ranks (reuses the default process group)."""
-    from torch.distributed.device_mesh import init_device_mesh
-
     return init_device_mesh(torch.device(ctx.device).type, (ctx.world_size,))
 
 
@@ -124,8 +125,6 @@ def shard(model: TransformerLM, mesh: Any, force_sum: bool,
     ``FSDPModule.set_force_sum_reduction_for_comms`` is per module (per param group), so it
     is set on the blocks and on the root alike.
     """
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
     policy = mp_policy if mp_policy is not None else MixedPrecisionPolicy()
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy)
@@ -247,9 +246,6 @@ def reference_same_arithmetic(device: torch.device, data: Sequence[Batch], world
 
 def layout_checks(ctx: RankContext, model: TransformerLM) -> list[dict[str, object]]:
     """Every parameter a Shard(0) DTensor; this rank's share of the elements ~ 1/world."""
-    from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.tensor import DTensor, Shard
-
     params = list(model.named_parameters())
     wrong = [n for n, p in params
              if not isinstance(p, DTensor) or tuple(p.placements) != (Shard(0),)]
@@ -271,8 +267,6 @@ def layout_checks(ctx: RankContext, model: TransformerLM) -> list[dict[str, obje
 
 def run(ctx: RankContext, work_dir: str) -> list[dict[str, object]]:
     """fp32 and bf16 FSDP2 runs against one-process references. Writes nothing."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
     device = torch.device(ctx.device)
     world = ctx.world_size
     data = training_data()

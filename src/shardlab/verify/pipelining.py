@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from shardlab.distributed.launch import RankContext
 from shardlab.verify.registry import check
@@ -63,8 +64,6 @@ def stage_of(model: nn.Sequential, rank: int, world: int) -> nn.Sequential:
 def _run_schedule(ctx: RankContext, schedule_cls: type, x: torch.Tensor, y: torch.Tensor,
                   n_micro: int, ref: nn.Sequential) -> dict[str, Any]:
     """One ``step`` of ``schedule_cls`` on this rank's stage; this rank's numbers."""
-    from torch.distributed.pipelining import PipelineStage
-
     rank, world = ctx.rank, ctx.world_size
     device = torch.device(ctx.device)
     submodule = stage_of(build(world).to(device), rank, world)
@@ -94,8 +93,6 @@ def run(ctx: RankContext, work_dir: str) -> list[dict[str, object]]:
 
     Writes nothing under ``work_dir``.
     """
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
-
     del work_dir
     world = ctx.world_size
     n_micro = 2 * world

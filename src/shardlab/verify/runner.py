@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
 from shardlab.distributed.launch import RankContext, launch
 from shardlab.verify.registry import EXPERIMENTS
 
@@ -21,8 +23,6 @@ def run_experiments(ctx: RankContext, names: list[str], work_dir: str,
     if only one), while the other ranks are entering its collectives: the test of what a
     dead rank does to a job.
     """
-    import torch.distributed as dist
-
     out: dict[str, Any] = {}
     for i, name in enumerate(names):
         if fault_rank == ctx.rank and i == min(1, len(names) - 1):

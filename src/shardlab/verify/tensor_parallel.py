@@ -43,6 +43,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.debug import CommDebugMode
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    parallelize_module,
+)
 
 from shardlab.config.model import ModelShape
 from shardlab.distributed.launch import RankContext
@@ -96,10 +104,6 @@ def _compare(ctx: RankContext, mesh: Any, make: Callable[[], nn.Module], seed: i
     weights' placements and local shapes, and the collectives counted in forward and in
     backward of the sharded module.
     """
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.debug import CommDebugMode
-    from torch.distributed.tensor.parallel import parallelize_module
-
     ref = seeded_(make(), seed).to(ctx.device)
     tp = make().to(ctx.device)
     tp.load_state_dict(ref.state_dict())
@@ -175,9 +179,6 @@ def run(ctx: RankContext, work_dir: str) -> list[dict[str, object]]:
 
     Writes nothing under ``work_dir``.
     """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
     del work_dir
     world = ctx.world_size
     mesh = init_device_mesh(torch.device(ctx.device).type, (world,))

@@ -1,0 +1,124 @@
+"""What a training run is (:class:`TrainConfig`) and the checks it passes before any rank starts.
+
+Free of torch (it reads only shardlab's vocabulary), so the command line can build its
+choices and refuse a bad run from these without importing torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shardlab.config.layout import make_layout
+from shardlab.config.model import ModelShape
+from shardlab.errors import SpecError
+
+DP_MODES = ("fsdp", "fsdp-zero2", "ddp")
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+FAIL_HOW = ("raise", "kill", "kill-in-save")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a run needs, validated by :func:`check_config` before any rank starts."""
+
+    shape: ModelShape
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    virtual_stages: int = 1
+    dp_mode: str = "fsdp"
+    sp: bool = False
+    loss_parallel: bool = False
+    recompute: str = "none"
+    schedule: str = "1f1b"
+    global_batch: int = 8
+    micro_batch: int = 0  # 0: the whole dp share at once (no accumulation)
+    seq: int = 32
+    steps: int = 20
+    lr: float = 3e-3
+    warmup: int = 2
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    clip: float = 1.0
+    dtype: str = "fp32"
+    seed: int = 0
+    log_dir: str = ""
+    # Fault injection (tests): rank ``fail_rank`` fails once ``fail_at_step`` steps are
+    # done, by raising, by SIGKILL, or by SIGKILL in the middle of that step's save; only
+    # on the first attempt, so a restarted job (``--max-restarts``) gets past it.
+    fail_at_step: int = -1
+    fail_rank: int = -1
+    fail_how: str = "raise"
+    attempt: int = 0
+    # Checkpoints (shardlab.distributed.checkpoint): every K steps and after the last one.
+    checkpoint_dir: str = ""
+    checkpoint_every: int = 0
+    keep: int = 3
+    async_save: bool = False
+    resume_from: str = ""  # a checkpoint folder, verified before any rank starts
+    init_from: str = ""  # safetensors weights in shardlab's names (``shardlab import``)
+    data_id: str = ""  # the corpus's fingerprint, recorded with the data position
+    docs: list[list[int]] = field(default_factory=list, compare=False, repr=False)
+
+    @property
+    def world(self) -> int:
+        """Ranks: dp * tp * pp."""
+        return self.dp * self.tp * self.pp
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches per data-parallel rank and step."""
+        share = self.global_batch // self.dp
+        return share // (self.micro_batch or share)
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """Every constraint the mesh and the model impose, as one-line SpecErrors."""
+    if cfg.dp_mode not in DP_MODES:
+        raise SpecError("dp_mode", cfg.dp_mode, f"must be one of {', '.join(DP_MODES)}")
+    if cfg.pp > 1 and cfg.schedule not in PP_SCHEDULES:
+        raise SpecError("schedule", cfg.schedule, f"must be one of {', '.join(PP_SCHEDULES)}")
+    if cfg.dtype not in ("fp32", "bf16"):
+        raise SpecError("dtype", cfg.dtype, "must be fp32 or bf16")
+    if cfg.global_batch % cfg.dp:
+        raise SpecError("global_batch", cfg.global_batch, f"must be a multiple of dp ({cfg.dp})")
+    share = cfg.global_batch // cfg.dp
+    if cfg.micro_batch and share % cfg.micro_batch:
+        raise SpecError("micro_batch", cfg.micro_batch,
+                        f"must divide each data-parallel rank's {share} sequences")
+    if cfg.shape.tied and cfg.pp > 1 and cfg.tp > 1:
+        raise SpecError("tp", cfg.tp, "with a tied head split over pipeline stages is not "
+                        "supported yet; untie the head (llama style) or use tp=1")
+    if cfg.pp > 1:  # torch.distributed.pipelining's own limits, checked before any rank
+        m, stages = cfg.microbatches, cfg.pp * cfg.virtual_stages
+        if cfg.schedule == "1f1b" and m < cfg.pp:
+            raise SpecError("micro_batch", cfg.micro_batch, f"gives {m} micro-batches; 1f1b "
+                            f"needs at least pp={cfg.pp} (use a smaller --micro-batch)")
+        if cfg.schedule == "interleaved-1f1b" and m % cfg.pp:
+            raise SpecError("micro_batch", cfg.micro_batch, f"gives {m} micro-batches; "
+                            f"interleaved-1f1b needs a multiple of pp={cfg.pp}")
+        if cfg.schedule != "interleaved-1f1b" and stages != cfg.pp:
+            raise SpecError("schedule", cfg.schedule, "runs one stage per rank; use "
+                            "interleaved-1f1b with --virtual-stages > 1")
+        if cfg.schedule == "interleaved-1f1b" and stages == cfg.pp:
+            raise SpecError("virtual_stages", cfg.virtual_stages,
+                            "must be >= 2 for interleaved-1f1b")
+    if cfg.dp_mode == "ddp" and cfg.dp > 1 and cfg.pp > 1:
+        raise SpecError("dp_mode", "ddp", "cannot run inside a pipeline (the schedule cannot "
+                        "defer composable DDP's all-reduce to the last micro-batch, as "
+                        "torchtitan refuses DDP with more than one mesh dim); use fsdp")
+    if cfg.dp_mode == "ddp" and cfg.tp > 1:
+        raise SpecError("dp_mode", "ddp", "cannot hold tensor-parallel (DTensor) parameters; "
+                        "use fsdp with tp > 1")
+    for name, value in (("steps", cfg.steps), ("seq", cfg.seq)):
+        if value < 1:
+            raise SpecError(name, value, "must be a positive integer")
+    if cfg.fail_how not in FAIL_HOW:
+        raise SpecError("fail_how", cfg.fail_how, f"must be one of {', '.join(FAIL_HOW)}")
+    if cfg.fail_how == "kill-in-save" and (cfg.async_save or not cfg.checkpoint_dir):
+        raise SpecError("fail_how", cfg.fail_how, "needs a synchronous --checkpoint-dir")
+    make_layout(cfg.shape, dp=cfg.dp, tp=cfg.tp, pp=cfg.pp, virtual_stages=cfg.virtual_stages,
+                sp=cfg.sp, micro_batch=cfg.micro_batch or share, global_batch=cfg.global_batch,
+                seq=cfg.seq, recompute=cfg.recompute,
+                dtype="amp-bf16" if cfg.dtype == "bf16" else "fp32",
+                schedule=cfg.schedule if cfg.pp > 1 else None)
