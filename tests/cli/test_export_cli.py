@@ -18,10 +18,10 @@ import torch
 
 from shardlab.cli import main
 from shardlab.config.model import ModelShape
-from shardlab.distributed import checkpoint
+from shardlab.distributed import checkpoint, checkpoint_manifest
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.nn.model import TransformerLM
-from shardlab.train.loop import TrainConfig
+from shardlab.train.config import TrainConfig
 
 V = garden_vocab().size
 SHAPES = {
@@ -103,13 +103,13 @@ def test_torch_format_and_init_from(checkpoints: dict[str, Path], tmp_path: Path
     imported = tmp_path / "imported"
     assert main(["import", str(hf), str(imported)]) == 0
     # train starts from the imported weights: its first loss is the checkpoint's model's
-    from shardlab.train.loop import reference_run
+    from shardlab.train.reference import reference_run
 
     docs = garden_documents(100, 0)
     base = TrainConfig(shape=SHAPES["llama"], steps=1, docs=docs)
     fresh = reference_run(base)
     warm = reference_run(replace(base, init_from=str(imported)))
-    manifest = checkpoint.read_manifest(checkpoints["llama"] / "step-2")
+    manifest = checkpoint_manifest.read_manifest(checkpoints["llama"] / "step-2")
     assert warm[0] < fresh[0] and warm[0] < manifest["history"]["losses"][0]
 
 
@@ -138,7 +138,7 @@ def test_bad_input(checkpoints: dict[str, Path], tmp_path: Path,
 def test_import_refuses_what_the_model_cannot_compute(tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]
                                                       ) -> None:
-    from shardlab.hf.weights import hf_config
+    from shardlab.config.hf_config import hf_config
 
     hf = tmp_path / "hf"
     hf.mkdir()

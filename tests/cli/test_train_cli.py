@@ -56,7 +56,7 @@ def documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
     from shardlab.cli import build_parser
     from shardlab.cli.train import prepare
     from shardlab.distributed.launch import launch
-    from shardlab.train.loop import reference_run
+    from shardlab.train.reference import reference_run
     from shardlab.train.report import report
 
     root = tmp_path_factory.mktemp("train")

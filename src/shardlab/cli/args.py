@@ -7,6 +7,8 @@ import math
 import sys
 from typing import Any, NoReturn
 
+from shardlab.config.resolve import model_or_flags
+
 
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line on stderr and exit code 2 (no usage dump)."""
@@ -79,9 +81,6 @@ def add_shape_args(p: argparse.ArgumentParser) -> None:
 def build_shape(args: argparse.Namespace, corpus_vocab: int) -> Any:
     """MODEL (catalog or config.json), or the shape :func:`add_shape_args`' flags describe
     (:func:`shardlab.config.resolve.model_or_flags`)."""
-    # Imported here: registering a command's flags must not import the vocabulary's catalog.
-    from shardlab.config.resolve import model_or_flags
-
     return model_or_flags(args.model, corpus_vocab, style=args.style, layers=args.layers,
                           d_model=args.d_model, heads=args.heads, kv_heads=args.kv_heads,
                           d_ff=args.d_ff, vocab=args.vocab, seq=args.seq)

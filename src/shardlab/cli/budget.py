@@ -8,8 +8,13 @@ from typing import Any
 
 from shardlab.cli.args import fraction, nonneg_int, positive_float, positive_int
 from shardlab.cli.output import print_json
-from shardlab.config.layout import RECOMPUTE, SCHEDULES
+from shardlab.config.dtypes import get_policy
+from shardlab.config.layout import RECOMPUTE, SCHEDULES, make_layout
+from shardlab.config.measured import accelerator_or_measured
+from shardlab.config.resolve import load_model
 from shardlab.errors import SpecError
+from shardlab.estimate.budget import Assumptions, model_budget, params_budget
+from shardlab.report.budget_view import print_budget
 
 
 def add_layout_args(p: argparse.ArgumentParser) -> None:
@@ -79,7 +84,6 @@ def add_assumption_args(p: argparse.ArgumentParser) -> None:
 def assumptions_from(args: argparse.Namespace) -> Any:
     """The :class:`~shardlab.estimate.budget.Assumptions` the flags of
     :func:`add_assumption_args` give."""
-    from shardlab.estimate.budget import Assumptions
 
     return Assumptions(mfu=args.mfu, tokens=args.tokens,
                        price_per_gpu_hour=args.price_per_gpu_hour, causal=args.causal,
@@ -89,8 +93,6 @@ def assumptions_from(args: argparse.Namespace) -> Any:
 
 def model_and_layout(args: argparse.Namespace) -> tuple[Any, Any]:
     """MODEL and the layout the flags of :func:`add_layout_args` give (SpecError if bad)."""
-    from shardlab.config.layout import make_layout
-    from shardlab.config.resolve import load_model
 
     model = load_model(args.model)
     layout = make_layout(model, gpus=args.gpus, dp=args.dp, tp=args.tp, pp=args.pp,
@@ -103,9 +105,6 @@ def model_and_layout(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Compute the budget and print it (tables, or one JSON document with --json)."""
-    from shardlab.config.dtypes import get_policy
-    from shardlab.config.measured import accelerator_or_measured
-    from shardlab.estimate.budget import model_budget, params_budget
 
     if (args.model is None) == (args.params is None):
         raise SpecError("model", args.model, "give a MODEL or --params N, not both or neither")
@@ -127,7 +126,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(doc)
     else:
-        from shardlab.report.budget_view import print_budget
-
         print_budget(doc)
     return 0

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from shardlab.cli.args import positive_float, positive_int
 from shardlab.cli.output import print_json
+from shardlab.config.catalog import MODELS
+from shardlab.config.hardware import ACCELERATORS, LINKS, load_hardware_file
+from shardlab.config.measured import load_measurement, measurement_path
 from shardlab.errors import SpecError
+from shardlab.estimate.params import count_params
+from shardlab.report.catalog_view import print_hardware, print_models
+from shardlab.report.measure_view import measure_progress, print_measurement
 
 
 def register(sub: Any) -> None:
@@ -41,8 +49,6 @@ def register(sub: Any) -> None:
 
 def run_models(args: argparse.Namespace) -> int:
     """Print the model catalog."""
-    from shardlab.config.catalog import MODELS
-    from shardlab.estimate.params import count_params
 
     rows = [{"name": m.name, **{k: v for k, v in asdict(m).items() if k != "name"},
              "params": count_params(m).total,
@@ -50,7 +56,6 @@ def run_models(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"models": rows})
         return 0
-    from shardlab.report.catalog_view import print_models
 
     print_models(rows)
     return 0
@@ -65,8 +70,6 @@ def run_hardware(args: argparse.Namespace) -> int:
                         ("--no-runtime", args.no_runtime or None)):
         if value is not None:
             raise SpecError(flag, value, "only goes with --measure")
-    from shardlab.config.hardware import ACCELERATORS, LINKS, load_hardware_file
-    from shardlab.config.measured import load_measurement
 
     accels, links = (load_hardware_file(args.hardware_file) if args.hardware_file
                      else (ACCELERATORS, LINKS))
@@ -80,7 +83,6 @@ def run_hardware(args: argparse.Namespace) -> int:
     if args.json:
         print_json(doc)
         return 0
-    from shardlab.report.catalog_view import print_hardware
 
     print_hardware(doc)
     return 0
@@ -93,10 +95,7 @@ def run_measure(args: argparse.Namespace) -> int:
     if args.hardware_file is not None:
         raise SpecError("--hardware-file", str(args.hardware_file),
                         "does not go with --measure")
-    import importlib.util
-    import sys
 
-    from shardlab.config.measured import measurement_path
 
     if importlib.util.find_spec("torch") is None:
         raise SpecError("--measure", "torch", "needs torch: pip install 'shardlab[torch]'")
@@ -105,7 +104,6 @@ def run_measure(args: argparse.Namespace) -> int:
     from shardlab.calibrate.cpu import BUDGET_SHARES
     from shardlab.calibrate.runtime import measure_machine
     from shardlab.calibrate.store import save_measurement
-    from shardlab.report.measure_view import measure_progress, print_measurement
 
     try:
         with measure_progress(len(BUDGET_SHARES) + (not args.no_runtime)) as phases:

@@ -13,12 +13,27 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from shardlab.cli.args import positive_float, positive_int
+from shardlab.cli.args import Parser, positive_float, positive_int
+from shardlab.cli.budget import (
+    add_assumption_args,
+    add_hardware_args,
+    add_layout_args,
+    assumptions_from,
+    model_and_layout,
+)
+from shardlab.cli.plan import add_plan_args, plan_document
+from shardlab.config.measured import accelerator_or_measured, load_measurement
 from shardlab.errors import SpecError
+from shardlab.estimate.budget import model_budget
+from shardlab.report.budget_view import print_budget
+from shardlab.report.measure_view import measure_progress
+from shardlab.report.plan_view import print_plan
+from shardlab.report.tables import show, table
 
 BUDGET_ARGS = ["hypo-100b", "--gpus", "1024", "--tp", "8", "--pp", "8", "--zero", "1",
                "--recompute", "selective"]
@@ -43,14 +58,10 @@ def register(sub: Any) -> None:
 
 
 def _step(n: int, title: str) -> None:
-    from shardlab.report.tables import show
-
     show("", f"[bold reverse] {n}/5 [/bold reverse] [bold]{title}[/bold]")
 
 
 def _parse(add_args: Any, argv: list[str]) -> argparse.Namespace:
-    from shardlab.cli.args import Parser
-
     p = Parser(prog="shardlab demo")
     add_args(p)
     return p.parse_args(argv)
@@ -58,8 +69,7 @@ def _parse(add_args: Any, argv: list[str]) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> int:
     """Run the five steps; exit 0 when the run trained and matched one process."""
-    import tempfile
-
+    # Imported here: the HTML reports load matplotlib, which other commands' start must not pay.
     from shardlab.report.html import check_output
 
     start = time.perf_counter()
@@ -78,7 +88,6 @@ def run(args: argparse.Namespace) -> int:
         return code
     _compare(run, winner)
     _report(out, budget, plan, run)
-    from shardlab.report.tables import show
 
     show("", f"[bold]report[/bold]: {out.resolve()}  (open it in a browser; one file, no "
          "network needed)", f"demo finished in {time.perf_counter() - start:.0f} s")
@@ -86,17 +95,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _budget() -> tuple[Any, ...]:
-    from shardlab.cli.budget import (
-        add_assumption_args,
-        add_hardware_args,
-        add_layout_args,
-        assumptions_from,
-        model_and_layout,
-    )
-    from shardlab.config.measured import accelerator_or_measured
-    from shardlab.estimate.budget import model_budget
-    from shardlab.report.budget_view import print_budget
-
     _step(1, "What does a 100B-parameter model take?  shardlab budget " + " ".join(BUDGET_ARGS))
 
     def flags(p: argparse.ArgumentParser) -> None:
@@ -114,14 +112,10 @@ def _budget() -> tuple[Any, ...]:
 
 
 def _plan(measure_seconds: float | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    # Imported here: it loads torch, which the torch-free commands (budget, plan) must not.
     from shardlab.calibrate.cpu import BUDGET_SHARES
     from shardlab.calibrate.runtime import measure_machine
     from shardlab.calibrate.store import save_measurement
-    from shardlab.cli.plan import add_plan_args, plan_document
-    from shardlab.config.measured import load_measurement
-    from shardlab.report.measure_view import measure_progress
-    from shardlab.report.plan_view import print_plan
-    from shardlab.report.tables import show
 
     _step(2, "Which layout trains a small model fastest on this machine's 2 processes?  "
           "shardlab plan " + " ".join(PLAN_ARGS))
@@ -143,6 +137,8 @@ def _plan(measure_seconds: float | None) -> tuple[dict[str, Any], dict[str, Any]
 
 def _train(winner: dict[str, Any], steps: int, run_dir: Path
            ) -> tuple[int, dict[str, Any] | None]:
+    # Imported here: shardlab.cli imports this module to register it (a circle); the HTML
+    # reports load matplotlib, which other commands' start must not pay.
     from shardlab.cli import main
     from shardlab.report.run_html import load_run
 
@@ -159,8 +155,8 @@ def _train(winner: dict[str, Any], steps: int, run_dir: Path
 
 
 def _compare(run: dict[str, Any], winner: dict[str, Any]) -> None:
+    # Imported here: the HTML reports load matplotlib, which other commands' start must not pay.
     from shardlab.report.run_html import comparison_rows
-    from shardlab.report.tables import show, table
 
     _step(4, "Predicted (cost model and planner) vs measured (the run)")
     show(table("Predicted vs measured", ("what", "predicted", "measured", "measured/predicted"),
@@ -169,6 +165,7 @@ def _compare(run: dict[str, Any], winner: dict[str, Any]) -> None:
 
 def _report(out: Path, budget: tuple[Any, ...], plan: dict[str, Any],
             run: dict[str, Any]) -> None:
+    # Imported here: the HTML reports load matplotlib, which other commands' start must not pay.
     from shardlab.report.budget_html import budget_sections
     from shardlab.report.html import page, write_report
     from shardlab.report.plan_html import plan_sections

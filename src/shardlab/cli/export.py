@@ -26,6 +26,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Verify the checkpoint, reshard it to one process, write the folder."""
+    # Imported here: it loads torch, which the torch-free commands (budget, plan) must not.
     from shardlab.hf.weights import export
 
     doc = export(args.checkpoint, args.out_dir, args.format)

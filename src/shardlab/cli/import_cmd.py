@@ -23,6 +23,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Map the names, check the shapes by loading the model, write the folder."""
+    # Imported here: it loads torch, which the torch-free commands (budget, plan) must not.
     from shardlab.hf.weights import import_hf
 
     doc = import_hf(args.hf_dir, args.out_dir)

@@ -10,8 +10,16 @@ from typing import Any
 
 from shardlab.cli.args import add_shape_args, build_shape, positive_int
 from shardlab.cli.output import print_json
+from shardlab.config.dtypes import get_policy
 from shardlab.config.layout import RECOMPUTE, SCHEDULES
+from shardlab.config.measured import accelerator_or_measured, slow_dtype_note
+from shardlab.config.resolve import load_model
 from shardlab.errors import SpecError
+from shardlab.nn.garden import garden_vocab
+from shardlab.plan.search import is_this_machine, layout_candidates, plan
+from shardlab.plan.space import TRAIN_SCHEDULES, TRAIN_ZERO, Space
+from shardlab.plan.step_time import StepOptions
+from shardlab.report.plan_view import print_plan
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -93,11 +101,7 @@ def register(sub: Any) -> None:
 
 def _model(args: argparse.Namespace) -> tuple[Any, str]:
     """The model, and how `shardlab train` names it (catalog name, or the shape flags)."""
-    from shardlab.nn.garden import garden_vocab
-
     if args.model is not None:
-        from shardlab.config.resolve import load_model
-
         return load_model(args.model), shlex.quote(args.model)
     vocab = garden_vocab().size
     if args.seq is None:
@@ -114,11 +118,6 @@ def _model(args: argparse.Namespace) -> tuple[Any, str]:
 
 def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     """The ``--json`` document of ``shardlab plan`` (SpecError for bad input)."""
-    from shardlab.config.dtypes import get_policy
-    from shardlab.config.measured import accelerator_or_measured, slow_dtype_note
-    from shardlab.plan.search import is_this_machine, layout_candidates, plan
-    from shardlab.plan.space import TRAIN_SCHEDULES, TRAIN_ZERO, Space
-    from shardlab.plan.step_time import StepOptions
 
     acc = accelerator_or_measured(args.gpu, args.hardware_file)
     model, model_flags = _model(args)
@@ -184,7 +183,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(doc)
     else:
-        from shardlab.report.plan_view import print_plan
-
         print_plan(doc)
     return 0

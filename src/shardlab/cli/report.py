@@ -13,6 +13,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shardlab.cli.args import Parser
+from shardlab.cli.budget import (
+    add_assumption_args,
+    add_hardware_args,
+    add_layout_args,
+    assumptions_from,
+    model_and_layout,
+)
+from shardlab.cli.plan import add_plan_args, plan_document
+from shardlab.config.measured import accelerator_or_measured
 from shardlab.errors import SpecError
 
 
@@ -25,8 +35,6 @@ def _add_output_args(p: argparse.ArgumentParser, default: str, shown: str = "") 
 
 def register(sub: Any) -> None:
     """Add the ``report`` sub-command and its kinds: budget, plan, run."""
-    from shardlab.cli.args import Parser
-    from shardlab.cli.budget import add_assumption_args, add_hardware_args, add_layout_args
 
     p = sub.add_parser("report", help="one self-contained HTML page: budget, plan or run",
                        description="Draw a budget, a plan or a training run as one HTML file "
@@ -46,7 +54,6 @@ def register(sub: Any) -> None:
     pl = kinds.add_parser("plan", help="the ranked layouts, their step time, rejections, and "
                           "the winner's pipeline timeline",
                           description="Search the layouts as `shardlab plan` does, drawn.")
-    from shardlab.cli.plan import add_plan_args
 
     add_plan_args(pl)
     _add_output_args(pl, "plan-report.html")
@@ -62,6 +69,7 @@ def register(sub: Any) -> None:
 
 
 def _outputs(args: argparse.Namespace) -> tuple[Path, Path | None]:
+    # Imported here: the HTML reports load matplotlib, which other commands' start must not pay.
     from shardlab.report.html import check_figures_dir, check_output
 
     out = check_output(args.output)
@@ -71,6 +79,7 @@ def _outputs(args: argparse.Namespace) -> tuple[Path, Path | None]:
 
 def _write(title: str, subtitle: list[str], sections: list[Any], out: Path,
            figures: Path | None) -> int:
+    # Imported here: the HTML reports load matplotlib, which other commands' start must not pay.
     from shardlab.report.html import page, write_report
 
     charts = [c for s in sections for c in s.charts]
@@ -83,8 +92,6 @@ def _write(title: str, subtitle: list[str], sections: list[Any], out: Path,
 
 def run_budget(args: argparse.Namespace) -> int:
     """``shardlab report budget``."""
-    from shardlab.cli.budget import assumptions_from, model_and_layout
-    from shardlab.config.measured import accelerator_or_measured
 
     out, figures = _outputs(args)
     acc = accelerator_or_measured(args.gpu, args.hardware_file)
@@ -96,6 +103,7 @@ def run_budget(args: argparse.Namespace) -> int:
 def budget_page(model: Any, layout: Any, acc: Any, a: Any, prefix: str = "budget"
                 ) -> tuple[str, list[str], list[Any]]:
     """Title, subtitle lines and sections of a budget page."""
+    # Imported here: the HTML reports load matplotlib, which other commands' start must not pay.
     from shardlab.report.budget_html import budget_sections
 
     doc, sections = budget_sections(model, layout, acc, a, prefix)
@@ -105,7 +113,7 @@ def budget_page(model: Any, layout: Any, acc: Any, a: Any, prefix: str = "budget
 
 def run_plan(args: argparse.Namespace) -> int:
     """``shardlab report plan``."""
-    from shardlab.cli.plan import plan_document
+    # Imported here: the HTML reports load matplotlib, which other commands' start must not pay.
     from shardlab.report.plan_html import plan_sections
 
     out, figures = _outputs(args)
@@ -117,6 +125,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
 def run_run(args: argparse.Namespace) -> int:
     """``shardlab report run``."""
+    # Imported here: the HTML reports load matplotlib, which other commands' start must not pay.
     from shardlab.report.run_html import load_run, run_sections
 
     run = load_run(args.run_dir)

@@ -9,6 +9,11 @@ from typing import Any
 from shardlab.cli.args import nonneg_float, positive_float, positive_int
 from shardlab.cli.output import print_json
 from shardlab.errors import SpecError
+from shardlab.report.schedule_view import print_comparison, print_schedule
+from shardlab.schedules.closed_forms import bubble_1f1b, bubble_interleaved, zb_h1_idle, zb_h2_idle
+from shardlab.schedules.draw import save_figure, save_trace
+from shardlab.schedules.generators import KINDS, build
+from shardlab.schedules.simulate import Durations, simulate
 
 KIND_CHOICES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "dualpipev",
                 "all")
@@ -56,13 +61,6 @@ def _scale(text: str | None) -> tuple[float, ...]:
 
 
 def _summary(t: Any, d: Any, activation_bytes: float | None) -> dict[str, Any]:
-    from shardlab.schedules.closed_forms import (
-        bubble_1f1b,
-        bubble_interleaved,
-        zb_h1_idle,
-        zb_h2_idle,
-    )
-
     s = t.schedule
     p, m, v = s.pp, s.microbatches, s.virtual_stages
     closed: dict[str, float] = {}
@@ -88,8 +86,6 @@ def _summary(t: Any, d: Any, activation_bytes: float | None) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Build, time and show one schedule, or compare every kind with --kind all."""
-    from shardlab.schedules.generators import KINDS, build
-    from shardlab.schedules.simulate import Durations, simulate
 
     if args.kind not in KIND_CHOICES:
         raise SpecError("kind", args.kind, f"must be one of {', '.join(KIND_CHOICES)}")
@@ -106,7 +102,6 @@ def run(args: argparse.Namespace) -> int:
         return _run_all(args, d, KINDS)
     sched = build(args.kind, args.stages, args.microbatches, args.virtual)
     timing = simulate(sched, d)
-    from shardlab.schedules.draw import save_figure, save_trace
 
     for path in (args.png, args.svg):
         if path is not None:
@@ -122,16 +117,12 @@ def run(args: argparse.Namespace) -> int:
             for ev in timing.events]
         print_json(doc)
         return 0
-    from shardlab.report.schedule_view import print_schedule
 
     print_schedule(timing, doc, args.width)
     return 0
 
 
 def _run_all(args: argparse.Namespace, d: Any, kinds: tuple[str, ...]) -> int:
-    from shardlab.schedules.generators import build
-    from shardlab.schedules.simulate import simulate
-
     if any(getattr(args, f) is not None for f in ("png", "svg", "trace")):
         raise SpecError("kind", "all", "draws no pictures; name one kind with --png/--svg/--trace")
     rows = []
@@ -146,7 +137,6 @@ def _run_all(args: argparse.Namespace, d: Any, kinds: tuple[str, ...]) -> int:
     if args.json:
         print_json({"stages": args.stages, "microbatches": args.microbatches, "schedules": rows})
         return 0
-    from shardlab.report.schedule_view import print_comparison
 
     print_comparison(rows)
     return 0

@@ -8,7 +8,11 @@ from typing import Any
 
 from shardlab.cli.args import add_shape_args, build_shape, nonneg_int, positive_float, positive_int
 from shardlab.cli.output import print_json
+from shardlab.config.hardware import LINKS
+from shardlab.config.lookup import find
 from shardlab.errors import SpecError
+from shardlab.nn.garden import garden_documents, garden_vocab
+from shardlab.report.simulate_view import print_simulation
 
 SIM_SCHEDULES = ("gpipe", "1f1b")
 
@@ -48,9 +52,12 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Validate everything, then simulate and print; exit 1 when a check fails."""
-    from shardlab.nn.garden import garden_vocab
-    from shardlab.sim.engine import Parallel
-    from shardlab.sim.run import layout_for
+    # Imported here: it loads torch, which the torch-free commands (budget, plan) must not.
+    import torch
+
+    from shardlab.nn.data import batches
+    from shardlab.sim.engine import AdamWConfig, Parallel
+    from shardlab.sim.run import layout_for, simulate_run
 
     vocab = garden_vocab().size
     shape = build_shape(args, vocab)
@@ -60,34 +67,22 @@ def run(args: argparse.Namespace) -> int:
                    microbatches=args.microbatches, schedule=args.schedule)
     link = None
     if args.link is not None:
-        from shardlab.config.hardware import LINKS
-        from shardlab.config.lookup import find
-
         link = find("link", args.link, LINKS)
     global_batch = args.global_batch or args.dp * args.microbatches * 2
     if global_batch % (args.dp * args.microbatches):
         raise SpecError("global_batch", global_batch,
                         f"must be a multiple of dp x microbatches ({args.dp}x{args.microbatches})")
-    import torch
-
     dtype = torch.float64 if args.dtype == "float64" else torch.float32
     layout_for(shape, par, global_batch, args.seq, dtype)  # every layout check, before work
-    from shardlab.nn.data import batches
-    from shardlab.nn.garden import garden_documents
-    from shardlab.sim.run import simulate_run
 
     docs = garden_documents(max(200, 4 * global_batch * args.steps), args.seed)
     stream = batches(docs, global_batch, args.seq, seed=args.seed)
-    from shardlab.sim.engine import AdamWConfig
-
     result = simulate_run(shape, par, [next(stream) for _ in range(args.steps)], dtype,
                           args.seed, AdamWConfig(lr=args.lr, eps=args.adam_eps), link)
     doc = result_doc(shape, result)
     if args.json:
         print_json(doc)
     else:
-        from shardlab.report.simulate_view import print_simulation
-
         print_simulation(doc)
     return 0 if result.passed else 1
 

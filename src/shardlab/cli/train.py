@@ -3,21 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import statistics
+import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
 from shardlab.cli.args import add_shape_args, build_shape, nonneg_int, positive_float, positive_int
 from shardlab.cli.output import print_json
+from shardlab.config.measured import NAMES, load_measurement, slow_dtype_note
 from shardlab.errors import SpecError
+from shardlab.nn.garden import garden_documents, garden_vocab
+from shardlab.report.train_view import print_train
+from shardlab.train.config import DP_MODES, PP_SCHEDULES, TrainConfig, check_config
+from shardlab.train.report import peak_flops, report
 
 
 def register(sub: Any) -> None:
     """Add the ``train`` sub-command."""
-    from shardlab.train.loop import DP_MODES, PP_SCHEDULES
-
     p = sub.add_parser("train", help="real training on a device mesh (FSDP2/DDP, TP, PP)",
                        description="Train shardlab's LM on dp x tp x pp real processes and "
                        "print the cost model's prediction beside what the run measured.")
@@ -83,11 +92,10 @@ def register(sub: Any) -> None:
 
 def load_documents(args: argparse.Namespace) -> tuple[int, list[list[int]]]:
     """(vocabulary size, documents) of the chosen corpus; SpecError if a file is bad."""
+    # Imported here: it loads torch, which the torch-free commands (budget, plan) must not.
     from shardlab.nn.data import bin_documents, byte_documents
 
     if args.data == "garden":
-        from shardlab.nn.garden import garden_documents, garden_vocab
-
         return garden_vocab().size, garden_documents(2000, args.seed)
     path = Path(args.data)
     if path.suffix == ".bin":
@@ -99,10 +107,9 @@ def load_documents(args: argparse.Namespace) -> tuple[int, list[list[int]]]:
 def prepare(args: argparse.Namespace) -> tuple[Any, float | None]:
     """The run's TrainConfig and the peak MFU divides by, every check done and the log and
     checkpoint folders made: what ``run`` launches (and the tests, several runs at once)."""
-    from shardlab.distributed import checkpoint
+    # Imported here: it loads torch, which the torch-free commands (budget, plan) must not.
+    from shardlab.distributed import checkpoint_manifest
     from shardlab.distributed.launch import under_torchrun
-    from shardlab.train.loop import TrainConfig, check_config
-    from shardlab.train.report import peak_flops
 
     vocab, docs = load_documents(args)
     init = _init_folder(args)
@@ -119,9 +126,8 @@ def prepare(args: argparse.Namespace) -> tuple[Any, float | None]:
         fail_at, fail_rank = 2, args.inject_fault
     # Under torchrun, --max-restarts is torchrun's: a restarted worker resumes by itself.
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) if under_torchrun() else 0
-    data_id = checkpoint.data_fingerprint(docs) if args.checkpoint_dir else ""
+    data_id = checkpoint_manifest.data_fingerprint(docs) if args.checkpoint_dir else ""
     resume_from = _resume_folder(args, shape, data_id, attempt)
-    import tempfile
 
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="shardlab-train-")
     cfg = TrainConfig(shape=shape, dp=args.dp, tp=args.tp, pp=args.pp,
@@ -151,7 +157,6 @@ def prepare(args: argparse.Namespace) -> tuple[Any, float | None]:
 def dtype_note(dtype: str, gpu: str | None) -> str | None:
     """The line that says ``dtype`` is slow on this machine (an emulated matmul kernel, as
     ``shardlab hardware --measure`` found), or None (fast, another --gpu, or unmeasured)."""
-    from shardlab.config.measured import NAMES, load_measurement, slow_dtype_note
 
     if gpu is not None and gpu.strip().lower() not in NAMES:
         return None
@@ -161,13 +166,11 @@ def dtype_note(dtype: str, gpu: str | None) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     """Check everything, start the ranks, print measured beside predicted."""
-    import dataclasses
-    import sys
 
-    from shardlab.distributed import checkpoint
+    # Imported here: it loads torch, which the torch-free commands (budget, plan) must not.
+    from shardlab.distributed import checkpoint_manifest
     from shardlab.distributed.launch import LaunchError, launch, under_torchrun
-    from shardlab.train.loop import reference_run
-    from shardlab.train.report import report
+    from shardlab.train.reference import reference_run
 
     cfg, peak = prepare(args)
     shape, world, log_dir = cfg.shape, cfg.world, cfg.log_dir
@@ -181,15 +184,15 @@ def run(args: argparse.Namespace) -> int:
             ranks = _launch_with_progress(cfg, world, args, launch, log_dir)
             break
         except LaunchError as e:
-            steps = checkpoint.complete_steps(args.checkpoint_dir or "")
+            steps = checkpoint_manifest.complete_steps(args.checkpoint_dir or "")
             if len(restarts) >= args.max_restarts or under_torchrun():
                 sys.stderr.write(f"shardlab train: {e}\n")
                 return 1
             # Elastic restart: the whole job again, from the last checkpoint written.
-            folder = checkpoint.find(args.checkpoint_dir, None) if steps else None
+            folder = checkpoint_manifest.find(args.checkpoint_dir, None) if steps else None
             if folder is not None:
-                doc = checkpoint.verify(folder)
-                checkpoint.check_compatible(doc, shape, cfg_data(cfg), str(folder))
+                doc = checkpoint_manifest.verify(folder)
+                checkpoint_manifest.check_compatible(doc, shape, cfg_data(cfg), str(folder))
             restarts.append({"error": str(e).splitlines()[0],
                              "resumed_from": str(folder) if folder else None})
             sys.stderr.write(f"shardlab train: {str(e).splitlines()[0]}; restart "
@@ -206,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
         doc["checkpoint"] = {
             "dir": cfg.checkpoint_dir, "resumed_from": cfg.resume_from or None,
             "resumed_at_step": ranks[0]["resumed_at"], "restarts": restarts,
-            "kept": sorted(checkpoint.complete_steps(cfg.checkpoint_dir)),
+            "kept": sorted(checkpoint_manifest.complete_steps(cfg.checkpoint_dir)),
             "save_seconds": saves, "async": cfg.async_save}
     # The run directory `shardlab report run` reads: written whole, then renamed into place.
     tmp = Path(log_dir, "report.json.tmp")
@@ -215,8 +218,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(doc)
     else:
-        from shardlab.report.train_view import print_train
-
         print_train(doc)
         if "checkpoint" in doc:
             _print_checkpoints(doc["checkpoint"])
@@ -224,7 +225,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def cfg_data(cfg: Any) -> dict[str, Any]:
-    """What a checkpoint's data position must match (see dist.checkpoint.DATA_FIELDS)."""
+    """What a checkpoint's data position must match (``DATA_FIELDS`` of
+    :mod:`shardlab.distributed.checkpoint_manifest`)."""
     return {"fingerprint": cfg.data_id, "seed": cfg.seed, "global_batch": cfg.global_batch,
             "seq": cfg.seq}
 
@@ -233,6 +235,7 @@ def _init_folder(args: argparse.Namespace) -> Path | None:
     """``--init-from``'s folder, checked to be what ``shardlab import`` writes."""
     if args.init_from is None:
         return None
+    # Imported here: it loads torch, which the torch-free commands (budget, plan) must not.
     from shardlab.hf.weights import MARKER, WEIGHTS
 
     folder = Path(args.init_from)
@@ -247,10 +250,12 @@ def _init_folder(args: argparse.Namespace) -> Path | None:
 
 def _resume_folder(args: argparse.Namespace, shape: Any, data_id: str, attempt: int) -> str:
     """The verified checkpoint folder to resume from ("" for a fresh start)."""
-    from shardlab.distributed import checkpoint
+    # Imported here: it loads torch, which the torch-free commands (budget, plan) must not.
+    from shardlab.distributed import checkpoint_manifest
 
     which = args.resume
-    if which is None and attempt > 0 and checkpoint.complete_steps(args.checkpoint_dir or ""):
+    restarted = attempt > 0 and checkpoint_manifest.complete_steps(args.checkpoint_dir or "")
+    if which is None and restarted:
         which = "latest"  # a worker torchrun restarted: continue from the last checkpoint
     if which is None:
         return ""
@@ -262,9 +267,9 @@ def _resume_folder(args: argparse.Namespace, shape: Any, data_id: str, attempt: 
         step = int(which)
     else:
         raise SpecError("resume", which, "must be a step number, or nothing for the latest")
-    folder = checkpoint.find(args.checkpoint_dir, step)
-    doc = checkpoint.verify(folder)
-    checkpoint.check_compatible(doc, shape, {"fingerprint": data_id, "seed": args.seed,
+    folder = checkpoint_manifest.find(args.checkpoint_dir, step)
+    doc = checkpoint_manifest.verify(folder)
+    checkpoint_manifest.check_compatible(doc, shape, {"fingerprint": data_id, "seed": args.seed,
                                              "global_batch": args.global_batch,
                                              "seq": args.seq}, str(folder))
     if doc["step"] >= args.steps:
@@ -274,8 +279,6 @@ def _resume_folder(args: argparse.Namespace, shape: Any, data_id: str, attempt: 
 
 
 def _print_checkpoints(info: dict[str, Any]) -> None:
-    import statistics
-
     if info["resumed_from"]:
         print(f"resumed from {info['resumed_from']} (step {info['resumed_at_step']})")
     for r in info["restarts"]:
@@ -290,12 +293,12 @@ def _print_checkpoints(info: dict[str, Any]) -> None:
 def _launch_with_progress(cfg: Any, world: int, args: argparse.Namespace, launch: Any,
                           log_dir: str) -> list[Any]:
     """Run the ranks in a thread; show rank 0's steps from its JSONL log as they land."""
+    # Imported here: it loads torch, which the torch-free commands (budget, plan) must not.
     from shardlab.distributed.launch import under_torchrun
 
     target = "shardlab.train.loop:train_rank"
     if under_torchrun() or args.json:
         return launch(target, world, (cfg,), timeout_s=args.timeout, log_dir=log_dir)
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     result: dict[str, Any] = {}
 
@@ -316,8 +319,6 @@ def _launch_with_progress(cfg: Any, world: int, args: argparse.Namespace, launch
         while thread.is_alive():
             thread.join(0.2)
             if log.exists():
-                import json
-
                 lines = log.read_text().splitlines()
                 if lines:
                     last = json.loads(lines[-1])

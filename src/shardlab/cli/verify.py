@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -14,12 +16,12 @@ from typing import Any
 from shardlab.cli.args import positive_float, positive_int
 from shardlab.cli.output import print_json
 from shardlab.errors import SpecError
+from shardlab.report.tables import show, table
+from shardlab.verify.registry import EXPERIMENTS
 
 
 def register(sub: Any) -> None:
     """Add the ``verify`` sub-command."""
-    from shardlab.verify.registry import EXPERIMENTS
-
     p = sub.add_parser("verify", help="real gloo/NCCL processes check PyTorch's sharding",
                        description="Start N real processes through torch's elastic launcher "
                        "and run the experiments: " + ", ".join(EXPERIMENTS) + ".")
@@ -38,8 +40,6 @@ def register(sub: Any) -> None:
 
 def selected(only: str | None) -> list[str]:
     """The experiment names to run, in the registry's order; SpecError for unknown ones."""
-    from shardlab.verify.registry import EXPERIMENTS
-
     if only is None:
         return list(EXPERIMENTS)
     names = [n.strip() for n in only.split(",") if n.strip()]
@@ -55,13 +55,13 @@ def _work_dir() -> Iterator[str]:
     """A folder every rank shares (distributed checkpoints are written there). Under
     torchrun each rank runs this command itself, so the name comes from the job's run id
     (on several nodes it must be on a shared file system)."""
+    # Imported here: it loads torch, which the torch-free commands (budget, plan) must not.
     from shardlab.distributed.launch import under_torchrun
 
     if not under_torchrun():
         with tempfile.TemporaryDirectory(prefix="shardlab-verify-") as work:
             yield work
         return
-    import os
 
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "torchrun")
     work = Path(tempfile.gettempdir(), f"shardlab-verify-{run_id}")
@@ -73,14 +73,13 @@ def _work_dir() -> Iterator[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Validate, launch, print one row per check; exit 1 when any check fails."""
+    # Imported here: it loads torch, which the torch-free commands (budget, plan) must not.
     from shardlab.distributed.launch import LaunchError, under_torchrun
     from shardlab.verify.runner import GLOBAL_BATCH, verify
 
     names = selected(args.only)
     world = args.world_size
     if under_torchrun():
-        import os
-
         world = int(os.environ["WORLD_SIZE"])
     if world < 2:
         raise SpecError("world_size", world, "must be >= 2 (these experiments shard)")
@@ -92,12 +91,12 @@ def run(args: argparse.Namespace) -> int:
             checks = verify(names, world, work, timeout_s=args.timeout, host=args.host,
                             log_dir=args.log_dir, fault_rank=args.inject_fault)
         except LaunchError as e:
-            import sys
 
             sys.stderr.write(f"shardlab verify: {e}\n")
             return 1
     if not checks:  # a non-zero rank under torchrun: rank 0 reports
         return 0
+    # Imported here: it loads torch, which the torch-free commands (budget, plan) must not.
     import torch
 
     from shardlab.distributed.launch import backend_for_this_machine
@@ -108,8 +107,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(doc)
     else:
-        from shardlab.report.tables import show, table
-
         show(table(f"shardlab verify: {world} ranks, {doc['backend']}, torch "
                    f"{doc['torch_version']}, {doc['elapsed_s']:.1f} s (what each measured: "
                    "--json)", ("check", "value", "tolerance", "result"),

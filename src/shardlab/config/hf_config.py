@@ -43,7 +43,7 @@ Writing one (export): the constants shardlab's model is built with go in, as
 transformers' fields: RMSNorm eps 1e-6 (``rms_norm_eps``) and LayerNorm eps 1e-5
 (``layer_norm_epsilon``, :func:`shardlab.nn.model.make_norm`), SwiGLU with SiLU
 (``hidden_act: silu``), GELU tanh (``activation_function: gelu_pytorch_tanh``), and the
-rotary base 10 000 (``rope_theta``, :data:`shardlab.nn.model.ROPE_THETA`).
+rotary base 10 000 (``rope_theta``, :data:`shardlab.config.model.ROPE_THETA`).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shardlab.config.model import ModelShape, MoE
+from shardlab.config.model import LN_EPS, RMS_EPS, ROPE_THETA, ModelShape, MoE
 from shardlab.errors import SpecError
 
 Config = dict[str, Any]
@@ -73,11 +73,6 @@ _ABSENT_KV_HEADS: dict[str, int | None] = {"llama": None, "mistral": 8, "mixtral
                                            "qwen2": 32}
 _MISSING = object()
 
-# The constants shardlab's model is built with (shardlab.nn.model: make_norm and
-# ROPE_THETA), written into an exported config.json. Stated here because the vocabulary
-# imports nothing of nn (and so no torch); they must equal the model's.
-RMS_EPS, LN_EPS = 1e-6, 1e-5
-ROPE_THETA = 10_000.0  # Su et al. 2021; Llama 1/2's base
 
 
 def shape_from_hf_config(path: str | Path, name: str | None = None) -> ModelShape:

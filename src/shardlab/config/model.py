@@ -25,6 +25,17 @@ Style = Literal["gpt", "llama"]
 STYLES: tuple[str, ...] = ("gpt", "llama")
 
 
+RMS_EPS = 1e-6
+"""The epsilon of llama-style RMSNorm (Zhang & Sennrich 2019), as Llama's config.json."""
+
+LN_EPS = 1e-5
+"""The epsilon of GPT-style LayerNorm (Ba et al. 2016), as GPT-2's config.json."""
+
+ROPE_THETA = 10_000.0
+"""The rotary embedding's base (Su et al. 2021; Llama 1 and 2): the model shardlab builds
+uses it, and an exported config.json says so."""
+
+
 @dataclass(frozen=True)
 class MoE:
     """Mixture-of-experts MLP: routed experts, top-k routing, optional shared experts.

@@ -41,12 +41,12 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from shardlab.config.hf_config import LN_EPS, RMS_EPS, hf_config, hf_family, shape_from_hf_config
-from shardlab.config.model import ModelShape, MoE
+from shardlab.config.hf_config import hf_config, hf_family, shape_from_hf_config
+from shardlab.config.model import LN_EPS, RMS_EPS, ROPE_THETA, ModelShape, MoE
 from shardlab.distributed import checkpoint_manifest
 from shardlab.distributed.checkpoint import load_model_state
 from shardlab.errors import SpecError
-from shardlab.nn.model import ROPE_THETA, TransformerLM
+from shardlab.nn.model import TransformerLM
 
 WEIGHTS, CONFIG, MARKER = "model.safetensors", "config.json", "shardlab-weights.json"
 FORMATS = ("safetensors", "torch")

@@ -22,10 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from shardlab.config.model import ModelShape
+from shardlab.config.model import LN_EPS, RMS_EPS, ROPE_THETA, ModelShape
 from shardlab.errors import SpecError
-
-ROPE_THETA = 10_000.0  # Su et al. 2021; Llama 1/2's base
 
 
 def rope_tables(seq: int, head_dim: int, dtype: torch.dtype,
@@ -55,8 +53,8 @@ def attention_mask(pad_mask: torch.Tensor | None, seq: int, device: torch.device
 def make_norm(shape: ModelShape, dtype: torch.dtype) -> nn.Module:
     """LayerNorm (scale and shift) for gpt style, RMSNorm (scale) for llama style."""
     if shape.style == "gpt":
-        return nn.LayerNorm(shape.d_model, eps=1e-5, dtype=dtype)
-    return nn.RMSNorm(shape.d_model, eps=1e-6, dtype=dtype)
+        return nn.LayerNorm(shape.d_model, eps=LN_EPS, dtype=dtype)
+    return nn.RMSNorm(shape.d_model, eps=RMS_EPS, dtype=dtype)
 
 
 class Attention(nn.Module):
