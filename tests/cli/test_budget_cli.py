@@ -20,7 +20,7 @@ import pytest
 
 from shardlab.cli import main
 
-HF_DATA = Path(__file__).resolve().parents[1] / "spec" / "data" / "hf"
+HF_DATA = Path(__file__).resolve().parents[1] / "config" / "data" / "hf"
 LLAMA3_CONFIG = HF_DATA / "llama-3-8b.json"
 
 LLAMA3_8B_PARAMS = 8_030_261_248  # sum of numel over meta-llama/Meta-Llama-3-8B's tensors
