@@ -34,6 +34,34 @@ def memory_bytes() -> tuple[float, str]:
         pass
     return total, source
 
+
+def available_memory_bytes() -> tuple[float, str]:
+    """Memory a new process can take now without swapping (bytes), and where the figure
+    came from: ``MemAvailable`` of ``/proc/meminfo`` (the kernel's own estimate, Linux 3.14+),
+    lowered to what the cgroup v2 limit leaves (``memory.max`` - ``memory.current``) when
+    one is set. (0, "") when neither can be read: unknown."""
+    avail, source = 0.0, ""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail, source = float(line.split()[1]) * 1024, "/proc/meminfo MemAvailable"
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        cgroup = Path("/sys/fs/cgroup")
+        limit_text = (cgroup / "memory.max").read_text(encoding="ascii").strip()
+        if limit_text != "max":
+            left = float(limit_text) - float((cgroup / "memory.current").read_text(
+                encoding="ascii").strip())
+            if avail <= 0 or 0 <= left < avail:
+                avail, source = max(left, 0.0), "cgroup v2 memory.max - memory.current"
+    except (OSError, ValueError):
+        pass
+    return avail, source
+
+
 def cpu_model() -> str:
     """The ``model name`` of ``/proc/cpuinfo`` (e.g. "Intel(R) Xeon(R) Processor"), or ""."""
     try:
