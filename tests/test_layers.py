@@ -132,6 +132,22 @@ def test_every_package_has_a_floor() -> None:
     assert set(known) - packages == set(), "the doc names packages that do not exist"
 
 
+def test_the_doc_lists_every_package_s_imports() -> None:
+    """docs/architecture.md's ```imports block equals the imports in the code, package by
+    package (`train/__main__.py`, an entry point, counts as __main__)."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = re.search(r"```imports\n(.*?)```", text, re.S)
+    assert block, "docs/architecture.md has no ```imports block"
+    documented = {name: set(rest.split()) for name, _, rest in
+                  (line.partition(":") for line in block.group(1).splitlines())}
+    actual: dict[str, set[str]] = {name: set() for name in floors()}
+    for i in INTERNAL:
+        source, target = package_of(i.module), package_of(i.target)
+        if source not in ("shardlab", target) and target != "shardlab":
+            actual.setdefault(source, set()).add(target)
+    assert documented == actual
+
+
 def test_no_upward_import() -> None:
     known = floors()
     upward = [f"{i.module}:{i.line} imports {i.target} (floor {known[package_of(i.target)]} "
