@@ -7,7 +7,11 @@ one, no spawn): export reads them without any process group.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import shutil
+import stat
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -146,3 +150,72 @@ def test_import_refuses_what_the_model_cannot_compute(tmp_path: Path,
         "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}
     (hf / "config.json").write_text(json.dumps(config))
     assert "rope_theta=500000.0" in _bad(["import", str(hf), str(tmp_path / "o")], capsys)
+
+
+def edited_checkpoint(src: Path, dst: Path, **shape: Any) -> Path:
+    """A copy of the checkpoint ``src`` whose manifest records ``shape`` edits (a value of
+    ... deletes the field), its hashes recomputed as a careful hand-edit would."""
+    shutil.copytree(src, dst)
+    doc = json.loads((dst / checkpoint_manifest.MANIFEST).read_text())
+    for key, value in shape.items():
+        if value is ...:
+            del doc["shape"][key]
+        else:
+            doc["shape"][key] = value
+    for key in ("files", "manifest_sha256"):
+        doc.pop(key)
+    checkpoint_manifest.write_manifest(dst, doc)
+    return dst
+
+
+@pytest.mark.parametrize(("edits", "says"), [
+    ({"d_ff": 64}, "blocks.0.mlp.gate_proj.weight [64, 32], the checkpoint holds [128, 32]"),
+    ({"vocab": V + 1}, f"embed.weight [{V + 1}, 32], the checkpoint holds [{V}, 32]"),
+    ({"layers": 3}, "records layers=3 but holds 2 blocks"),
+    ({"layers": 4096}, "records layers=4096 but holds 2 blocks"),  # before building it
+    ({"d_model": ...}, "its shape record is not a model shape"),
+], ids=["d_ff", "vocab", "layers", "huge", "missing"])
+def test_export_refuses_an_edited_manifest_shape(checkpoints: dict[str, Path], tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str],
+                                                 edits: dict[str, Any], says: str) -> None:
+    step = edited_checkpoint(checkpoints["llama"] / "step-2", tmp_path / "step-2", **edits)
+    err = _bad(["export", str(step), str(tmp_path / "hf")], capsys)
+    # (the error line clips a long path: the field and the reason are what it must hold)
+    assert err.startswith("shardlab export: error: checkpoint='") and "manifest" in err
+    assert says in err and "Traceback" not in err
+    assert not (tmp_path / "hf").exists()
+
+
+def test_export_output_folder(checkpoints: dict[str, Path], tmp_path: Path,
+                              capsys: pytest.CaptureFixture[str],
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused before any work when it cannot be written; written all at once, 0644 under
+    umask 022; nothing left anywhere by a write error midway."""
+    import shardlab.hf.weights as weights
+
+    ckpt, out = str(checkpoints["llama"]), tmp_path / "hf"
+    (tmp_path / "file").write_text("mine")
+    assert "is a file" in _bad(["export", ckpt, str(tmp_path / "file")], capsys)
+    assert "parent folder" in _bad(["export", ckpt, str(tmp_path / "no" / "hf")], capsys)
+
+    def full_disk(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as m:
+        m.setattr(weights, "save_file", full_disk)
+        err = _bad(["export", ckpt, str(out)], capsys)
+    assert err.startswith("shardlab export: error: out_dir=") and "No space left" in err
+    assert {p.name for p in tmp_path.iterdir()} == {"file"}  # no out, no temporary
+    with monkeypatch.context() as m:
+        m.setattr(torch, "save", full_disk)
+        assert "No space left" in _bad(["export", ckpt, str(out), "--format", "torch"], capsys)
+    assert {p.name for p in tmp_path.iterdir()} == {"file"}
+
+    old = os.umask(0o022)
+    try:
+        assert main(["export", ckpt, str(out)]) == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    assert {f.name: stat.S_IMODE(f.stat().st_mode) for f in out.iterdir()} == {
+        "config.json": 0o644, "model.safetensors": 0o644}

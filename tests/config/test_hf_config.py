@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from shardlab.config.catalog import get_model
-from shardlab.config.hf_config import shape_from_hf_config
+from shardlab.config.hf_config import check_computable, shape_from_hf_config
 from shardlab.config.model import MoE
 from shardlab.errors import SpecError
 from shardlab.estimate.params import count_params
@@ -272,3 +272,45 @@ def test_any_junk_value_gives_a_shape_or_a_spec_error(tmp_path: Path, stem: str)
             path = write(tmp_path, {**config, key: junk})
             with contextlib.suppress(SpecError):
                 shape_from_hf_config(path)
+
+
+# --- check_computable: what import refuses beyond the shape ------------------------------
+
+@pytest.mark.parametrize(("stem", "outcome"), [
+    ("gpt2", []),  # gelu_new is the tanh GELU shardlab computes; eps 1e-5 is LayerNorm's
+    ("mistral-7b", ["norm eps 1e-05 in config.json, shardlab's model uses 1e-06: logits "
+                    "differ slightly"]),
+    ("llama-3-8b", "rope_theta=500000.0"),
+    ("qwen2.5-7b", "rope_theta=1000000.0"),
+])
+def test_published_configs_computable_or_not(stem: str, outcome: list[str] | str) -> None:
+    config = fixture(stem)
+    style = "gpt" if stem == "gpt2" else "llama"
+    if isinstance(outcome, list):
+        assert check_computable(config, style) == outcome
+    else:
+        with pytest.raises(SpecError, match=f"^{outcome}: must be 10000"):
+            check_computable(config, style)
+
+
+@pytest.mark.parametrize(("edits", "field"), [
+    ({"activation_function": "relu"}, "activation_function='relu'"),
+    ({"activation_function": "gelu"}, "activation_function='gelu'"),  # exact erf GELU
+    ({"layer_norm_epsilon": -1.0}, "layer_norm_epsilon=-1.0"),
+])
+def test_gpt2_activation_and_eps(edits: dict[str, object], field: str) -> None:
+    with pytest.raises(SpecError, match=f"^{field}: must be"):
+        check_computable(fixture("gpt2") | edits, "gpt")
+
+
+@pytest.mark.parametrize(("stem", "style"), [("mistral-7b", "llama"), ("gpt2", "gpt")])
+def test_any_junk_value_gives_notes_or_a_spec_error(stem: str, style: str) -> None:
+    # Whatever a field holds, check_computable answers with notes or a SpecError, never a
+    # TypeError/ValueError/AttributeError from inside (rope_theta "abc", rope_scaling "x").
+    config = fixture(stem)
+    extra = ["rope_parameters", "rope_scaling", "hidden_act", "activation_function"]
+    for key in [*config, *extra]:
+        for junk in [*JUNK, "abc", float("nan"), float("inf"), {"rope_type": [1]},
+                     {"type": None}, {"rope_theta": "x"}]:
+            with contextlib.suppress(SpecError):
+                assert isinstance(check_computable({**config, key: junk}, style), list)

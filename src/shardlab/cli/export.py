@@ -16,7 +16,8 @@ def register(sub: Any) -> None:
                        "shapes as LlamaForCausalLM (Qwen2ForCausalLM with q/k/v biases), "
                        "GPT-style as GPT2LMHeadModel.")
     p.add_argument("checkpoint", help="a step-N folder, or a --checkpoint-dir (its latest)")
-    p.add_argument("out_dir", help="a new or empty folder")
+    p.add_argument("out_dir", help="a new or empty folder in an existing one; written all "
+                   "at once (a failure leaves nothing there)")
     # shardlab.hf.weights.FORMATS, not imported here: registering a command must not import torch
     p.add_argument("--format", choices=("safetensors", "torch"), default="safetensors",
                    help="model.safetensors (default) or pytorch_model.bin")

@@ -34,6 +34,10 @@ that builds the weights from it:
   GPT2Block), ``tie_word_embeddings`` (absent: true, the PretrainedConfig default);
   ``add_cross_attention`` true adds encoder-attention weights and is refused.
 
+What the shape does not hold but the model computes, :func:`check_computable` checks for
+``shardlab import``: the rotary positions (``rope_theta``, ``rope_parameters``,
+``rope_scaling``), the activation and the norm eps.
+
 Where transformers would fill a sizing field (``hidden_size``, ``vocab_size``, expert
 counts, ...) from its class default we refuse instead: a config.json without it
 describes no published checkpoint, and a silent 4096 would be a guess.
@@ -72,7 +76,9 @@ ARCHITECTURES: dict[str, str] = {
 _ABSENT_KV_HEADS: dict[str, int | None] = {"llama": None, "mistral": 8, "mixtral": 8,
                                            "qwen2": 32}
 _MISSING = object()
-
+# GPT2Config's default activation is gelu_new: the same tanh approximation of GELU as
+# gelu_pytorch_tanh (transformers' NewGELUActivation), which export writes.
+_GPT2_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")
 
 
 def shape_from_hf_config(path: str | Path, name: str | None = None) -> ModelShape:
@@ -82,14 +88,14 @@ def shape_from_hf_config(path: str | Path, name: str | None = None) -> ModelShap
     file called ``config.json``, else the file's stem. Bad input raises SpecError.
     """
     path = Path(path)
-    config = _load(path)
+    config = load_config(path)
     family = _family(config)
     fields = _BUILDERS[family](_Reader(config, family))
     shape_name = name if name is not None else _default_name(config, path)
     return ModelShape(name=shape_name, source=f"Hugging Face config.json at {path}", **fields)
 
 
-def _load(path: Path) -> Config:
+def load_config(path: Path) -> Config:
     """The top-level JSON object of ``path``; every way of failing is one SpecError."""
     try:
         # utf-8-sig: tolerate a BOM, which some editors on Windows write.
@@ -243,6 +249,64 @@ def _gpt2(r: _Reader) -> dict[str, Any]:
 _BUILDERS: dict[str, Callable[[_Reader], dict[str, Any]]] = {
     "llama": _llama, "mistral": _rotary, "mixtral": _mixtral, "qwen2": _qwen2, "gpt2": _gpt2,
 }
+
+
+# --- what the model computes beyond its shape (import) ------------------------------
+
+def check_computable(config: Config, style: str) -> list[str]:
+    """Refuse a config.json whose model computes what shardlab's would not (another rotary
+    base, scaled rotary positions, another activation); return notes for what only nudges
+    the logits (another norm eps). ``style`` is the shape's (``llama`` or ``gpt``).
+
+    Rotary positions are read as both transformers generations do, so a file either one
+    would scale is refused: 4.x reads ``rope_theta`` and ``rope_scaling``; 5.x reads
+    ``rope_parameters``, replaced wholesale by a non-empty ``rope_scaling``, with the
+    legacy key ``type`` standing for ``rope_type``. Every present theta must be 10 000
+    and every present rope type ``default``. SpecError names the field.
+    """
+    if style == "llama":
+        _require_theta("rope_theta", config.get("rope_theta", ROPE_THETA))
+        for name in ("rope_parameters", "rope_scaling"):
+            _check_rope_dict(name, config.get(name))
+        act_field, allowed, default = "hidden_act", ("silu",), "silu"
+    else:
+        act_field, allowed, default = "activation_function", _GPT2_ACTIVATIONS, "gelu_new"
+    act = config.get(act_field, default)
+    if not isinstance(act, str) or act not in allowed:
+        raise SpecError(act_field, act, f"must be {' or '.join(allowed)}: shardlab's "
+                        f"{style}-style MLP computes that activation only")
+    eps_field, ours = ("rms_norm_eps", RMS_EPS) if style == "llama" else (
+        "layer_norm_epsilon", LN_EPS)
+    eps = config.get(eps_field)
+    if eps is None:  # absent or null: the config class's default, which is ours
+        return []
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 < eps < float("inf"):
+        raise SpecError(eps_field, eps, "must be a finite number > 0")
+    if eps == ours:
+        return []
+    return [f"norm eps {eps} in config.json, shardlab's model uses {ours:g}: logits differ "
+            "slightly"]
+
+
+def _require_theta(field: str, value: object) -> None:
+    # bool is an int subclass: true would pass as 1.
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != ROPE_THETA:
+        raise SpecError(field, value, f"must be {ROPE_THETA:g}: shardlab's model has a fixed "
+                        "rotary base")
+
+
+def _check_rope_dict(name: str, value: object) -> None:
+    """``rope_parameters`` or ``rope_scaling``: null, or an object with the default type."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise SpecError(name, value, "must be a JSON object or null")
+    for key in ("rope_type", "type"):
+        if key in value and value[key] != "default":
+            raise SpecError(f"{name}.{key}", value[key], "must be default: rope scaling is not "
+                            "supported (shardlab's rotary positions are unscaled)")
+    if "rope_theta" in value:
+        _require_theta(f"{name}.rope_theta", value["rope_theta"])
 
 
 # --- ModelShape -> config.json ------------------------------------------------------

@@ -24,7 +24,11 @@ compute, so export and import only rename and reshape tensors:
   transposes; import splits and transposes back. Multi-head only (GPT-2 has no GQA) and
   ``head_dim = d_model / heads``.
 
-Files are read with ``safetensors`` only (a checkpoint is data, never code); export
+Files are read with ``safetensors`` only (a checkpoint is data, never code); import
+refuses NaN/inf weights and what the model would compute differently
+(:func:`shardlab.config.hf_config.check_computable`); export checks the manifest's shape
+against the tensor sizes the checkpoint holds. Both write their folder all at once
+(:mod:`shardlab.hf.folder`). Export
 writes ``model.safetensors`` (or ``pytorch_model.bin`` with ``--format torch``, read back
 by transformers with ``weights_only=True``) and ``config.json``
 (:func:`shardlab.config.hf_config.hf_config`, which needs no torch).
@@ -34,6 +38,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +47,19 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from shardlab.config.hf_config import hf_config, hf_family, shape_from_hf_config
-from shardlab.config.model import LN_EPS, RMS_EPS, ROPE_THETA, ModelShape, MoE
+from shardlab.config.hf_config import (
+    check_computable,
+    hf_config,
+    hf_family,
+    load_config,
+    shape_from_hf_config,
+)
+from shardlab.config.model import ModelShape, MoE
 from shardlab.distributed import checkpoint_manifest
 from shardlab.distributed.checkpoint import load_model_state
+from shardlab.distributed.checkpoint_reader import safe_reader
 from shardlab.errors import SpecError
+from shardlab.hf.folder import OutputFolder
 from shardlab.nn.model import TransformerLM
 
 WEIGHTS, CONFIG, MARKER = "model.safetensors", "config.json", "shardlab-weights.json"
@@ -112,7 +126,11 @@ def from_hf(tensors: dict[str, torch.Tensor], shape: ModelShape) -> dict[str, to
     def take(name: str) -> torch.Tensor:
         if name not in src:
             raise SpecError("weights", name, "is missing from the Hugging Face checkpoint")
-        return src[name].to(torch.float32)
+        t = src[name]
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise SpecError("weights", name, "holds NaN or infinite values (a diverged or "
+                            "corrupt checkpoint): nothing imported")
+        return t.to(torch.float32)
 
     out: dict[str, torch.Tensor] = {}
     for i in range(shape.layers):
@@ -149,59 +167,104 @@ def from_hf(tensors: dict[str, torch.Tensor], shape: ModelShape) -> dict[str, to
 
 # --- files -----------------------------------------------------------------------------
 
-def _empty_target(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise SpecError("out_dir", str(out), "exists and is not empty (nothing is "
-                        "overwritten)")
+# How safetensors reports a failed write: "... I/O error: No space left on device (os error 28)".
+_IO_ERROR = re.compile(r"I/O error: (.*) \(os error (\d+)\)")
 
 
 def _save_safetensors(tensors: dict[str, torch.Tensor], path: Path,
                       metadata: dict[str, str]) -> None:
-    # safetensors refuses tensors that share memory (a tied head): write distinct copies.
-    save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()}, str(path),
-              metadata=metadata)
+    """``save_file``, with a failed write (a full disk) raised as the OSError it is: the
+    Rust writer raises its own SafetensorError, which OutputFolder would not recognise."""
+    try:
+        # safetensors refuses tensors that share memory (a tied head): write distinct copies.
+        save_file({k: v.detach().contiguous().clone() for k, v in tensors.items()},
+                  str(path), metadata=metadata)
+    except SafetensorError as e:
+        m = _IO_ERROR.search(str(e))
+        if m is None:
+            raise
+        raise OSError(int(m.group(2)), m.group(1), str(path)) from e
+
+
+def _is(path: Path, field: str, test: Callable[[Path], bool]) -> bool:
+    """``test(path)``, with a name the system cannot look up (too long) a SpecError."""
+    try:
+        return test(path)
+    except OSError as e:
+        raise SpecError(field, str(path), f"cannot be read: {e.strerror or e}") from e
+
+
+def _checkpoint_shape(folder: Path, doc: dict[str, Any]) -> ModelShape:
+    """The shape the manifest records, checked against the tensor sizes DCP's metadata
+    holds (a manifest edited and re-hashed must not reach DCP's 'Size mismatch')."""
+    where = str(folder / checkpoint_manifest.MANIFEST)
+    try:
+        record = dict(doc["shape"])
+        moe = record.pop("moe", None)
+        shape = ModelShape(name=f"shardlab-step-{doc['step']}",
+                           moe=MoE(**moe) if moe else None, **record)
+    except (KeyError, TypeError, ValueError) as e:  # SpecError is a ValueError
+        raise SpecError("checkpoint", where, f"its shape record is not a model shape "
+                        f"({e})") from e
+    hf_family(shape)  # refuse before reading tensors
+    saved = {k.removeprefix("model."): tuple(getattr(m, "size", ()))
+             for k, m in safe_reader(folder).read_metadata().state_dict_metadata.items()
+             if k.startswith("model.")}
+    blocks = {k.split(".")[1] for k in saved if k.startswith("blocks.")}
+    # Compared first, so an edited layer count never builds a huge model below.
+    if len(blocks) != shape.layers:
+        raise SpecError("checkpoint", where, f"records layers={shape.layers} but holds "
+                        f"{len(blocks)} blocks (manifest edited?)")
+    with torch.device("meta"):  # shapes only: no memory for the weights
+        expected = {k: tuple(t.shape) for k, t in TransformerLM(shape).state_dict().items()}
+    for name, want in expected.items():
+        got = saved.get(name)
+        if got != want:
+            held = "no such tensor" if got is None else f"{list(got)}"
+            raise SpecError("checkpoint", where, f"its recorded shape makes {name} "
+                            f"{list(want)}, the checkpoint holds {held} (manifest edited?)")
+    return shape
 
 
 def export(ckpt: str | os.PathLike[str], out_dir: str | os.PathLike[str],
            fmt: str = "safetensors") -> dict[str, Any]:
     """Consolidate a checkpoint folder (``step-N``) into a Hugging Face model folder.
 
-    No process group: DCP reshards from the ranks that wrote it to one process. Returns
+    No process group: DCP reshards from the ranks that wrote it to one process. The
+    folder is written all at once (:class:`~shardlab.hf.folder.OutputFolder`). Returns
     a summary (family, parameters, files, bytes).
     """
     if fmt not in FORMATS:
         raise SpecError("format", fmt, f"must be one of {', '.join(FORMATS)}")
-    out = Path(out_dir)
-    _empty_target(out)
+    out = OutputFolder(out_dir)
     folder = Path(ckpt)
-    if not folder.is_dir():
+    if not _is(folder, "checkpoint", Path.is_dir):
         raise SpecError("checkpoint", str(folder), "does not exist")
     if (not (folder / checkpoint_manifest.MANIFEST).is_file()
             and checkpoint_manifest.complete_steps(folder)):
         folder = checkpoint_manifest.find(folder)  # a checkpoint root: its latest step
     doc = checkpoint_manifest.verify(folder)
-    record = dict(doc["shape"])
-    moe = record.pop("moe")
-    shape = ModelShape(name=f"shardlab-step-{doc['step']}",
-                       moe=MoE(**moe) if moe else None, **record)
-    hf_family(shape)  # refuse before writing anything
+    shape = _checkpoint_shape(folder, doc)
     state = load_model_state(folder, shape)
     tensors = to_hf(state, shape)
-    out.mkdir(parents=True, exist_ok=True)
     config = hf_config(shape)
-    (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-    if fmt == "safetensors":
-        _save_safetensors(tensors, out / WEIGHTS, {"format": "pt"})
-        name = WEIGHTS
-    else:
-        name = "pytorch_model.bin"
-        torch.save({k: v.contiguous() for k, v in tensors.items()}, out / name)
+    name = WEIGHTS if fmt == "safetensors" else "pytorch_model.bin"
+    with out as tmp:
+        (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+        if fmt == "safetensors":
+            _save_safetensors(tensors, tmp / name, {"format": "pt"})
+        else:
+            # An open file, not a path: torch's own path writer reports a full disk as a
+            # RuntimeError ("unexpected pos"), a Python file raises the OSError.
+            with open(tmp / name, "wb") as f:
+                torch.save({k: v.contiguous() for k, v in tensors.items()}, f)
+        size = (tmp / name).stat().st_size
     return {"checkpoint": str(folder), "step": doc["step"], "family": hf_family(shape),
-            "architecture": config["architectures"][0], "out_dir": str(out),
+            "architecture": config["architectures"][0], "out_dir": out.shown,
             "files": [CONFIG, name], "tensors": len(tensors),
             "parameters": sum(t.numel() for k, t in state.items()
                               if not (shape.tied and k == "lm_head.weight")),
-            "bytes": (out / name).stat().st_size}
+            "bytes": size}
 
 
 def _read_hf_tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -219,40 +282,21 @@ def _read_hf_tensors(folder: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _check_rope(config: dict[str, Any]) -> None:
-    params = config.get("rope_parameters") or {}
-    theta = params.get("rope_theta", config.get("rope_theta", ROPE_THETA))
-    kind = params.get("rope_type") or (config.get("rope_scaling") or {}).get("rope_type")
-    if float(theta) != ROPE_THETA:
-        raise SpecError("rope_theta", theta, f"must be {ROPE_THETA:g}: shardlab's model "
-                        "has a fixed rotary base")
-    if kind not in (None, "default"):
-        raise SpecError("rope_scaling", kind, "is not supported (shardlab's rotary "
-                        "positions are unscaled)")
-
-
 def import_hf(hf_dir: str | os.PathLike[str],
               out_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """A Hugging Face folder (config.json + safetensors) as shardlab initial weights:
     ``out_dir/model.safetensors`` in TransformerLM names beside the ``config.json``
-    (the shape ``shardlab train --init-from`` builds), checked by building the model."""
-    folder, out = Path(hf_dir), Path(out_dir)
-    if not (folder / CONFIG).is_file():
+    (the shape ``shardlab train --init-from`` builds), checked by building the model.
+    What the model would compute differently (rotary scaling or base, activation) and
+    non-finite weights are refused; the folder is written all at once
+    (:class:`~shardlab.hf.folder.OutputFolder`)."""
+    folder = Path(hf_dir)
+    if not _is(folder / CONFIG, "hf_dir", Path.is_file):
         raise SpecError("hf_dir", str(folder), f"has no {CONFIG}")
-    _empty_target(out)
     shape = shape_from_hf_config(folder / CONFIG)
-    config = json.loads((folder / CONFIG).read_text(encoding="utf-8-sig"))
-    if shape.style == "llama":
-        _check_rope(config)
-        act = config.get("hidden_act", "silu")
-        if act != "silu":
-            raise SpecError("hidden_act", act, "must be silu (SwiGLU)")
-    notes = []
-    eps = config.get("rms_norm_eps" if shape.style == "llama" else "layer_norm_epsilon")
-    ours = RMS_EPS if shape.style == "llama" else LN_EPS
-    if eps is not None and float(eps) != ours:
-        notes.append(f"norm eps {eps} in config.json, shardlab's model uses {ours:g}: "
-                     "logits differ slightly")
+    config = load_config(folder / CONFIG)
+    notes = check_computable(config, shape.style)
+    out = OutputFolder(out_dir)
     state = from_hf(_read_hf_tensors(folder), shape)
     model = TransformerLM(shape)
     try:
@@ -260,12 +304,12 @@ def import_hf(hf_dir: str | os.PathLike[str],
     except RuntimeError as e:
         raise SpecError("weights", str(folder), f"do not fit the shape of {CONFIG}: "
                         f"{str(e).splitlines()[-1].strip()}") from e
-    out.mkdir(parents=True, exist_ok=True)
-    (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
-    _save_safetensors(dict(model.state_dict()), out / WEIGHTS, {"format": "pt"})
-    (out / MARKER).write_text(json.dumps({"source": str(folder), "shape": shape.describe(),
-                                          "notes": notes}, indent=1) + "\n")
-    return {"hf_dir": str(folder), "out_dir": str(out), "model": shape.describe(),
+    with out as tmp:
+        (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+        _save_safetensors(dict(model.state_dict()), tmp / WEIGHTS, {"format": "pt"})
+        (tmp / MARKER).write_text(json.dumps({"source": str(folder), "shape": shape.describe(),
+                                              "notes": notes}, indent=1) + "\n")
+    return {"hf_dir": str(folder), "out_dir": out.shown, "model": shape.describe(),
             "parameters": sum(p.numel() for p in model.parameters()),
             "files": [CONFIG, WEIGHTS, MARKER], "notes": notes}
 
