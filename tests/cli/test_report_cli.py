@@ -51,6 +51,7 @@ def test_plan_page(tmp_path: Path) -> None:
       "{tmp}/p.html"], "gpu="),
     (["run", "{tmp}"], "no report.json"),
     (["run", "{tmp}/missing"], "no such folder"),
+    (["run", "{tmp}/file"], "it is a file, not a folder"),
 ])
 def test_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
                    message: str) -> None:
@@ -67,3 +68,16 @@ def test_a_kind_is_required(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         main(["report"])
     assert e.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_binary_step_log_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = {"model": "m", "layout": "dp2", "world_size": 2, "losses": [1.0], "tokens_per_s": 1.0,
+           "step_seconds": 1.0, "memory_per_rank": [], "predicted_vs_measured": {}}
+    (tmp_path / "report.json").write_text(json.dumps(doc))
+    (tmp_path / "train.jsonl").write_bytes(bytes(range(255, -1, -1)))
+    before = sorted(os.listdir(tmp_path))
+    assert main(["report", "run", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"shardlab report: error: run_dir='{tmp_path}': train.jsonl line ")
+    assert "is not UTF-8 text" in err and err.count("\n") == 1
+    assert sorted(os.listdir(tmp_path)) == before

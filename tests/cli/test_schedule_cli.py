@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -74,7 +78,34 @@ def test_human_view_and_files(capsys: pytest.CaptureFixture[str], tmp_path: Path
     (["--kind", "1f1b", "--stages", "4", "--microbatches", "8", "--stage-scale", "1,x"],
      "stage-scale"),
     (["--kind", "1f1b", "--stages", "4", "--microbatches", "8", "--stage-scale", "1,2"],
-     "stage_scale"),
+     "stage-scale='1,2': gives 2 factors; 1f1b on 4 stages x 1 chunk(s) per rank has 4"),
+    (["--kind", "zb-v", "--stages", "2", "--microbatches", "4", "--stage-scale", "1,1"],
+     "stage-scale='1,1': gives 2 factors; zb-v on 2 stages x 2 chunk(s) per rank has 4"),
+    (["--kind", "1f1b", "--stages", "2", "--microbatches", "2", "--stage-scale", "1,0"],
+     "stage-scale='1,0': every factor must be a number in (0, 1e+06]"),
+    (["--kind", "1f1b", "--stages", "2", "--microbatches", "2", "--stage-scale", "1e300,1"],
+     "stage-scale='1e300,1': every factor must be a number in (0, 1e+06]"),
+    (["--kind", "1f1b", "--stages", "2", "--microbatches", "2", "--t-bwd", "1e308", "--t-w",
+      "1e308"], "t-bwd=1e+308: must be <= 1e+15"),
+    (["--kind", "1f1b", "--stages", "2", "--microbatches", "2", "--width", "1e9"],
+     "width=1000000000: must be <= 2000"),
+    (["--kind", "1f1b", "--stages", "2", "--microbatches", "2", "--activation-bytes", "1e300"],
+     "activation-bytes=1e+300: must be <= 1e+18"),
+    (["--kind", "1f1b", "--stages", "1000", "--microbatches", "1000"],
+     "stages=1000: must be <= 256"),
+    (["--kind", "gpipe", "--stages", "1", "--microbatches", "5000"],
+     "microbatches=5000: must be <= 4096"),
+    (["--kind", "interleaved-1f1b", "--stages", "1", "--microbatches", "1", "--virtual",
+      "60000"], "virtual=60000: interleaved-1f1b on 1 stages x 60000 chunk(s) x 1 "
+     "micro-batches x 2 would run 120,000 actions; at most 100,000"),
+    (["--kind", "zb-h2", "--stages", "200", "--microbatches", "200"],
+     "microbatches=200: zb-h2 on 200 stages x 1 chunk(s) x 200 micro-batches x 3 would run "
+     "120,000 actions; at most 100,000 (fewer micro-batches: at most 166)"),
+    (["--kind", "all", "--stages", "200", "--microbatches", "300"], "microbatches=300: gpipe"),
+    (["--kind", "1f1b", "--stages", "100", "--microbatches", "101", "--svg", "s.svg"],
+     "svg='s.svg': draws at most 20,000 actions; this schedule has 20,200"),
+    (["--kind", "1f1b", "--stages", "2", "--microbatches", "2", "--png", "s.png", "--trace",
+      "s.png"], "trace='s.png': is also --png's file"),
     (["--kind", "1f1b", "--stages", "2", "--microbatches", "2", "--png", "/nonexistent/x.png"],
      "png"),
     (["--kind", "1f1b", "--stages", "2", "--microbatches", "2", "--png", "x.jpg"], "png"),
@@ -99,3 +130,63 @@ def test_no_traceback_in_a_real_process() -> None:
                         "--stages", "4", "--microbatches", "8", "--t-fwd", "-3"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "Traceback" not in r.stderr and r.stdout == ""
+
+
+@pytest.mark.parametrize("flag", ["png", "svg", "trace"])
+def test_a_folder_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                             flag: str) -> None:
+    folder = tmp_path / f"pictures.{'json' if flag == 'trace' else flag}"
+    folder.mkdir()
+    code, out, err = run(capsys, "schedule", "--kind", "1f1b", "--stages", "2",
+                         "--microbatches", "2", f"--{flag}", str(folder))
+    assert code == 2 and out == ""
+    assert err == (f"shardlab schedule: error: {flag}='{folder}': must be a file path, not a "
+                   "folder\n")
+    assert [p.name for p in tmp_path.iterdir()] == [folder.name]
+    assert list(folder.iterdir()) == []
+
+
+@pytest.mark.parametrize("flag", ["png", "svg", "trace"])
+def test_a_read_only_place_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch, flag: str) -> None:
+    # A read-only file system refuses every new file, root's too: os.access cannot see it
+    # for root, so the check must try. Stood in for by mkstemp failing as it does there.
+    def read_only(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    target = tmp_path / f"s.{'json' if flag == 'trace' else flag}"
+    code, out, err = run(capsys, "schedule", "--kind", "1f1b", "--stages", "2",
+                         "--microbatches", "2", f"--{flag}", str(target))
+    assert code == 2 and out == ""
+    assert err == (f"shardlab schedule: error: {flag}='{target}': cannot be written "
+                   "(Read-only file system)\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in a folder of mode 0o500")
+def test_a_folder_without_write_permission_is_refused(capsys: pytest.CaptureFixture[str],
+                                                      tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    code, _, err = run(capsys, "schedule", "--kind", "1f1b", "--stages", "2",
+                       "--microbatches", "2", "--png", str(ro / "s.png"))
+    assert code == 2 and "cannot be written" in err and err.count("\n") == 1
+    assert list(ro.iterdir()) == []
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027], ids=["022", "027"])
+def test_files_get_the_mode_the_umask_gives(capsys: pytest.CaptureFixture[str],
+                                            tmp_path: Path, umask: int) -> None:
+    files = {"png": tmp_path / "s.png", "svg": tmp_path / "s.svg", "trace": tmp_path / "s.json"}
+    old = os.umask(umask)
+    try:
+        code, _, err = run(capsys, "schedule", "--kind", "1f1b", "--stages", "2",
+                           "--microbatches", "2",
+                           *(a for f, p in files.items() for a in (f"--{f}", str(p))))
+    finally:
+        os.umask(old)
+    assert code == 0 and err == ""
+    assert {f: stat.S_IMODE(p.stat().st_mode) for f, p in files.items()} == dict.fromkeys(
+        files, 0o666 & ~umask)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.json", "s.png", "s.svg"]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ from shardlab.report.html import (
     table_html,
     verdict,
     write_atomic,
+    write_report,
 )
 
 EVIL = '<script>alert("x")</script> & <img src=x onerror=y>'
@@ -84,3 +88,40 @@ def test_write_atomic_leaves_the_old_file_when_it_fails(tmp_path: Path,
     assert target.read_text() == "old" and os.listdir(tmp_path) == ["r.html"]
     write_atomic(target, b"new")
     assert target.read_text() == "new" and os.listdir(tmp_path) == ["r.html"]
+
+
+def test_check_output_tries_the_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A read-only file system (errno 30) passes os.access for root: only trying tells.
+    def read_only(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    with monkeypatch.context() as m:
+        m.setattr(tempfile, "mkstemp", read_only)
+        with pytest.raises(SpecError, match=r"cannot be written \(Read-only file system\)"):
+            check_output(tmp_path / "a.html", "svg")
+        with pytest.raises(SpecError, match=r"figures=.*\(Read-only file system\)"):
+            check_figures_dir(tmp_path / "figs")
+    assert check_output(tmp_path / "a.html") == tmp_path / "a.html"
+    assert os.listdir(tmp_path) == []  # the probe is gone
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077], ids=["022", "077"])
+def test_write_atomic_gives_the_umask_mode(tmp_path: Path, umask: int) -> None:
+    old = os.umask(umask)
+    try:
+        write_atomic(tmp_path / "r.html", b"page")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "r.html").stat().st_mode) == 0o666 & ~umask
+
+
+def test_a_write_that_fails_after_the_check_is_one_spec_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The disk filled between the check and the write: one line naming the flag.
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(tempfile, "mkstemp", full)
+    with pytest.raises(SpecError, match=r"output=.*No space left on device"):
+        write_report(tmp_path / "r.html", "<p>")
+    assert os.listdir(tmp_path) == []

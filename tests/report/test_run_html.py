@@ -29,6 +29,33 @@ def test_not_a_run_directory(tmp_path: Path, report: str | None, message: str) -
         load_run(tmp_path / "nothing")
 
 
+MINIMAL = {"model": "m", "layout": "dp2", "world_size": 2, "losses": [1.0], "tokens_per_s": 1.0,
+           "step_seconds": 1.0, "memory_per_rank": [], "predicted_vs_measured": {}}
+"""The keys load_run asks of a report.json, and nothing else."""
+
+
+def test_a_file_is_not_called_missing(tmp_path: Path) -> None:
+    (tmp_path / "report.json").write_text(json.dumps(MINIMAL))
+    with pytest.raises(SpecError, match="it is a file, not a folder"):
+        load_run(tmp_path / "report.json")
+
+
+@pytest.mark.parametrize(("name", "data", "message"), [
+    ("train.jsonl", b"\x89PNG\r\n\x1a\n\x00\xff", r"train\.jsonl line 1 is not UTF-8 text "
+     r"\(byte 0x89\)"),
+    ("train.jsonl", b'{"step": 0, "seconds": 1, "tokens": 8}\n\xff\xfe\n',
+     r"train\.jsonl line 2 is not UTF-8"),
+    ("train.jsonl", b"x" * 70_000, r"train\.jsonl line 1 is longer than 65,536 bytes"),
+    ("report.json", b"\x89PNG\r\n\x1a\n\x00\xff", r"report\.json is not UTF-8 text \(byte 0 "
+     r"is 0x89\)"),
+], ids=["binary-log", "binary-second-line", "huge-line", "binary-report"])
+def test_a_binary_file_is_named(tmp_path: Path, name: str, data: bytes, message: str) -> None:
+    (tmp_path / "report.json").write_text(json.dumps(MINIMAL))
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(SpecError, match=message):
+        load_run(tmp_path)
+
+
 def test_a_bad_step_log_is_named(tmp_path: Path, run_dir: Path) -> None:
     shutil.copy(run_dir / "report.json", tmp_path)
     (tmp_path / "train.jsonl").write_text('{"step": 0, "seconds": 1, "tokens": 8}\n{"step": 1}\n')

@@ -1,11 +1,11 @@
 """Drawings: ASCII rows, PNG and SVG files, and the Chrome trace."""
 
 import json
-from pathlib import Path
+import warnings
 
-from shardlab.schedules.draw import ascii_timeline, chrome_trace, save_figure, save_trace
+from shardlab.schedules.draw import ascii_timeline, chrome_trace, figure_bytes, trace_bytes
 from shardlab.schedules.generators import build
-from shardlab.schedules.simulate import simulate
+from shardlab.schedules.simulate import Durations, simulate
 
 
 def test_ascii_rows_show_every_rank_and_the_idle_time() -> None:
@@ -16,19 +16,24 @@ def test_ascii_rows_show_every_rank_and_the_idle_time() -> None:
     assert "F0" in lines[0] and "·" in lines[0] and "B" in lines[2]
 
 
-def test_png_svg_and_trace_files(tmp_path: Path) -> None:
+def test_png_svg_and_trace_bytes() -> None:
     t = simulate(build("zb-v", 2, 4))
-    png, svg, trace = tmp_path / "t.png", tmp_path / "t.svg", tmp_path / "t.json"
-    save_figure(t, png)
-    save_figure(t, svg)
-    save_trace(t, trace)
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
-    assert "<svg" in svg.read_text()[:500]
-    doc = json.loads(trace.read_text())
+    png, svg = figure_bytes(t, "png"), figure_bytes(t, "svg")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    assert b"<svg" in svg[:500]
+    doc = json.loads(trace_bytes(t))
     slices = [e for e in doc["traceEvents"] if e["ph"] == "X"]
     assert len(slices) == t.schedule.num_actions
     assert {e["tid"] for e in slices} == {0, 1}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json", "t.png", "t.svg"]  # no temps
+
+
+def test_a_timeline_of_zero_durations_draws_without_a_warning() -> None:
+    # All durations 0 make the makespan 0: the x range must not be [0, 0], about which
+    # matplotlib warns on stderr.
+    t = simulate(build("1f1b", 2, 2), Durations(0.0, 0.0, 0.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert b"<svg" in figure_bytes(t, "svg")[:500]
 
 
 def test_trace_times_in_microseconds() -> None:

@@ -1,10 +1,17 @@
-"""Generators: preconditions, placement, and every action exactly once."""
+"""Generators: preconditions, placement, every action exactly once, and the size limits."""
 
 import pytest
 
 from shardlab.errors import SpecError
 from shardlab.schedules.actions import loop_placement, v_placement
-from shardlab.schedules.generators import KINDS, build
+from shardlab.schedules.generators import (
+    KINDS,
+    MAX_STAGES,
+    action_count,
+    build,
+    check_size,
+)
+from shardlab.schedules.simulate import simulate
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -58,3 +65,22 @@ def test_messages_follow_placement() -> None:
     v = build("zb-v", 2, 4)
     assert all(m.src_rank != m.dst_rank for m in v.messages())
     assert len(v.messages()) == 4 * 2 * 2
+
+
+def test_size_is_checked_without_building() -> None:
+    assert check_size("zb-v", 4, 8) == action_count("zb-v", 4, 8, 2) == 192
+    assert check_size("1f1b", 4, 8) == simulate(build("1f1b", 4, 8)).schedule.num_actions
+    with pytest.raises(SpecError, match="microbatches=9: must be a multiple of stages"):
+        check_size("interleaved-1f1b", 4, 9)  # build's own checks come first
+    with pytest.raises(SpecError, match=f"stages={MAX_STAGES + 1}: must be <= {MAX_STAGES}"):
+        check_size("gpipe", MAX_STAGES + 1, 1)
+    with pytest.raises(SpecError, match=r"at most 100,000 \(fewer micro-batches: at most 130\)"):
+        check_size("zb-v", 128, 391)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_count_bounds_what_build_makes(kind: str) -> None:
+    v = 3 if kind == "interleaved-1f1b" else None
+    s = build(kind, 4, 8, v)
+    n = action_count(kind, 4, 8, s.virtual_stages)
+    assert s.num_actions == n or (kind == "dualpipev" and s.num_actions < n)

@@ -128,6 +128,24 @@ def test_validator_rejects_deadlock_missing_and_duplicates() -> None:
         Durations(t_f=-1)
 
 
+def test_a_full_backward_with_a_weight_half_too_is_refused() -> None:
+    f0, b0, w0 = Action("F", 0, 0), Action("B", 0, 0), Action("W", 0, 0)
+    with pytest.raises(SpecError, match=r"stage 0 micro-batch 0.*both B and I or W"):
+        simulate(_one([[f0, b0, w0]], p=1))
+
+
+def test_a_stage_scale_of_the_wrong_length_shows_the_factors() -> None:
+    with pytest.raises(SpecError, match=r"stage_scale='1,2': gives 2 factors; must give one per "
+                       r"stage \(4: 2 ranks x 2 chunks\)"):
+        simulate(build("zb-v", 2, 4), Durations(stage_scale=(1.0, 2.0)))
+
+
+def test_durations_past_the_largest_float_are_refused() -> None:
+    # Each is finite, their sum is not: the timeline would be inf and its bubble NaN.
+    with pytest.raises(SpecError, match=r"durations=.*larger unit"):
+        simulate(build("1f1b", 2, 2), Durations(t_b=1e308, t_w=1e308))
+
+
 def test_interleaved_200k_scale_is_linear() -> None:
     # The benchmark prints the ratio; here only that the big case completes and is valid.
     t = simulate(build("interleaved-1f1b", 16, 64, 2))

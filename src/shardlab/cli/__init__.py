@@ -31,24 +31,30 @@ COMMANDS = (budget, catalogs, plan, schedule, simulate, train, verify, report, d
             import_cmd)
 
 
-def build_parser() -> Parser:
-    """The parser of every sub-command."""
+def _parser_and_commands() -> tuple[Parser, tuple[str, ...]]:
+    """The parser of every sub-command, and the names they registered, in order."""
     parser = Parser(prog="shardlab", description="Plan, understand, check and run the "
                     "parallel training of transformer language models.")
     parser.add_argument("--version", action="version", version=f"shardlab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for module in COMMANDS:
         module.register(sub)
-    return parser
+    return parser, tuple(sub.choices)
+
+
+def build_parser() -> Parser:
+    """The parser of every sub-command."""
+    return _parser_and_commands()[0]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit code (2 for bad input)."""
-    parser = build_parser()
+    parser, commands = _parser_and_commands()
     args = parser.parse_args(argv)
     if args.command is None:
-        sys.stderr.write("shardlab: error: a command is required (budget, models, hardware, "
-                         "schedule, simulate, train, verify); see shardlab --help\n")
+        # The names come from the registered sub-commands: a new one is listed by itself.
+        sys.stderr.write(f"shardlab: error: a command is required ({', '.join(commands)}); "
+                         "see shardlab --help\n")
         return 2
     try:
         return int(args.run(args) or 0)

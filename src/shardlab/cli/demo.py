@@ -34,6 +34,7 @@ from shardlab.report.budget_view import print_budget
 from shardlab.report.measure_view import measure_progress
 from shardlab.report.plan_view import print_plan
 from shardlab.report.tables import show, table
+from shardlab.train.folders import check_folder
 
 BUDGET_ARGS = ["hypo-100b", "--gpus", "1024", "--tp", "8", "--pp", "8", "--zero", "1",
                "--recompute", "selective"]
@@ -74,12 +75,14 @@ def run(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     out = check_output(args.output)
-    run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="shardlab-demo-"))
-    if run_dir.exists() and not run_dir.is_dir():
-        raise SpecError("run-dir", str(run_dir), "must be a folder")
-    if (run_dir / "report.json").exists():  # a failed run would leave it to be read as new
-        raise SpecError("run-dir", str(run_dir), "already holds a run (report.json); give a "
+    # A run folder that training would refuse is refused now, not after the budget, the plan
+    # and measuring this CPU.
+    check_folder("run-dir", args.run_dir)
+    if args.run_dir and (Path(args.run_dir) / "report.json").exists():
+        # A failed run would leave it to be read as new.
+        raise SpecError("run-dir", args.run_dir, "already holds a run (report.json); give a "
                         "new folder")
+    run_dir = Path(args.run_dir) if args.run_dir else _new_run_dir()
 
     budget = _budget()
     plan, winner = _plan(args.measure_seconds)
@@ -92,6 +95,15 @@ def run(args: argparse.Namespace) -> int:
     show("", f"[bold]report[/bold]: {out.resolve()}  (open it in a browser; one file, no "
          "network needed)", f"demo finished in {time.perf_counter() - start:.0f} s")
     return code
+
+
+def _new_run_dir() -> Path:
+    """A fresh folder for the training run under the system's temporary folder."""
+    try:
+        return Path(tempfile.mkdtemp(prefix="shardlab-demo-"))
+    except OSError as e:
+        raise SpecError("run-dir", tempfile.gettempdir(), f"cannot hold a new run folder "
+                        f"({e.strerror or e}); give --run-dir") from None
 
 
 def _budget() -> tuple[Any, ...]:

@@ -11,12 +11,28 @@ from shardlab.cli.output import print_json
 from shardlab.errors import SpecError
 from shardlab.report.schedule_view import print_comparison, print_schedule
 from shardlab.schedules.closed_forms import bubble_1f1b, bubble_interleaved, zb_h1_idle, zb_h2_idle
-from shardlab.schedules.draw import save_figure, save_trace
-from shardlab.schedules.generators import KINDS, build
+from shardlab.schedules.draw import MAX_DRAWN_ACTIONS, figure_bytes, trace_bytes
+from shardlab.schedules.generators import (
+    KINDS,
+    MAX_ACTIONS,
+    MAX_MICROBATCHES,
+    MAX_STAGES,
+    build,
+    check_size,
+    default_virtual,
+)
 from shardlab.schedules.simulate import Durations, simulate
 
 KIND_CHOICES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "dualpipev",
                 "all")
+# Bounds on the numbers, so nothing overflows and nothing fills memory: at most 100,000
+# actions of at most 1e15 units, each scaled at most 1e6 times, stay far below a float's
+# 1.8e308 (beyond it the timeline is inf and NaN); a terminal row is far below 2,000
+# columns (the view holds ranks x width cells); 1e18 bytes is an exabyte per micro-batch.
+BOUNDS = {"t_fwd": ("t-fwd", 1e15), "t_bwd": ("t-bwd", 1e15), "t_w": ("t-w", 1e15),
+          "p2p": ("p2p", 1e15), "activation_bytes": ("activation-bytes", 1e18),
+          "width": ("width", 2000)}
+MAX_SCALE = 1e6
 
 
 def register(sub: Any) -> None:
@@ -26,9 +42,11 @@ def register(sub: Any) -> None:
                        "time, and report its bubble and the micro-batches each rank holds.")
     p.add_argument("--kind", required=True, metavar="KIND",
                    help=f"one of {', '.join(KIND_CHOICES)} (all: a table of every kind)")
-    p.add_argument("--stages", type=positive_int, required=True, help="pipeline ranks p")
+    p.add_argument("--stages", type=positive_int, required=True,
+                   help=f"pipeline ranks p (at most {MAX_STAGES})")
     p.add_argument("--microbatches", type=positive_int, required=True,
-                   help="micro-batches per step m")
+                   help=f"micro-batches per step m (at most {MAX_MICROBATCHES:,}; and at most "
+                   f"{MAX_ACTIONS:,} actions in all)")
     p.add_argument("--virtual", type=positive_int,
                    help="model chunks per rank v (default 2 for interleaved, zb-v, dualpipev)")
     p.add_argument("--t-fwd", type=nonneg_float, default=1.0, help="forward time per chunk")
@@ -38,26 +56,86 @@ def register(sub: Any) -> None:
                    help="weight-gradient backward time per chunk")
     p.add_argument("--p2p", type=nonneg_float, default=0.0,
                    help="latency added to every dependency between ranks")
-    p.add_argument("--stage-scale", help="comma-separated time factor per stage (imbalance), "
-                   "e.g. 1.2,1,1,1.3")
+    p.add_argument("--stage-scale", help="comma-separated time factor per model chunk "
+                   "(imbalance), stages x chunks per rank of them, e.g. 1.2,1,1,1.3")
     p.add_argument("--activation-bytes", type=positive_float,
                    help="bytes of one micro-batch's activations in one chunk (peak memory)")
     p.add_argument("--width", type=positive_int, default=100, help="columns of the ASCII view")
-    p.add_argument("--png", type=Path, help="write the timeline as PNG")
-    p.add_argument("--svg", type=Path, help="write the timeline as SVG")
+    p.add_argument("--png", type=Path, help=f"write the timeline as PNG (at most "
+                   f"{MAX_DRAWN_ACTIONS:,} actions)")
+    p.add_argument("--svg", type=Path, help=f"write the timeline as SVG (at most "
+                   f"{MAX_DRAWN_ACTIONS:,} actions)")
     p.add_argument("--trace", type=Path, help="write a Chrome trace / Perfetto JSON")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(run=run)
 
 
 def _scale(text: str | None) -> tuple[float, ...]:
+    """``--stage-scale``'s factors; SpecError naming the text as given."""
     if text is None:
         return ()
     try:
         values = tuple(float(x) for x in text.split(","))
     except ValueError:
         raise SpecError("stage-scale", text, "must be comma-separated numbers") from None
+    if not all(0 < x <= MAX_SCALE for x in values):
+        raise SpecError("stage-scale", text, f"every factor must be a number in (0, {MAX_SCALE:g}]")
     return values
+
+
+def _check_bounds(args: argparse.Namespace) -> None:
+    """Each number flag within :data:`BOUNDS`."""
+    for attr, (flag, limit) in BOUNDS.items():
+        value = getattr(args, attr)
+        if value is not None and value > limit:
+            raise SpecError(flag, value, f"must be <= {limit:g}")
+
+
+def _check_scale(text: str | None, kind: str, p: int, v: int | None) -> None:
+    """One ``--stage-scale`` factor per model chunk of ``kind``: stages x chunks per rank."""
+    if text is None:
+        return
+    v = default_virtual(kind) if v is None else v
+    given = len(text.split(","))
+    if given != p * v:
+        raise SpecError("stage-scale", text, f"gives {given} factors; {kind} on {p} stages "
+                        f"x {v} chunk(s) per rank has {p * v} model chunks, one factor each")
+
+
+def _outputs(args: argparse.Namespace) -> dict[str, Path]:
+    """The picture and trace files asked for, each checked writable before any work
+    (:func:`shardlab.report.html.check_output`): flag -> path."""
+    asked = {f: getattr(args, f) for f in ("png", "svg", "trace") if getattr(args, f) is not None}
+    if not asked:
+        return {}
+    # Imported here: shardlab.report.html loads matplotlib, which the terminal view must not pay.
+    from shardlab.report.html import check_output
+
+    out = {f: check_output(path, f) for f, path in asked.items()}
+    for flag in ("png", "svg"):
+        if flag in out and out[flag].suffix.lower() != f".{flag}":
+            raise SpecError(flag, str(asked[flag]), f"must end in .{flag}")
+    seen: dict[Path, str] = {}
+    for flag, path in out.items():
+        other = seen.setdefault(path.resolve(), flag)
+        if other != flag:
+            raise SpecError(flag, str(asked[flag]), f"is also --{other}'s file; give each its own")
+    return out
+
+
+def _write(files: dict[str, Path], timing: Any) -> None:
+    """Draw every file first, then write each whole (a temporary file renamed into place,
+    with the umask's mode); a write that fails anyway is one line, not a traceback."""
+    # Imported here: shardlab.report.html loads matplotlib, which the terminal view must not pay.
+    from shardlab.report.html import write_atomic
+
+    data = {f: trace_bytes(timing) if f == "trace" else figure_bytes(timing, f)
+            for f in files}
+    for flag, path in files.items():
+        try:
+            write_atomic(path, data[flag])
+        except OSError as e:
+            raise SpecError(flag, str(path), f"cannot be written ({e.strerror})") from None
 
 
 def _summary(t: Any, d: Any, activation_bytes: float | None) -> dict[str, Any]:
@@ -89,25 +167,20 @@ def run(args: argparse.Namespace) -> int:
 
     if args.kind not in KIND_CHOICES:
         raise SpecError("kind", args.kind, f"must be one of {', '.join(KIND_CHOICES)}")
+    _check_bounds(args)
     d = Durations(args.t_fwd, args.t_bwd, args.t_w, args.p2p, _scale(args.stage_scale))
-    for flag in ("png", "svg", "trace"):
-        path = getattr(args, flag)
-        if path is not None and not path.parent.resolve().is_dir():
-            raise SpecError(flag, str(path), "its folder does not exist")
-    if args.png is not None and args.png.suffix.lower() != ".png":
-        raise SpecError("png", str(args.png), "must end in .png")
-    if args.svg is not None and args.svg.suffix.lower() != ".svg":
-        raise SpecError("svg", str(args.svg), "must end in .svg")
     if args.kind == "all":
         return _run_all(args, d, KINDS)
+    files = _outputs(args)
+    n = check_size(args.kind, args.stages, args.microbatches, args.virtual)
+    for flag in ("png", "svg"):
+        if flag in files and n > MAX_DRAWN_ACTIONS:
+            raise SpecError(flag, str(files[flag]), f"draws at most {MAX_DRAWN_ACTIONS:,} "
+                            f"actions; this schedule has {n:,} (--trace has no such limit)")
+    _check_scale(args.stage_scale, args.kind, args.stages, args.virtual)
     sched = build(args.kind, args.stages, args.microbatches, args.virtual)
     timing = simulate(sched, d)
-
-    for path in (args.png, args.svg):
-        if path is not None:
-            save_figure(timing, path)
-    if args.trace is not None:
-        save_trace(timing, args.trace)
+    _write(files, timing)
     doc = _summary(timing, d, args.activation_bytes)
     if args.json:
         doc["timeline"] = [
@@ -125,10 +198,14 @@ def run(args: argparse.Namespace) -> int:
 def _run_all(args: argparse.Namespace, d: Any, kinds: tuple[str, ...]) -> int:
     if any(getattr(args, f) is not None for f in ("png", "svg", "trace")):
         raise SpecError("kind", "all", "draws no pictures; name one kind with --png/--svg/--trace")
+    # The smallest kind over the limits refuses the command; a larger one is a row's error.
+    check_size("gpipe", args.stages, args.microbatches)
     rows = []
     for kind in kinds:
         virtual = args.virtual if kind == "interleaved-1f1b" else None
         try:
+            check_size(kind, args.stages, args.microbatches, virtual)
+            _check_scale(args.stage_scale, kind, args.stages, virtual)
             timing = simulate(build(kind, args.stages, args.microbatches, virtual), d)
         except SpecError as e:
             rows.append({"kind": kind, "error": str(e)})

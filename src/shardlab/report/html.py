@@ -166,7 +166,11 @@ def page(title: str, subtitle: Sequence[str], sections: Sequence[Section]) -> st
 
 def check_output(path: str | Path, flag: str = "output") -> Path:
     """``path`` if a file can be written there (its folder exists and is writable, and it is
-    not a folder); SpecError naming ``flag`` otherwise. Checked before any work is done."""
+    not a folder); SpecError naming ``flag`` otherwise. Checked before any work is done.
+
+    Writability is tried, not guessed from the mode bits: a temporary file is created in
+    the folder and removed at once, so a read-only file system, or a place even root may
+    not write (``/sys``), is refused here rather than after the work."""
     p = Path(path).expanduser()
     if not str(path).strip() or p.is_dir():
         raise SpecError(flag, str(path), "must be a file path, not a folder")
@@ -175,6 +179,7 @@ def check_output(path: str | Path, flag: str = "output") -> Path:
         raise SpecError(flag, str(path), f"its folder {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise SpecError(flag, str(path), "cannot be written (permission denied)")
+    _try_writing(flag, path, parent)
     return p
 
 
@@ -188,16 +193,38 @@ def check_figures_dir(path: str | Path) -> Path:
         raise SpecError("figures", str(path), f"its parent folder {probe} does not exist")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise SpecError("figures", str(path), "cannot be written (permission denied)")
+    _try_writing("figures", path, probe)
     return p
 
 
+def _try_writing(flag: str, path: str | Path, folder: Path) -> None:
+    """Create and remove a temporary file in ``folder``: the only test a read-only file
+    system, or a place even root may not write (``/sys``), cannot pass."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".shardlab-probe-", suffix=".tmp")
+    except OSError as e:
+        raise SpecError(flag, str(path), f"cannot be written ({e.strerror})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def umask_mode() -> int:
+    """The mode a new file gets from ``open()`` under this process's umask (0o644 under
+    the usual 022): what a written file should have, as any other tool's would."""
+    # The umask can only be read by setting it; set it back at once (the CLI is one thread).
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path``, then rename it into place."""
+    """Write ``data`` to a temporary file beside ``path``, then rename it into place, with
+    the mode the umask gives (:func:`umask_mode`; mkstemp makes its files 0o600)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, umask_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -207,14 +234,21 @@ def write_atomic(path: Path, data: bytes) -> None:
 def write_report(path: Path, text: str, charts: Sequence[Chart] = (),
                  figures: Path | None = None) -> list[Path]:
     """Write the page to ``path`` and, with ``figures``, each chart as ``NAME.svg`` and
-    ``NAME.png`` in that folder; return the figure files written."""
+    ``NAME.png`` in that folder; return the figure files written. A write that fails (after
+    :func:`check_output` passed) is a SpecError naming ``output`` or ``figures``."""
     written: list[Path] = []
     if figures is not None:
-        figures.mkdir(exist_ok=True)
-        for c in charts:
-            for suffix, data in ((".svg", c.svg_document.encode()), (".png", c.png())):
-                target = figures / f"{c.name}{suffix}"
-                write_atomic(target, data)
-                written.append(target)
-    write_atomic(path, text.encode("utf-8"))
+        try:
+            figures.mkdir(exist_ok=True)
+            for c in charts:
+                for suffix, data in ((".svg", c.svg_document.encode()), (".png", c.png())):
+                    target = figures / f"{c.name}{suffix}"
+                    write_atomic(target, data)
+                    written.append(target)
+        except OSError as e:  # checked before, so only a disk that filled or changed since
+            raise SpecError("figures", str(figures), f"cannot be written ({e.strerror})") from None
+    try:
+        write_atomic(path, text.encode("utf-8"))
+    except OSError as e:
+        raise SpecError("output", str(path), f"cannot be written ({e.strerror})") from None
     return written

@@ -10,13 +10,11 @@ No torch.
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from shardlab.report import charts
 from shardlab.report.html import Section, heading, para, pre, table_html
-from shardlab.schedules.draw import save_figure
+from shardlab.schedules.draw import figure_bytes
 from shardlab.schedules.generators import build
 from shardlab.schedules.simulate import Durations, simulate
 from shardlab.units import human, human_bytes, human_seconds
@@ -139,18 +137,15 @@ def timeline_timing(b: dict[str, Any]) -> Any:
 
 
 def timeline(b: dict[str, Any], name: str) -> charts.Chart:
-    """:func:`timeline_timing` drawn by :func:`shardlab.schedules.draw.save_figure`."""
+    """:func:`timeline_timing` drawn by :func:`shardlab.schedules.draw.figure_bytes`."""
     t = timeline_timing(b)
 
-    def draw(suffix: str) -> bytes:
-        with tempfile.TemporaryDirectory() as d:
-            path = Path(d, f"timeline{suffix}")
-            with charts.style():
-                save_figure(t, path)
-            return path.read_bytes()
+    def draw(fmt: str) -> bytes:
+        with charts.style():
+            return figure_bytes(t, fmt)
 
     return charts.Chart(name, f"{b['schedule']} on {b['pp']} ranks, {b['microbatches']} "
                         f"micro-batches, {b['virtual_stages']} chunk(s) per rank: forward F, "
                         "backward B (or its input half I and weight half W); time in seconds, "
                         f"makespan {human_seconds(t.makespan)}, bubble {t.bubble:.1%}.",
-                        draw(".svg").decode(), lambda: draw(".png"))
+                        draw("svg").decode(), lambda: draw("png"))

@@ -20,21 +20,35 @@ from shardlab.units import human, human_seconds
 REQUIRED = ("model", "layout", "world_size", "losses", "tokens_per_s", "step_seconds",
             "memory_per_rank", "predicted_vs_measured")
 STATE_KEYS = (("weights", "params"), ("gradients", "grads"), ("optimizer", "optimizer"))
+MAX_REPORT_BYTES = 64 * 2**20
+"""report.json larger than this (64 MiB) is refused before it is read: a train report is
+a few kB, so a bigger file is something else, which would only be read into memory whole."""
+MAX_LINE_BYTES = 64 * 2**10
+"""A train.jsonl line longer than this (64 KiB) is refused: a step record is about 200 bytes."""
 
 
 def load_run(path: str | Path) -> dict[str, Any]:
     """``{"doc": report.json, "steps": [train.jsonl records], "dir": path}``; SpecError when
-    ``path`` is not a run directory or its files are not what ``shardlab train`` writes."""
+    ``path`` is not a run directory or its files are not what ``shardlab train`` writes
+    (not UTF-8 text, not JSON, not a train report), naming the file."""
     d = Path(path).expanduser()
     hint = "must be a run directory (`shardlab train --log-dir DIR` writes report.json there)"
+    if d.exists() and not d.is_dir():
+        raise SpecError("run_dir", str(path), f"{hint}; it is a file, not a folder")
     if not d.is_dir():
         raise SpecError("run_dir", str(path), f"{hint}; no such folder")
     report = d / "report.json"
     if not report.is_file():
         raise SpecError("run_dir", str(path), f"{hint}; it has no report.json")
+    if report.stat().st_size > MAX_REPORT_BYTES:
+        raise SpecError("run_dir", str(path), f"its report.json is {report.stat().st_size:,} "
+                        f"bytes; a train report is a few kB (at most {MAX_REPORT_BYTES:,})")
     try:
         doc = json.loads(report.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except UnicodeDecodeError as e:
+        raise SpecError("run_dir", str(path), f"its report.json is not UTF-8 text (byte "
+                        f"{e.start} is 0x{e.object[e.start]:02x}): not a train report") from None
+    except (OSError, json.JSONDecodeError) as e:
         raise SpecError("run_dir", str(path), f"its report.json cannot be read ({e})") from None
     missing = [k for k in REQUIRED if not isinstance(doc, dict) or k not in doc]
     if missing:
@@ -42,20 +56,43 @@ def load_run(path: str | Path) -> dict[str, Any]:
                         f"(missing {', '.join(missing)})")
     if not doc["losses"] or not all(isinstance(x, int | float) for x in doc["losses"]):
         raise SpecError("run_dir", str(path), "its report.json has no losses")
-    steps: list[dict[str, Any]] = []
     log = d / "train.jsonl"
-    if log.is_file():
-        for n, line in enumerate(log.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                float(rec["seconds"]), float(rec["tokens"]), int(rec["step"])
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-                raise SpecError("run_dir", str(path), f"train.jsonl line {n} is not a step "
-                                "record") from None
-            steps.append(rec)
+    steps = _read_steps(log, str(path)) if log.is_file() else []
     return {"doc": doc, "steps": steps, "dir": str(d)}
+
+
+def _read_steps(log: Path, run_dir: str) -> list[dict[str, Any]]:
+    """train.jsonl's step records, read a line at a time, each line at most MAX_LINE_BYTES
+    (a stray huge or binary file is refused at its first bad line, never read whole);
+    SpecError naming the file and the line."""
+    steps: list[dict[str, Any]] = []
+
+    def bad(n: int, why: str) -> SpecError:
+        return SpecError("run_dir", run_dir, f"train.jsonl line {n} {why}: not the step log "
+                         "`shardlab train` writes")
+
+    try:
+        with log.open("rb") as f:
+            n = 0
+            while raw := f.readline(MAX_LINE_BYTES + 1):
+                n += 1
+                if len(raw) > MAX_LINE_BYTES:
+                    raise bad(n, f"is longer than {MAX_LINE_BYTES:,} bytes")
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise bad(n, f"is not UTF-8 text (byte 0x{raw[e.start]:02x})") from None
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                    float(rec["seconds"]), float(rec["tokens"]), int(rec["step"])
+                except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                    raise bad(n, "is not a step record") from None
+                steps.append(rec)
+    except OSError as e:
+        raise SpecError("run_dir", run_dir, f"train.jsonl cannot be read ({e.strerror})") from None
+    return steps
 
 
 def comparison_rows(doc: dict[str, Any], plan: dict[str, Any] | None = None

@@ -2,15 +2,15 @@
 
 Ranks are rows, time runs left to right; forward F, backward B (or its input half I)
 and weight-gradient W each have a colour. The Chrome trace (``chrome://tracing`` or
-https://ui.perfetto.dev) has one thread per rank and one slice per action.
+https://ui.perfetto.dev) has one thread per rank and one slice per action. Files are
+returned as bytes, never written here: the command line checks the path first and writes
+them whole (:func:`shardlab.report.html.write_atomic`).
 """
 
 from __future__ import annotations
 
+import io
 import json
-import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from rich.text import Text
@@ -18,6 +18,10 @@ from rich.text import Text
 from shardlab.schedules.simulate import Timing
 
 COLOURS = {"F": "#4C78A8", "B": "#54A24B", "I": "#72B7B2", "W": "#F2A93B"}
+# PNG and SVG draw at most this many actions: on the widest figure (24 inches at 120 dpi)
+# more leave a bar a pixel or two wide, and drawing 100,000 took half a minute. The Chrome
+# trace, which Perfetto zooms, has no such limit.
+MAX_DRAWN_ACTIONS = 20_000
 RICH_STYLES = {"F": "bold white on blue", "B": "bold white on green", "I": "black on cyan",
                "W": "black on yellow"}
 
@@ -58,31 +62,17 @@ def rich_timeline(t: Timing, width: int = 100) -> Any:
     return out
 
 
-def _atomic_write(path: Path, write: Any) -> None:
-    """Write through a temporary file in the same folder, then rename: never a half file."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def save_figure(t: Timing, path: str | Path) -> None:
-    """PNG or SVG (by suffix) of the timeline: ranks as rows, bars coloured by kind."""
+def figure_bytes(t: Timing, fmt: str) -> bytes:
+    """The timeline as a ``"png"`` or ``"svg"`` file's bytes: ranks as rows, bars coloured by
+    kind. Nothing is written: the caller decides where (and checks it can, first)."""
     # Imported here: `shardlab schedule`'s terminal view imports this module; only PNG/SVG draw.
-    import matplotlib
-
-    matplotlib.use("Agg")
-    # Imported here, as matplotlib, and after use("Agg") so pyplot never picks a GUI backend.
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
     s = t.schedule
-    fig, ax = plt.subplots(figsize=(min(24.0, 5 + t.makespan / 4), 1.2 + 0.45 * s.pp))
+    # A Figure of its own, never pyplot: no GUI backend and no global figure list.
+    fig = Figure(figsize=(min(24.0, 5 + t.makespan / 4), 1.2 + 0.45 * s.pp))
+    ax = fig.subplots()
     for r, ev in enumerate(t.events):
         for kind, colour in COLOURS.items():
             for chunk in range(s.virtual_stages):
@@ -98,7 +88,7 @@ def save_figure(t: Timing, path: str | Path) -> None:
                         va="center", fontsize=7, color="white")
     ax.set_yticks(range(s.pp), [f"rank {r}" for r in range(s.pp)])
     ax.invert_yaxis()
-    ax.set_xlim(0, t.makespan)
+    ax.set_xlim(0, t.makespan or 1.0)  # all durations 0: a unit range rather than [0, 0]
     ax.set_xlabel("time")
     ax.set_title(f"{s.name}: p={s.pp} m={s.microbatches} v={s.virtual_stages}, "
                  f"bubble {t.bubble:.1%}, makespan {t.makespan:g}")
@@ -106,9 +96,9 @@ def save_figure(t: Timing, path: str | Path) -> None:
     ax.legend(handles=[Patch(color=c, label=k) for k, c in COLOURS.items() if k in used],
               loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
-    fmt = Path(path).suffix.lstrip(".").lower()
-    _atomic_write(Path(path), lambda tmp: fig.savefig(tmp, format=fmt, dpi=120))
-    plt.close(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt, dpi=120)
+    return buf.getvalue()
 
 
 def chrome_trace(t: Timing, time_unit_s: float = 1.0) -> dict[str, Any]:
@@ -130,7 +120,6 @@ def chrome_trace(t: Timing, time_unit_s: float = 1.0) -> dict[str, Any]:
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def save_trace(t: Timing, path: str | Path) -> None:
-    """Write :func:`chrome_trace` to ``path`` atomically."""
-    doc = chrome_trace(t)
-    _atomic_write(Path(path), lambda tmp: Path(tmp).write_text(json.dumps(doc)))
+def trace_bytes(t: Timing) -> bytes:
+    """:func:`chrome_trace` as the bytes of a JSON file."""
+    return json.dumps(chrome_trace(t)).encode("utf-8")

@@ -265,6 +265,52 @@ def dualpipev(p: int, m: int) -> Ranks:
 KINDS: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v",
                           "dualpipev")
 V_KINDS: tuple[str, ...] = ("zb-v", "dualpipev")
+SPLIT_KINDS: tuple[str, ...] = ("zb-h1", "zb-h2", "zb-v", "dualpipev")
+"""Kinds whose backward runs (at least partly) as separate I and W actions."""
+
+# Sizes the command line accepts. Timing costs a few microseconds per action and a JSON
+# timeline or picture about as much again, so 100,000 actions answer in seconds; beyond
+# that nothing new is learnt (a bubble is (p - 1) / (m + p - 1) whatever m) while time
+# and memory grow without bound. Real pipelines have tens of stages and hundreds of
+# micro-batches: 256 and 4,096 leave ample room.
+MAX_STAGES = 256
+MAX_MICROBATCHES = 4096
+MAX_ACTIONS = 100_000
+
+
+def action_count(kind: str, p: int, m: int, v: int) -> int:
+    """Compute actions of ``kind`` on ``p`` ranks, ``m`` micro-batches and ``v`` chunks per
+    rank, without building it: two per (chunk, micro-batch) (F, B), three when the backward
+    is split (F, I, W; an upper bound for dualpipev, which splits only some)."""
+    return p * v * m * (3 if kind in SPLIT_KINDS else 2)
+
+
+def check_size(kind: str, p: int, m: int, v: int | None = None) -> int:
+    """The action count of the schedule :func:`build` would make, checked first as
+    :func:`build` checks it; SpecError naming the limit when ``p`` > MAX_STAGES, ``m`` >
+    MAX_MICROBATCHES or the count > MAX_ACTIONS. Costs nothing: no schedule is built."""
+    if v is None:
+        v = default_virtual(kind)
+    if p > MAX_STAGES:
+        raise SpecError("stages", p, f"must be <= {MAX_STAGES}")
+    if m > MAX_MICROBATCHES:
+        raise SpecError("microbatches", m, f"must be <= {MAX_MICROBATCHES}")
+    _check(kind, p, m, v)
+    n = action_count(kind, p, m, v)
+    if n > MAX_ACTIONS:
+        per = 3 if kind in SPLIT_KINDS else 2
+        what = (f"{kind} on {p} stages x {v} chunk(s) x {m} micro-batches x {per} would run "
+                f"{n:,} actions; at most {MAX_ACTIONS:,}")
+        fit = MAX_ACTIONS // (p * v * per)
+        if fit == 0:
+            raise SpecError("virtual", v, f"{what} (fewer chunks per rank)")
+        raise SpecError("microbatches", m, f"{what} (fewer micro-batches: at most {fit:,})")
+    return n
+
+
+def default_virtual(kind: str) -> int:
+    """Chunks per rank when none is given: 2 for interleaved and V schedules, else 1."""
+    return 2 if kind in (*V_KINDS, "interleaved-1f1b") else 1
 
 
 def _check(kind: str, p: int, m: int, v: int) -> None:
@@ -302,7 +348,7 @@ def build(kind: str, stages: int, microbatches: int, virtual: int | None = None)
     """The schedule ``kind`` for ``stages`` ranks and ``microbatches``; ``virtual`` chunks
     per rank (default 2 for interleaved and V schedules, else 1). SpecError if not allowed."""
     if virtual is None:
-        virtual = 2 if kind in (*V_KINDS, "interleaved-1f1b") else 1
+        virtual = default_virtual(kind)
     _check(kind, stages, microbatches, virtual)
     placement = v_placement(stages) if kind in V_KINDS else loop_placement(stages, virtual)
     ranks = _BUILDERS[kind](stages, microbatches, virtual)

@@ -17,11 +17,12 @@ until the end of its last backward piece (B, or W when split).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from shardlab.errors import SpecError
-from shardlab.schedules.actions import KINDS_OF_ACTION, Action, Schedule
+from shardlab.schedules.actions import Action, Schedule
 
 
 @dataclass(frozen=True)
@@ -70,37 +71,48 @@ class Timing:
     peak_inflight: tuple[int, ...]
 
 
+_BIT = {"F": 1, "B": 2, "I": 4, "W": 8}
+_WHOLE = (_BIT["F"] | _BIT["B"], _BIT["F"] | _BIT["I"] | _BIT["W"])
+
+
 def _check_actions(s: Schedule) -> None:
-    """Every (stage, micro-batch) has one F and one B or one I + one W, on its stage's rank."""
-    seen: set[Action] = set()
+    """Every (stage, micro-batch) has one F and one B or one I + one W, on its stage's rank.
+
+    Each (stage, micro-batch) keeps a bit per kind it has seen: one pass over the actions
+    and one over the bits, no set of actions (this check is a third of a large timing)."""
+    n_mb = s.microbatches
+    seen = [0] * (s.stages * n_mb)
     for rank, actions in enumerate(s.ranks):
         for a in actions:
-            if a.kind not in KINDS_OF_ACTION:
+            bit = _BIT.get(a.kind)
+            if bit is None:
                 raise SpecError("schedule", str(a), "has an unknown kind (F, B, I, W)")
-            if not (0 <= a.stage < s.stages and 0 <= a.microbatch < s.microbatches):
+            if not (0 <= a.stage < s.stages and 0 <= a.microbatch < n_mb):
                 raise SpecError("schedule", str(a), f"is outside {s.stages} stages x "
-                                f"{s.microbatches} micro-batches")
+                                f"{n_mb} micro-batches")
             if s.placement[a.stage] != rank:
                 raise SpecError("schedule", str(a), f"runs on rank {rank}, but stage {a.stage} "
                                 f"lives on rank {s.placement[a.stage]}")
-            if a in seen:
+            i = a.stage * n_mb + a.microbatch
+            if seen[i] & bit:
                 raise SpecError("schedule", str(a), f"runs twice (rank {rank})")
-            seen.add(a)
-    for stage in range(s.stages):
-        for mb in range(s.microbatches):
-            has = {k for k in "FBIW" if Action(k, stage, mb) in seen}
-            if "F" not in has or not ({"B"} <= has or {"I", "W"} <= has) or has >= {"B", "I"}:
-                missing = "F" if "F" not in has else "B or I+W"
-                raise SpecError("schedule", f"stage {stage} micro-batch {mb}",
-                                f"needs exactly one F and one B or one I+W (missing {missing})")
+            seen[i] |= bit
+    for i, has in enumerate(seen):
+        if has not in _WHOLE:
+            stage, mb = divmod(i, n_mb)
+            problem = ("missing F" if not has & _BIT["F"] else "both B and I or W"
+                       if has & _BIT["B"] else "missing B or I+W")
+            raise SpecError("schedule", f"stage {stage} micro-batch {mb}",
+                            f"needs exactly one F and one B or one I+W ({problem})")
 
 
 def simulate(s: Schedule, d: Durations = Durations()) -> Timing:
     """Time every action of ``s`` (module docstring); SpecError if it is invalid or deadlocks."""
     _check_actions(s)
     if d.stage_scale and len(d.stage_scale) != s.stages:
-        raise SpecError("stage_scale", len(d.stage_scale), f"must give one factor per stage "
-                        f"({s.stages})")
+        raise SpecError("stage_scale", ",".join(f"{x:g}" for x in d.stage_scale),
+                        f"gives {len(d.stage_scale)} factors; must give one per stage "
+                        f"({s.stages}: {s.pp} ranks x {s.virtual_stages} chunks)")
     n_st, n_mb, last = s.stages, s.microbatches, s.stages - 1
     placement = s.placement
 
@@ -157,6 +169,10 @@ def simulate(s: Schedule, d: Durations = Durations()) -> Timing:
         r = stuck[0]
         raise SpecError("schedule", s.name, f"deadlocks: rank {r} waits forever at "
                         f"{s.ranks[r][pos[r]]} (action {pos[r]})")
+    if not all(math.isfinite(ev[-1].end) for ev in events if ev):
+        raise SpecError("durations", f"t_f={d.t_f:g} t_b={d.t_b:g} t_w={d.t_w:g} p2p={d.p2p:g}",
+                        "add up past the largest float (the timeline would be inf); use a "
+                        "larger unit")
     return _measure(s, events)
 
 
