@@ -6,15 +6,31 @@ into exit code 2 and a single line, never a traceback.
 
 from __future__ import annotations
 
+SHOWN_CHARACTERS = 80
+"""How much of an over-long value an error line echoes (characters of its ``repr``)."""
+
+
+def clip(text: str, keep: int = SHOWN_CHARACTERS) -> str:
+    """``text`` when it is at most ``keep`` characters, else its first ``keep`` and how many
+    more there are, so an error line stays one readable line whatever the user typed."""
+    if len(text) <= keep:
+        return text
+    more = len(text) - keep
+    return f"{text[:keep]}... ({more:,} more character{'s' if more > 1 else ''})"
+
 
 class SpecError(ValueError):
-    """Bad user input: names the field, the value given and what is allowed."""
+    """Bad user input: names the field, the value given and what is allowed.
+
+    The message echoes the value's ``repr`` cut to :data:`SHOWN_CHARACTERS` characters
+    (:func:`clip`); ``value`` keeps it whole.
+    """
 
     def __init__(self, field: str, value: object, allowed: str) -> None:
         self.field = field
         self.value = value
         self.allowed = allowed
-        super().__init__(f"{field}={value!r}: {allowed}")
+        super().__init__(f"{field}={clip(repr(value))}: {allowed}")
 
 
 def require_positive_int(field: str, value: object) -> int:
@@ -28,6 +44,15 @@ def require_nonnegative_int(field: str, value: object) -> int:
     """Return ``value`` when it is an int >= 0 (bools refused), else raise SpecError."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise SpecError(field, value, "must be an integer >= 0")
+    return value
+
+
+def require_int_at_most(field: str, value: int, limit: int) -> int:
+    """Return ``value`` when it is <= ``limit``, else raise SpecError stating the limit (as
+    a power of two too when it is one: ``must be <= 1,048,576 (2^20)``)."""
+    if value > limit:
+        power = f" (2^{limit.bit_length() - 1})" if limit > 2 and limit & (limit - 1) == 0 else ""
+        raise SpecError(field, value, f"must be <= {limit:,}{power}")
     return value
 
 

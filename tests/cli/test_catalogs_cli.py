@@ -144,11 +144,13 @@ def test_hardware_file_entries_are_listed(capsys: pytest.CaptureFixture[str],
     assert "My Fabric" in {k["name"] for k in doc["links"]}
 
 
+@pytest.mark.parametrize("query", ["My GPU", "my-gpu", "mygpu"])
 def test_hardware_file_gpu_is_usable_by_budget(capsys: pytest.CaptureFixture[str],
-                                               hardware_file: Path) -> None:
-    doc = cli_json(capsys, "budget", "llama-3-8b", "--gpu", "my gpu", "--gpus", "8",
+                                               hardware_file: Path, query: str) -> None:
+    doc = cli_json(capsys, "budget", "llama-3-8b", "--gpu", query, "--gpus", "8",
                    "--hardware-file", str(hardware_file))
-    assert doc["hardware"]["name"] == "My GPU"
+    assert doc["hardware"]["name"] == "My GPU" and doc["memory"]["capacity"] == 96e9
+    assert doc["hardware"]["inter_link"]["bandwidth"] == 50e9
     assert doc["hardware"]["gpus_per_node"] == 4
     # dp=8 spans two 4-device nodes, so data parallelism crosses the network.
     assert doc["comm"]["dp_link"] == "IB NDR"
@@ -168,7 +170,13 @@ def test_hardware_human_view_with_file(capsys: pytest.CaptureFixture[str],
      'memory_bandwidth = 1e12\npower_watts = 100\nintra_link = "NVLink 4"\n'
      'inter_link = "IB NDR 400G"\n', ["accelerator[0].peak_flops.bf16", "-1.0"]),
     ('[[link]]\nname = "L"\nbandwidth = 1e9\n', ["link[0].latency", "missing"]),
-], ids=["not-toml", "missing-peak-flops", "negative-peak", "link-missing-latency"])
+    # Once ignored (gpus per node silently 8), accepted, or a silent replacement.
+    (USER_HARDWARE.replace("gpus_per_node", "gpus_per_nod"),
+     ["accelerator[0]", "'gpus_per_nod'", "unknown key", "gpus_per_node"]),
+    (USER_HARDWARE.replace("bf16", "bf17"), ["accelerator[0].peak_flops", "'bf17'", "fp8"]),
+    (USER_HARDWARE.replace("My GPU", "H100 SXM"), ["accelerator[0].name", "H100 SXM", "taken"]),
+], ids=["not-toml", "missing-peak-flops", "negative-peak", "link-missing-latency",
+        "unknown-key", "unknown-dtype", "catalog-name"])
 def test_bad_hardware_file_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                        text: str, needles: list[str]) -> None:
     path = tmp_path / "bad.toml"

@@ -18,6 +18,9 @@ BEST_KEYS = {"dp", "tp", "pp", "virtual_stages", "micro_batch", "microbatches", 
              "memory_breakdown", "train_command"}
 
 
+GB8 = ["--global-batch", "8"]
+
+
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(["plan", *argv])
     out, err = capsys.readouterr()
@@ -72,13 +75,53 @@ def test_human_view(capsys: pytest.CaptureFixture[str]) -> None:
     (["llama-3.1-405b", "--gpus", "8", "--global-batch", "8", "--seq", "8192"],
      "smallest needs"),
     (["llama-3-8b", "--gpus", "24", "--global-batch", "8", "--layout", "tp=3"], "tp=3"),
-    (["llama-3-8b", "--gpus", "8", "--global-batch", "8", "--zero", "5"], "zero=5"),
+    (["llama-3-8b", "--gpus", "8", "--zero", "5", *GB8], "zero=5"),
+    # Once silently sp=0, the last dp, 25 s to minutes of silence, an OSError, and a
+    # model called 'flags' the user never named.
+    (["llama-3-8b", "--gpus", "8", "--layout", "tp=2 sp=banana", *GB8], "sp='banana': must"),
+    (["llama-3-8b", "--gpus", "8", "--layout", "dp=8 dp=4", *GB8], "given twice"),
+    (["--gpus", "1e9", *GB8], "gpus=1000000000: must be <= 1,048,576 (2^20)"),
+    (["--gpus", "1e30", *GB8], "(2^20)"),
+    (["--layers", "1000000", "--gpus", "8", *GB8], "layers=1000000: must be <= 4,096"),
+    (["x" * 100000, "--gpus", "8", *GB8], "more characters"),
+    (["--d-model", "65536", "--layers", "200", "--gpus", "8", *GB8],
+     "shape flags='llama L=200 d=65536"),
+    (["--layers", "4096", "--gpus", "720720", "--global-batch", "720720", "--max-tp", "720720"],
+     "layouts="),
 ])
 def test_bad_input_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str],
                                       field: str) -> None:
     code, out, err = run(capsys, *argv)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and field in err and err.startswith("shardlab plan: error:")
+    assert len(err) < 300 and "'flags'" not in err
+
+
+def test_budget_and_plan_give_a_layout_the_same_memory(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Budget once defaulted to eager attention (315.7 GB of activations), plan to flash.
+    assert main(["budget", "llama-3-8b", "--gpus", "8", "--zero", "3", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    code, out, err = run(capsys, "llama-3-8b", "--gpus", "8", "--layout", "dp=8 zero=3",
+                         "--json", *GB8)
+    assert code == 0, err
+    best = json.loads(out)["best"][0]
+    assert doc["assumptions"]["attention"] == "flash"
+    assert best["memory_per_device"] == doc["memory"]["per_device"]["total"]
+    assert best["memory_breakdown"]["activations"] == doc["memory"]["per_device"]["activations"]
+    defaults = {c: build_parser().parse_args([c, "--gpus", "8", *GB8]).attention
+                for c in ("budget", "plan")}
+    assert defaults == {"budget": "flash", "plan": "flash"}
+
+
+def test_a_deep_model_on_many_devices_is_searched(capsys: pytest.CaptureFixture[str]) -> None:
+    # 4,096 layers (the limit): once minutes of silence (a Python step per layer, and
+    # zero-bubble schedules simulated 1,024 stages deep); now well under a second.
+    code, out, err = run(capsys, "--layers", "4096", "--gpus", "1024", "--global-batch",
+                         "2048", "--top", "1", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["candidates_evaluated"] > 30_000 and doc["best"][0]["fits"]
 
 
 @pytest.fixture

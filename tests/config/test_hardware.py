@@ -78,3 +78,60 @@ def test_bad_user_file_names_the_field(tmp_path: Path, text: str, field: str) ->
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="cannot be read"):
         load_hardware_file(tmp_path / "nope.toml")
+
+
+GOOD_ACCELERATOR = ('name = "{name}"\npeak_flops = {{ bf16 = 1e15 }}\nmemory_bytes = 96e9\n'
+                    'memory_bandwidth = 3e12\npower_watts = 600\nintra_link = "NVLink 4"\n'
+                    'inter_link = "100 GbE"\n')
+
+
+def _accelerator(name: str = "My GPU", extra: str = "") -> str:
+    return "[[accelerator]]\n" + GOOD_ACCELERATOR.format(name=name) + extra
+
+
+@pytest.mark.parametrize(("text", "field", "value", "needle"), [
+    # A typo once left gpus_per_node at 8 unseen, and "bf17" was listed as a dtype.
+    (_accelerator(extra="gpus_per_nod = 16\n"), "accelerator[0]", "gpus_per_nod",
+     "unknown key; allowed: name, peak_flops"),
+    (_accelerator().replace("bf16", "bf17"), "accelerator[0].peak_flops", "bf17",
+     "unknown dtype; allowed: fp8, bf16, fp16, tf32, fp32, fp64"),
+    (_accelerator(extra='inter_link = { name = "x", bandwidth = 1e9, latency = 1e-6, '
+                  'sorce = "me" }\n').replace('inter_link = "100 GbE"\n', ""),
+     "accelerator[0].inter_link", "sorce", "unknown key"),
+    ('[[link]]\nname = "EFA"\nbandwidth = 25e9\nlatency = 15e-6\nlatncy = 1\n', "link[0]",
+     "latncy", "unknown key"),
+    (_accelerator() + "[[accelerators]]\n", "hardware_file", "accelerators",
+     "[[link]] and [[accelerator]]"),
+    # A same-named entry once replaced the catalog's silently.
+    (_accelerator("H100 SXM"), "accelerator[0].name", "H100 SXM", "the catalog's accelerator"),
+    (_accelerator("nvidia-h100"), "accelerator[0].name", "nvidia-h100", "alias"),
+    (_accelerator("CPU"), "accelerator[0].name", "CPU", "this machine's measurement"),
+    (_accelerator() + _accelerator("my gpu"), "accelerator[1].name", "my gpu",
+     "accelerator[0]"),
+    ('[[link]]\nname = "NVLink 4"\nbandwidth = 1e9\nlatency = 1e-6\n', "link[0].name",
+     "NVLink 4", "the catalog's link"),
+    (_accelerator(extra="gpus_per_node = 2000000\n"), "accelerator[0].gpus_per_node", 2_000_000,
+     "must be <= 1,048,576"),
+])
+def test_a_file_only_adds_known_keys_and_new_names(tmp_path: Path, text: str, field: str,
+                                                   value: object, needle: str) -> None:
+    f = tmp_path / "hw.toml"
+    f.write_text(text)
+    with pytest.raises(SpecError) as e:
+        load_hardware_file(f)
+    assert (e.value.field, e.value.value) == (field, value)
+    assert needle in str(e.value)
+
+
+def test_a_file_entry_with_its_own_name_and_source(tmp_path: Path) -> None:
+    f = tmp_path / "hw.toml"
+    f.write_text(_accelerator("H100 SXM (our cluster)", 'source = "our bench"\n'))
+    accels, _ = load_hardware_file(f)
+    assert accels["H100 SXM"] == ACCELERATORS["H100 SXM"]
+    assert accels["H100 SXM (our cluster)"].source == "our bench"
+    assert get_accelerator("H100 SXM (our cluster)", f).peak("bf16") == 1e15
+
+
+def test_a_device_is_not_read_as_a_hardware_file() -> None:
+    with pytest.raises(SpecError, match=r"hardware_file='/dev/zero': must be a regular file"):
+        load_hardware_file("/dev/zero")

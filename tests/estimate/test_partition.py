@@ -3,6 +3,8 @@
 import pytest
 
 from shardlab.config.catalog import MODELS, get_model
+from shardlab.config.model import ModelShape, MoE
+from shardlab.estimate import partition
 from shardlab.estimate.params import count_params
 from shardlab.estimate.partition import (
     chunk_layers,
@@ -42,3 +44,35 @@ def test_moe_router_is_replicated() -> None:
     two = layer_params_per_tp_rank(m, 2, True)
     router, norms = 4096 * 8, 2 * 4096
     assert two == (one - router - norms) // 2 + router + norms
+
+
+def test_stage_params_costs_the_chunks_not_the_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One call per layer once made a 1,000,000-layer plan run for minutes.
+    calls = []
+    real = partition.layer_params_per_tp_rank
+
+    def counted(m: ModelShape, tp: int, moe_layer: bool) -> int:
+        calls.append(moe_layer)
+        return real(m, tp, moe_layer)
+
+    monkeypatch.setattr(partition, "layer_params_per_tp_rank", counted)
+    deep = ModelShape("deep", 4096, 64, 4, vocab=100, context=32, style="llama", tied=False)
+    assert sum(stage_params(deep, 1, 2)) == count_params(deep).total
+    assert len(calls) <= 2
+
+
+@pytest.mark.parametrize(("pp", "v"), [(1, 1), (2, 1), (3, 2), (4, 3), (12, 1)])
+def test_mixed_dense_and_moe_stages_equal_the_layer_by_layer_sum(pp: int, v: int) -> None:
+    m = ModelShape("mixed", 12, 256, 4, vocab=1000, context=512, style="llama", tied=False,
+                   moe=MoE(experts=8, experts_per_token=2, expert_d_ff=512, dense_layers=5))
+    sizes = chunk_layers(12, pp, v)
+    want = [0] * pp
+    layer = 0
+    for c, n in enumerate(sizes):
+        for _ in range(n):
+            want[c % pp] += layer_params_per_tp_rank(m, 2, moe_layer=layer >= 5)
+            layer += 1
+    want[0] += 500 * 256  # the embedding's vocabulary shard (tp = 2)
+    want[-1] += 256 + 500 * 256  # the final RMSNorm and the untied head's shard
+    assert stage_params(m, 2, pp, v) == want
+    assert rank_layers(12, pp, v) == [sum(sizes[r::pp]) for r in range(pp)]

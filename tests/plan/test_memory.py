@@ -6,7 +6,9 @@ import pytest
 from shardlab.config.catalog import get_model
 from shardlab.config.dtypes import get_policy
 from shardlab.config.layout import SCHEDULES, make_layout
+from shardlab.config.model import ModelShape, MoE
 from shardlab.estimate.memory import inflight_microbatches, peak_stage, stage_memory
+from shardlab.plan import memory
 from shardlab.plan.memory import MemoryOptions, inflight, memory_arrays
 from shardlab.plan.space import Space, enumerate_space
 
@@ -48,3 +50,36 @@ def test_inflight_equals_the_estimate_for_every_schedule() -> None:
                                np.array(v))
                 want = [inflight_microbatches(s, p, r, m, v) for r in range(p)]
                 assert got.tolist() == pytest.approx(want)
+
+
+@pytest.mark.parametrize("name", ["llama-3-70b", "gpt3-175b", "mixtral-8x7b"])
+def test_ranks_0_1_and_last_find_the_busiest_when_layers_are_alike(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = get_model(name)
+    sp = Space(gpus=32, global_batch=64, seq=2048, micro_batches=(1, 2))
+    c = enumerate_space(model, sp)
+    v = c.take(c.reason < 0)
+    opt = MemoryOptions(dropout=True, flash=False)
+    every = memory_arrays(model, v, 2048, get_policy("bf16"), opt, all_ranks=True)
+    three = memory_arrays(model, v, 2048, get_policy("bf16"), opt)
+    # In blocks of a few layouts, too (a deep search once built one table of them all).
+    monkeypatch.setattr(memory, "BLOCK_ELEMENTS", 997)
+    blocks = memory_arrays(model, v, 2048, get_policy("bf16"), opt, all_ranks=True)
+    for got in (three, blocks):
+        for k in ("weights", "gradients", "optimizer", "activations", "params", "stage"):
+            assert np.array_equal(getattr(got, k), getattr(every, k)), k
+
+
+def test_mixed_dense_and_moe_layers_compare_every_rank() -> None:
+    model = ModelShape("mixed", 12, 256, 4, vocab=1000, context=512, style="llama",
+                       moe=MoE(experts=64, experts_per_token=2, expert_d_ff=512,
+                               dense_layers=5))
+    sp = Space(gpus=12, global_batch=24, seq=512)
+    c = enumerate_space(model, sp)
+    v = c.take(c.reason < 0)
+    mem = memory_arrays(model, v, 512, get_policy("bf16"), MemoryOptions(False, True))
+    every = memory_arrays(model, v, 512, get_policy("bf16"), MemoryOptions(False, True),
+                          all_ranks=True)
+    assert np.array_equal(mem.total, every.total) and np.array_equal(mem.stage, every.stage)
+    # Here the busiest rank can be a middle one past rank 1 (the MoE layers are heavier).
+    assert ((mem.stage > 1) & (mem.stage < v.pp - 1)).any()

@@ -54,3 +54,20 @@ def test_given_layout_is_best_zero_even_when_it_does_not_fit() -> None:
         layout_candidates(m, space, "tp=3")
     with pytest.raises(SpecError, match="layout"):
         layout_candidates(m, space, "tensor=8")
+
+
+@pytest.mark.parametrize("value", ["banana", "2", "Y", "-1"])
+def test_layout_sp_is_0_or_1_never_read_as_off(value: str) -> None:
+    m = get_model("llama-3-8b")
+    space = Space(gpus=8, global_batch=8, seq=4096)
+    with pytest.raises(SpecError) as e:
+        layout_candidates(m, space, f"tp=2 sp={value}")
+    assert (e.value.field, e.value.value) == ("sp", value) and "0 or 1" in str(e.value)
+    on = layout_candidates(m, space, "tp=2 sp=yes")
+    assert bool(on.sp[0]) and not layout_candidates(m, space, "tp=2 sp=0").sp[0]
+
+
+def test_layout_key_given_twice_is_refused() -> None:
+    m = get_model("llama-3-8b")
+    with pytest.raises(SpecError, match=r"dp='4': is given twice in --layout \(dp=8 first\)"):
+        layout_candidates(m, Space(gpus=8, global_batch=8, seq=4096), "dp=8 dp=4")

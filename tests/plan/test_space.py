@@ -1,5 +1,7 @@
 """The search space: every valid layout passes make_layout, every rejected one fails it."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -14,7 +16,10 @@ from shardlab.plan.space import (
     REASONS,
     TRAIN_SCHEDULES,
     Space,
+    _meshes,
+    divisors,
     enumerate_space,
+    unique_rows,
 )
 from shardlab.schedules.generators import build
 
@@ -84,3 +89,48 @@ def test_bad_space_values_are_spec_errors() -> None:
         Space(gpus=8, global_batch=8, seq=8, zero=(4,))
     with pytest.raises(SpecError, match="schedule"):
         Space(gpus=8, global_batch=8, seq=8, schedules=("zigzag",))
+
+
+def test_layouts_come_in_the_product_order_of_each_mesh() -> None:
+    # Ties in step time keep this order, so the numpy enumeration must keep itertools'.
+    model = get_model("gpt2")
+    sp = Space(gpus=24, global_batch=48, seq=1024, zero=(0, 2, 3), micro_batches=(1, 3))
+    c = enumerate_space(model, sp)
+    rows = [(dp, tp, pp, v, sched, z, s, RECOMPUTE.index(r), mb)
+            for dp, tp, pp, sched, vs in _meshes(model, sp) for v in vs
+            for z, s, r, mb in itertools.product(sp.zero if dp > 1 else (0,),
+                                                 sp.sp if tp > 1 else (False,),
+                                                 sp.recompute, sp.micro_batches)]
+    got = np.stack([c.dp, c.tp, c.pp, c.virtual, c.schedule, c.zero, c.sp, c.recompute,
+                    c.micro_batch], axis=1)
+    assert got.tolist() == [list(map(int, r)) for r in rows]
+
+
+def test_divisors_and_unique_rows() -> None:
+    for n in range(1, 1500):
+        assert divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
+    assert divisors(2**20) == [2**k for k in range(21)] and len(divisors(720720)) == 240
+    a, b = np.array([3, 1, 3, 1, 2]), np.array([0, 5, 0, 4, 7])
+    uniq, inv = unique_rows(a, b)
+    want, want_inv = np.unique(np.stack([a, b], axis=1), axis=0, return_inverse=True)
+    assert uniq.tolist() == want.tolist() and inv.tolist() == want_inv.ravel().tolist()
+
+
+@pytest.mark.parametrize(("kw", "field"), [
+    ({"gpus": 10**9}, "gpus"), ({"global_batch": 2**25}, "global_batch"),
+    ({"seq": 2**25}, "seq"), ({"max_virtual": 5000}, "max_virtual"),
+    ({"max_tp": 2**21}, "max_tp"), ({"micro_batches": (1, 2**25)}, "micro_batch"),
+])
+def test_space_counts_are_bounded(kw: dict, field: str) -> None:
+    with pytest.raises(SpecError) as e:
+        Space(**{"gpus": 8, "global_batch": 8, "seq": 8, **kw})
+    assert e.value.field == field and "must be <=" in str(e.value)
+
+
+def test_a_search_over_the_limit_is_refused_before_it_is_built() -> None:
+    # 2.5 billion layouts: counted, not built (building them once ran out of memory).
+    model = ModelShape("deep", 4096, 64, 4, vocab=256, context=64, style="llama")
+    sp = Space(gpus=720720, global_batch=720720, seq=32, max_tp=720720, max_virtual=4096)
+    with pytest.raises(SpecError, match="a search evaluates at most 2,000,000") as e:
+        enumerate_space(model, sp)
+    assert e.value.field == "layouts" and e.value.value > 2_000_000

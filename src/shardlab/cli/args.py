@@ -4,55 +4,70 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from typing import Any, NoReturn
 
+from shardlab.config.limits import MAX_PARAMS
 from shardlab.config.resolve import model_or_flags
+from shardlab.errors import SHOWN_CHARACTERS, clip
 
 
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line on stderr and exit code 2 (no usage dump)."""
 
     def error(self, message: str) -> NoReturn:
+        # argparse echoes what was typed (an invalid choice, unrecognized arguments): cut
+        # any over-long word of it so the line stays readable.
+        message = re.sub(rf"\S{{{SHOWN_CHARACTERS + 20},}}", lambda m: clip(m.group()), message)
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         raise SystemExit(2)
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 1 (``"8"``; also ``"1e3"`` when it is a whole number)."""
+def _number(text: str) -> float:
+    """``text`` as a float, or an ArgumentTypeError that echoes it (cut to a readable
+    length, :func:`shardlab.errors.clip`)."""
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value != int(value) or value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
+        raise argparse.ArgumentTypeError(f"{clip(repr(text))} is not a number") from None
+
+
+def _integer(text: str, low: int) -> int:
+    """A whole number >= ``low`` (``"8"``, exactly however long; also ``"1e3"``)."""
+    try:
+        value: float = int(text)
+    except ValueError:
+        value = _number(text)
+    if not math.isfinite(value) or value != int(value) or value < low:
+        need = "a positive integer" if low == 1 else f"an integer >= {low}"
+        raise argparse.ArgumentTypeError(f"{clip(repr(text))} must be {need}")
     return int(value)
 
 
+def positive_int(text: str) -> int:
+    """An integer >= 1 (``"8"``; also ``"1e3"`` when it is a whole number)."""
+    return _integer(text, 1)
+
+
 def nonneg_int(text: str) -> int:
-    """An integer >= 0."""
-    return 0 if text.strip() in ("0", "0.0") else positive_int(text)
+    """An integer >= 0 (``"0"``, ``"8"``; also ``"1e3"``)."""
+    return _integer(text, 0)
 
 
 def positive_float(text: str) -> float:
     """A finite number > 0, scientific notation welcome (``"7.5e9"``)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    value = _number(text)
     if not (0 < value < float("inf")):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
+        raise argparse.ArgumentTypeError(f"{clip(repr(text))} must be a finite number > 0")
     return value
 
 
 def nonneg_float(text: str) -> float:
     """A finite number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    value = _number(text)
     if not (0 <= value < float("inf")):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
+        raise argparse.ArgumentTypeError(f"{clip(repr(text))} must be a finite number >= 0")
     return value
 
 
@@ -60,13 +75,33 @@ def fraction(text: str) -> float:
     """A number in (0, 1]."""
     value = positive_float(text)
     if value > 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be in (0, 1]")
+        raise argparse.ArgumentTypeError(f"{clip(repr(text))} must be in (0, 1]")
+    return value
+
+
+_SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
+
+
+def param_count(text: str) -> float:
+    """A parameter count from 1 to :data:`~shardlab.config.limits.MAX_PARAMS`: a number
+    (``"7.5e9"``) or one with a suffix K, M, B or T (``"7B"``, ``"1.5t"``, ``"125M"``)."""
+    body = text.strip()
+    scale = _SUFFIXES.get(body[-1:].lower(), 1.0) if body else 1.0
+    if scale != 1.0:
+        body = body[:-1]
+    value = _number(body) * scale
+    if not (1 <= value <= MAX_PARAMS):
+        raise argparse.ArgumentTypeError(
+            f"{clip(repr(text))} must be a parameter count from 1 to {MAX_PARAMS:.3g} (2^53), "
+            "e.g. 7.5e9 or 7B (suffixes K, M, B, T)")
     return value
 
 
 def add_shape_args(p: argparse.ArgumentParser) -> None:
     """The model-shape flags shared with ``train``: a small model built from flags."""
-    g = p.add_argument_group("model shape (when no MODEL is given)")
+    g = p.add_argument_group("model shape (when no MODEL is given)",
+                             "at most 4,096 layers, d-model 2^20, heads 2^16, d-ff 2^22, "
+                             "vocab and seq 2^24 (shardlab.config.limits)")
     g.add_argument("--style", choices=("gpt", "llama"), default="llama")
     g.add_argument("--layers", type=positive_int, default=4)
     g.add_argument("--d-model", type=positive_int, default=64)

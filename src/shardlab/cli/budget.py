@@ -6,13 +6,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from shardlab.cli.args import fraction, nonneg_int, positive_float, positive_int
+from shardlab.cli.args import fraction, nonneg_int, param_count, positive_float, positive_int
 from shardlab.cli.output import print_json
 from shardlab.config.dtypes import get_policy
 from shardlab.config.layout import RECOMPUTE, SCHEDULES, make_layout
+from shardlab.config.limits import MAX_GPUS
 from shardlab.config.measured import accelerator_or_measured
 from shardlab.config.resolve import load_model
-from shardlab.errors import SpecError
+from shardlab.errors import SpecError, require_int_at_most
 from shardlab.estimate.budget import Assumptions, model_budget, params_budget
 from shardlab.report.budget_view import print_budget
 
@@ -44,7 +45,8 @@ def add_hardware_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu", default="H100 SXM", help="accelerator name (loose match; "
                    "`shardlab hardware` lists them; `cpu` is this machine as measured by "
                    "`shardlab hardware --measure`)")
-    g.add_argument("--gpus", type=positive_int, help="devices in the job (default dp*tp*pp)")
+    g.add_argument("--gpus", type=positive_int,
+                   help="devices in the job, at most 2^20 (default dp*tp*pp)")
     g.add_argument("--hardware-file", type=Path, help="TOML file of extra accelerators/links")
 
 
@@ -53,8 +55,9 @@ def register(sub: Any) -> None:
     p = sub.add_parser("budget", help="parameters, FLOPs, memory, time, money, comm, inference",
                        description="What it takes to train and serve MODEL on a layout.")
     p.add_argument("model", nargs="?", help="catalog name or path to a Hugging Face config.json")
-    p.add_argument("--params", type=positive_float,
-                   help="a bare parameter count instead of MODEL (states, 6ND, time, DP comm)")
+    p.add_argument("--params", type=param_count,
+                   help="a bare parameter count instead of MODEL (states, 6ND, time, DP "
+                   "comm): 1 to 2^53, e.g. 7.5e9 or 7B (suffixes K, M, B, T)")
     add_layout_args(p)
     add_hardware_args(p)
     add_assumption_args(p)
@@ -71,9 +74,10 @@ def add_assumption_args(p: argparse.ArgumentParser) -> None:
                    help="USD per device-hour (assumption, default 2.0)")
     g.add_argument("--causal", action="store_true",
                    help="count causal attention at half the s x s FLOPs")
-    g.add_argument("--attention", choices=("eager", "flash"), default="eager",
-                   help="eager keeps the s x s scores (Korthikanti's formulas); flash, a fused "
-                   "kernel, keeps only softmax statistics and recomputes Q·Kᵀ in backward")
+    g.add_argument("--attention", choices=("flash", "eager"), default="flash",
+                   help="flash (default, as plan and today's real runs): a fused kernel keeps "
+                   "only softmax statistics and recomputes Q·Kᵀ in backward; eager keeps the "
+                   "s x s scores (Korthikanti et al. 2022's counts)")
     g.add_argument("--dropout", action=argparse.BooleanOptionalAction, default=None,
                    help="dropout masks in activation memory (default: gpt yes, llama no)")
     g.add_argument("--decode-batch", type=positive_int, default=1, help="sequences decoded at once")
@@ -111,7 +115,12 @@ def run(args: argparse.Namespace) -> int:
     acc = accelerator_or_measured(args.gpu, args.hardware_file)
     a = assumptions_from(args)
     if args.params is not None:
+        for name, value in (("gpus", args.gpus), ("dp", args.dp), ("tp", args.tp),
+                            ("pp", args.pp)):
+            if value is not None:
+                require_int_at_most(name, value, MAX_GPUS)
         gpus = args.gpus or (args.dp or 1) * args.tp * args.pp
+        require_int_at_most("gpus", gpus, MAX_GPUS)
         if args.dp is not None and args.dp * args.tp * args.pp != gpus:
             raise SpecError("gpus", gpus, f"must equal dp*tp*pp ({args.dp}*{args.tp}*{args.pp})")
         if gpus % (args.tp * args.pp):

@@ -53,18 +53,20 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cluster")
     g.add_argument("--gpu", default="H100 SXM", help="accelerator name (loose match; `cpu` is "
                    "this machine as `shardlab hardware --measure` stored it)")
-    g.add_argument("--gpus", type=positive_int, required=True, help="devices in the job")
+    g.add_argument("--gpus", type=positive_int, required=True,
+                   help="devices in the job, at most 2^20 (1,048,576)")
     g.add_argument("--gpus-per-node", type=positive_int,
                    help="devices per node (default: the accelerator's, 8 for GPUs)")
     g.add_argument("--hardware-file", type=Path, help="TOML file of extra accelerators/links")
     g = p.add_argument_group("job")
     g.add_argument("--global-batch", type=positive_int, required=True,
-                   help="sequences per optimizer step")
+                   help="sequences per optimizer step, at most 2^24")
     g.add_argument("--dtype", help="dtype policy (default bf16; fp32 on this machine, where "
                    "bf16 means torch autocast as `shardlab train --dtype bf16`)")
     g.add_argument("--attention", choices=("flash", "eager"), default="flash",
-                   help="flash: fused kernel, softmax statistics only (default); eager: the "
-                   "s x s scores are kept (Korthikanti et al. 2022's counts)")
+                   help="flash (default, as budget and today's real runs): a fused kernel "
+                   "keeps only softmax statistics; eager: the s x s scores are kept "
+                   "(Korthikanti et al. 2022's counts)")
     g.add_argument("--dropout", action=argparse.BooleanOptionalAction, default=None,
                    help="dropout masks in activation memory (default: gpt yes, llama no)")
     g.add_argument("--no-overlap-dp", action="store_true",
@@ -74,7 +76,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-tp", type=positive_int, help="largest tp (default: devices per node)")
     g.add_argument("--max-pp", type=positive_int, help="largest pp (default: the layers)")
     g.add_argument("--max-virtual", type=positive_int, default=8,
-                   help="most model chunks per pipeline rank")
+                   help="most model chunks per pipeline rank (at most 4,096)")
     g.add_argument("--micro-batches", type=_int_list, default=(1, 2, 4, 8),
                    help="micro-batch sizes to try (sequences), e.g. 1,2,4,8")
     g.add_argument("--zero", type=_int_list, default=(0, 1, 2, 3), help="ZeRO stages to try")
@@ -84,7 +86,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help=f"pipeline schedules to try ({', '.join(SCHEDULES)})")
     g.add_argument("--layout", help='evaluate one layout instead of searching, e.g. "dp=1 '
                    'tp=8 pp=8 virtual=3 micro_batch=1 zero=1 sp=1 recompute=selective '
-                   'schedule=1f1b" (keys left out take their defaults)')
+                   'schedule=1f1b" (keys left out take their defaults; each key once; sp is '
+                   '0 or 1)')
 
 
 def register(sub: Any) -> None:
@@ -93,7 +96,8 @@ def register(sub: Any) -> None:
                        description="Search every dp x tp x pp layout (virtual stages, "
                        "schedule, ZeRO, sequence parallel, recompute, micro-batch) of MODEL "
                        "on N devices, drop what does not fit, rank the rest by predicted "
-                       "step time.")
+                       "step time. A search evaluates at most 2,000,000 layouts (the default "
+                       "space of any model on up to 2^20 devices stays below it).")
     add_plan_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(run=run)

@@ -6,7 +6,9 @@ Latencies (the alpha of the alpha-beta model) are not on spec sheets: the values
 here are stated assumptions of the usual order of a small NCCL message, and a
 user file can replace them.
 
-A user TOML file adds entries (see ``docs/guide/hardware.md``)::
+A user TOML file adds entries, never replaces one: a name the catalog (or an alias, or an
+earlier entry) already has is refused, as are unknown keys and dtypes (see
+``docs/guide/hardware.md`` and :func:`load_hardware_file`)::
 
     [[accelerator]]
     name = "My GPU"
@@ -25,9 +27,16 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shardlab.config.lookup import find
+from shardlab.config.files import read_input_text
+from shardlab.config.limits import MAX_GPUS
+from shardlab.config.lookup import find, normalize
 from shardlab.config.runtime import Runtime
-from shardlab.errors import SpecError, require_positive_int, require_positive_number
+from shardlab.errors import (
+    SpecError,
+    require_int_at_most,
+    require_positive_int,
+    require_positive_number,
+)
 
 OPS_PER_LAYER_FORWARD = 12
 """Operators one layer's forward launches, as the planner charges their fixed cost
@@ -174,15 +183,55 @@ ALIASES: dict[str, tuple[str, ...]] = {
 }
 
 
+PEAK_DTYPES: tuple[str, ...] = ("fp8", "bf16", "fp16", "tf32", "fp32", "fp64")
+"""The dtypes an accelerator's ``peak_flops`` may list (those the catalog and the dtype
+policies use)."""
+
+MEASURED_NAMES: tuple[str, ...] = ("cpu", "cpu (measured)")
+"""Names that always mean this machine's stored measurement (:mod:`shardlab.config.measured`
+resolves them before any catalog or file), so no file entry may take them."""
+
+LINK_KEYS: tuple[str, ...] = ("name", "bandwidth", "latency", "source")
+ACCELERATOR_KEYS: tuple[str, ...] = ("name", "peak_flops", "memory_bytes", "memory_bandwidth",
+                                     "power_watts", "gpus_per_node", "intra_link",
+                                     "inter_link", "source")
+FILE_TABLES: tuple[str, ...] = ("link", "accelerator")
+
+
+def _known_keys(where: str, raw: dict, allowed: tuple[str, ...], what: str = "key") -> None:
+    """SpecError naming the first key of ``raw`` that is not in ``allowed`` (a typo such as
+    ``gpus_per_nod`` would otherwise leave the default in place unseen)."""
+    for key in raw:
+        if key not in allowed:
+            raise SpecError(where, key, f"unknown {what}; allowed: {', '.join(allowed)}")
+
+
+def _new_name(where: str, raw: dict, taken: dict[str, str]) -> str:
+    """The entry's ``name``, refused when it (loosely, :func:`~shardlab.config.lookup.
+    normalize`) names a catalog entry, an alias, an earlier entry or this machine's
+    measurement: a file adds entries and never silently replaces one."""
+    if "name" not in raw:
+        raise SpecError(f"{where}.name", None, "is missing")
+    name = raw["name"]
+    if not isinstance(name, str) or not normalize(name):
+        raise SpecError(f"{where}.name", name, "must be a name with a letter or digit")
+    if normalize(name) in taken:
+        raise SpecError(f"{where}.name", name, f"is taken by {taken[normalize(name)]}: a "
+                        "file adds entries and never replaces one; give yours its own name")
+    return name
+
+
 def _link(where: str, raw: object, links: dict[str, Link]) -> Link:
     if isinstance(raw, str):
         return find(where, raw, links)
     if not isinstance(raw, dict):
         raise SpecError(where, raw, "must be a link name or a table {name, bandwidth, latency}")
+    _known_keys(where, raw, LINK_KEYS)
     try:
         return Link(str(raw["name"]),
                     require_positive_number(f"{where}.bandwidth", raw["bandwidth"]),
-                    require_positive_number(f"{where}.latency", raw["latency"]))
+                    require_positive_number(f"{where}.latency", raw["latency"]),
+                    str(raw.get("source", "")))
     except KeyError as e:
         raise SpecError(f"{where}.{e.args[0]}", None, "is missing") from None
 
@@ -195,37 +244,62 @@ def _tables(data: dict, key: str) -> list[dict]:
     return items
 
 
+def _taken(entries: dict[str, object], aliases: dict[str, tuple[str, ...]], what: str
+           ) -> dict[str, str]:
+    """Normalized name -> what holds it, for every catalog name and alias."""
+    out = {normalize(n): f"the catalog's {what} {n}" for n in entries}
+    out.update({normalize(a): f"the catalog's {what} {n} (alias {a!r})"
+                for n, names in aliases.items() for a in names})
+    return out
+
+
+def _peaks(where: str, flops: object) -> dict[str, float]:
+    if not isinstance(flops, dict) or not flops:
+        raise SpecError(where, flops, "must be a table of dtype = FLOP/s, e.g. { bf16 = 1e15 }")
+    _known_keys(where, flops, PEAK_DTYPES, "dtype")
+    return {k: require_positive_number(f"{where}.{k}", v) for k, v in flops.items()}
+
+
 def load_hardware_file(path: str | Path) -> tuple[dict[str, Accelerator], dict[str, Link]]:
     """Read a user TOML file of ``[[link]]`` and ``[[accelerator]]`` tables.
 
-    Returns the catalogs with the file's entries added (a same-named entry replaces
-    the built-in one). Any missing or bad field is a SpecError naming it.
+    Returns the catalogs with the file's entries added. A file only adds: an entry whose
+    name (loosely) is already taken, by the catalog, an alias, an earlier entry or this
+    machine's measurement ("cpu"), is refused, as is any key or dtype not in
+    :data:`LINK_KEYS`, :data:`ACCELERATOR_KEYS`, :data:`PEAK_DTYPES`. The file must be a
+    regular file of at most 1 MiB (:func:`~shardlab.config.files.read_input_text`). Any
+    missing or bad field is a SpecError naming it.
     """
     p = Path(path)
+    text = read_input_text("hardware_file", p)
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise SpecError("hardware_file", str(p), f"cannot be read ({e.strerror})") from None
-    except UnicodeDecodeError:
-        raise SpecError("hardware_file", str(p), "is not UTF-8 text") from None
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise SpecError("hardware_file", str(p), f"is not valid TOML ({e})") from None
+    for key in data:
+        if key not in FILE_TABLES:
+            raise SpecError("hardware_file", key, "unknown table or key; allowed: [[link]] "
+                            "and [[accelerator]]")
     links = dict(LINKS)
+    taken = _taken(LINKS, {}, "link")
     for i, raw in enumerate(_tables(data, "link")):
-        link = _link(f"link[{i}]", raw, links)
+        where = f"link[{i}]"
+        _known_keys(where, raw, LINK_KEYS)
+        name = _new_name(where, raw, taken)
+        link = _link(where, raw, links)
         links[link.name] = link
+        taken[normalize(name)] = f"{where}"
     accels = dict(ACCELERATORS)
+    taken = _taken(ACCELERATORS, ALIASES, "accelerator")
+    taken.update({normalize(n): "this machine's measurement (--gpu cpu)" for n in MEASURED_NAMES})
     for i, raw in enumerate(_tables(data, "accelerator")):
         where = f"accelerator[{i}]"
+        _known_keys(where, raw, ACCELERATOR_KEYS)
+        name = _new_name(where, raw, taken)
         try:
-            flops = raw["peak_flops"]
-            if not isinstance(flops, dict) or not flops:
-                raise SpecError(f"{where}.peak_flops", flops,
-                                "must be a table of dtype = FLOP/s, e.g. { bf16 = 1e15 }")
             acc = Accelerator(
-                name=str(raw["name"]),
-                peak_flops={k: require_positive_number(f"{where}.peak_flops.{k}", v)
-                            for k, v in flops.items()},
+                name=name,
+                peak_flops=_peaks(f"{where}.peak_flops", raw["peak_flops"]),
                 memory_bytes=require_positive_number(f"{where}.memory_bytes",
                                                      raw["memory_bytes"]),
                 memory_bandwidth=require_positive_number(f"{where}.memory_bandwidth",
@@ -233,13 +307,16 @@ def load_hardware_file(path: str | Path) -> tuple[dict[str, Accelerator], dict[s
                 power_watts=require_positive_number(f"{where}.power_watts", raw["power_watts"]),
                 intra_link=_link(f"{where}.intra_link", raw["intra_link"], links),
                 inter_link=_link(f"{where}.inter_link", raw["inter_link"], links),
-                gpus_per_node=require_positive_int(f"{where}.gpus_per_node",
-                                                   raw.get("gpus_per_node", 8)),
+                gpus_per_node=require_int_at_most(
+                    f"{where}.gpus_per_node",
+                    require_positive_int(f"{where}.gpus_per_node", raw.get("gpus_per_node", 8)),
+                    MAX_GPUS),
                 source=str(raw.get("source", f"user file {p}")),
             )
         except KeyError as e:
             raise SpecError(f"{where}.{e.args[0]}", None, "is missing") from None
         accels[acc.name] = acc
+        taken[normalize(name)] = where
     return accels, links
 
 

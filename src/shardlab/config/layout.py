@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardlab.config.dtypes import DtypePolicy, get_policy
+from shardlab.config.limits import MAX_BATCH, MAX_CONTEXT, MAX_GPUS, MAX_LAYERS
 from shardlab.config.model import ModelShape
-from shardlab.errors import SpecError, require_positive_int
+from shardlab.errors import SpecError, require_int_at_most, require_positive_int
 
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v",
@@ -71,18 +72,24 @@ def make_layout(model: ModelShape, *, gpus: int | None = None, dp: int | None = 
     ``dp`` defaults to gpus / (tp * pp) (or 1 without ``gpus``); ``global_batch`` to
     dp * micro_batch * pp (pp micro-batches per replica, enough to fill a 1F1B
     pipeline); ``seq`` to the model's context; ``schedule`` to 1f1b, or
-    interleaved-1f1b when virtual_stages > 1.
+    interleaved-1f1b when virtual_stages > 1. Each count is bounded
+    (:mod:`shardlab.config.limits`): gpus, dp, tp, pp <= 2^20, virtual_stages <= 4,096,
+    micro_batch and global_batch <= 2^24 sequences, seq <= 2^24 tokens.
     """
     for name, v in (("tp", tp), ("pp", pp), ("virtual_stages", virtual_stages),
                     ("micro_batch", micro_batch)):
         require_positive_int(name, v)
+    for name, v, limit in (("tp", tp, MAX_GPUS), ("pp", pp, MAX_GPUS),
+                           ("virtual_stages", virtual_stages, MAX_LAYERS),
+                           ("micro_batch", micro_batch, MAX_BATCH)):
+        require_int_at_most(name, v, limit)
     if gpus is not None:
-        require_positive_int("gpus", gpus)
+        require_int_at_most("gpus", require_positive_int("gpus", gpus), MAX_GPUS)
         if dp is None:
             if gpus % (tp * pp):
                 raise SpecError("gpus", gpus, f"must be a multiple of tp*pp ({tp}*{pp}={tp * pp})")
             dp = gpus // (tp * pp)
-    dp = 1 if dp is None else require_positive_int("dp", dp)
+    dp = 1 if dp is None else require_int_at_most("dp", require_positive_int("dp", dp), MAX_GPUS)
     if gpus is not None and dp * tp * pp != gpus:
         raise SpecError("gpus", gpus, f"must equal dp*tp*pp ({dp}*{tp}*{pp}={dp * tp * pp})")
     if isinstance(zero, bool) or zero not in (0, 1, 2, 3):
@@ -90,12 +97,14 @@ def make_layout(model: ModelShape, *, gpus: int | None = None, dp: int | None = 
     if recompute not in RECOMPUTE:
         raise SpecError("recompute", recompute, f"must be one of {', '.join(RECOMPUTE)}")
     policy = get_policy(dtype)
-    seq = model.context if seq is None else require_positive_int("seq", seq)
+    seq = (model.context if seq is None
+           else require_int_at_most("seq", require_positive_int("seq", seq), MAX_CONTEXT))
     if model.style == "gpt" and seq > model.context:
         raise SpecError("seq", seq, f"must be <= the learned position table ({model.context}) "
                         "for a gpt-style model")
     global_batch = (dp * micro_batch * pp if global_batch is None
                     else require_positive_int("global_batch", global_batch))
+    require_int_at_most("global_batch", global_batch, MAX_BATCH)
     if global_batch % (dp * micro_batch):
         raise SpecError("global_batch", global_batch,
                         f"must be a multiple of dp*micro_batch ({dp}*{micro_batch})")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from shardlab.config.hardware import (
+    MEASURED_NAMES,
     OPS_PER_LAYER_FORWARD,
     Accelerator,
     Efficiency,
@@ -28,10 +29,10 @@ from shardlab.config.runtime import parse_runtime
 from shardlab.errors import SpecError
 from shardlab.units import human
 
-NAME = "cpu (measured)"
-"""The accelerator name a stored measurement is listed and looked up under."""
+NAME = MEASURED_NAMES[1]
+"""The accelerator name a stored measurement is listed and looked up under: "cpu (measured)"."""
 
-NAMES = ("cpu", NAME)
+NAMES = MEASURED_NAMES
 """Names (case-insensitive) that :func:`accelerator_or_measured` resolves to the measurement."""
 
 SCHEMA = "shardlab.cpu-measurement/1"

@@ -19,7 +19,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from shardlab.errors import SpecError, require_nonnegative_int, require_positive_int
+from shardlab.config.limits import (
+    MAX_CONTEXT,
+    MAX_EXPERTS,
+    MAX_FF,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_VOCAB,
+    MAX_WIDTH,
+)
+from shardlab.errors import (
+    SpecError,
+    require_int_at_most,
+    require_nonnegative_int,
+    require_positive_int,
+)
 
 Style = Literal["gpt", "llama"]
 STYLES: tuple[str, ...] = ("gpt", "llama")
@@ -34,6 +48,14 @@ LN_EPS = 1e-5
 ROPE_THETA = 10_000.0
 """The rotary embedding's base (Su et al. 2021; Llama 1 and 2): the model shardlab builds
 uses it, and an exported config.json says so."""
+
+
+SHAPE_LIMITS: dict[str, int] = {
+    "layers": MAX_LAYERS, "d_model": MAX_WIDTH, "head_dim": MAX_WIDTH, "heads": MAX_HEADS,
+    "kv_heads": MAX_HEADS, "d_ff": MAX_FF, "vocab": MAX_VOCAB, "context": MAX_CONTEXT,
+}
+"""The largest value of each shape field (:mod:`shardlab.config.limits`): past these the
+counts are typos, and their figures would lose their precision."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +82,9 @@ class MoE:
         require_nonnegative_int("moe.shared_experts", self.shared_experts)
         require_nonnegative_int("moe.shared_d_ff", self.shared_d_ff)
         require_nonnegative_int("moe.dense_layers", self.dense_layers)
+        for name, limit in (("experts", MAX_EXPERTS), ("shared_experts", MAX_EXPERTS),
+                            ("expert_d_ff", MAX_FF), ("shared_d_ff", MAX_FF)):
+            require_int_at_most(f"moe.{name}", getattr(self, name), limit)
         if self.experts_per_token > self.experts:
             raise SpecError("moe.experts_per_token", self.experts_per_token,
                             f"must be <= moe.experts ({self.experts})")
@@ -98,6 +123,8 @@ class ModelShape:
             require_positive_int(name, getattr(self, name))
         for name in ("kv_heads", "head_dim", "d_ff"):
             require_nonnegative_int(name, getattr(self, name))
+        for name, limit in SHAPE_LIMITS.items():
+            require_int_at_most(name, getattr(self, name), limit)
         if self.style not in STYLES:
             raise SpecError("style", self.style, f"must be one of {', '.join(STYLES)}")
         if self.kv_heads == 0:

@@ -5,24 +5,59 @@ that takes a model goes through here (``budget``, ``plan``, ``simulate``, ``trai
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from shardlab.config.catalog import get_model
+from shardlab.config.files import check_input_file
 from shardlab.config.hf_config import shape_from_hf_config
 from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
 
+FLAGS_NAME = "flags"
+"""The name of a model built from the shape flags (``--layers``, ``--d-model``, ...), as the
+JSON documents and ``shardlab train`` know it. Messages do not echo it (the user typed no
+such name): they name the shape flags instead (:func:`model_field`)."""
+
+
+def model_field(shape: ModelShape) -> tuple[str, str]:
+    """(field, value) an error line names ``shape`` by: ``("model", its name)``, or for a
+    model built from the shape flags ``("shape flags", its one-line description)``."""
+    if shape.name == FLAGS_NAME:
+        return "shape flags", shape.describe()
+    return "model", shape.name
+
+
+def model_label(shape: ModelShape) -> str:
+    """``shape`` in a sentence: its name, or "the model of the shape flags"."""
+    return "the model of the shape flags" if shape.name == FLAGS_NAME else shape.name
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    """What ``path`` names on disk, or None when nothing; a name the system cannot even look
+    up (too long, say) is a SpecError rather than an OSError."""
+    try:
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        raise SpecError("model", str(path), f"is neither a catalog name nor a readable path "
+                        f"({e.strerror or e})") from None
+
 
 def load_model(name: str) -> ModelShape:
     """A catalog name, or a path to a config.json (an existing path, or a name ending .json;
-    a folder means its config.json)."""
+    a folder means its config.json). The file must be a regular file of at most
+    :data:`~shardlab.config.limits.MAX_FILE_BYTES` (:func:`check_input_file`)."""
     if not name.strip():
         raise SpecError("model", name, "must name a catalog model or a config.json")
     path = Path(name)
-    if path.suffix == ".json" or path.exists():
-        if path.is_dir():
+    st = _stat(path)
+    if path.suffix == ".json" or st is not None:
+        if st is not None and stat.S_ISDIR(st.st_mode):
             path = path / "config.json"
-        return shape_from_hf_config(path)
+        return shape_from_hf_config(check_input_file("config", path))
     return get_model(name)
 
 
@@ -30,7 +65,7 @@ def model_or_flags(model: str | None, corpus_vocab: int, *, style: str, layers: 
                    d_model: int, heads: int, kv_heads: int | None, d_ff: int | None,
                    vocab: int | None, seq: int) -> ModelShape:
     """``model`` (catalog or config.json) when given, else the shape the flags describe,
-    named "flags" (kv_heads and d_ff default to the style's, vocab to the corpus's; gpt
+    named :data:`FLAGS_NAME` (kv_heads and d_ff default to the style's, vocab to the corpus's; gpt
     ties its head). Either way the vocabulary must hold the corpus's ``corpus_vocab``
     words."""
     if model is not None:
@@ -40,6 +75,6 @@ def model_or_flags(model: str | None, corpus_vocab: int, *, style: str, layers: 
         return shape
     if vocab is not None and vocab < corpus_vocab:
         raise SpecError("vocab", vocab, f"must be >= the corpus's {corpus_vocab} words")
-    return ModelShape("flags", layers, d_model, heads, vocab or corpus_vocab, seq,
+    return ModelShape(FLAGS_NAME, layers, d_model, heads, vocab or corpus_vocab, seq,
                       kv_heads=kv_heads or 0, d_ff=d_ff or 0, style=style,
                       tied=style == "gpt")

@@ -47,7 +47,9 @@ class Assumptions:
     tokens: float | None = None  # None: 20 tokens per parameter
     price_per_gpu_hour: float = 2.0
     causal: bool = False
-    attention: str = "eager"  # "flash": a fused kernel that keeps no s x s matrices
+    # "flash" (as plan and today's real runs): a fused kernel that keeps no s x s matrices;
+    # "eager": the s x s scores are kept (Korthikanti et al. 2022's counts).
+    attention: str = "flash"
     dropout: bool | None = None  # None: the model style's habit (gpt yes, llama no)
     decode_batch: int = 1
     decode_context: int | None = None  # None: the model's context

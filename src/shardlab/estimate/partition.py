@@ -19,13 +19,16 @@ def chunk_layers(layers: int, pp: int, virtual_stages: int = 1) -> list[int]:
     """Layers in each of the pp*v model chunks, the first chunks one larger when uneven."""
     chunks = pp * virtual_stages
     base, extra = divmod(layers, chunks)
-    return [base + (1 if c < extra else 0) for c in range(chunks)]
+    return [base + 1] * extra + [base] * (chunks - extra)
 
 
 def rank_layers(layers: int, pp: int, virtual_stages: int = 1) -> list[int]:
-    """Layers each pipeline rank holds: chunk c lives on rank c mod pp (interleaved placement)."""
-    sizes = chunk_layers(layers, pp, virtual_stages)
-    return [sum(sizes[r::pp]) for r in range(pp)]
+    """Layers each pipeline rank holds: chunk c lives on rank c mod pp (interleaved placement),
+    so rank r holds v chunks of ``base`` layers plus one more for each of its chunks
+    r, r + pp, ... below ``extra`` (:func:`chunk_layers`)."""
+    base, extra = divmod(layers, pp * virtual_stages)
+    return [virtual_stages * base + min(virtual_stages, max(0, -(-(extra - r) // pp)))
+            for r in range(pp)]
 
 
 def _split(total: int, replicated: int, tp: int) -> int:
@@ -66,14 +69,20 @@ def stage_params(m: ModelShape, tp: int, pp: int, virtual_stages: int = 1,
     vocab_shard = (-(-m.vocab // tp) if vocab_parallel else m.vocab) * m.d_model
     out = []
     # Dense layers come first (DeepSeek-style MoE keeps its dense layers at the bottom).
-    sizes = chunk_layers(m.layers, pp, virtual_stages)
-    dense_left = m.dense_layers
-    per_rank = [0] * pp
-    layer = 0
-    for c, n in enumerate(sizes):
-        for _ in range(n):
-            per_rank[c % pp] += layer_params_per_tp_rank(m, tp, moe_layer=layer >= dense_left)
-            layer += 1
+    # Every dense layer is alike, and every MoE layer: count them per chunk, one product
+    # each, so the cost grows with the chunks and not with the layers.
+    dense_params = layer_params_per_tp_rank(m, tp, moe_layer=False)
+    if not m.moe_layers:
+        per_rank = [n * dense_params for n in rank_layers(m.layers, pp, virtual_stages)]
+    else:
+        moe_params = layer_params_per_tp_rank(m, tp, moe_layer=True)
+        dense_left = m.dense_layers
+        per_rank = [0] * pp
+        start = 0
+        for c, n in enumerate(chunk_layers(m.layers, pp, virtual_stages)):
+            dense = max(0, min(n, dense_left - start))
+            per_rank[c % pp] += dense * dense_params + (n - dense) * moe_params
+            start += n
     for r in range(pp):
         n = per_rank[r]
         if r == 0:

@@ -28,7 +28,7 @@ from shardlab.estimate.activations import (
     layer_activation_bytes,
 )
 from shardlab.estimate.partition import chunk_layers, stage_params
-from shardlab.plan.space import Candidates
+from shardlab.plan.space import Candidates, unique_rows
 
 
 @dataclass(frozen=True)
@@ -56,32 +56,38 @@ class MemoryArrays:
         return self.weights + self.gradients + self.optimizer + self.activations
 
 
-def _rank_tables(model: ModelShape, c: Candidates, width: int
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per layout and pipeline rank (padded to ``width``): parameters, dense and MoE layers."""
-    keys = np.stack([c.tp, c.pp, c.virtual], axis=1)
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+def _rank_tables(model: ModelShape, c: Candidates, all_ranks: bool
+                 ) -> tuple[np.ndarray, ...]:
+    """Per layout, at each pipeline rank compared (every one, or 0, 1 and pp - 1 when
+    ``all_ranks`` is false: :func:`_uniform`): the rank,
+    its parameters, dense layers and MoE layers (layouts x ranks compared; past a layout's
+    pp the rank is padding and reads 0). Tables are built per distinct (tp, pp, v) and only
+    at the ranks compared, so they stay as small as the block."""
+    uniq, inv = unique_rows(c.tp, c.pp, c.virtual)
+    width = int(uniq[:, 1].max(initial=1)) if all_ranks else 3
+    ranks = np.zeros((len(uniq), width), dtype=np.int64)
     params = np.zeros((len(uniq), width))
     dense = np.zeros((len(uniq), width))
     moe = np.zeros((len(uniq), width))
+    dense_layers = model.dense_layers
     for i, (tp, pp, v) in enumerate(uniq.tolist()):
-        params[i, :pp] = stage_params(model, tp, pp, v)
-        layer = 0
-        for ch, n in enumerate(chunk_layers(model.layers, pp, v)):
-            # Dense layers come first, as in stage_params.
-            d = max(0, min(n, model.dense_layers - layer))
-            dense[i, ch % pp] += d
-            moe[i, ch % pp] += n - d
-            layer += n
-    inv = inv.ravel()
-    return params[inv], dense[inv], moe[inv]
+        ranks[i] = np.arange(width) if all_ranks else (0, min(1, pp - 1), pp - 1)
+        at = np.minimum(ranks[i], pp - 1)
+        real = ranks[i] < pp
+        sizes = np.array(chunk_layers(model.layers, pp, v), dtype=np.int64)
+        # Dense layers come first, as in stage_params; chunk c lives on rank c mod pp.
+        d = np.clip(dense_layers - (np.cumsum(sizes) - sizes), 0, sizes)
+        on = np.arange(len(sizes)) % pp
+        params[i] = np.where(real, np.array(stage_params(model, tp, pp, v), float)[at], 0.0)
+        dense[i] = np.where(real, np.bincount(on, weights=d, minlength=pp)[at], 0.0)
+        moe[i] = np.where(real, np.bincount(on, weights=sizes - d, minlength=pp)[at], 0.0)
+    return ranks[inv], params[inv], dense[inv], moe[inv]
 
 
 def _activation_tables(model: ModelShape, c: Candidates, seq: int, elem: int,
                        opt: MemoryOptions) -> tuple[np.ndarray, ...]:
     """Per layout: one dense and one MoE layer's bytes per micro-batch, first and last extras."""
-    keys = np.stack([c.micro_batch, c.tp, c.sp.astype(np.int64), c.recompute], axis=1)
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    uniq, inv = unique_rows(c.micro_batch, c.tp, c.sp, c.recompute)
     rows = []
     for mb, tp, sp, rc in uniq.tolist():
         kw = {"tp": tp, "sp": bool(sp), "recompute": RECOMPUTE[rc], "dropout": opt.dropout,
@@ -114,15 +120,65 @@ def inflight(schedule: np.ndarray, pp: np.ndarray, rank: np.ndarray, m: np.ndarr
     return np.select(conds, [np.broadcast_to(x, shape) for x in cases.values()])
 
 
+BLOCK_ELEMENTS = 2**21
+"""Layouts x pipeline ranks that :func:`memory_arrays` holds at once (about 17 MB per
+float64 table, a dozen tables): a search of many deep layouts goes through in blocks of
+layouts rather than building tables of every layout x every rank."""
+
+
+def _uniform(model: ModelShape) -> bool:
+    """Whether every layer is alike (all dense, or all MoE). Then only pipeline ranks 0, 1
+    and pp - 1 need comparing: a middle rank holds only its layers, each with the same
+    parameters and activations, and both its layer count (the first chunks are the larger
+    ones) and the micro-batches it keeps in flight (:func:`inflight`: constant or falling
+    with the rank, for every schedule) never grow with the rank, so rank 1 is the fullest
+    middle rank; rank 0 adds the embedding and the last rank the head."""
+    return model.dense_layers in (0, model.layers)
+
+
 def memory_arrays(model: ModelShape, c: Candidates, seq: int, policy: DtypePolicy,
-                  opt: MemoryOptions) -> MemoryArrays:
-    """Bytes on the busiest device of every layout in ``c`` (module docstring)."""
-    width = int(c.pp.max())
-    params, dense, moe = _rank_tables(model, c, width)
+                  opt: MemoryOptions, all_ranks: bool | None = None) -> MemoryArrays:
+    """Bytes on the busiest device of every layout in ``c`` (module docstring).
+
+    Ranks compared: every one, or when all layers are alike only ranks 0, 1 and pp - 1
+    (:func:`_uniform`; ``all_ranks`` forces either way, for the tests). Computed in
+    blocks of at most :data:`BLOCK_ELEMENTS` layouts x ranks compared.
+    """
+    all_ranks = not _uniform(model) if all_ranks is None else all_ranks
+
+    def width(pp: int) -> int:
+        """Ranks compared for a layout of ``pp`` stages."""
+        return pp if all_ranks else 3
+
+    if len(c) * width(int(c.pp.max(initial=1))) <= BLOCK_ELEMENTS:
+        return _memory_block(model, c, seq, policy, opt, all_ranks)
+    # Shallow layouts first, so each block's tables are as wide as its own deepest pipeline.
+    order = np.argsort(c.pp, kind="stable")
+    depth = c.pp[order]
+    keys = ("weights", "gradients", "optimizer", "activations", "params", "stage")
+    out = {k: np.zeros(len(c), dtype=np.int64 if k == "stage" else float) for k in keys}
+    start = 0
+    while start < len(c):
+        # Rows for the block's first depth, then for the deepest depth among those rows:
+        # no deeper than that, so they fit.
+        first = min(len(c), start + BLOCK_ELEMENTS // width(int(depth[start])))
+        deepest = width(int(depth[max(first, start + 1) - 1]))
+        stop = min(len(c), start + max(1, BLOCK_ELEMENTS // deepest))
+        idx = order[start:stop]
+        part = _memory_block(model, c.take(idx), seq, policy, opt, all_ranks)
+        for k in keys:
+            out[k][idx] = getattr(part, k)
+        start = stop
+    return MemoryArrays(*(out[k] for k in keys))
+
+
+def _memory_block(model: ModelShape, c: Candidates, seq: int, policy: DtypePolicy,
+                  opt: MemoryOptions, all_ranks: bool) -> MemoryArrays:
+    """:func:`memory_arrays` of one block."""
+    rank, params, dense, moe = _rank_tables(model, c, all_ranks)
     a_dense, a_moe, first, last = _activation_tables(model, c, seq, policy.activation_bytes,
                                                      opt)
     col = lambda x: np.asarray(x)[:, None]  # noqa: E731 - one layout per row
-    rank = np.arange(width)[None, :]
     valid = rank < col(c.pp)
     k = inflight(col(c.schedule), col(c.pp), rank, col(c.microbatches), col(c.virtual))
     act = (dense * col(a_dense) + moe * col(a_moe)) * k
@@ -138,4 +194,4 @@ def memory_arrays(model: ModelShape, c: Candidates, seq: int, policy: DtypePolic
     peak = np.argmax(total, axis=1)
     rows = np.arange(len(c))
     return MemoryArrays(w[rows, peak], g[rows, peak], o[rows, peak], act[rows, peak],
-                        params[rows, peak], peak)
+                        params[rows, peak], rank[rows, peak])

@@ -25,6 +25,7 @@ from shardlab.config.hardware import Accelerator
 from shardlab.config.layout import RECOMPUTE, SCHEDULES, make_layout
 from shardlab.config.measured import NAME
 from shardlab.config.model import ModelShape
+from shardlab.config.resolve import model_field, model_label
 from shardlab.errors import SpecError
 from shardlab.plan.efficiency import efficiency_of
 from shardlab.plan.memory import MemoryOptions, memory_arrays
@@ -177,8 +178,8 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
     valid = c.reason < 0
     if not valid.any():
         first = REASONS[int(np.bincount(c.reason).argmax())]
-        raise SpecError("gpus", space.gpus, f"no layout of {model.name} can use {space.gpus} "
-                        f"devices (most fail: {first})")
+        raise SpecError("gpus", space.gpus, f"no layout of {model_label(model)} can use "
+                        f"{space.gpus} devices (most fail: {first})")
     v = c.take(valid)
     mem = memory_arrays(model, v, space.seq, policy,
                         MemoryOptions(dropout=dropout, flash=options.flash))
@@ -190,7 +191,7 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
                 if n}
     smallest = float(mem.total.min())
     if only is None and not fits.any():
-        raise SpecError("model", model.name, f"fits in no layout on {space.gpus} x {acc.name}: "
+        raise SpecError(*model_field(model), f"fits in no layout on {space.gpus} x {acc.name}: "
                         f"the smallest needs {smallest / 1e9:.2f} GB per device, "
                         f"{usable / 1e9:.2f} GB usable ({USABLE_MEMORY:.0%} of "
                         f"{memory / 1e9:.2f} GB)")
@@ -210,8 +211,14 @@ LAYOUT_KEYS = ("dp", "tp", "pp", "virtual", "micro_batch", "zero", "sp", "recomp
                "schedule")
 
 
+SP_VALUES: dict[str, bool] = {"0": False, "1": True, "false": False, "true": True,
+                              "no": False, "yes": True, "off": False, "on": True}
+"""What ``sp=`` reads in ``--layout`` (any case); anything else is refused, not read as off."""
+
+
 def parse_layout(text: str) -> dict[str, str]:
-    """``"dp=1 tp=8 pp=8 ..."`` as a dict; SpecError on an unknown key or a bad pair."""
+    """``"dp=1 tp=8 pp=8 ..."`` as a dict; SpecError on an unknown key, a bad pair or a key
+    given twice (``dp=8 dp=4`` is refused: which one was meant?)."""
     out: dict[str, str] = {}
     for item in text.replace(",", " ").split():
         key, sep, value = item.partition("=")
@@ -219,8 +226,20 @@ def parse_layout(text: str) -> dict[str, str]:
             raise SpecError("layout", item, "must be key=value")
         if key not in LAYOUT_KEYS:
             raise SpecError("layout", key, f"must be one of {', '.join(LAYOUT_KEYS)}")
+        if key in out:
+            raise SpecError(key, value, f"is given twice in --layout ({key}={out[key]} "
+                            f"first): give each key once")
         out[key] = value
     return out
+
+
+def layout_sp(raw: dict[str, str]) -> bool:
+    """The ``sp=`` of a parsed ``--layout`` (absent: off); SpecError for a value that is not
+    one of :data:`SP_VALUES`."""
+    value = raw.get("sp", "0")
+    if value.lower() not in SP_VALUES:
+        raise SpecError("sp", value, "must be 0 or 1 (or true/false, yes/no, on/off)")
+    return SP_VALUES[value.lower()]
 
 
 def layout_candidates(model: ModelShape, space: Space, text: str) -> Candidates:
@@ -235,7 +254,7 @@ def layout_candidates(model: ModelShape, space: Space, text: str) -> Candidates:
 
     tp, pp, virtual = integer("tp", 1), integer("pp", 1), integer("virtual", 1)
     dp = integer("dp", max(1, space.gpus // (tp * pp)))
-    sp = raw.get("sp", "0").lower() in ("1", "true", "yes", "on")
+    sp = layout_sp(raw)
     lay = make_layout(model, gpus=space.gpus, dp=dp, tp=tp, pp=pp, virtual_stages=virtual,
                       zero=integer("zero", 0), sp=sp, micro_batch=integer("micro_batch", 1),
                       global_batch=space.global_batch, seq=space.seq,

@@ -16,14 +16,15 @@ machine always hands over a command that starts.
 
 from __future__ import annotations
 
-import itertools
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from shardlab.config.layout import RECOMPUTE, SCHEDULES, V_SCHEDULES
+from shardlab.config.limits import MAX_BATCH, MAX_CANDIDATES, MAX_CONTEXT, MAX_GPUS, MAX_LAYERS
 from shardlab.config.model import ModelShape
-from shardlab.errors import SpecError
+from shardlab.errors import SpecError, require_int_at_most, require_positive_int
 
 TRAIN_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b")
 TRAIN_ZERO: tuple[int, ...] = (0, 2, 3)
@@ -61,6 +62,15 @@ class Space:
     train_only: bool = False
 
     def __post_init__(self) -> None:
+        for name, limit in (("gpus", MAX_GPUS), ("global_batch", MAX_BATCH), ("seq", MAX_CONTEXT),
+                            ("gpus_per_node", MAX_GPUS), ("max_tp", MAX_GPUS),
+                            ("max_pp", MAX_GPUS), ("max_virtual", MAX_LAYERS)):
+            value = getattr(self, name)
+            if value is not None:
+                require_int_at_most(name, require_positive_int(name, value), limit)
+        for mb in self.micro_batches:
+            require_int_at_most("micro_batch", require_positive_int("micro_batch", mb),
+                                MAX_BATCH)
         for s in self.schedules:
             if s not in SCHEDULES:
                 raise SpecError("schedule", s, f"must be one of {', '.join(SCHEDULES)}")
@@ -110,13 +120,34 @@ class Candidates:
                 "schedule": SCHEDULES[int(self.schedule[i])]}
 
 
+def unique_rows(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)`` for columns of
+    integers >= 0, as one integer key per row when they fit in 63 bits (sorting one int64
+    column is many times faster than sorting rows; the order is the same)."""
+    cols = [np.asarray(x, dtype=np.int64).ravel() for x in columns]
+    radix = [int(x.max(initial=0)) + 1 for x in cols]
+    if math.prod(radix) >= 2**62 or any(int(x.min(initial=0)) < 0 for x in cols):
+        uniq, inv = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)
+        return uniq, inv.ravel()
+    key = np.zeros(len(cols[0]), dtype=np.int64)
+    for x, r in zip(cols, radix, strict=True):
+        key = key * r + x
+    ukey, inv = np.unique(key, return_inverse=True)
+    uniq = np.empty((len(ukey), len(cols)), dtype=np.int64)
+    for j in range(len(cols) - 1, -1, -1):
+        ukey, uniq[:, j] = np.divmod(ukey, radix[j])
+    return uniq, inv.ravel()
+
+
 def divisors(n: int) -> list[int]:
-    """The divisors of n, ascending."""
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n, ascending (pairs d, n/d up to sqrt(n): fast for any n <= 2^20)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
-def _structures(model: ModelShape, sp: Space) -> list[tuple[int, int, int, int, int]]:
-    """(dp, tp, pp, v, schedule index) of every mesh and schedule the space allows."""
+def _meshes(model: ModelShape, sp: Space) -> list[tuple[int, int, int, int, range]]:
+    """(dp, tp, pp, schedule index, the virtual stages v it takes) of every mesh and
+    schedule the space allows, in search order."""
     max_tp = sp.max_tp or sp.gpus_per_node
     max_pp = sp.max_pp or model.layers
     schedules = [s for s in sp.schedules if not sp.train_only or s in TRAIN_SCHEDULES]
@@ -129,38 +160,67 @@ def _structures(model: ModelShape, sp: Space) -> list[tuple[int, int, int, int, 
                 continue
             dp = sp.gpus // (tp * pp)
             if pp == 1:
-                out.append((dp, tp, 1, 1, SCHEDULES.index("1f1b")))
+                out.append((dp, tp, 1, SCHEDULES.index("1f1b"), range(1, 2)))
                 continue
             for name in schedules:
                 if name == "interleaved-1f1b":
-                    vs: range | tuple[int, ...] = range(2, sp.max_virtual + 1)
+                    vs = range(2, sp.max_virtual + 1)
                 elif name in V_SCHEDULES:
-                    vs = (2,) if sp.max_virtual >= 2 else ()
+                    vs = range(2, 3) if sp.max_virtual >= 2 else range(0)
                 else:
-                    vs = (1,)
-                out.extend((dp, tp, pp, v, SCHEDULES.index(name)) for v in vs)
+                    vs = range(1, 2)
+                out.append((dp, tp, pp, SCHEDULES.index(name), vs))
     return out
 
 
 def enumerate_space(model: ModelShape, sp: Space) -> Candidates:
-    """Every layout of the space, each with the first rule it breaks (or -1)."""
-    rows = []
-    zero_all = tuple(sp.zero if not sp.train_only else [z for z in sp.zero if z in TRAIN_ZERO])
-    rc_idx = tuple(RECOMPUTE.index(r) for r in sp.recompute)
-    for dp, tp, pp, v, sched in _structures(model, sp):
-        zeros = zero_all if dp > 1 else (0,)
-        sps = sp.sp if tp > 1 else (False,)
-        rows.extend((dp, tp, pp, v, sched, z, int(s), r, mb) for z, s, r, mb in
-                    itertools.product(zeros, sps, rc_idx, sp.micro_batches))
-    if not rows:
+    """Every layout of the space, each with the first rule it breaks (or -1).
+
+    The order is the meshes' (tp, then pp, then schedule and v), and within each the
+    product ZeRO x sequence parallel x recompute x micro-batch, built with numpy. A space
+    of more than :data:`~shardlab.config.limits.MAX_CANDIDATES` layouts is refused
+    before anything is built.
+    """
+    zero_all = np.array([z for z in sp.zero if not sp.train_only or z in TRAIN_ZERO],
+                        dtype=np.int64)
+    rc_idx = np.array([RECOMPUTE.index(r) for r in sp.recompute], dtype=np.int64)
+    mbs = np.array(sp.micro_batches, dtype=np.int64)
+    sps = np.array(sp.sp, dtype=bool)
+    meshes = _meshes(model, sp)
+    # Layouts per structure (one mesh, schedule and v): zeros x sp x recompute x micro-batch,
+    # where dp = 1 has only ZeRO 0 and tp = 1 no sequence parallel.
+    inner = len(rc_idx) * len(mbs)
+    per_mesh = [len(vs) * (len(zero_all) if dp > 1 else 1) * (len(sps) if tp > 1 else 1)
+                * inner for dp, tp, _, _, vs in meshes]
+    total = sum(per_mesh)
+    if total > MAX_CANDIDATES:
+        raise SpecError("layouts", total, f"a search evaluates at most {MAX_CANDIDATES:,}: "
+                        "narrow it with --max-tp, --max-pp, --max-virtual, --micro-batches, "
+                        "--zero, --recompute or --schedules")
+    if not total:
         raise SpecError("gpus", sp.gpus, "leaves no layout within the limits of "
                         f"--max-tp/--max-pp ({sp.max_tp or sp.gpus_per_node}/"
                         f"{sp.max_pp or model.layers})")
-    a = np.array(rows, dtype=np.int64)
-    dp, tp, pp, v, sched, zero, spar, rc, mb = a.T
+    st = np.array([(dp, tp, pp, sched, v) for dp, tp, pp, sched, vs in meshes for v in vs],
+                  dtype=np.int64).reshape(-1, 5)
+    nz = np.where(st[:, 0] > 1, len(zero_all), 1)
+    ns = np.where(st[:, 1] > 1, len(sps), 1)
+    size = nz * ns * inner
+    row = np.repeat(np.arange(len(st)), size)
+    # Position inside the structure's product, decoded as itertools.product would order it.
+    j = np.arange(total) - np.repeat(np.cumsum(size) - size, size)
+    mb_i = j % len(mbs)
+    rc_i = (j // len(mbs)) % len(rc_idx)
+    sp_i = (j // inner) % ns[row]
+    z_i = j // (inner * ns[row])
+    dp, tp, pp, sched, v = (st[row, k] for k in range(5))
+    # (An empty list of choices has no layouts above: index a stand-in, never used.)
+    zero = np.where(dp > 1, (zero_all if len(zero_all) else np.zeros(1, np.int64))[z_i], 0)
+    spar = np.where(tp > 1, (sps if len(sps) else np.zeros(1, bool))[sp_i], False)
+    mb = mbs[mb_i]
     m = sp.global_batch // (dp * mb)
-    c = Candidates(dp, tp, pp, v, sched, zero, spar.astype(bool), rc, mb, m,
-                   np.full(len(a), -1, dtype=np.int64))
+    c = Candidates(dp, tp, pp, v, sched, zero, spar, rc_idx[rc_i], mb, m,
+                   np.full(total, -1, dtype=np.int64))
     check_rules(model, sp, c)
     return c
 
