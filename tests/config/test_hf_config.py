@@ -251,12 +251,14 @@ def test_bad_file_content(tmp_path: Path, text: str, reason: str) -> None:
 def test_bad_bytes_missing_file_and_directory(tmp_path: Path) -> None:
     binary = tmp_path / "config.json"
     binary.write_bytes(b"\xff\xfe\x00{")
-    with pytest.raises(SpecError, match=r"^config=.*is not valid JSON"):
+    with pytest.raises(SpecError, match=r"^config=.*is not UTF-8 text"):
         shape_from_hf_config(binary)
     with pytest.raises(SpecError, match=r"^config=.*cannot be read"):
         shape_from_hf_config(tmp_path / "absent.json")
-    with pytest.raises(SpecError, match=r"^config=.*cannot be read"):
+    with pytest.raises(SpecError, match=r"^config=.*must be a regular file"):
         shape_from_hf_config(tmp_path)
+    with pytest.raises(SpecError, match=r"^config='/dev/zero'.*must be a regular file"):
+        shape_from_hf_config("/dev/zero")
 
 
 JUNK: list[object] = [None, True, 0, -3, 2.5, "8", [], {}, 10**6]

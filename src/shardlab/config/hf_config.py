@@ -57,6 +57,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from shardlab.config.files import read_input_text
 from shardlab.config.model import LN_EPS, RMS_EPS, ROPE_THETA, ModelShape, MoE
 from shardlab.errors import SpecError
 
@@ -97,12 +98,11 @@ def shape_from_hf_config(path: str | Path, name: str | None = None) -> ModelShap
 
 def load_config(path: Path) -> Config:
     """The top-level JSON object of ``path``; every way of failing is one SpecError."""
+    # A regular file of at most 1 MiB, read as UTF-8 (a BOM tolerated): never /dev/zero.
+    text = read_input_text("config", path)
     try:
-        # utf-8-sig: tolerate a BOM, which some editors on Windows write.
-        data = json.loads(path.read_text(encoding="utf-8-sig"))
-    except OSError as e:
-        raise SpecError("config", str(path), f"cannot be read: {e.strerror or e}") from e
-    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError
+        data = json.loads(text)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError
         raise SpecError("config", str(path), f"is not valid JSON: {e}") from e
     if not isinstance(data, dict):
         raise SpecError("config", str(path),

@@ -131,8 +131,12 @@ def make_layout(model: ModelShape, *, gpus: int | None = None, dp: int | None = 
     if schedule in V_SCHEDULES and virtual_stages != 2:
         raise SpecError("virtual_stages", virtual_stages, f"must be 2 for {schedule}")
     if schedule == "interleaved-1f1b":
-        if virtual_stages < 2 or pp < 2:
-            raise SpecError("schedule", schedule, "needs pp >= 2 and virtual_stages >= 2")
+        # Blame the number that is off, not the schedule the user asked for.
+        if pp < 2:
+            raise SpecError("pp", pp, "must be >= 2 for interleaved-1f1b")
+        if virtual_stages < 2:
+            raise SpecError("virtual_stages", virtual_stages,
+                            "must be >= 2 for interleaved-1f1b")
     elif virtual_stages > 1 and schedule not in V_SCHEDULES:
         raise SpecError("virtual_stages", virtual_stages,
                         f"must be 1 for {schedule}; use interleaved-1f1b, zb-v or dualpipev")
@@ -142,5 +146,11 @@ def make_layout(model: ModelShape, *, gpus: int | None = None, dp: int | None = 
         raise SpecError("global_batch", global_batch,
                         f"gives {m} micro-batches per replica; interleaved-1f1b needs a "
                         f"multiple of pp ({pp})")
+    if schedule == "dualpipev" and m < 2 * pp:
+        # DualPipeV feeds micro-batches from both ends: at least 2 per stage (its generator's
+        # precondition, checked here so the error names a flag of this command).
+        raise SpecError("global_batch", global_batch,
+                        f"gives {m} micro-batches per replica; dualpipev needs at least "
+                        f"2*pp ({2 * pp})")
     return Layout(dp, tp, pp, virtual_stages, zero, sp, micro_batch, global_batch, seq,
                   recompute, policy, schedule)
