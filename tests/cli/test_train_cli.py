@@ -134,13 +134,14 @@ def test_bf16_within_stated_tolerance(documents: dict[str, dict[str, Any]]) -> N
 
 
 @pytest.mark.multiprocess
-def test_a_rank_that_fails_is_named() -> None:
+def test_a_rank_that_fails_is_named(tmp_path: Path) -> None:
     start = time.monotonic()
     r = shardlab("train", "--dp", "2", "--steps", "10", "--fail-at-step", "2", "--fail-rank",
-                 "1", "--timeout", "20")
+                 "1", "--timeout", "20", "--checkpoint-dir", str(tmp_path / "ckpt"))
     assert time.monotonic() - start < 60  # 17 s alone here; the suite shares 2 cores
     assert r.returncode == 1 and "rank 1 failed" in r.stderr
     assert "fault injected on rank 1 at step 2" in r.stderr
+    assert list((tmp_path / "ckpt").iterdir()) == []  # the run's lock released on failure
 
 
 def test_human_view(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -161,7 +162,8 @@ def test_human_view(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (["--data", "/nonexistent/corpus.txt"], "data="),
     (["--dp", "2", "--tp", "2", "--dp-mode", "ddp"], "dp_mode='ddp'"),
     (["--dp", "2", "--pp", "2", "--micro-batch", "1", "--dp-mode", "ddp"], "dp_mode='ddp'"),
-    (["--pp", "2"], "1f1b needs at least pp=2"),
+    (["--pp", "2", "--micro-batch", "8"], "1f1b needs at least pp=2"),
+    (["--loss-parallel"], "loss_parallel=True: needs tp > 1"),
     (["--pp", "2", "--micro-batch", "2", "--global-batch", "6",
       "--schedule", "interleaved-1f1b", "--virtual-stages", "2"], "multiple of pp=2"),
     (["--pp", "2", "--micro-batch", "2", "--virtual-stages", "2"], "schedule='1f1b'"),

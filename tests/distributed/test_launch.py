@@ -34,6 +34,8 @@ RANKS = textwrap.dedent('''
         if ctx.rank == bad:
             if how == "raise":
                 raise ValueError(f"injected on rank {ctx.rank}")
+            if how == "kill":  # what the kernel's OOM killer does
+                os.kill(os.getpid(), 9)
             os._exit(7)
         t = torch.ones(1)
         dist.all_reduce(t)  # the healthy ranks wait here for the dead one
@@ -76,7 +78,7 @@ def test_results_come_back_by_rank(ranks_module: str, tmp_path: Path) -> None:
     assert len(logs) == 2 and "chatter" in logs[0].read_text()  # the fd-level print is here
 
 
-@pytest.mark.parametrize("how", ["raise", "exit"])
+@pytest.mark.parametrize("how", ["raise", "exit", "kill"])
 def test_a_failing_rank_ends_the_job_and_is_named(ranks_module: str, how: str) -> None:
     marker = os.environ["SHARDLAB_TEST_MARKER"]
     start = time.monotonic()
@@ -87,8 +89,11 @@ def test_a_failing_rank_ends_the_job_and_is_named(ranks_module: str, how: str) -
     if how == "raise":
         assert "ValueError: injected on rank 1" in e.value.error
         assert "injected on rank 1" in e.value.log_tail
-    else:
+    elif how == "exit":
         assert "exit code 7" in e.value.error
+    else:
+        assert e.value.error.startswith("out of memory? (killed by signal 9, SIGKILL")
+        assert str(e.value).startswith("rank 1 failed: out of memory?")
     time.sleep(0.5)
     assert _processes_with(marker) == []  # nothing left running
 

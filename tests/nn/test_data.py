@@ -11,9 +11,11 @@ from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
 from shardlab.nn.data import (
     BYTE_VOCAB,
+    MAX_BIN_VOCAB,
     Batch,
     batches,
     bin_documents,
+    bin_vocab,
     byte_documents,
     decode_bytes,
     global_token_normalizer,
@@ -155,6 +157,23 @@ def test_bin_documents_errors(tmp_path: Path) -> None:
         with pytest.raises(SpecError) as e:
             bin_documents(*args, **kw)
         assert e.value.field == field
+
+
+
+def test_bin_vocab_is_the_largest_id_plus_one_within_a_sane_bound(tmp_path: Path) -> None:
+    path = tmp_path / "ids.bin"
+    np.array([3, MAX_BIN_VOCAB - 1, 7], dtype=np.uint32).tofile(path)
+    assert bin_vocab(bin_documents(path, "uint32", doc_tokens=2), path, "uint32") == (
+        MAX_BIN_VOCAB)
+    # A uint16 file read as uint32 pairs its ids into numbers near 2**32.
+    np.array([5, 50256, 7, 8], dtype=np.uint16).tofile(path)
+    docs = bin_documents(path, "uint32", doc_tokens=2)
+    largest = max(max(d) for d in docs)
+    assert largest == 50256 * 65536 + 5
+    with pytest.raises(SpecError) as e:
+        bin_vocab(docs, path, "uint32")
+    assert e.value.field == "data" and f"{largest:,}" in e.value.allowed
+    assert "--bin-dtype" in e.value.allowed
 
 
 # --- token weighting ----------------------------------------------------------------------

@@ -3,26 +3,36 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import math
 import os
 import statistics
 import sys
-import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
 from shardlab.cli.args import add_shape_args, build_shape, nonneg_int, positive_float, positive_int
+from shardlab.cli.guard import check_host_memory
 from shardlab.cli.output import print_json
 from shardlab.config.measured import NAMES, load_measurement, slow_dtype_note
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.report.train_view import print_train
-from shardlab.train.config import DP_MODES, PP_SCHEDULES, TrainConfig, check_config
-from shardlab.train.report import peak_flops, report
+from shardlab.train.config import (
+    DP_MODES,
+    PP_SCHEDULES,
+    TrainConfig,
+    auto_micro_batch,
+    check_config,
+)
+from shardlab.train.folders import check_folder, make_folder, new_log_folder
+from shardlab.train.lock import checkpoint_lock
+from shardlab.train.report import peak_flops, predicted_peak_bytes, report
+
+SHAPE_FLAGS = ("style", "layers", "d_model", "heads", "kv_heads", "d_ff", "vocab")
+"""The shape flags (``add_shape_args``) that MODEL or --init-from's config.json replace."""
 
 
 def register(sub: Any) -> None:
@@ -33,6 +43,10 @@ def register(sub: Any) -> None:
     p.add_argument("model", nargs="?", help="catalog name or config.json (default: a small "
                    "model from the shape flags)")
     add_shape_args(p)
+    # None marks a shape flag not given, so one given beside MODEL or --init-from is refused
+    # instead of ignored; the stated defaults come back when neither is given.
+    p.set_defaults(shape_defaults={f: p.get_default(f) for f in SHAPE_FLAGS},
+                   **dict.fromkeys(SHAPE_FLAGS))
     g = p.add_argument_group("layout")
     g.add_argument("--dp", type=positive_int, default=1)
     g.add_argument("--tp", type=positive_int, default=1)
@@ -48,7 +62,8 @@ def register(sub: Any) -> None:
     g = p.add_argument_group("run")
     g.add_argument("--global-batch", type=positive_int, default=8, help="sequences per step")
     g.add_argument("--micro-batch", type=nonneg_int, default=0,
-                   help="sequences per micro-batch (0: a data-parallel rank's whole share)")
+                   help="sequences per micro-batch (0: a data-parallel rank's whole share, "
+                   "or with pp > 1 the largest giving the schedule enough micro-batches)")
     g.add_argument("--steps", type=positive_int, default=20)
     g.add_argument("--lr", type=positive_float, default=3e-3)
     g.add_argument("--warmup", type=nonneg_int, default=2)
@@ -62,6 +77,9 @@ def register(sub: Any) -> None:
     g.add_argument("--gpu", help="accelerator whose dense peak MFU divides by, per rank "
                    "(default: this CPU as `shardlab hardware --measure` stored it)")
     g.add_argument("--timeout", type=positive_float, default=60.0)
+    g.add_argument("--allow-oversubscribe", action="store_true",
+                   help="start even when the cost model's memory of the ranks exceeds 90%% "
+                   "of what this host has available")
     g.add_argument("--log-dir", help="per-rank logs and train.jsonl (default: a new folder)")
     g.add_argument("--check-parity", action="store_true",
                    help="also train on one process and compare the loss curves")
@@ -92,27 +110,30 @@ def register(sub: Any) -> None:
 
 def load_documents(args: argparse.Namespace) -> tuple[int, list[list[int]]]:
     """(vocabulary size, documents) of the chosen corpus; SpecError if a file is bad."""
-    # Imported here: it loads torch, which the torch-free commands (budget, plan) must not.
-    from shardlab.nn.data import bin_documents, byte_documents
-
     if args.data == "garden":
         return garden_vocab().size, garden_documents(2000, args.seed)
+    # Imported here: it loads torch, which the torch-free commands (budget, plan) must not.
+    from shardlab.nn.data import bin_documents, bin_vocab, byte_documents
+
     path = Path(args.data)
     if path.suffix == ".bin":
         docs = bin_documents(path, args.bin_dtype, doc_tokens=args.seq + 1)
-        return max(max(d) for d in docs) + 1, docs
+        return bin_vocab(docs, path, args.bin_dtype), docs
     return byte_documents(path, doc_tokens=args.seq + 1)
 
 
-def prepare(args: argparse.Namespace) -> tuple[Any, float | None]:
-    """The run's TrainConfig and the peak MFU divides by, every check done and the log and
-    checkpoint folders made: what ``run`` launches (and the tests, several runs at once)."""
-    # Imported here: it loads torch, which the torch-free commands (budget, plan) must not.
-    from shardlab.distributed import checkpoint_manifest
-    from shardlab.distributed.launch import under_torchrun
+def under_torchrun() -> bool:
+    """:func:`shardlab.distributed.launch.under_torchrun`'s test, without importing torch."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
-    vocab, docs = load_documents(args)
+
+def check(args: argparse.Namespace) -> tuple[TrainConfig, float | None, list[str]]:
+    """The run's TrainConfig, the peak MFU divides by and the notes to print, every check
+    done before any rank starts and nothing written. A model too big for this host is
+    refused before torch is imported (0.5 s from the command's start here)."""
+    _shape_flags(args)
     init = _init_folder(args)
+    vocab, docs = load_documents(args)
     if args.model is None and init is not None:
         args.model = str(init / "config.json")
     shape = build_shape(args, vocab)
@@ -126,32 +147,59 @@ def prepare(args: argparse.Namespace) -> tuple[Any, float | None]:
         fail_at, fail_rank = 2, args.inject_fault
     # Under torchrun, --max-restarts is torchrun's: a restarted worker resumes by itself.
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) if under_torchrun() else 0
-    data_id = checkpoint_manifest.data_fingerprint(docs) if args.checkpoint_dir else ""
-    resume_from = _resume_folder(args, shape, data_id, attempt)
-
-    log_dir = args.log_dir or tempfile.mkdtemp(prefix="shardlab-train-")
+    notes, micro = [], args.micro_batch
+    if micro == 0 and args.pp > 1:
+        micro = auto_micro_batch(args.global_batch, args.dp, args.pp, args.schedule)
+        notes.append(f"--micro-batch 0 with pp={args.pp} ({args.schedule}): {micro} "
+                     f"sequences per micro-batch, {args.global_batch // args.dp // micro} "
+                     "micro-batches per step")
     cfg = TrainConfig(shape=shape, dp=args.dp, tp=args.tp, pp=args.pp,
                       virtual_stages=args.virtual_stages, dp_mode=args.dp_mode, sp=args.sp,
                       loss_parallel=args.loss_parallel, recompute=args.recompute,
                       schedule=args.schedule, global_batch=args.global_batch,
-                      micro_batch=args.micro_batch, seq=args.seq, steps=args.steps, lr=args.lr,
+                      micro_batch=micro, seq=args.seq, steps=args.steps, lr=args.lr,
                       warmup=args.warmup, clip=args.clip, dtype=args.dtype, seed=args.seed,
-                      log_dir=log_dir, fail_at_step=fail_at, fail_rank=fail_rank,
+                      log_dir=args.log_dir or "", fail_at_step=fail_at, fail_rank=fail_rank,
                       fail_how=args.fail_how, attempt=attempt,
                       checkpoint_dir=args.checkpoint_dir or "",
                       checkpoint_every=args.checkpoint_every, keep=args.keep,
-                      async_save=args.async_save, resume_from=resume_from,
-                      init_from=str(init) if init is not None else "", data_id=data_id,
-                      docs=docs)
+                      async_save=args.async_save,
+                      init_from=str(init) if init is not None else "", docs=docs)
     check_config(cfg)
     world = cfg.world
     peak = peak_flops(cfg, args.gpu, world)  # a bad --gpu fails here, before any rank
     if args.nproc is not None and args.nproc != world and not under_torchrun():
         raise SpecError("nproc", args.nproc, f"must equal dp*tp*pp ({world})")
-    Path(log_dir).mkdir(parents=True, exist_ok=True)
-    if args.checkpoint_dir:
-        Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-    return cfg, peak
+    check_folder("log_dir", args.log_dir)
+    check_folder("checkpoint_dir", args.checkpoint_dir)
+    _check_memory(cfg, args)
+    if args.checkpoint_dir or args.resume is not None:
+        # Imported here: they load torch, which the torch-free commands (budget, plan) must
+        # not, and which a run refused above never needs.
+        from shardlab.distributed.checkpoint_manifest import data_fingerprint
+        from shardlab.train.resume import resume_folder
+
+        if args.checkpoint_dir:
+            cfg = dataclasses.replace(cfg, data_id=data_fingerprint(docs))
+        cfg = dataclasses.replace(cfg, resume_from=resume_folder(cfg, args.resume))
+    return cfg, peak, notes
+
+
+def prepare(args: argparse.Namespace) -> tuple[Any, float | None]:
+    """:func:`check`, then the log and checkpoint folders made: what ``run`` launches (and
+    the tests, several runs at once)."""
+    cfg, peak, _ = check(args)
+    if cfg.checkpoint_dir:
+        make_folder("checkpoint_dir", cfg.checkpoint_dir)
+    return make_log_folder(cfg), peak
+
+
+def make_log_folder(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with its log folder made (a new one under the temporary folder by default)."""
+    if not cfg.log_dir:
+        return dataclasses.replace(cfg, log_dir=new_log_folder())
+    make_folder("log_dir", cfg.log_dir)
+    return cfg
 
 
 def dtype_note(dtype: str, gpu: str | None) -> str | None:
@@ -165,23 +213,49 @@ def dtype_note(dtype: str, gpu: str | None) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Check everything, start the ranks, print measured beside predicted."""
+    """Check everything, start the ranks, print measured beside predicted. SIGTERM (SIGHUP,
+    SIGQUIT) stops every rank and ends with one line and 128 + the signal (SIGINT: 130)."""
+    cfg, peak, notes = check(args)
+    # Imported here: it loads torch, which the torch-free commands (budget, plan) must not.
+    from shardlab.distributed.launch import Terminated, signals_stop
 
+    try:
+        with signals_stop(), _run_lock(cfg):
+            return _train(args, make_log_folder(cfg), peak, notes)
+    except Terminated as e:
+        sys.stderr.write(f"shardlab train: {e}; every rank stopped\n")
+        return 128 + e.signum
+
+
+def _run_lock(cfg: TrainConfig) -> Any:
+    """The checkpoint folder's run lock (made first), or nothing: no checkpoint folder, or
+    a worker of torchrun, whose agents coordinate the job's processes themselves."""
+    if not cfg.checkpoint_dir or under_torchrun():
+        return contextlib.nullcontext()
+    make_folder("checkpoint_dir", cfg.checkpoint_dir)
+    return checkpoint_lock(cfg.checkpoint_dir)
+
+
+def _train(args: argparse.Namespace, cfg: TrainConfig, peak: float | None,
+           notes: list[str]) -> int:
+    """The ranks started (and restarted) and the run's report, the checks all passed."""
     # Imported here: it loads torch, which the torch-free commands (budget, plan) must not.
     from shardlab.distributed import checkpoint_manifest
-    from shardlab.distributed.launch import LaunchError, launch, under_torchrun
+    from shardlab.distributed.launch import LaunchError
+    from shardlab.train.progress import launch_training
     from shardlab.train.reference import reference_run
+    from shardlab.train.resume import data_record
 
-    cfg, peak = prepare(args)
-    shape, world, log_dir = cfg.shape, cfg.world, cfg.log_dir
+    shape, log_dir = cfg.shape, cfg.log_dir
     note = dtype_note(cfg.dtype, args.gpu)
-    if note:
-        sys.stderr.write(f"shardlab train: note: {note}\n")
+    for line in [*notes, *([note] if note else [])]:
+        sys.stderr.write(f"shardlab train: note: {line}\n")
     reference = reference_run(cfg) if args.check_parity else None
     restarts = []
     while True:
         try:
-            ranks = _launch_with_progress(cfg, world, args, launch, log_dir)
+            ranks = launch_training(cfg, args.timeout,
+                                    bar=not (args.json or under_torchrun()))
             break
         except LaunchError as e:
             steps = checkpoint_manifest.complete_steps(args.checkpoint_dir or "")
@@ -192,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
             folder = checkpoint_manifest.find(args.checkpoint_dir, None) if steps else None
             if folder is not None:
                 doc = checkpoint_manifest.verify(folder)
-                checkpoint_manifest.check_compatible(doc, shape, cfg_data(cfg), str(folder))
+                checkpoint_manifest.check_compatible(doc, shape, data_record(cfg), str(folder))
             restarts.append({"error": str(e).splitlines()[0],
                              "resumed_from": str(folder) if folder else None})
             sys.stderr.write(f"shardlab train: {str(e).splitlines()[0]}; restart "
@@ -202,6 +276,14 @@ def run(args: argparse.Namespace) -> int:
                                       resume_from=str(folder) if folder else "")
     if not ranks:  # a non-zero rank under torchrun
         return 0
+    bad = ranks[0].get("non_finite")
+    if bad:  # every rank stopped at the same step (the loss and the norm are global)
+        what = "loss" if not math.isfinite(bad["loss"]) else "gradient norm"
+        sys.stderr.write(f"shardlab train: step {bad['step'] + 1} of {cfg.steps}: the {what} "
+                         f"is not finite (loss {bad['loss']:.6g}, gradient norm "
+                         f"{bad['grad_norm']:.6g}); training stopped: try a smaller --lr, or "
+                         f"check --init-from's weights (log in {log_dir})\n")
+        return 1
     doc = report(cfg, ranks, reference, log_dir, peak)
     doc["notes"] = [note] if note else []
     if cfg.checkpoint_dir:
@@ -224,11 +306,32 @@ def run(args: argparse.Namespace) -> int:
     return 0 if doc.get("parity_passed", True) else 1
 
 
-def cfg_data(cfg: Any) -> dict[str, Any]:
-    """What a checkpoint's data position must match (``DATA_FIELDS`` of
-    :mod:`shardlab.distributed.checkpoint_manifest`)."""
-    return {"fingerprint": cfg.data_id, "seed": cfg.seed, "global_batch": cfg.global_batch,
-            "seq": cfg.seq}
+def _shape_flags(args: argparse.Namespace) -> None:
+    """Refuse a shape flag given beside MODEL or --init-from (whose config.json is the
+    shape), rather than ignore it; fill in the flags' defaults otherwise."""
+    given = [f for f in SHAPE_FLAGS if getattr(args, f) is not None]
+    if given and (args.model is not None or args.init_from is not None):
+        source = (f"MODEL ({args.model})" if args.model is not None
+                  else f"--init-from ({args.init_from}/config.json)")
+        f = given[0]
+        raise SpecError(f, getattr(args, f), f"--{f.replace('_', '-')} cannot be combined "
+                        f"with {source}, which sets the model's shape; leave it out")
+    for f in SHAPE_FLAGS:
+        if getattr(args, f) is None:
+            setattr(args, f, args.shape_defaults[f])
+
+
+def _check_memory(cfg: TrainConfig, args: argparse.Namespace) -> None:
+    """The memory guard: the cost model's peak of the fullest rank (weights, gradients,
+    AdamW moments, activations held) x the ranks on this host, against what this host has
+    available. (--check-parity's one-process reference trains before the ranks start and
+    holds about what they hold together, so the same check covers it.)"""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.world)) if under_torchrun() else cfg.world
+    layout = (f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} {cfg.dtype}, micro-batch "
+              f"{cfg.micro_batch or cfg.global_batch // cfg.dp} x {cfg.seq} tokens")
+    name = cfg.shape.name if cfg.shape.name != "flags" else cfg.shape.describe()
+    check_host_memory(predicted_peak_bytes(cfg), local, f"shardlab train {name} ({layout})",
+                      args.allow_oversubscribe)
 
 
 def _init_folder(args: argparse.Namespace) -> Path | None:
@@ -248,36 +351,6 @@ def _init_folder(args: argparse.Namespace) -> Path | None:
     return folder
 
 
-def _resume_folder(args: argparse.Namespace, shape: Any, data_id: str, attempt: int) -> str:
-    """The verified checkpoint folder to resume from ("" for a fresh start)."""
-    # Imported here: it loads torch, which the torch-free commands (budget, plan) must not.
-    from shardlab.distributed import checkpoint_manifest
-
-    which = args.resume
-    restarted = attempt > 0 and checkpoint_manifest.complete_steps(args.checkpoint_dir or "")
-    if which is None and restarted:
-        which = "latest"  # a worker torchrun restarted: continue from the last checkpoint
-    if which is None:
-        return ""
-    if not args.checkpoint_dir:
-        raise SpecError("resume", which, "needs --checkpoint-dir (where the checkpoints are)")
-    if which == "latest":
-        step = None
-    elif which.isdigit():
-        step = int(which)
-    else:
-        raise SpecError("resume", which, "must be a step number, or nothing for the latest")
-    folder = checkpoint_manifest.find(args.checkpoint_dir, step)
-    doc = checkpoint_manifest.verify(folder)
-    checkpoint_manifest.check_compatible(doc, shape, {"fingerprint": data_id, "seed": args.seed,
-                                             "global_batch": args.global_batch,
-                                             "seq": args.seq}, str(folder))
-    if doc["step"] >= args.steps:
-        raise SpecError("steps", args.steps, f"must be more than the checkpoint's step "
-                        f"({doc['step']}) to continue training")
-    return str(folder)
-
-
 def _print_checkpoints(info: dict[str, Any]) -> None:
     if info["resumed_from"]:
         print(f"resumed from {info['resumed_from']} (step {info['resumed_at_step']})")
@@ -288,42 +361,3 @@ def _print_checkpoints(info: dict[str, Any]) -> None:
     median = f", median save {statistics.median(saves):.3f} s" if saves else ""
     print(f"checkpoints in {info['dir']}: {kept}{median}"
           f"{' (async)' if info['async'] else ''}")
-
-
-def _launch_with_progress(cfg: Any, world: int, args: argparse.Namespace, launch: Any,
-                          log_dir: str) -> list[Any]:
-    """Run the ranks in a thread; show rank 0's steps from its JSONL log as they land."""
-    # Imported here: it loads torch, which the torch-free commands (budget, plan) must not.
-    from shardlab.distributed.launch import under_torchrun
-
-    target = "shardlab.train.loop:train_rank"
-    if under_torchrun() or args.json:
-        return launch(target, world, (cfg,), timeout_s=args.timeout, log_dir=log_dir)
-
-    result: dict[str, Any] = {}
-
-    def body() -> None:
-        try:
-            result["ranks"] = launch(target, world, (cfg,), timeout_s=args.timeout,
-                                     log_dir=log_dir)
-        except BaseException as e:  # handed to the caller below
-            result["error"] = e
-
-    thread = threading.Thread(target=body, daemon=True)
-    thread.start()
-    log = Path(log_dir, "train.jsonl")
-    with Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
-                  TextColumn("{task.description}"), TimeElapsedColumn(),
-                  transient=True) as bar:
-        task = bar.add_task("starting ranks", total=cfg.steps)
-        while thread.is_alive():
-            thread.join(0.2)
-            if log.exists():
-                lines = log.read_text().splitlines()
-                if lines:
-                    last = json.loads(lines[-1])
-                    bar.update(task, completed=last["step"] + 1,
-                               description=f"loss {last['loss']:.4f}")
-    if "error" in result:
-        raise result["error"]
-    return result["ranks"]

@@ -139,15 +139,16 @@ def verify(folder: str | os.PathLike[str]) -> dict[str, Any]:
     folder = Path(folder)
     doc = read_manifest(folder)
     for name, info in doc["files"].items():
+        # The file's name leads the reason too: an error line clips a long path (value).
         path = folder / name
         if not path.is_file():
-            raise SpecError("checkpoint", str(path), "is missing")
+            raise SpecError("checkpoint", str(path), f"{name} is missing")
         if path.stat().st_size != info["bytes"]:
-            raise SpecError("checkpoint", str(path), f"has {path.stat().st_size} bytes, the "
-                            f"manifest says {info['bytes']} (truncated?)")
+            raise SpecError("checkpoint", str(path), f"{name} has {path.stat().st_size} "
+                            f"bytes, the manifest says {info['bytes']} (truncated?)")
         if sha256_file(path) != info["sha256"]:
-            raise SpecError("checkpoint", str(path), "SHA-256 does not match the manifest "
-                            "(corrupt)")
+            raise SpecError("checkpoint", str(path), f"{name}: SHA-256 does not match the "
+                            "manifest (corrupt)")
     try:
         safe_reader(folder).read_metadata()
     except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError) as e:

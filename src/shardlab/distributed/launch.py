@@ -12,7 +12,13 @@ descriptor (``Std.ALL``), so the C++ chatter of gloo and NCCL, which writes to f
 and 2 directly and which Python's ``redirect_stdout`` cannot catch, never reaches
 shardlab's stdout. When a rank raises or dies, the elastic agent stops the others;
 :class:`LaunchError` names the rank, its exception and the tail of its log, and no
-worker is left running.
+worker is left running. A rank SIGKILLed (exit -9) is said to be out of memory, as the
+kernel's OOM killer is what usually sends that signal.
+
+The agent runs in the calling thread, which must be the main thread for it to catch
+SIGINT, SIGTERM, SIGHUP and SIGQUIT: on any of them it stops every rank (SIGKILL after
+:data:`SHUTDOWN_S`), and the call raises ``KeyboardInterrupt`` (SIGINT) or
+:class:`Terminated` (the others); the caller's own handlers are put back either way.
 
 Under ``torchrun`` (the environment has ``RANK`` and ``WORLD_SIZE``) the same call
 runs the function in this process, as one rank of the job torchrun started, on as
@@ -28,9 +34,11 @@ import os
 import signal
 import socket
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -43,6 +51,44 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, r
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from shardlab.errors import SpecError
+
+SHUTDOWN_S = 5
+"""Seconds the agent gives the ranks to exit after SIGTERM before it SIGKILLs them."""
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+"""The signals the elastic agent turns into a stop of every rank (its default set)."""
+
+
+class Terminated(Exception):
+    """The job was stopped by a signal other than SIGINT (SIGTERM, SIGHUP, SIGQUIT); the
+    ranks are gone. ``signum`` is the signal; the shell's exit code is 128 + signum."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = int(signum)
+        super().__init__(f"terminated by {signal.Signals(self.signum).name}")
+
+
+@contextmanager
+def signals_stop() -> Iterator[None]:
+    """Around a command that starts ranks: SIGTERM, SIGHUP and SIGQUIT raise
+    :class:`Terminated` in the main thread (SIGINT already raises KeyboardInterrupt), so
+    the command's ``finally`` blocks run (a lock released, nothing left half-made) where
+    the default action would end the process on the spot. Outside the main thread, where
+    Python cannot set handlers, it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Terminated(signum)
+
+    previous = {s: signal.getsignal(s) for s in STOP_SIGNALS if s != signal.SIGINT}
+    for s in previous:
+        signal.signal(s, stop)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 class LaunchError(RuntimeError):
@@ -91,6 +137,8 @@ def _run_rank(target: str, args: tuple, backend: str, timeout_s: float,
     launcher can name the rank that failed first rather than a peer that lost it.
     """
     torch.set_num_threads(threads)  # ranks share the machine's cores
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _interrupt_once)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
     if backend == "nccl":
@@ -112,6 +160,15 @@ def _run_rank(target: str, args: tuple, backend: str, timeout_s: float,
     finally:
         if owns_group:
             dist.destroy_process_group()
+
+
+def _interrupt_once(signum: int, frame: Any) -> None:
+    """A rank's SIGINT handler: KeyboardInterrupt the first time, nothing after. Ctrl-C
+    reaches a rank twice, from the terminal and from the agent stopping it, and a second
+    KeyboardInterrupt inside the interpreter's exit prints "Exception ignored in atexit
+    callback" tracebacks on the terminal (the rank's log redirect is undone by then)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def _elastic_entry(target: str, args: tuple, backend: str, timeout_s: float,
@@ -196,34 +253,62 @@ def launch(target: str, world_size: int, args: tuple = (), *, timeout_s: float =
         rdzv_backend="c10d", rdzv_endpoint=f"{host}:{port or free_port(host)}",
         rdzv_configs={"timeout": int(max(timeout_s, 10))}, max_restarts=0,
         monitor_interval=0.1, start_method="spawn",
-        logs_specs=DefaultLogsSpecs(log_dir=str(root), redirects=Std.ALL, tee=Std.NONE))
-    quiet = _QuietElastic()
+        logs_specs=DefaultLogsSpecs(log_dir=str(root), redirects=Std.ALL, tee=Std.NONE),
+        shutdown_timeout=SHUTDOWN_S)
+    # The agent sets its own handlers for STOP_SIGNALS (main thread only) and leaves them.
+    main = threading.current_thread() is threading.main_thread()
+    handlers = {s: signal.getsignal(s) for s in STOP_SIGNALS} if main else {}
     try:
-        with quiet:
+        with _QuietElastic():
             results = elastic_launch(config, _elastic_entry)(target, args, backend, timeout_s,
                                                              threads, str(failures))
     except SignalException as e:
-        # The agent turns Ctrl-C (and SIGTERM) into its own exception after stopping the
-        # ranks; to the caller it is the interrupt it would have been without ranks.
+        # The agent turns the signal into its own exception after stopping the ranks; to
+        # the caller it is the interrupt or termination it would have been without ranks.
         if e.sigval == signal.SIGINT:
             raise KeyboardInterrupt from None
-        raise
+        raise Terminated(e.sigval) from None
     except ChildFailedError as e:
-        # The first rank to fail is the cause; the others fail after it (their peers
-        # vanished mid-collective).
-        notes = {int(p.stem.split("-")[1]): json.loads(p.read_text())
-                 for p in failures.glob("rank-*.json")}
-        silent = sorted(r for r in e.failures if r not in notes)
-        if notes and not silent:
-            rank = min(notes, key=lambda r: (notes[r]["time"], r))
-            error = notes[rank]["error"]
-        else:  # a rank that died without raising left no note: it is the cause
-            rank = silent[0] if silent else min(e.failures)
-            failure = e.failures[rank]
-            error = f"died with exit code {failure.exitcode}" + (
-                f" (signal {failure.signal_name()})" if failure.exitcode < 0 else "")
-        raise LaunchError(rank, error, _rank_log_tail(root, run_id, rank), str(root)) from None
+        raise _failure(e, failures, root, run_id) from None
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
     return [results[r] for r in sorted(results)]
+
+
+def _failure(e: ChildFailedError, failures: Path, root: Path,
+             run_id: str) -> BaseException:
+    """What a failed job raises: the first rank to fail is the cause (the others fail after
+    it, their peers vanished mid-collective); ranks that all raised KeyboardInterrupt were
+    Ctrl-C'd with the terminal's process group before the agent saw the signal."""
+    notes = {int(p.stem.split("-")[1]): json.loads(p.read_text())
+             for p in failures.glob("rank-*.json")}
+    silent = sorted(r for r in e.failures if r not in notes)
+    if notes and not silent:
+        if all(n["error"].startswith("KeyboardInterrupt") for n in notes.values()):
+            return KeyboardInterrupt()
+        rank = min(notes, key=lambda r: (notes[r]["time"], r))
+        error = notes[rank]["error"]
+    else:  # a rank that died without raising left no note: it is the cause
+        rank = silent[0] if silent else min(e.failures)
+        error = death_note(e.failures[rank].exitcode)
+    return LaunchError(rank, error, _rank_log_tail(root, run_id, rank), str(root))
+
+
+def death_note(exitcode: int) -> str:
+    """How a rank that left no exception died: its exit code, the signal, and for SIGKILL
+    the usual sender, the kernel's out-of-memory killer."""
+    if exitcode >= 0:
+        return f"died with exit code {exitcode}"
+    sig = -exitcode
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = f"signal {sig}"
+    if sig == signal.SIGKILL:
+        return (f"out of memory? (killed by signal {sig}, {name}, as the kernel's OOM killer "
+                "does; `dmesg` tells)")
+    return f"died with exit code {exitcode} (signal {sig}, {name})"
 
 
 def _run_rank_gathered(target: str, args: tuple, backend: str, timeout_s: float,

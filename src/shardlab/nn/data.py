@@ -35,6 +35,11 @@ PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 BYTE_OFFSET = 3  # byte b has id b + BYTE_OFFSET, after pad/bos/eos
 BYTE_VOCAB = 256 + BYTE_OFFSET
 BIN_DTYPES: dict[str, str] = {"uint16": "<u2", "uint32": "<u4"}  # little-endian on disk
+MAX_BIN_VOCAB = 1 << 20
+"""The largest vocabulary a ``.bin`` may imply (1,048,576 ids). Real tokenizers stop near
+262,144 (Gemma's); a larger id means a file read with the wrong ``--bin-dtype`` or not a
+token file at all, and an embedding sized from it could need terabytes (a uint32 id near
+4.3e9 at d=64 in fp32: 1.1 TB)."""
 
 # A paragraph ends after a newline followed by one or more blank (whitespace-only) lines.
 _PARAGRAPH_END = re.compile(rb"\n(?:[ \t\r\f\v]*\n)+")
@@ -111,6 +116,18 @@ def bin_documents(path: str | os.PathLike[str], dtype: str = "uint16", doc_token
     else:
         pieces = [p for p in np.split(tokens, np.flatnonzero(tokens == eos) + 1) if p.size]
     return [chunk for p in pieces for chunk in _chop(p.tolist(), doc_tokens)]
+
+
+def bin_vocab(docs: list[list[int]], path: str | os.PathLike[str], dtype: str) -> int:
+    """The vocabulary a ``.bin``'s documents imply: its largest token id + 1; SpecError
+    naming that id when the vocabulary would exceed :data:`MAX_BIN_VOCAB`."""
+    largest = max(max(d) for d in docs if d)
+    if largest >= MAX_BIN_VOCAB:
+        raise SpecError("data", str(path), f"its largest token id is {largest:,} ({dtype}), "
+                        f"a vocabulary of {largest + 1:,}: more than the {MAX_BIN_VOCAB:,} "
+                        "allowed (real tokenizers have at most about 262,144 ids); is "
+                        "--bin-dtype right?")
+    return largest + 1
 
 
 # --- batches ---------------------------------------------------------------------------

@@ -72,6 +72,25 @@ class TrainConfig:
         return share // (self.micro_batch or share)
 
 
+def auto_micro_batch(global_batch: int, dp: int, pp: int, schedule: str) -> int:
+    """``--micro-batch 0`` in a pipeline (pp > 1): the largest micro-batch (sequences) that
+    still gives the schedule enough micro-batches: at least pp of them (1F1B needs pp to
+    fill its pipeline; GPipe with fewer leaves stages idle), a multiple of pp for
+    interleaved 1F1B.
+    Without a pipeline, 0 stays 0 (a data-parallel rank's whole share, no accumulation).
+    SpecError when each rank's share of the global batch is too small for any."""
+    if pp == 1 or global_batch % dp:
+        return 0  # nothing to choose, or check_config names the bad global batch
+    share = global_batch // dp
+    for m in range(pp, share + 1):  # fewest micro-batches first: the largest matmuls
+        if share % m == 0 and (schedule != "interleaved-1f1b" or m % pp == 0):
+            return share // m
+    multiple = " (a multiple of pp)" if schedule == "interleaved-1f1b" else ""
+    raise SpecError("global_batch", global_batch, f"gives each data-parallel rank {share} "
+                    f"sequences, which no count of at least pp={pp} micro-batches{multiple} "
+                    f"divides ({schedule}); use a multiple of {pp * dp}")
+
+
 def check_config(cfg: TrainConfig) -> None:
     """Every constraint the mesh and the model impose, as one-line SpecErrors."""
     if cfg.dp_mode not in DP_MODES:
@@ -86,6 +105,9 @@ def check_config(cfg: TrainConfig) -> None:
     if cfg.micro_batch and share % cfg.micro_batch:
         raise SpecError("micro_batch", cfg.micro_batch,
                         f"must divide each data-parallel rank's {share} sequences")
+    if cfg.loss_parallel and cfg.tp == 1:
+        raise SpecError("loss_parallel", True, "needs tp > 1 (it keeps the logits sharded "
+                        "over the tensor-parallel ranks' vocabulary)")
     if cfg.shape.tied and cfg.pp > 1 and cfg.tp > 1:
         raise SpecError("tp", cfg.tp, "with a tied head split over pipeline stages is not "
                         "supported yet; untie the head (llama style) or use tp=1")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import time
@@ -205,6 +206,7 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     # The step measured (FLOPs, bytes sent, saved activations): the third of this run when
     # it has one, past FSDP's lazy init (step 0) and DDP's bucket rebuild (step 1).
     probe = min(first_step + 2, cfg.steps - 1)
+    held, non_finite = None, None
     for step in range(first_step, cfg.steps):
         _maybe_fail(ctx, cfg, step, "step")
         batch = next(stream)
@@ -266,6 +268,12 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
         if log is not None:
             _log(log, StepLog(step, loss_value, norm, sched.get_last_lr()[0], elapsed,
                               cfg.global_batch * cfg.seq, batch.real_tokens))
+        if not (math.isfinite(loss_value) and math.isfinite(norm)):
+            # Both are global (all-reduced, or the same on every rank), so every rank stops
+            # here together: no collective is left waiting, and no checkpoint of a
+            # diverged model is written.
+            non_finite = {"step": step, "loss": loss_value, "grad_norm": norm}
+            break
         if ckpt is not None and (step + 1 == cfg.steps or (
                 cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0)):
             ckpt.save(step + 1, {"losses": losses, "grad_norms": norms},
@@ -279,4 +287,4 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
             "activation_bytes": activation_bytes, "comm_step": comm, "measured_step": probe,
             "cuda_peak_allocated": (torch.cuda.max_memory_allocated()
                                     if device_type == "cuda" else None),
-            "state_bytes": held}
+            "state_bytes": held, "non_finite": non_finite}

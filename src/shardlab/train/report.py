@@ -23,7 +23,7 @@ from shardlab.estimate.comm import (
 )
 from shardlab.estimate.comm_dtensor import tp_bytes_dtensor
 from shardlab.estimate.flops import flops_per_token
-from shardlab.estimate.memory import inflight_microbatches, zero_state_bytes
+from shardlab.estimate.memory import StateBytes, inflight_microbatches, zero_state_bytes
 from shardlab.estimate.partition import rank_layers, stage_params
 
 
@@ -40,19 +40,12 @@ def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
     predicted_flops = (fpt.hardware_train * tokens + replicated_head_flops(cfg, tokens)
                        - early_stop_flops(cfg, tokens))
     measured_flops = measured_step_flops(ranks)
-    policy = get_policy("amp-bf16" if cfg.dtype == "bf16" else "fp32")
-    zero = 0 if cfg.dp == 1 or cfg.dp_mode == "ddp" else 3
-    psi = stage_params(cfg.shape, cfg.tp, cfg.pp, cfg.virtual_stages,
-                       vocab_parallel=cfg.tp > 1)
     act_rows = activation_table(cfg, ranks)
     act = act_rows[0]
     memory = []
     for r, a in zip(ranks, act_rows, strict=True):
-        pred = zero_state_bytes(psi[r["pp_rank"]], policy, zero, cfg.dp)
-        # Saved activations at the step's peak: one micro-batch's worth without a pipeline
-        # (each is freed by its backward), the schedule's in-flight count in one.
-        held = (inflight_microbatches(cfg.schedule, cfg.pp, r["pp_rank"], cfg.microbatches,
-                                      cfg.virtual_stages) if cfg.pp > 1 else 1)
+        pred = predicted_state_bytes(cfg, r["pp_rank"])
+        held = held_microbatches(cfg, r["pp_rank"])
         memory.append({"rank": r["rank"], "measured": r["state_bytes"],
                        "predicted": {"weights": pred.weights, "gradients": pred.gradients,
                                      "optimizer": pred.optimizer},
@@ -100,6 +93,18 @@ def activation_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, An
     ``layer_activation_bytes`` for shardlab's eager LM (no dropout; the CPU attention
     kernel is fused, keeping only softmax statistics), plus the embedding's and the head's
     extras on the ranks holding the first and last chunk."""
+    rows = []
+    for r in ranks:
+        predicted = predicted_activation_bytes(cfg, r["pp_rank"])
+        measured = r.get("activation_bytes")
+        rows.append({"rank": r["rank"], "predicted": predicted, "measured": measured,
+                     "ratio": measured / predicted if measured else None})
+    return rows
+
+
+def predicted_activation_bytes(cfg: Any, pp_rank: int) -> float:
+    """Bytes pipeline rank ``pp_rank`` keeps for backward for one micro-batch, as the cost
+    model predicts them for shardlab's eager LM (see :func:`activation_table`)."""
     e = 2 if cfg.dtype == "bf16" else 4
     mb = cfg.micro_batch or cfg.global_batch // cfg.dp
     kw = {"tp": cfg.tp, "sp": cfg.sp}
@@ -115,19 +120,41 @@ def activation_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, An
     # With sequence parallelism torch's column-parallel head keeps the input it gathered over
     # the sequence, whole (the cost model counts Megatron's 1/t shard).
     head = bs * cfg.shape.d_model * e * (1 - 1 / cfg.tp) if cfg.sp and not cfg.shape.tied else 0
-    rows = []
-    for r in ranks:
-        p = r["pp_rank"]
-        predicted = (layers[p] * per_layer + mask + ids * (p == 0)
-                     + (targets + head) * (p == cfg.pp - 1)
-                     + (first_stage_extra_bytes(cfg.shape, mb, cfg.seq, dropout=False, **kw)
-                        if p == 0 else 0.0)
-                     + (last_stage_extra_bytes(cfg.shape, mb, cfg.seq, e, **kw)
-                        if p == cfg.pp - 1 else 0.0))
-        measured = r.get("activation_bytes")
-        rows.append({"rank": r["rank"], "predicted": predicted, "measured": measured,
-                     "ratio": measured / predicted if measured else None})
-    return rows
+    p = pp_rank
+    return (layers[p] * per_layer + mask + ids * (p == 0)
+            + (targets + head) * (p == cfg.pp - 1)
+            + (first_stage_extra_bytes(cfg.shape, mb, cfg.seq, dropout=False, **kw)
+               if p == 0 else 0.0)
+            + (last_stage_extra_bytes(cfg.shape, mb, cfg.seq, e, **kw)
+               if p == cfg.pp - 1 else 0.0))
+
+
+def predicted_state_bytes(cfg: Any, pp_rank: int) -> StateBytes:
+    """Weights, gradients and AdamW moments (bytes) a rank of pipeline stage ``pp_rank``
+    holds: its parameters under ZeRO-3 over dp (FSDP) or replicated (DDP, dp=1)."""
+    policy = get_policy("amp-bf16" if cfg.dtype == "bf16" else "fp32")
+    zero = 0 if cfg.dp == 1 or cfg.dp_mode == "ddp" else 3
+    psi = stage_params(cfg.shape, cfg.tp, cfg.pp, cfg.virtual_stages,
+                       vocab_parallel=cfg.tp > 1)
+    return zero_state_bytes(psi[pp_rank], policy, zero, cfg.dp)
+
+
+def held_microbatches(cfg: Any, pp_rank: int) -> float:
+    """Micro-batches whose saved activations a rank holds at the step's peak: one without a
+    pipeline (each is freed by its backward), the schedule's in-flight count in one."""
+    if cfg.pp == 1:
+        return 1
+    return inflight_microbatches(cfg.schedule, cfg.pp, pp_rank, cfg.microbatches,
+                                 cfg.virtual_stages)
+
+
+def predicted_peak_bytes(cfg: Any) -> float:
+    """The cost model's peak bytes of the fullest rank: weights + gradients + AdamW moments +
+    the activations held at the step's peak (what ``memory_per_rank`` predicts), the figure
+    the memory guard holds against this host's free memory before any rank starts."""
+    return max(predicted_state_bytes(cfg, p).total
+               + held_microbatches(cfg, p) * predicted_activation_bytes(cfg, p)
+               for p in range(cfg.pp))
 
 
 def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
