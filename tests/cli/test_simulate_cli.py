@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
-from shardlab.cli import main
+import shardlab.sim.run as sim_run
+from shardlab.cli import guard, main
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -44,8 +46,6 @@ def test_human_view_and_gpt_model(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_exit_1_when_a_check_fails(capsys: pytest.CaptureFixture[str],
                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    import shardlab.sim.run as sim_run
-
     monkeypatch.setattr(sim_run, "TOLERANCE", {k: -1.0 for k in sim_run.TOLERANCE})
     code, out, _ = run(capsys, "simulate", "--dp", "2", "--steps", "1", "--json")
     assert code == 1 and json.loads(out)["passed"] is False
@@ -74,3 +74,34 @@ def test_no_traceback_in_a_real_process() -> None:
     r = subprocess.run([sys.executable, "-m", "shardlab", "simulate", "--tp", "3"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr and r.stdout == ""
+
+
+def test_absurd_device_counts_are_refused_at_once(capsys: pytest.CaptureFixture[str]) -> None:
+    start = time.monotonic()
+    code, out, err = run(capsys, "simulate", "--dp", "100000", "--allow-oversubscribe")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "devices=100000" in err and "<= 256" in err, err
+    assert time.monotonic() - start < 2  # refused from the figures (torch loaded above)
+
+
+def test_a_model_too_big_for_this_host_is_refused_with_the_figures(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # gpt2 on 2 virtual devices and the reference: about 6.6 GB by the cost model.
+    monkeypatch.setattr(guard, "available_memory_bytes", lambda: (4e9, "test"))
+    start = time.monotonic()
+    code, out, err = run(capsys, "simulate", "gpt2", "--steps", "1")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "memory=" in err and "4.00 GB" in err and "--allow-oversubscribe" in err, err
+    assert time.monotonic() - start < 2
+
+
+def test_allow_oversubscribe_starts_anyway_and_shows_progress(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(guard, "available_memory_bytes", lambda: (1e6, "test"))
+    code, out, err = run(capsys, "simulate", "--steps", "1", "--json")
+    assert code == 2 and "memory=" in err and out == ""
+    code, out, err = run(capsys, "simulate", "--steps", "1", "--json", "--allow-oversubscribe")
+    assert code == 0 and json.loads(out)["passed"]  # stdout: the one document
+    lines = err.strip().splitlines()  # stderr: what finished, as it finished
+    assert len(lines) == 3 and "parameters" in lines[0] and "2 virtual devices" in lines[1]
+    assert lines[2].strip().startswith("step 1/1: loss")

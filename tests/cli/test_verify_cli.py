@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from shardlab.cli import main
+import shardlab.verify.runner as runner
+from shardlab.cli import guard, main
+from shardlab.cli.verify import (
+    RANK_RUNTIME_BYTES,
+    largest_shapes,
+    model_peak_bytes,
+    rank_peak_bytes,
+)
+from shardlab.verify import fsdp2, tensor_parallel
 from shardlab.verify.registry import EXPERIMENTS
 
 
@@ -64,3 +75,105 @@ def test_bad_input_starts_nothing(capsys: pytest.CaptureFixture[str], argv: list
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and words in err
     assert time.monotonic() - start < 2  # no process was started
+
+
+class Launched(Exception):
+    """The stand-in launcher was reached: every check before the ranks passed."""
+
+
+def _no_launch(*_: object, **__: object) -> None:
+    raise Launched
+
+
+def verify_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(["verify", *argv])
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(("flag", "value", "words"), [
+    ("--host", "no such host!!", "host='no such host!!'"),
+    ("--host", "", "host=''"),
+    ("--log-dir", "{file}", "log_dir="),
+    ("--log-dir", "{file}/sub", "log_dir="),
+    ("--log-dir", "/proc/shardlab-verify-logs", "log_dir="),  # read-only, even for root
+])
+def test_bad_host_or_log_dir_is_one_line_before_any_rank(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        flag: str, value: str, words: str) -> None:
+    if value.startswith("/proc") and not Path("/proc").is_dir():
+        pytest.skip("no /proc here")
+    monkeypatch.setattr(runner, "launch", _no_launch)
+    file = tmp_path / "a-file"
+    file.write_text("")
+    code, out, err = verify_main(capsys, flag, value.format(file=file))
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert words in err and flag in err, err
+    assert sorted(tmp_path.iterdir()) == [file] and file.read_text() == ""  # nothing written
+
+
+def test_memory_guard_refuses_before_anything_is_made(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    monkeypatch.setattr(runner, "launch", _no_launch)
+    # Three processes (two ranks and the launcher) of about 340 MiB do not fit in 0.9 GB.
+    monkeypatch.setattr(guard, "available_memory_bytes", lambda: (1e9, "test"))
+    logs = tmp_path / "logs"
+    code, out, err = verify_main(capsys, "--log-dir", str(logs))
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "memory=" in err and "x 3 " in err and "--allow-oversubscribe" in err, err
+    assert not logs.exists()
+    with pytest.raises(Launched):
+        main(["verify", "--log-dir", str(logs), "--allow-oversubscribe"])
+    assert logs.is_dir()  # made, as the launcher would, once every check passed
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_the_guard_takes_the_largest_experiment_model(world: int) -> None:
+    largest = max(model_peak_bytes(s, runner.GLOBAL_BATCH) for s in largest_shapes())
+    for shape in (fsdp2.SHAPE, tensor_parallel.toy_shape(world)):  # left out: smaller
+        assert model_peak_bytes(shape, runner.GLOBAL_BATCH) < largest, shape.name
+    extra = rank_peak_bytes(runner.GLOBAL_BATCH) - RANK_RUNTIME_BYTES
+    assert extra == largest and 0 < extra < RANK_RUNTIME_BYTES  # the interpreter dominates
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(("sig", "code", "line"), [
+    (signal.SIGINT, 130, "shardlab verify: interrupted"),
+    (signal.SIGTERM, 143, "shardlab verify: terminated by SIGTERM; every rank stopped"),
+])
+def test_a_signal_stops_every_rank_with_one_line(tmp_path: Path, sig: int, code: int,
+                                                 line: str) -> None:
+    """The signal goes to the whole process group, as a terminal's Ctrl-C does, as soon as
+    a rank's log exists (the ranks are starting): about 10 s of start-up each."""
+    logs, tmp = tmp_path / "logs", tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "shardlab", "verify", "--only",
+                             "fsdp2,checkpoint", "--log-dir", str(logs)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "TMPDIR": str(tmp)})
+    try:
+        deadline = time.monotonic() + 120
+        while not list(logs.glob("*/attempt_0/1/stdout.log")):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        os.killpg(proc.pid, sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == code and out == ""
+    assert err.splitlines() == [line], err
+    for _ in range(100):  # no rank outlives the launcher
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("a process of the stopped job is still running")
+    assert not list(tmp.glob("shardlab-verify-*"))  # the experiments' folder went with it

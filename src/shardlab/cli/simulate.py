@@ -4,9 +4,16 @@ against the cost model."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
 from shardlab.cli.args import add_shape_args, build_shape, nonneg_int, positive_float, positive_int
+from shardlab.cli.guard import check_host_memory
 from shardlab.cli.output import print_json
 from shardlab.config.hardware import LINKS
 from shardlab.config.lookup import find
@@ -15,6 +22,9 @@ from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.report.simulate_view import print_simulation
 
 SIM_SCHEDULES = ("gpipe", "1f1b")
+DOC_STEPS = 16
+"""Steps' worth of fresh documents drawn up front (four global batches each); longer runs
+go round them again in a new order, so the corpus stays the same size however many steps."""
 
 
 def register(sub: Any) -> None:
@@ -46,6 +56,9 @@ def register(sub: Any) -> None:
     g.add_argument("--lr", type=positive_float, default=1e-3, help="AdamW learning rate")
     g.add_argument("--adam-eps", type=positive_float, default=1e-6,
                    help="AdamW epsilon (1e-6: see docs/guide/simulate.md on fp32 checks)")
+    p.add_argument("--allow-oversubscribe", action="store_true",
+                   help="start even when the cost model says this host's free memory is "
+                   "too small for every virtual device and the reference")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(run=run)
 
@@ -57,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
     from shardlab.nn.data import batches
     from shardlab.sim.engine import AdamWConfig, Parallel
+    from shardlab.sim.footprint import MAX_DEVICES, run_peak_bytes
     from shardlab.sim.run import layout_for, simulate_run
 
     vocab = garden_vocab().size
@@ -73,18 +87,44 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("global_batch", global_batch,
                         f"must be a multiple of dp x microbatches ({args.dp}x{args.microbatches})")
     dtype = torch.float64 if args.dtype == "float64" else torch.float32
-    layout_for(shape, par, global_batch, args.seq, dtype)  # every layout check, before work
+    lay = layout_for(shape, par, global_batch, args.seq, dtype)  # every layout check, before work
+    if lay.gpus > MAX_DEVICES:
+        raise SpecError("devices", lay.gpus, f"dp x tp x pp ({lay.dp} x {lay.tp} x {lay.pp}) "
+                        f"must be <= {MAX_DEVICES}: one process runs every virtual device in "
+                        "turn")
+    check_host_memory(run_peak_bytes(shape, lay), 1, f"simulating {lay.gpus} virtual devices "
+                      "and the one-device reference in this process", args.allow_oversubscribe)
 
-    docs = garden_documents(max(200, 4 * global_batch * args.steps), args.seed)
-    stream = batches(docs, global_batch, args.seq, seed=args.seed)
-    result = simulate_run(shape, par, [next(stream) for _ in range(args.steps)], dtype,
-                          args.seed, AdamWConfig(lr=args.lr, eps=args.adam_eps), link)
+    docs = garden_documents(max(200, 4 * global_batch * min(args.steps, DOC_STEPS)), args.seed)
+    stream = itertools.islice(batches(docs, global_batch, args.seq, seed=args.seed), args.steps)
+    with _progress(args.steps) as progress:
+        result = simulate_run(shape, par, stream, dtype, args.seed,
+                              AdamWConfig(lr=args.lr, eps=args.adam_eps), link, progress)
     doc = result_doc(shape, result)
     if args.json:
         print_json(doc)
     else:
         print_simulation(doc)
     return 0 if result.passed else 1
+
+
+@contextlib.contextmanager
+def _progress(steps: int) -> Iterator[Callable[[int, str], None]]:
+    """What :func:`~shardlab.sim.run.simulate_run` reports, on stderr (``--json`` keeps
+    stdout to one document): a line per phase and per step, and a bar over the steps where
+    stderr is a terminal."""
+    console = Console(stderr=True, highlight=False)
+    with Progress(TextColumn("simulating: step {task.completed}/{task.total}"), BarColumn(),
+                  TimeElapsedColumn(), console=console, transient=True,
+                  disable=not console.is_terminal) as bar:
+        task = bar.add_task("", total=steps)
+
+        def tell(done: int, line: str) -> None:
+            prefix = f"step {done}/{steps}: " if done else ""
+            bar.console.print(f"  {prefix}{line}", markup=False, soft_wrap=True)
+            bar.update(task, completed=done)
+
+        yield tell
 
 
 def result_doc(shape: Any, r: Any) -> dict[str, Any]:
