@@ -26,6 +26,13 @@ def check_folder(field: str, path: str | None) -> None:
     nearest existing folder cannot be written (``os.access``); writes nothing."""
     if not path:
         return
+    try:
+        _check(field, path)
+    except OSError as e:  # a name too long for the file system, a loop of links, ...
+        raise SpecError(field, path, f"is not a usable path ({e.strerror or e})") from None
+
+
+def _check(field: str, path: str) -> None:
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise SpecError(field, path, f"is a file; {_flag(field)} needs a folder (or a path "
