@@ -125,3 +125,12 @@ def test_a_write_that_fails_after_the_check_is_one_spec_error(
     with pytest.raises(SpecError, match=r"output=.*No space left on device"):
         write_report(tmp_path / "r.html", "<p>")
     assert os.listdir(tmp_path) == []
+
+
+def test_a_path_too_long_for_the_file_system_is_one_error() -> None:
+    from shardlab.report.html import check_figures_dir, check_output
+
+    with pytest.raises(SpecError, match=r"output=.*is not a usable path"):
+        check_output("x" * 10_000)
+    with pytest.raises(SpecError, match=r"figures=.*is not a usable path"):
+        check_figures_dir("y" * 10_000)

@@ -9,5 +9,5 @@ from shardlab.train.folders import check_folder
 
 
 def test_a_name_too_long_for_the_file_system_is_one_error() -> None:
-    with pytest.raises(SpecError, match="log_dir=.*is not a usable path"):
+    with pytest.raises(SpecError, match=r"log_dir=.*is not a usable path"):
         check_folder("log_dir", "x" * 10_000)

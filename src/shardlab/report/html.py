@@ -171,6 +171,13 @@ def check_output(path: str | Path, flag: str = "output") -> Path:
     Writability is tried, not guessed from the mode bits: a temporary file is created in
     the folder and removed at once, so a read-only file system, or a place even root may
     not write (``/sys``), is refused here rather than after the work."""
+    try:
+        return _check_output(path, flag)
+    except OSError as e:  # a name too long for the file system, a loop of links, ...
+        raise SpecError(flag, str(path), f"is not a usable path ({e.strerror or e})") from None
+
+
+def _check_output(path: str | Path, flag: str) -> Path:
     p = Path(path).expanduser()
     if not str(path).strip() or p.is_dir():
         raise SpecError(flag, str(path), "must be a file path, not a folder")
@@ -185,6 +192,14 @@ def check_output(path: str | Path, flag: str = "output") -> Path:
 
 def check_figures_dir(path: str | Path) -> Path:
     """``--figures DIR``: a folder that exists or whose parent does, and can be written."""
+    try:
+        return _check_figures_dir(path)
+    except OSError as e:  # a name too long for the file system, a loop of links, ...
+        raise SpecError("figures", str(path), f"is not a usable path ({e.strerror or e})"
+                        ) from None
+
+
+def _check_figures_dir(path: str | Path) -> Path:
     p = Path(path).expanduser()
     if p.exists() and not p.is_dir():
         raise SpecError("figures", str(path), "must be a folder (a file is there)")
