@@ -6,6 +6,7 @@ and what is allowed; ``--json`` prints one JSON document on stdout and nothing e
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ from shardlab.cli import (
     verify,
 )
 from shardlab.cli.args import Parser
-from shardlab.errors import SpecError
+from shardlab.errors import SpecError, clip
 
 COMMANDS = (budget, catalogs, plan, schedule, simulate, train, verify, report, demo, export,
             import_cmd)
@@ -40,6 +41,11 @@ def _parser_and_commands() -> tuple[Parser, tuple[str, ...]]:
     for module in COMMANDS:
         module.register(sub)
     return parser, tuple(sub.choices)
+
+
+PATH_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR, errno.EISDIR,
+                         errno.ENOENT, errno.EACCES, errno.EROFS})
+"""OS errors that say a path given on the command line cannot be used as it is."""
 
 
 def build_parser() -> Parser:
@@ -71,3 +77,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except OSError as e:
+        # A path the file system refuses that no check of the command caught (too long, a
+        # loop of links, not a folder): still one line naming it, never a traceback. Other
+        # OS errors are not the user's input and go up as they are.
+        if e.errno not in PATH_ERRNOS or e.filename is None:
+            raise
+        sys.stderr.write(f"shardlab {args.command}: error: path={clip(str(e.filename))!r}: "
+                         f"{e.strerror}\n")
+        return 2
