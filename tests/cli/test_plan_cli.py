@@ -198,3 +198,14 @@ def test_an_emulated_bf16_is_planned_slow_and_said(capsys: pytest.CaptureFixture
     # shardlab train says the same before it starts, for this machine only.
     assert dtype_note("bf16", None) == note and dtype_note("bf16", "cpu") == note
     assert dtype_note("fp32", None) is None and dtype_note("bf16", "h100") is None
+
+
+def test_shape_flags_beside_a_model_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """A shape flag with MODEL used to be ignored without a word (issue 21, finding 17)."""
+    code, out, err = run(capsys, "llama-3-8b", "--gpus", "8", "--global-batch", "8",
+                         "--layers", "4")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "--layers cannot be combined with MODEL (llama-3-8b)" in err
+    code, out, _ = run(capsys, "--gpus", "2", "--global-batch", "8", "--layers", "2",
+                       "--json")
+    assert code == 0 and json.loads(out)["model_shape"].startswith("llama L=2 ")

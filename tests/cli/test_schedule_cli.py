@@ -164,17 +164,6 @@ def test_a_read_only_place_is_refused(capsys: pytest.CaptureFixture[str], tmp_pa
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in a folder of mode 0o500")
-def test_a_folder_without_write_permission_is_refused(capsys: pytest.CaptureFixture[str],
-                                                      tmp_path: Path) -> None:
-    ro = tmp_path / "ro"
-    ro.mkdir(mode=0o500)
-    code, _, err = run(capsys, "schedule", "--kind", "1f1b", "--stages", "2",
-                       "--microbatches", "2", "--png", str(ro / "s.png"))
-    assert code == 2 and "cannot be written" in err and err.count("\n") == 1
-    assert list(ro.iterdir()) == []
-
-
 @pytest.mark.parametrize("umask", [0o022, 0o027], ids=["022", "027"])
 def test_files_get_the_mode_the_umask_gives(capsys: pytest.CaptureFixture[str],
                                             tmp_path: Path, umask: int) -> None:

@@ -105,3 +105,10 @@ def test_allow_oversubscribe_starts_anyway_and_shows_progress(
     lines = err.strip().splitlines()  # stderr: what finished, as it finished
     assert len(lines) == 3 and "parameters" in lines[0] and "2 virtual devices" in lines[1]
     assert lines[2].strip().startswith("step 1/1: loss")
+
+
+def test_shape_flags_beside_a_model_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """A shape flag with MODEL used to be ignored without a word (issue 21, finding 17)."""
+    code, out, err = run(capsys, "simulate", "gpt2", "--layers", "4", "--steps", "1")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "--layers cannot be combined with MODEL (gpt2)" in err

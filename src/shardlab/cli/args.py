@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 
 from shardlab.config.limits import MAX_PARAMS
 from shardlab.config.resolve import model_or_flags
-from shardlab.errors import SHOWN_CHARACTERS, clip
+from shardlab.errors import SHOWN_CHARACTERS, SpecError, clip
 
 
 class Parser(argparse.ArgumentParser):
@@ -97,6 +97,10 @@ def param_count(text: str) -> float:
     return value
 
 
+SHAPE_FLAGS = ("style", "layers", "d_model", "heads", "kv_heads", "d_ff", "vocab")
+"""The shape flags (:func:`add_shape_args`) that MODEL, or a config.json, replaces."""
+
+
 def add_shape_args(p: argparse.ArgumentParser) -> None:
     """The model-shape flags shared with ``train``: a small model built from flags."""
     g = p.add_argument_group("model shape (when no MODEL is given)",
@@ -111,6 +115,28 @@ def add_shape_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--vocab", type=positive_int,
                    help="default: the garden corpus's vocabulary size")
     g.add_argument("--seq", type=positive_int, default=32, help="tokens per sequence")
+    # None marks a shape flag not given, so one given beside MODEL (or a config.json that
+    # sets the shape) is refused instead of ignored (shape_flags); the stated defaults come
+    # back when no MODEL is given.
+    p.set_defaults(shape_defaults={f: p.get_default(f) for f in SHAPE_FLAGS},
+                   **dict.fromkeys(SHAPE_FLAGS))
+
+
+def shape_flags(args: argparse.Namespace, source: str | None) -> None:
+    """Refuse a shape flag given beside ``source`` (MODEL, or --init-from's config.json:
+    what sets the model's shape), rather than ignore it; fill in the flags' defaults
+    otherwise. Once per command line (later calls do nothing)."""
+    if getattr(args, "shape_flags_checked", False):
+        return
+    given = [f for f in SHAPE_FLAGS if getattr(args, f) is not None]
+    if given and source is not None:
+        f = given[0]
+        raise SpecError(f, getattr(args, f), f"--{f.replace('_', '-')} cannot be combined "
+                        f"with {source}, which sets the model's shape; leave it out")
+    for f in SHAPE_FLAGS:
+        if getattr(args, f) is None:
+            setattr(args, f, args.shape_defaults[f])
+    args.shape_flags_checked = True
 
 
 def build_shape(args: argparse.Namespace, corpus_vocab: int) -> Any:

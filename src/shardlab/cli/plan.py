@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from shardlab.cli.args import add_shape_args, build_shape, positive_int
+from shardlab.cli.args import add_shape_args, build_shape, positive_int, shape_flags
 from shardlab.cli.output import print_json
 from shardlab.config.dtypes import get_policy
 from shardlab.config.layout import RECOMPUTE, SCHEDULES
@@ -105,6 +105,7 @@ def register(sub: Any) -> None:
 
 def _model(args: argparse.Namespace) -> tuple[Any, str]:
     """The model, and how `shardlab train` names it (catalog name, or the shape flags)."""
+    shape_flags(args, f"MODEL ({args.model})" if args.model is not None else None)
     if args.model is not None:
         return load_model(args.model), shlex.quote(args.model)
     vocab = garden_vocab().size

@@ -12,7 +12,14 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from shardlab.cli.args import add_shape_args, build_shape, nonneg_int, positive_float, positive_int
+from shardlab.cli.args import (
+    add_shape_args,
+    build_shape,
+    nonneg_int,
+    positive_float,
+    positive_int,
+    shape_flags,
+)
 from shardlab.cli.guard import check_host_memory
 from shardlab.cli.output import print_json
 from shardlab.config.hardware import LINKS
@@ -74,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from shardlab.sim.run import layout_for, simulate_run
 
     vocab = garden_vocab().size
+    shape_flags(args, f"MODEL ({args.model})" if args.model is not None else None)
     shape = build_shape(args, vocab)
     if args.zero > 3:
         raise SpecError("zero", args.zero, "must be 0, 1, 2 or 3")

@@ -13,7 +13,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from shardlab.cli.args import add_shape_args, build_shape, nonneg_int, positive_float, positive_int
+from shardlab.cli.args import (
+    add_shape_args,
+    build_shape,
+    nonneg_int,
+    positive_float,
+    positive_int,
+    shape_flags,
+)
 from shardlab.cli.guard import check_host_memory
 from shardlab.cli.output import print_json
 from shardlab.config.measured import NAMES, load_measurement, slow_dtype_note
@@ -31,9 +38,6 @@ from shardlab.train.folders import check_folder, make_folder, new_log_folder
 from shardlab.train.lock import checkpoint_lock
 from shardlab.train.report import peak_flops, predicted_peak_bytes, report
 
-SHAPE_FLAGS = ("style", "layers", "d_model", "heads", "kv_heads", "d_ff", "vocab")
-"""The shape flags (``add_shape_args``) that MODEL or --init-from's config.json replace."""
-
 
 def register(sub: Any) -> None:
     """Add the ``train`` sub-command."""
@@ -43,10 +47,6 @@ def register(sub: Any) -> None:
     p.add_argument("model", nargs="?", help="catalog name or config.json (default: a small "
                    "model from the shape flags)")
     add_shape_args(p)
-    # None marks a shape flag not given, so one given beside MODEL or --init-from is refused
-    # instead of ignored; the stated defaults come back when neither is given.
-    p.set_defaults(shape_defaults={f: p.get_default(f) for f in SHAPE_FLAGS},
-                   **dict.fromkeys(SHAPE_FLAGS))
     g = p.add_argument_group("layout")
     g.add_argument("--dp", type=positive_int, default=1)
     g.add_argument("--tp", type=positive_int, default=1)
@@ -308,17 +308,11 @@ def _train(args: argparse.Namespace, cfg: TrainConfig, peak: float | None,
 
 def _shape_flags(args: argparse.Namespace) -> None:
     """Refuse a shape flag given beside MODEL or --init-from (whose config.json is the
-    shape), rather than ignore it; fill in the flags' defaults otherwise."""
-    given = [f for f in SHAPE_FLAGS if getattr(args, f) is not None]
-    if given and (args.model is not None or args.init_from is not None):
-        source = (f"MODEL ({args.model})" if args.model is not None
-                  else f"--init-from ({args.init_from}/config.json)")
-        f = given[0]
-        raise SpecError(f, getattr(args, f), f"--{f.replace('_', '-')} cannot be combined "
-                        f"with {source}, which sets the model's shape; leave it out")
-    for f in SHAPE_FLAGS:
-        if getattr(args, f) is None:
-            setattr(args, f, args.shape_defaults[f])
+    shape), rather than ignore it (:func:`shardlab.cli.args.shape_flags`)."""
+    source = (f"MODEL ({args.model})" if args.model is not None
+              else f"--init-from ({args.init_from}/config.json)" if args.init_from is not None
+              else None)
+    shape_flags(args, source)
 
 
 def _check_memory(cfg: TrainConfig, args: argparse.Namespace) -> None:
