@@ -160,7 +160,16 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monkey
             ) -> Path:
     """A working folder and SHARDLAB_HOME of its own; no real work can start."""
     import importlib
+    import pkgutil
 
+    import shardlab
+
+    # Every module imported before the stand-ins go in: a module first imported while they
+    # are in place would keep a stand-in it took by name (`from ... import launch`) after
+    # the test, and the rest of the suite would start nothing.
+    for info in pkgutil.walk_packages(shardlab.__path__, "shardlab."):
+        if not info.name.endswith("__main__"):
+            importlib.import_module(info.name)
     cwd = tmp_path_factory.mktemp("fuzzcwd")
     monkeypatch.chdir(cwd)
     monkeypatch.setenv("SHARDLAB_HOME", str(cwd / "home"))

@@ -76,6 +76,7 @@ def test_results_come_back_by_rank(ranks_module: str, tmp_path: Path) -> None:
     assert all(r["sum"] == 21.0 and r["world"] == 2 and r["backend"] == "gloo" for r in out)
     logs = sorted((tmp_path / "l").rglob("stdout.log"))
     assert len(logs) == 2 and "chatter" in logs[0].read_text()  # the fd-level print is here
+    assert all("up (gloo)" in p.read_text() for p in logs)  # each rank got past its start
 
 
 @pytest.mark.parametrize("how", ["raise", "exit", "kill"])
