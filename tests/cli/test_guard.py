@@ -28,3 +28,14 @@ def test_available_memory_is_read_from_this_host() -> None:
     assert available > 0 and source
     total, _ = host.memory_bytes()
     assert available <= total
+
+
+def test_on_gpus_each_rank_is_held_against_its_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(guard, "device_free_bytes", lambda: (80e9, "a GPU"))
+    monkeypatch.setattr(guard, "available_memory_bytes", lambda: (1e9, "host"))
+    guard.check_memory(70e9, 8, "job", on_gpus=True)  # per rank on its own device: fits
+    with pytest.raises(SpecError, match=r"per rank .* 80.00 GB \(74.51 GiB\) free on each GPU"):
+        guard.check_memory(75e9, 8, "job", on_gpus=True)
+    guard.check_memory(75e9, 8, "job", allow_oversubscribe=True, on_gpus=True)
+    with pytest.raises(SpecError, match="this host has available"):
+        guard.check_memory(2e9, 1, "job", on_gpus=False)  # the CPU: the host's memory

@@ -21,7 +21,7 @@ from shardlab.cli.args import (
     positive_int,
     shape_flags,
 )
-from shardlab.cli.guard import check_host_memory
+from shardlab.cli.guard import check_memory
 from shardlab.cli.output import print_json
 from shardlab.config.measured import NAMES, load_measurement, slow_dtype_note
 from shardlab.errors import SpecError
@@ -324,8 +324,8 @@ def _check_memory(cfg: TrainConfig, args: argparse.Namespace) -> None:
     layout = (f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} {cfg.dtype}, micro-batch "
               f"{cfg.micro_batch or cfg.global_batch // cfg.dp} x {cfg.seq} tokens")
     name = cfg.shape.name if cfg.shape.name != "flags" else cfg.shape.describe()
-    check_host_memory(predicted_peak_bytes(cfg), local, f"shardlab train {name} ({layout})",
-                      args.allow_oversubscribe)
+    check_memory(predicted_peak_bytes(cfg), local, f"shardlab train {name} ({layout})",
+                 args.allow_oversubscribe)
 
 
 def _init_folder(args: argparse.Namespace) -> Path | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from shardlab.cli.args import positive_float, positive_int
-from shardlab.cli.guard import check_host_memory
+from shardlab.cli.guard import check_memory
 from shardlab.cli.output import print_json
 from shardlab.config.layout import make_layout
 from shardlab.config.model import ModelShape
@@ -161,8 +161,8 @@ def run(args: argparse.Namespace) -> int:
     if not under_torchrun():  # under torchrun the processes exist, the rendezvous is its own
         check_host(args.host)
         # The ranks and the launching process, which holds torch as well.
-        check_host_memory(rank_peak_bytes(GLOBAL_BATCH), world + 1,
-                          f"shardlab verify at world size {world}", args.allow_oversubscribe)
+        check_memory(rank_peak_bytes(GLOBAL_BATCH), world + 1,
+                     f"shardlab verify at world size {world}", args.allow_oversubscribe)
         prepare_log_dir(args.log_dir)
     start = time.perf_counter()
     try:
