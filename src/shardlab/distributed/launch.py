@@ -149,9 +149,11 @@ def _run_rank(target: str, args: tuple, backend: str, timeout_s: float,
     owns_group = not dist.is_initialized()
     if owns_group:
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
-    # One line in the rank's own log (its stdout is redirected there): it got through torch's
-    # import and the rendezvous. A stop signal from here on ends it without a traceback.
-    print(f"rank {rank} of {world}: up ({backend})", flush=True)
+    if failures is not None:
+        # One line in the rank's own log (our launcher redirects its stdout there; not under
+        # torchrun, where stdout is the command's own): it got through torch's import and
+        # the rendezvous. A stop signal from here on ends it without a traceback.
+        print(f"rank {rank} of {world}: up ({backend})", flush=True)
     try:
         return _resolve(target)(RankContext(rank, world, local, device, backend, timeout_s),
                                 *args)
