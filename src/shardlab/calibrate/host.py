@@ -8,17 +8,22 @@ import os
 from pathlib import Path
 
 
-def memory_bytes() -> tuple[float, str]:
-    """Physical memory (bytes) and where the figure came from."""
-    total, source = 0.0, ""
+def _meminfo(key: str) -> tuple[float, str]:
+    """``key``'s figure of ``/proc/meminfo`` in bytes (it is given in KiB) and its source, or
+    (0, "") where there is no such file or line."""
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
-                if line.startswith("MemTotal:"):
-                    total, source = float(line.split()[1]) * 1024, "/proc/meminfo MemTotal"
-                    break
+                if line.startswith(f"{key}:"):
+                    return float(line.split()[1]) * 1024, f"/proc/meminfo {key}"
     except (OSError, ValueError, IndexError):
         pass
+    return 0.0, ""
+
+
+def memory_bytes() -> tuple[float, str]:
+    """Physical memory (bytes) and where the figure came from."""
+    total, source = _meminfo("MemTotal")
     if total <= 0:
         try:
             total = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
@@ -40,15 +45,7 @@ def available_memory_bytes() -> tuple[float, str]:
     came from: ``MemAvailable`` of ``/proc/meminfo`` (the kernel's own estimate, Linux 3.14+),
     lowered to what the cgroup v2 limit leaves (``memory.max`` - ``memory.current``) when
     one is set. (0, "") when neither can be read: unknown."""
-    avail, source = 0.0, ""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail, source = float(line.split()[1]) * 1024, "/proc/meminfo MemAvailable"
-                    break
-    except (OSError, ValueError, IndexError):
-        pass
+    avail, source = _meminfo("MemAvailable")
     try:
         cgroup = Path("/sys/fs/cgroup")
         limit_text = (cgroup / "memory.max").read_text(encoding="ascii").strip()
