@@ -233,7 +233,8 @@ def _run_case(ctx: Any, style: str, name: str) -> dict[str, Any]:
         ref_loss.backward()
         out["ref_losses"].append(ref_loss.item())
         opt.zero_grad()
-        out["losses"].append(pipeline_step(schedule, batch, is_first, is_last))
+        loss = pipeline_step(schedule, batch, is_first, is_last)
+        out["losses"].append(None if loss is None else float(loss))
         if step == 0 and any(m.holds_tied_copy for m in modules):
             out["pre_sync_diff"] = max(float((m.tied_weight().grad - full["embed.weight"].grad)
                                              .abs().max()) for m in modules if m.holds_tied_copy)

@@ -355,7 +355,9 @@ def _held_bytes(tensors: list[torch.Tensor], seen: set[tuple[int, int, int, str]
     total = 0
     for t in tensors:
         loc = _local(t)
-        key = (loc.untyped_storage().data_ptr(), loc.storage_offset(), loc.numel(),
+        # The storage's identity (its C++ StorageImpl), not its data pointer: a fake
+        # tensor (dry run) has none, and every one would look like the same storage.
+        key = (loc.untyped_storage()._cdata, loc.storage_offset(), loc.numel(),
                str(loc.dtype))
         if loc.numel() == 0 or key in seen:
             continue

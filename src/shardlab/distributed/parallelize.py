@@ -46,13 +46,15 @@ def _sub_mesh(mesh: Any, name: str, size: int) -> Any:
 
 def parallelize(model: nn.Module, mesh: Any, *, tp: int = 1, dp: int = 1,
                 dp_mode: DpMode = "fsdp", sp: bool = False, loss_parallel: bool = False,
-                ac: AcMode = "none", param_dtype: torch.dtype | None = None) -> nn.Module:
+                ac: AcMode = "none", param_dtype: torch.dtype | None = None,
+                force_sum: bool | None = None) -> nn.Module:
     """TP -> activation checkpointing -> FSDP or DDP on ``model`` (torchtitan's order).
 
     ``mesh`` has named dims; ``mesh["tp"]`` is used when ``tp > 1`` and ``mesh["dp"]``
     when ``dp > 1`` (their sizes must match; other dims such as ``"pp"`` are ignored).
     ``dp_mode``: ``ddp``, ``fsdp`` or ``fsdp-zero2`` (``reshard_after_forward=False``).
-    ``param_dtype`` (FSDP only): bf16 compute with fp32 gradient reduction. In place;
+    ``param_dtype`` (FSDP only): bf16 compute with fp32 gradient reduction. ``force_sum``:
+    FSDP2's AVG-as-sum workaround (None: probe the backend, see ``apply_fsdp``). In place;
     returns the model. Validates everything before touching the model.
     """
     require_positive_int("tp", tp)
@@ -79,7 +81,7 @@ def parallelize(model: nn.Module, mesh: Any, *, tp: int = 1, dp: int = 1,
             apply_ddp(model, dp_mesh)
         else:
             apply_fsdp(model, dp_mesh, reshard_after_forward=dp_mode == "fsdp",
-                       param_dtype=param_dtype)
+                       param_dtype=param_dtype, force_sum=force_sum)
     elif param_dtype is not None:
         raise SpecError("param_dtype", str(param_dtype), "needs FSDP (dp > 1)")
     return model

@@ -199,6 +199,40 @@ def split_model(model: TransformerLM, pp: int, virtual_stages: int = 1, style: s
             for s in range(len(placement)) if placement[s] == rank]
 
 
+def stage_io_meta(module: StageModule, micro_batch: int, seq: int, *, tp: int = 1,
+                  sp: bool = False, dtype: torch.dtype | None = None,
+                  autocast_bf16: bool = False) -> tuple[tuple[torch.Tensor, ...],
+                                                         tuple[torch.Tensor, ...]]:
+    """Meta tensors of what one micro-batch brings into and takes out of a stage, for
+    ``PipelineStage(input_args=..., output_args=...)`` (static shapes: no run-time shape
+    inference, which would exchange metadata with the neighbouring stages first).
+
+    Inputs: the first stage ``(input_ids, pad_mask)``, int64 ``[b, s]``; any other
+    ``(hidden, pad_mask)``. Outputs: ``(hidden, pad_mask)``, or the last stage's logits
+    ``[b, s, vocab]``. ``hidden`` is ``[b, s / tp, d]`` under sequence parallelism (the
+    blocks' outputs stay Shard(1) local chunks, see
+    :mod:`shardlab.distributed.tensor_parallel`), else ``[b, s, d]``; its dtype is
+    ``dtype`` (FSDP2's bf16 parameter copies) or the parameters' own (under autocast the
+    residual stream stays fp32; the head's logits are bf16).
+    """
+    weights = next(iter(module.parameters()))
+    param = dtype or weights.dtype
+    rows = seq // tp if sp and tp > 1 else seq
+
+    def meta(shape: tuple[int, ...], kind: torch.dtype, grad: bool = False) -> torch.Tensor:
+        return torch.empty(shape, dtype=kind, device="meta").requires_grad_(grad)
+
+    mask = meta((micro_batch, seq), torch.int64)
+    hidden = meta((micro_batch, rows, module.shape.d_model), param, grad=True)
+    inputs = (meta((micro_batch, seq), torch.int64), mask) if module.is_first else (hidden,
+                                                                                   mask)
+    if module.is_last:
+        logits = torch.bfloat16 if autocast_bf16 else param
+        return inputs, (meta((micro_batch, seq, module.shape.vocab), logits, grad=True),)
+    return inputs, (meta(hidden.shape, param, grad=True), meta((micro_batch, seq),
+                                                                 torch.int64))
+
+
 # --- tied embedding and head -----------------------------------------------------------
 
 def sync_tied_grads(stages: Sequence[StageModule],
@@ -344,14 +378,15 @@ def build_schedule(name: str, stages: Sequence[PipelineStage], n_microbatches: i
 
 
 def pipeline_step(schedule: _PipelineSchedule, batch_share: Batch, is_first: bool,
-                  is_last: bool) -> float | None:
+                  is_last: bool) -> torch.Tensor | None:
     """One training step (forward and backward of every micro-batch) of ``schedule``.
 
     The rank holding the first stage feeds ``input_ids`` and ``pad_mask`` (the schedule
     splits them into micro-batches along dim 0); the rank holding the last stage gives
     :func:`masked_targets` and collects the micro-batch losses. ``batch_share`` (this
     pipeline's share of the global batch) must already be on the stages' device.
-    Returns the summed micro-batch loss on the last stage's rank, None elsewhere.
+    Returns the summed micro-batch loss (a detached 0-dim tensor, never read here, so a
+    dry run on fake tensors passes) on the last stage's rank, None elsewhere.
     Gradients accumulate into the stages' parameters; with a tied head, call
     :func:`sync_tied_grads` next.
     """
@@ -362,4 +397,4 @@ def pipeline_step(schedule: _PipelineSchedule, batch_share: Batch, is_first: boo
     schedule.step(*args, return_outputs=False, **kwargs)
     if not is_last:
         return None
-    return float(torch.stack([loss.detach() for loss in losses]).sum())
+    return torch.stack([loss.detach() for loss in losses]).sum()

@@ -33,7 +33,7 @@ def make_optimizer(params: list[Any], cfg: TrainConfig) -> tuple[Any, Any]:
 
 
 def clip_grad_norm(params: list[Any], max_norm: float, pp_group: Any = None,
-                   copies: tuple[Any, ...] = ()) -> float:
+                   copies: tuple[Any, ...] = ()) -> torch.Tensor:
     """Clip by the norm of the gradient of the *whole* model (torchtitan's clip_grad_norm_).
 
     Squares of every rank's local gradient elements are summed in float64 per sharding:
@@ -43,7 +43,9 @@ def clip_grad_norm(params: list[Any], max_norm: float, pp_group: Any = None,
     then over the pipeline stages. Those scalars are filed as ``grad_norm`` by the comm meter.
     ``copies``: parameters whose gradient another stage holds too (the last stage's copy of
     a tied embedding, equal to the first's after ``sync_tied_grads``): clipped, but counted
-    once in the norm.
+    once in the norm. Returns the norm as a 0-dim float64 tensor, and never reads a value
+    (the clip factor multiplies every gradient, 1.0 when under ``max_norm``, exact in IEEE
+    arithmetic), so a dry run on fake tensors takes the same path.
     """
     grads = [p.grad for p in params if p.grad is not None]
     skip = {id(p.grad) for p in copies if p.grad is not None}
@@ -71,9 +73,9 @@ def clip_grad_norm(params: list[Any], max_norm: float, pp_group: Any = None,
             total_sq += value
         if pp_group is not None:
             dist.all_reduce(total_sq, group=pp_group)
-    total = float(total_sq.sqrt())
-    coef = min(1.0, max_norm / (total + 1e-6))
-    if coef < 1.0:
-        for g in grads:
-            g.detach().mul_(coef)
+    total = total_sq.sqrt()
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in grads:
+        # The local part of a DTensor in place: a plain 0-dim factor, no DTensor dispatch.
+        (g.to_local() if isinstance(g, DTensor) else g).detach().mul_(coef)
     return total

@@ -15,8 +15,9 @@ from shardlab.distributed.pipeline import masked_targets
 from shardlab.nn.data import batches
 from shardlab.nn.model import TransformerLM
 from shardlab.train.config import TrainConfig
-from shardlab.train.loop import bf16_autocast, load_initial_weights
+from shardlab.train.loop import load_initial_weights
 from shardlab.train.optimizer import clip_grad_norm, make_optimizer
+from shardlab.train.rank import bf16_autocast
 
 
 def token_loss_sum(logits: Any, batch: Any) -> Any:
