@@ -397,3 +397,51 @@ def test_hfu_counts_recompute(capsys: pytest.CaptureFixture[str]) -> None:
     ratio = doc["flops"]["hardware_train_per_token"] / doc["flops"]["train_per_token"]
     assert code == 0 and doc["time"]["mfu"] == 0.5
     assert doc["time"]["hfu"] == pytest.approx(0.5 * ratio, rel=1e-12) and ratio > 1.2
+
+
+# -- when a layout does not fit --------------------------------------------------------------
+
+
+FIT_KEYS = {"change", "memory_bytes", "fits", "step_seconds", "step_ratio"}
+# Llama-3-8B on 8 H100s, ZeRO-0, 8 sequences of 8,192 tokens per micro-batch: 455 GB.
+TOO_BIG = ("llama-3-8b", "--gpus", "8", "--micro-batch", "8", "--seq", "8192",
+           "--global-batch", "64")
+
+
+def test_a_layout_that_does_not_fit_gets_the_changes_that_make_it_fit(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    doc = budget_json(capsys, *TOO_BIG, "--zero", "0")
+    fit, mem = doc["fit"], doc["memory"]
+    assert not mem["fits"] and fit["binding"] == "activations"
+    assert fit["memory_bytes"] == mem["per_device"]["total"]
+    assert fit["capacity"] == mem["capacity"]
+    for c in [*fit["changes"], *fit["pairs"]]:
+        assert set(c) >= FIT_KEYS and all(is_number(c[k]) for k in FIT_KEYS - {"change", "fits"})
+    assert not any(c["fits"] for c in fit["changes"])
+    (pair,) = fit["pairs"]
+    assert pair["change"] == "zero=3 recompute=full" and pair["fits"]
+    # Each change's memory is what a fresh budget of the changed layout says.
+    fresh = budget_json(capsys, *TOO_BIG, "--zero", "3", "--recompute", "full")
+    assert fresh["memory"]["fits"] and fresh["fit"] is None
+    assert pair["memory_bytes"] == fresh["memory"]["per_device"]["total"]
+    tp2 = next(c for c in fit["changes"] if c["change"] == "tp=2 dp=4")
+    fresh = budget_json(capsys, *TOO_BIG, "--zero", "0", "--tp", "2")
+    assert tp2["memory_bytes"] == fresh["memory"]["per_device"]["total"]
+    assert tp2["fits"] is fresh["memory"]["fits"] is False
+    assert fresh["fit"]["step_seconds"] == tp2["step_seconds"]
+
+
+def test_the_human_view_says_what_binds_and_what_fits(capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    code, out, err = run_cli(capsys, "budget", *TOO_BIG, "--zero", "0")
+    assert code == 0, err
+    assert out.index("Memory per device") < out.index("What binds: activations") \
+        < out.index("To make it fit") < out.index("Training time")
+    assert "zero=3 recompute=full" in out and "not tried: sp=1" in out
+    code, out, _ = run_cli(capsys, "budget", "llama-3-8b", "--gpus", "8", "--zero", "3")
+    assert code == 0 and "What binds" not in out
+
+
+def test_a_bare_parameter_count_has_no_fit_advice(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = budget_json(capsys, "--params", "70e9", "--gpus", "8")
+    assert not doc["memory"]["fits"] and doc["fit"] is None

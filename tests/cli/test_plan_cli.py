@@ -209,3 +209,49 @@ def test_shape_flags_beside_a_model_are_refused(capsys: pytest.CaptureFixture[st
     code, out, _ = run(capsys, "--gpus", "2", "--global-batch", "8", "--layers", "2",
                        "--json")
     assert code == 0 and json.loads(out)["model_shape"].startswith("llama L=2 ")
+
+
+def test_a_given_layout_that_does_not_fit_gets_the_changes_that_make_it_fit(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ("llama-3-8b", "--gpus", "8", "--seq", "8192", "--global-batch", "64")
+    code, out, err = run(capsys, *argv, "--layout", "dp=8 micro_batch=8 zero=0", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    fit, given = doc["fit"], doc["best"][0]
+    assert not given["fits"] and fit["binding"] == "activations"
+    assert fit["capacity"] == doc["usable_memory_per_device"]  # plan's verdict: 90% of 80 GB
+    assert fit["memory_bytes"] == given["memory_per_device"]
+    assert fit["step_seconds"] == pytest.approx(given["step_seconds"], rel=1e-12)
+    for c in [*fit["changes"], *fit["pairs"]]:
+        assert set(c) >= {"change", "memory_bytes", "fits", "step_seconds", "step_ratio"}
+    pair = fit["pairs"][0]
+    assert pair["change"] == "zero=3 recompute=full" and pair["fits"]
+    # The pair's layout, given to plan, is priced the same.
+    lay = pair["layout"]
+    text = " ".join(f"{k}={int(lay[k]) if k == 'sp' else lay[k]}" for k in
+                    ("dp", "tp", "pp", "zero", "sp", "micro_batch", "recompute", "schedule"))
+    code, out, _ = run(capsys, *argv, "--layout", text, "--json")
+    again = json.loads(out)
+    assert again["fit"] is None and again["best"][0]["fits"]
+    assert again["best"][0]["step_seconds"] == pytest.approx(pair["step_seconds"], rel=1e-12)
+    assert again["best"][0]["memory_per_device"] == pair["memory_bytes"]
+    code, out, _ = run(capsys, *argv, "--layout", "dp=8 micro_batch=8 zero=0")
+    assert code == 0 and "What binds: activations" in out and "To make it fit" in out
+
+
+def test_a_search_has_no_fit_advice(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "llama-3-8b", "--gpus", "8", "--top", "1", "--json", *GB8)
+    assert code == 0 and json.loads(out)["fit"] is None
+
+
+def test_this_machine_advises_only_what_train_runs(capsys: pytest.CaptureFixture[str],
+                                                   cpu_home: Path) -> None:
+    code, out, err = run(capsys, "--gpu", "cpu", "--gpus", "2", "--global-batch", "8",
+                         "--d-model", "4096", "--layers", "8", "--heads", "32",
+                         "--layout", "dp=2 zero=0 micro_batch=4", "--json")
+    assert code == 0, err
+    fit = json.loads(out)["fit"]
+    assert fit is not None and fit["capacity"] == 0.9 * 8e9 / 2
+    tried = [c["layout"] for c in [*fit["changes"], *fit["pairs"]]]
+    assert tried and all(lay["zero"] in (0, 2, 3) for lay in tried)
+    assert all(not (lay["zero"] == 0 and lay["dp"] > 1 and lay["tp"] > 1) for lay in tried)

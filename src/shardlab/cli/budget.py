@@ -9,12 +9,15 @@ from typing import Any
 from shardlab.cli.args import fraction, nonneg_int, param_count, positive_float, positive_int
 from shardlab.cli.output import print_json
 from shardlab.config.dtypes import get_policy
-from shardlab.config.layout import RECOMPUTE, SCHEDULES, make_layout
+from shardlab.config.hardware import Accelerator
+from shardlab.config.layout import RECOMPUTE, SCHEDULES, Layout, make_layout
 from shardlab.config.limits import MAX_GPUS
 from shardlab.config.measured import accelerator_or_measured
+from shardlab.config.model import ModelShape
 from shardlab.config.resolve import load_model
 from shardlab.errors import SpecError, require_int_at_most
 from shardlab.estimate.budget import Assumptions, model_budget, params_budget
+from shardlab.plan.fit import explain_fit, step_options_for
 from shardlab.report.budget_view import print_budget
 
 
@@ -107,6 +110,18 @@ def model_and_layout(args: argparse.Namespace) -> tuple[Any, Any]:
     return model, layout
 
 
+def fit_advice(model: ModelShape, layout: Layout, acc: Accelerator, a: Assumptions,
+               doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The budget's ``fit`` object: None when the layout fits, else what binds and the
+    changes that make it fit (:func:`shardlab.plan.fit.explain_fit`), held to the same
+    capacity as the budget's verdict and with the budget's activation conventions."""
+    if doc["memory"]["fits"]:
+        return None
+    options = step_options_for(acc, flash=a.attention == "flash")
+    return explain_fit(model, layout, acc, capacity=doc["memory"]["capacity"],
+                       dropout=doc["assumptions"]["dropout"], options=options).as_dict()
+
+
 def run(args: argparse.Namespace) -> int:
     """Compute the budget and print it (tables, or one JSON document with --json)."""
 
@@ -129,9 +144,11 @@ def run(args: argparse.Namespace) -> int:
             raise SpecError("zero", args.zero, "must be 0, 1, 2 or 3 (3 is FSDP)")
         doc = params_budget(args.params, acc, gpus=gpus, tp=args.tp, pp=args.pp, zero=args.zero,
                             policy=get_policy(args.dtype), a=a)
+        doc["fit"] = None  # a bare count has no activations and no step-time model to try
     else:
         model, layout = model_and_layout(args)
         doc = model_budget(model, layout, acc, a)
+        doc["fit"] = fit_advice(model, layout, acc, a, doc)
     if args.json:
         print_json(doc)
     else:

@@ -11,14 +11,14 @@ from typing import Any
 from shardlab.cli.args import add_shape_args, build_shape, positive_int, shape_flags
 from shardlab.cli.output import print_json
 from shardlab.config.dtypes import get_policy
-from shardlab.config.layout import RECOMPUTE, SCHEDULES
+from shardlab.config.layout import RECOMPUTE, SCHEDULES, make_layout
 from shardlab.config.measured import accelerator_or_measured, slow_dtype_note
 from shardlab.config.resolve import load_model
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_vocab
+from shardlab.plan.fit import explain_fit, step_options_for
 from shardlab.plan.search import is_this_machine, layout_candidates, plan
 from shardlab.plan.space import TRAIN_SCHEDULES, TRAIN_ZERO, Space
-from shardlab.plan.step_time import StepOptions
 from shardlab.report.plan_view import print_plan
 
 
@@ -152,14 +152,23 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         train_only=here)
     only = layout_candidates(model, space, args.layout) if args.layout else None
     dropout = args.dropout if args.dropout is not None else model.style == "gpt"
-    result = plan(model, acc, space, policy, top=args.top, dropout=dropout,
-                  # On this machine the ranks' cores also move the bytes: no overlap; and
-                  # shardlab train is eager torch: gradients accumulate in their own pass.
-                  options=StepOptions(flash=args.attention == "flash",
-                                      overlap_dp=not (args.no_overlap_dp or here),
-                                      fused_accumulation=not here),
+    options = step_options_for(acc, flash=args.attention == "flash",
+                               overlap_dp=not args.no_overlap_dp)
+    result = plan(model, acc, space, policy, top=args.top, dropout=dropout, options=options,
                   train_prefix=f"shardlab train {model_flags}" if here else None,
                   train_dtype=dtype, only=only)
+    fit = None
+    if only is not None and not result.best[0]["fits"]:
+        given = result.best[0]
+        layout = make_layout(model, gpus=args.gpus, dp=given["dp"], tp=given["tp"],
+                             pp=given["pp"], virtual_stages=given["virtual_stages"],
+                             zero=given["zero"], sp=given["sp"],
+                             micro_batch=given["micro_batch"], global_batch=args.global_batch,
+                             seq=seq, recompute=given["recompute"], dtype=policy.name,
+                             schedule=given["schedule"])
+        fit = explain_fit(model, layout, acc, capacity=result.device_memory, dropout=dropout,
+                          options=options, gpus_per_node=space.gpus_per_node,
+                          train_only=here).as_dict()
     dev = result.device
     return {
         "model": model.name, "model_shape": model.describe(), "gpu": acc.name,
@@ -179,6 +188,8 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         "candidates_evaluated": result.candidates_evaluated, "feasible": result.feasible,
         "rejected": result.rejected, "seconds": result.seconds,
         "smallest_memory_per_device": result.smallest_memory, "best": result.best,
+        # --layout that does not fit: what binds and the changes that make it fit.
+        "fit": fit,
     }
 
 

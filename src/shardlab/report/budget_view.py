@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardlab.report.fit_view import print_fit
 from shardlab.report.tables import show, table
 from shardlab.units import human, human_bytes, human_gib, human_seconds
 
@@ -31,6 +32,8 @@ def print_budget(b: dict[str, Any]) -> None:
     _params(b)
     _flops(b)
     _memory(b)
+    if b.get("fit"):
+        print_fit(b["fit"])
     _time(b)
     _comm(b)
     if "inference" in b:

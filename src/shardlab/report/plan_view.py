@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardlab.report.fit_view import print_fit
 from shardlab.report.tables import show, table
 from shardlab.units import human, human_bytes
 
@@ -70,3 +71,5 @@ def print_plan(doc: dict[str, Any]) -> None:
              f"{human_bytes(mb['activations'])}")
         if b["train_command"]:
             show(f"run it: {b['train_command']}")
+    if doc.get("fit"):
+        print_fit(doc["fit"])

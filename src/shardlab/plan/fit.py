@@ -1,0 +1,328 @@
+"""Why a layout does not fit, and the cheapest changes that make it fit.
+
+For one layout (a :class:`~shardlab.config.layout.Layout`) on one accelerator,
+:func:`explain_fit` reports the memory of the busiest device by category (weights,
+gradients, optimizer state, activations; :func:`shardlab.estimate.memory.stage_memory`,
+the figures ``shardlab budget`` prints), the capacity it is held against, the binding
+category, and every single change of one knob, each with its memory per device,
+whether it fits, and its predicted step time beside the current one.
+
+**Binding category.** The one whose removal would lower the peak most: for category c,
+``without[c] = max over pipeline ranks of (total_r - c_r)``, and the binding one has the
+smallest ``without`` (ties: the larger share of the busiest rank). With one pipeline
+stage this is simply the largest category; with several, removing a category can hand
+the peak to another rank (activations pile up on rank 0 under 1F1B, the head sits on the
+last), and the rank-aware figure says what cutting it could gain at most. When even
+``without[binding]`` is over the capacity, no change to that category alone can be
+enough, and the advice says so.
+
+**Changes tried**, one knob each, from the given layout (keeping the device count, the
+global batch and the sequence length):
+
+* ``zero=1|2|3``: each ZeRO stage above the current one (only when dp > 1);
+* ``recompute=selective|full``: each recompute mode above the current one;
+* ``micro_batch=b/2``: half the micro-batch (rounded down), twice the micro-batches;
+* ``tp=2t dp=d/2``: twice the tensor parallelism within a node, half the data parallelism;
+* ``pp=2p dp=d/2``: twice the pipeline stages (same schedule and virtual stages), half
+  the data parallelism;
+* ``sp=1``: sequence parallelism, when tp > 1.
+
+A change the model or device count rules out (tp not dividing the heads, more stages
+than layers, an odd dp to halve, tp beyond a node, a rule of :func:`make_layout`
+checked by :func:`shardlab.plan.space.check_rules`) is not priced; it is listed in
+``skipped`` with the reason. When no single change fits, every pair of two (two kinds,
+or the same halving/doubling twice) is priced too.
+
+Memory and step time are the planner's own (:func:`shardlab.plan.memory.memory_arrays`,
+:func:`shardlab.plan.step_time.step_seconds`, on :func:`shardlab.plan.search.device_of`'s
+device): a change's memory equals what ``shardlab budget`` and ``shardlab plan --layout``
+say for the changed layout, and its step time what ``plan --layout`` says (``budget``'s
+own step time is its ``--mfu`` assumption, not this model). No formula here is new.
+Pure Python and numpy: no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardlab.config.hardware import Accelerator
+from shardlab.config.layout import RECOMPUTE, SCHEDULES, Layout
+from shardlab.config.model import ModelShape
+from shardlab.errors import SpecError
+from shardlab.estimate.memory import peak_stage, stage_memory
+from shardlab.plan.memory import MemoryOptions, memory_arrays
+from shardlab.plan.search import device_of, is_this_machine
+from shardlab.plan.space import REASONS, TRAIN_ZERO, Candidates, Space, check_rules
+from shardlab.plan.step_time import StepOptions, step_seconds
+
+CATEGORIES: tuple[str, ...] = ("weights", "gradients", "optimizer", "activations")
+PAIRS_KEPT = 5
+"""Pairs of changes :func:`explain_fit` keeps, fastest first (all of them would be up to a
+few dozen rows that say the same)."""
+KINDS: tuple[str, ...] = ("zero", "recompute", "micro_batch", "tp", "pp", "sp")
+REPEATABLE: frozenset[str] = frozenset({"micro_batch", "tp", "pp"})
+"""Kinds a pair may apply twice (micro-batch / 4, tp x 4, pp x 4); a ZeRO stage or a
+recompute mode is already tried at every level."""
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The layout fields a change may touch (the rest, the job's, stay as given)."""
+
+    dp: int
+    tp: int
+    pp: int
+    virtual_stages: int
+    schedule: str
+    zero: int
+    sp: bool
+    recompute: str
+    micro_batch: int
+
+    def label(self, base: Knobs) -> str:
+        """What differs from ``base``, as ``--layout`` writes it: ``tp=2 dp=4``."""
+        keys = ("zero", "recompute", "micro_batch", "tp", "pp", "sp", "dp")
+        return " ".join(f"{k}={int(v) if k == 'sp' else v}" for k in keys
+                        if (v := getattr(self, k)) != getattr(base, k))
+
+
+@dataclass(frozen=True)
+class FitChange:
+    """One changed layout, priced: memory of its busiest device (bytes), whether that is
+    within the capacity, its predicted step (seconds) and that over the current step."""
+
+    change: str
+    knobs: Knobs
+    microbatches: int
+    by_category: dict[str, float]
+    memory_bytes: float
+    fits: bool
+    step_seconds: float
+    step_ratio: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: change, memory_bytes, fits, step_seconds, step_ratio, by_category and
+        the whole changed ``layout`` (dp, tp, pp, virtual_stages, ..., microbatches)."""
+        return {"change": self.change, "memory_bytes": self.memory_bytes, "fits": self.fits,
+                "step_seconds": self.step_seconds, "step_ratio": self.step_ratio,
+                "by_category": self.by_category,
+                "layout": {**dataclasses.asdict(self.knobs), "microbatches": self.microbatches}}
+
+
+@dataclass(frozen=True)
+class FitAdvice:
+    """What :func:`explain_fit` found (module docstring). Bytes and seconds throughout.
+
+    ``changes``: every single change priced, those that fit fastest first, then the rest
+    by memory. ``pairs``: empty when a single change fits; else the pairs that fit,
+    fastest first (at most :data:`PAIRS_KEPT`), or, when none does, the pair that comes
+    closest (one entry, ``fits`` false). ``skipped``: (change, reason) of each change
+    the model, the device count or the node rules out.
+    """
+
+    memory_bytes: float
+    by_category: dict[str, float]
+    stage: int
+    capacity: float
+    fits: bool
+    binding: str
+    without: dict[str, float]
+    step_seconds: float
+    changes: list[FitChange]
+    pairs: list[FitChange]
+    skipped: list[tuple[str, str]]
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready (the ``fit`` object of ``budget --json`` and ``plan --json``)."""
+        return {"fits": self.fits, "memory_bytes": self.memory_bytes,
+                "capacity": self.capacity, "over_bytes": self.memory_bytes - self.capacity,
+                "by_category": self.by_category, "stage": self.stage,
+                "binding": self.binding, "without_bytes": self.without,
+                "step_seconds": self.step_seconds,
+                "changes": [c.as_dict() for c in self.changes],
+                "pairs": [c.as_dict() for c in self.pairs],
+                "skipped": [{"change": c, "reason": r} for c, r in self.skipped]}
+
+
+def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True) -> StepOptions:
+    """The step-time options ``shardlab plan`` prices ``acc`` with: on this machine the
+    ranks' cores also move the bytes (no overlap), and ``shardlab train`` is eager torch
+    (gradients accumulate in their own pass)."""
+    here = is_this_machine(acc)
+    return StepOptions(flash=flash, overlap_dp=overlap_dp and not here,
+                       fused_accumulation=not here)
+
+
+def _moves(k: Knobs, gpus_per_node: int, train_only: bool
+           ) -> list[tuple[str, Knobs | None, str]]:
+    """(kind, changed knobs or None, why not) of every one-knob change from ``k``; values
+    that are no change (a ZeRO stage at or below the current one) are left out."""
+    out: list[tuple[str, Knobs | None, str]] = []
+    for z in range(k.zero + 1, 4):
+        if k.dp == 1:
+            out.append(("zero", None, "dp=1: ZeRO shards over data parallelism"))
+            break
+        if train_only and z not in TRAIN_ZERO:
+            continue  # shardlab train has no ZeRO-1; the plan for this machine skips it too
+        out.append(("zero", dataclasses.replace(k, zero=z), ""))
+    for r in RECOMPUTE[RECOMPUTE.index(k.recompute) + 1:]:
+        out.append(("recompute", dataclasses.replace(k, recompute=r), ""))
+    if k.micro_batch > 1:
+        out.append(("micro_batch", dataclasses.replace(k, micro_batch=k.micro_batch // 2), ""))
+    else:
+        out.append(("micro_batch", None, "micro_batch=1 cannot be halved"))
+    if 2 * k.tp > gpus_per_node:
+        out.append(("tp", None, f"tp={2 * k.tp} would leave a node of {gpus_per_node}"))
+    elif k.dp % 2:
+        out.append(("tp", None, f"dp={k.dp} cannot be halved to keep the device count"))
+    else:
+        out.append(("tp", dataclasses.replace(k, tp=2 * k.tp, dp=k.dp // 2), ""))
+    if k.dp % 2:
+        out.append(("pp", None, f"dp={k.dp} cannot be halved to keep the device count"))
+    else:
+        out.append(("pp", dataclasses.replace(k, pp=2 * k.pp, dp=k.dp // 2), ""))
+    if not k.sp:
+        out.append(("sp", dataclasses.replace(k, sp=True) if k.tp > 1 else None,
+                    "" if k.tp > 1 else "sequence parallelism needs tp > 1"))
+    return out
+
+
+def _candidates(states: list[Knobs], global_batch: int) -> Candidates:
+    """``states`` as the planner's :class:`Candidates` (reason -1: checked afterwards)."""
+    def col(values: list[int]) -> np.ndarray:
+        return np.array(values, dtype=np.int64)
+
+    return Candidates(col([s.dp for s in states]), col([s.tp for s in states]),
+                      col([s.pp for s in states]), col([s.virtual_stages for s in states]),
+                      col([SCHEDULES.index(s.schedule) for s in states]),
+                      col([s.zero for s in states]), np.array([s.sp for s in states], bool),
+                      col([RECOMPUTE.index(s.recompute) for s in states]),
+                      col([s.micro_batch for s in states]),
+                      col([global_batch // (s.dp * s.micro_batch) for s in states]),
+                      np.full(len(states), -1, dtype=np.int64))
+
+
+def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity: float,
+                dropout: bool | None = None, options: StepOptions | None = None,
+                gpus_per_node: int | None = None, train_only: bool = False) -> FitAdvice:
+    """Memory by category, binding category and priced changes of ``layout`` (module
+    docstring).
+
+    ``capacity``: the bytes per device the verdict holds the layout to (``budget``: the
+    device's memory; ``plan``: its usable share). ``dropout``: dropout masks in the
+    activations (default: the model style's habit, gpt yes, llama no). ``options``: the
+    step-time model's options (default :func:`step_options_for` with flash attention);
+    its ``flash`` also sets the activation convention. ``gpus_per_node``: how far tp may
+    grow (default the accelerator's). ``train_only``: only what ``shardlab train`` runs
+    (as ``plan`` on this machine). Raises SpecError for a capacity that is not > 0.
+    """
+    if not (capacity > 0 and math.isfinite(capacity)):
+        raise SpecError("capacity", capacity, "must be a finite number of bytes > 0")
+    options = options or step_options_for(acc, flash=True)
+    dropout = (model.style == "gpt") if dropout is None else dropout
+    node = gpus_per_node or acc.gpus_per_node
+    lay = layout
+
+    stages = stage_memory(model, lay, dropout, options.flash)
+    peak = peak_stage(stages)
+    rank_bytes = [{"weights": s.states.weights, "gradients": s.states.gradients,
+                   "optimizer": s.states.optimizer, "activations": s.activations}
+                  for s in stages]
+    now = {c: float(v) for c, v in rank_bytes[peak.stage].items()}
+    without = {c: float(max(s.total - r[c] for s, r in zip(stages, rank_bytes, strict=True)))
+               for c in CATEGORIES}
+    binding = min(CATEGORIES, key=lambda c: (without[c], -now[c]))
+
+    base = Knobs(lay.dp, lay.tp, lay.pp, lay.virtual_stages, lay.schedule, lay.zero, lay.sp,
+                 lay.recompute, lay.micro_batch)
+    space = Space(gpus=lay.gpus, global_batch=lay.global_batch, seq=lay.seq,
+                  gpus_per_node=node, train_only=train_only)
+    singles = _moves(base, node, train_only)
+    skipped = [(_would_be(kind, base), why) for kind, k, why in singles if k is None]
+    tried = [k for _, k, _ in singles if k is not None]
+    valid, rejected = _check(model, space, tried)
+    skipped += [(k.label(base), why) for k, why in rejected]
+
+    step_now, priced = _price(model, lay, acc, base, valid, capacity, dropout, options)
+    changes = _ordered(priced)
+    pairs: list[FitChange] = []
+    if not any(c.fits for c in changes):
+        pairs = _pairs(model, lay, acc, base, singles, {base, *tried}, space, capacity,
+                       dropout, options, node, train_only)
+    return FitAdvice(float(peak.total), now, peak.stage, capacity, peak.total <= capacity,
+                     binding, without, step_now, changes, pairs, skipped)
+
+
+def _would_be(kind: str, base: Knobs) -> str:
+    """How a change that was ruled out before it had values is named in ``skipped``."""
+    return {"zero": f"zero={base.zero + 1}..3", "micro_batch": "halve micro_batch",
+            "tp": f"tp={2 * base.tp}", "pp": f"pp={2 * base.pp}", "sp": "sp=1"}[kind]
+
+
+def _check(model: ModelShape, space: Space, states: list[Knobs]
+           ) -> tuple[list[Knobs], list[tuple[Knobs, str]]]:
+    """``states`` split by the planner's rules: (valid, [(invalid, the rule it breaks)])."""
+    if not states:
+        return [], []
+    c = _candidates(states, space.global_batch)
+    check_rules(model, space, c)
+    valid = [s for s, r in zip(states, c.reason.tolist(), strict=True) if r < 0]
+    bad = [(s, REASONS[r]) for s, r in zip(states, c.reason.tolist(), strict=True) if r >= 0]
+    return valid, bad
+
+
+def _price(model: ModelShape, lay: Layout, acc: Accelerator, base: Knobs, states: list[Knobs],
+           capacity: float, dropout: bool, options: StepOptions
+           ) -> tuple[float, list[FitChange]]:
+    """The current step (seconds) and each of ``states`` priced, all in one pass of the
+    planner's memory and step-time arrays (the current layout first)."""
+    c = _candidates([base, *states], lay.global_batch)
+    mem = memory_arrays(model, c, lay.seq, lay.dtype, MemoryOptions(dropout, options.flash))
+    dev, _ = device_of(acc, lay.dtype, lay.gpus)
+    step = step_seconds(model, c, mem, lay.seq, lay.global_batch, lay.dtype, dev,
+                        options)["step"]
+    total = mem.total
+    out = []
+    for i, k in enumerate(states, 1):
+        out.append(FitChange(k.label(base), k, int(c.microbatches[i]),
+                             {n: float(getattr(mem, n)[i]) for n in CATEGORIES},
+                             float(total[i]), bool(total[i] <= capacity), float(step[i]),
+                             float(step[i] / step[0])))
+    return float(step[0]), out
+
+
+def _ordered(changes: list[FitChange]) -> list[FitChange]:
+    """Those that fit, fastest first (then by memory), then the rest by memory."""
+    return sorted(changes, key=lambda c: (not c.fits, c.step_seconds if c.fits else 0.0,
+                                          c.memory_bytes))
+
+
+def _pairs(model: ModelShape, lay: Layout, acc: Accelerator, base: Knobs,
+           singles: list[tuple[str, Knobs | None, str]], seen: set[Knobs], space: Space,
+           capacity: float, dropout: bool, options: StepOptions, node: int,
+           train_only: bool) -> list[FitChange]:
+    """Two changes applied one after the other (FitAdvice's ``pairs``): kinds in
+    :data:`KINDS` order, so each pair is built once, and the same kind twice only for
+    :data:`REPEATABLE` ones; a pair that lands on a layout already priced is not again."""
+    two = []
+    seen = set(seen)
+    for kind, first, _ in singles:
+        if first is None:
+            continue
+        for kind2, second, _ in _moves(first, node, train_only):
+            later = KINDS.index(kind2) > KINDS.index(kind)
+            if second is not None and second not in seen and (
+                    later or (kind2 == kind and kind in REPEATABLE)):
+                seen.add(second)
+                two.append(second)
+    valid, _ = _check(model, space, two)
+    _, priced = _price(model, lay, acc, base, valid, capacity, dropout, options)
+    fitting = _ordered([c for c in priced if c.fits])
+    if fitting:
+        return fitting[:PAIRS_KEPT]
+    return sorted(priced, key=lambda c: c.memory_bytes)[:1]

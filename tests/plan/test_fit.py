@@ -1,0 +1,167 @@
+"""Fit advice: what binds, and each change priced exactly as budget and plan price it."""
+
+from typing import Any
+
+import pytest
+
+from shardlab.config.catalog import get_model
+from shardlab.config.dtypes import get_policy
+from shardlab.config.hardware import get_accelerator
+from shardlab.config.layout import Layout, make_layout
+from shardlab.config.model import ModelShape
+from shardlab.errors import SpecError
+from shardlab.estimate.budget import Assumptions, model_budget
+from shardlab.estimate.memory import stage_memory
+from shardlab.plan.fit import CATEGORIES, PAIRS_KEPT, FitChange, explain_fit
+from shardlab.plan.search import USABLE_MEMORY, layout_candidates, plan
+from shardlab.plan.space import Space
+
+H100 = get_accelerator("h100")
+LLAMA3_8B = get_model("llama-3-8b")
+
+
+def _changed(model: ModelShape, base: Layout, c: FitChange) -> Layout:
+    """The layout a change describes, built the way ``shardlab budget`` builds one."""
+    k = c.knobs
+    return make_layout(model, gpus=base.gpus, dp=k.dp, tp=k.tp, pp=k.pp,
+                       virtual_stages=k.virtual_stages, zero=k.zero, sp=k.sp,
+                       micro_batch=k.micro_batch, global_batch=base.global_batch, seq=base.seq,
+                       recompute=k.recompute, dtype=base.dtype.name, schedule=k.schedule)
+
+
+def _layout_text(c: FitChange) -> str:
+    """The change's whole layout as ``plan --layout`` reads it."""
+    k = c.knobs
+    return (f"dp={k.dp} tp={k.tp} pp={k.pp} virtual={k.virtual_stages} zero={k.zero} "
+            f"sp={int(k.sp)} micro_batch={k.micro_batch} recompute={k.recompute} "
+            f"schedule={k.schedule}")
+
+
+def test_llama3_8b_at_8192_names_activations_and_the_pair_that_fits() -> None:
+    """The issue's case: 8 x H100, ZeRO-0, micro-batch 8 of 8,192 tokens is 455 GB."""
+    lay = make_layout(LLAMA3_8B, gpus=8, zero=0, micro_batch=8, seq=8192)
+    a = explain_fit(LLAMA3_8B, lay, H100, capacity=H100.memory_bytes)
+    assert not a.fits and a.binding == "activations" and a.stage == 0
+    assert a.memory_bytes == pytest.approx(455.5e9, rel=1e-3)
+    assert a.by_category["activations"] == max(a.by_category.values())
+    # Without any activations the states (16 bytes x 8.03 B parameters) still do not fit.
+    assert a.without["activations"] == pytest.approx(16 * 8_030_261_248)
+    assert a.without["activations"] > a.capacity
+    assert not any(c.fits for c in a.changes)
+    assert {c.change for c in a.changes} == {
+        "zero=1", "zero=2", "zero=3", "recompute=selective", "recompute=full",
+        "micro_batch=4", "tp=2 dp=4", "pp=2 dp=4"}
+    memory = [c.memory_bytes for c in a.changes]
+    assert memory == sorted(memory)  # none fits: smallest first
+    assert a.skipped == [("sp=1", "sequence parallelism needs tp > 1")]
+    assert [c.change for c in a.pairs] == ["zero=3 recompute=full"]
+    best = a.pairs[0]
+    assert best.fits and best.memory_bytes == pytest.approx(67.94e9, rel=1e-3)
+    assert best.step_ratio == pytest.approx(best.step_seconds / a.step_seconds)
+    assert 1.0 < best.step_ratio < 1.5  # full recompute: about one more forward
+
+
+def test_every_change_equals_a_fresh_budget_and_plan_of_the_changed_layout() -> None:
+    lay = make_layout(LLAMA3_8B, gpus=8, zero=0, micro_batch=8, seq=8192)
+    a = explain_fit(LLAMA3_8B, lay, H100, capacity=H100.memory_bytes)
+    base = model_budget(LLAMA3_8B, lay, H100, Assumptions())["memory"]
+    assert a.memory_bytes == base["per_device"]["total"]
+    assert a.by_category == {c: base["per_device"][c] for c in CATEGORIES}
+    space = Space(gpus=8, global_batch=lay.global_batch, seq=lay.seq)
+    bf16 = get_policy("bf16")
+    given = plan(LLAMA3_8B, H100, space, bf16, only=layout_candidates(
+        LLAMA3_8B, space, "dp=8 micro_batch=8 zero=0")).best[0]
+    assert a.step_seconds == pytest.approx(given["step_seconds"], rel=1e-12)
+    for c in [*a.changes, *a.pairs]:
+        mem = model_budget(LLAMA3_8B, _changed(LLAMA3_8B, lay, c), H100, Assumptions())
+        d = mem["memory"]["per_device"]
+        assert c.memory_bytes == pytest.approx(d["total"], rel=1e-12), c.change
+        assert c.by_category == pytest.approx({k: d[k] for k in CATEGORIES}, rel=1e-12)
+        assert c.fits == mem["memory"]["fits"]
+        p = plan(LLAMA3_8B, H100, space, bf16,
+                 only=layout_candidates(LLAMA3_8B, space, _layout_text(c))).best[0]
+        assert c.step_seconds == pytest.approx(p["step_seconds"], rel=1e-12), c.change
+        assert c.memory_bytes == pytest.approx(p["memory_per_device"], rel=1e-12)
+
+
+def test_pairs_are_the_fastest_few_that_fit() -> None:
+    # Held to 180 GB, the same layout fits no single change but many pairs.
+    lay = make_layout(LLAMA3_8B, gpus=8, zero=0, micro_batch=8, seq=8192)
+    a = explain_fit(LLAMA3_8B, lay, H100, capacity=180e9)
+    assert not any(c.fits for c in a.changes)
+    assert len(a.pairs) == PAIRS_KEPT and all(c.fits for c in a.pairs)
+    assert [c.step_seconds for c in a.pairs] == sorted(c.step_seconds for c in a.pairs)
+    assert a.pairs[0].change == "zero=3 micro_batch=4"
+    assert "tp=4 dp=2" in {c.change for c in a.pairs}  # the same doubling twice
+
+
+def test_what_fits_comes_fastest_first_then_the_rest_by_memory() -> None:
+    # ZeRO-0 states (128 GB) bind at 4,096 tokens: every ZeRO stage and tp=2 fit.
+    lay = make_layout(LLAMA3_8B, gpus=8, zero=0, micro_batch=1, seq=4096)
+    a = explain_fit(LLAMA3_8B, lay, H100, capacity=H100.memory_bytes)
+    assert a.binding == "optimizer" and not a.pairs
+    fitting = [c for c in a.changes if c.fits]
+    rest = [c for c in a.changes if not c.fits]
+    assert a.changes == fitting + rest
+    assert {c.change for c in fitting} >= {"zero=1", "zero=2", "zero=3"}
+    assert [c.step_seconds for c in fitting] == sorted(c.step_seconds for c in fitting)
+    assert [c.memory_bytes for c in rest] == sorted(c.memory_bytes for c in rest)
+    assert ("halve micro_batch", "micro_batch=1 cannot be halved") in a.skipped
+
+
+def test_the_binding_category_is_the_one_whose_removal_lowers_the_peak_most() -> None:
+    model = get_model("llama-3-70b")
+    lay = make_layout(model, gpus=64, tp=8, pp=8, zero=0, micro_batch=2, global_batch=64,
+                      seq=8192)
+    a = explain_fit(model, lay, H100, capacity=H100.memory_bytes)
+    stages = stage_memory(model, lay, False, True)
+    parts = [{"weights": s.states.weights, "gradients": s.states.gradients,
+              "optimizer": s.states.optimizer, "activations": s.activations} for s in stages]
+    for cat in CATEGORIES:
+        assert a.without[cat] == pytest.approx(max(s.total - p[cat]
+                                                   for s, p in zip(stages, parts, strict=True)))
+    assert a.binding == min(CATEGORIES, key=lambda cat: a.without[cat])
+    # dp = 1 and tp = 8 (a node): no ZeRO, no wider tp, no deeper pp; each said why.
+    reasons = dict(a.skipped)
+    assert reasons["zero=1..3"].startswith("dp=1")
+    assert reasons["tp=16"] == "tp=16 would leave a node of 8"
+    assert reasons["pp=16"].startswith("dp=1 cannot be halved")
+
+
+def test_changes_the_model_rules_out_are_skipped_with_the_rule() -> None:
+    gpt2 = get_model("gpt2")  # 12 heads: tp=8 does not divide them
+    lay = make_layout(gpt2, gpus=8, tp=4, zero=0, micro_batch=64, global_batch=128)
+    a = explain_fit(gpt2, lay, H100, capacity=1e9)
+    assert ("tp=8 dp=1", "tp does not divide heads, kv heads or d_ff") in a.skipped
+    assert all(c.knobs.tp == 4 for c in a.changes)
+    tiny = ModelShape("tiny", 2, 64, 4, vocab=128, context=64, style="llama", tied=False,
+                      d_ff=128)
+    lay = make_layout(tiny, gpus=8, pp=2, micro_batch=4, global_batch=32)
+    a = explain_fit(tiny, lay, H100, capacity=1e3)
+    assert ("pp=4 dp=2", "pp x virtual stages exceeds the layers") in a.skipped
+    # Nothing fits 1 KB: the pair that comes closest, said not to fit.
+    assert len(a.pairs) == 1 and not a.pairs[0].fits
+
+
+def test_this_machine_tries_only_what_train_runs() -> None:
+    lay = make_layout(LLAMA3_8B, gpus=8, zero=0, micro_batch=8, seq=8192)
+    a = explain_fit(LLAMA3_8B, lay, H100, capacity=H100.memory_bytes, train_only=True)
+    assert "zero=1" not in {c.change for c in a.changes}
+    # shardlab train runs no DDP (ZeRO-0) with tp > 1.
+    assert ("tp=2 dp=4", "not supported by shardlab train") in a.skipped
+    assert all(c.knobs.zero in (0, 2, 3) for c in [*a.changes, *a.pairs])
+
+
+def test_a_layout_that_fits_says_so_and_pairs_stay_empty() -> None:
+    lay = make_layout(LLAMA3_8B, gpus=8, zero=3, micro_batch=1, seq=4096)
+    a = explain_fit(LLAMA3_8B, lay, H100, capacity=USABLE_MEMORY * H100.memory_bytes)
+    assert a.fits and not a.pairs and a.memory_bytes <= a.capacity
+    d: dict[str, Any] = a.as_dict()
+    assert d["over_bytes"] < 0 and d["binding"] in CATEGORIES
+
+
+@pytest.mark.parametrize("capacity", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_capacity_that_is_no_number_of_bytes_is_refused(capacity: float) -> None:
+    lay = make_layout(LLAMA3_8B, gpus=8)
+    with pytest.raises(SpecError, match=r"capacity=.*must be a finite number of bytes > 0"):
+        explain_fit(LLAMA3_8B, lay, H100, capacity=capacity)
