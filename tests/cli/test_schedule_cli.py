@@ -1,19 +1,24 @@
-"""``shardlab schedule`` from the command line: JSON fields, pictures, --kind all, bad input."""
+"""``shardlab schedule`` from the command line: JSON fields, the action list on request or in a
+file, pictures, --kind all, bad input."""
 
 from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import stat
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import IO
 
 import pytest
 
 from shardlab.cli import main
+from shardlab.cli import schedule as schedule_cli
+from shardlab.cli.output import Vouched, print_json
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -23,18 +28,72 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 def test_json_fields(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "schedule", "--kind", "1f1b", "--stages", "4", "--microbatches",
-                       "8", "--activation-bytes", "1e9", "--json")
+    argv = ("schedule", "--kind", "1f1b", "--stages", "4", "--microbatches", "8",
+            "--activation-bytes", "1e9", "--json")
+    code, out, _ = run(capsys, *argv)
     doc = json.loads(out)
-    assert code == 0
+    assert code == 0 and "timeline" not in doc  # the summary, unless --actions asks
     assert doc["makespan"] == 33 and doc["bubble"] == pytest.approx(3 / 11)
     assert doc["peak_inflight"] == [4, 3, 2, 1]
     assert doc["peak_activation_bytes"] == [4e9, 3e9, 2e9, 1e9]
     assert len(doc["bubble_per_rank"]) == 4 and doc["closed_form"]["bubble"] == 3 / 11
-    first = doc["timeline"][0][0]
+    assert doc["actions"] == 64 and doc["messages"] == 48
+    code, out, _ = run(capsys, *argv, "--actions")
+    assert code == 0 and out.count("\n") == 1  # one line: json's C encoder, no indentation
+    full = json.loads(out)
+    assert {k: v for k, v in full.items() if k != "timeline"} == doc
+    first = full["timeline"][0][0]
     assert set(first) >= {"start", "end", "kind", "microbatch", "chunk"}
     assert (first["start"], first["kind"], first["microbatch"], first["chunk"]) == (0, "F", 0, 0)
-    assert sum(len(r) for r in doc["timeline"]) == 4 * 8 * 2
+    assert sum(len(r) for r in full["timeline"]) == 4 * 8 * 2
+
+
+
+def test_one_line_json_is_the_same_document(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = {"x": [1.5, math.inf, (2, -math.nan)], 3: {"y": None}, "v": Vouched([{"a": 0.5}])}
+    print_json(doc)
+    indented = capsys.readouterr().out
+    print_json(doc, compact=True)
+    line = capsys.readouterr().out
+    assert line.count("\n") == 1 and indented.count("\n") > 5
+    assert json.loads(line) == json.loads(indented) == {
+        "x": [1.5, None, [2, None]], "3": {"y": None}, "v": [{"a": 0.5}]}
+
+def test_actions_out_writes_json_lines_or_a_chrome_trace(capsys: pytest.CaptureFixture[str],
+                                                          tmp_path: Path) -> None:
+    argv = ("schedule", "--kind", "zb-v", "--stages", "2", "--microbatches", "4", "--p2p", "0.1")
+    timeline = json.loads(run(capsys, *argv, "--json", "--actions")[1])["timeline"]
+    lines, trace = tmp_path / "a.jsonl", tmp_path / "a.JSON"  # the suffix in any case
+    code, out, err = run(capsys, *argv, "--actions-out", str(lines))
+    assert code == 0 and err == "" and "bubble" in out  # the terminal view as ever
+    rows = [json.loads(line) for line in lines.read_text().splitlines()]
+    assert [{k: v for k, v in row.items() if k != "rank"} for row in rows] == [
+        e for rank in timeline for e in rank]
+    assert [row["rank"] for row in rows] == [r for r, rank in enumerate(timeline) for _ in rank]
+    code, out, _ = run(capsys, *argv, "--json", "--actions-out", str(trace))
+    slices = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    assert code == 0 and "timeline" not in json.loads(out)
+    assert [(e["tid"], e["ts"], e["name"]) for e in slices] == [
+        (r, a["start"] * 1e6, f"{a['kind']}{a['microbatch']}")
+        for r, rank in enumerate(timeline) for a in rank]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.JSON", "a.jsonl"]
+
+
+def test_a_write_that_fails_midway_leaves_nothing(capsys: pytest.CaptureFixture[str],
+                                                   tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    def disk_full(t: object, suffix: str, f: IO[bytes]) -> None:
+        f.write(b'{"rank":0')
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(schedule_cli, "write_actions", disk_full)
+    target = tmp_path / "a.jsonl"
+    code, out, err = run(capsys, "schedule", "--kind", "1f1b", "--stages", "2",
+                         "--microbatches", "2", "--actions-out", str(target))
+    assert code == 2 and out == ""
+    assert err == (f"shardlab schedule: error: actions-out='{target}': cannot be written "
+                   "(No space left on device)\n")
+    assert list(tmp_path.iterdir()) == []  # neither the file nor its temporary
 
 
 def test_durations_and_latency(capsys: pytest.CaptureFixture[str]) -> None:
@@ -96,12 +155,12 @@ def test_human_view_and_files(capsys: pytest.CaptureFixture[str], tmp_path: Path
     (["--kind", "gpipe", "--stages", "1", "--microbatches", "5000"],
      "microbatches=5000: must be <= 4096"),
     (["--kind", "interleaved-1f1b", "--stages", "1", "--microbatches", "1", "--virtual",
-      "60000"], "virtual=60000: interleaved-1f1b on 1 stages x 60000 chunk(s) x 1 "
-     "micro-batches x 2 would run 120,000 actions; at most 100,000"),
-    (["--kind", "zb-h2", "--stages", "200", "--microbatches", "200"],
-     "microbatches=200: zb-h2 on 200 stages x 1 chunk(s) x 200 micro-batches x 3 would run "
-     "120,000 actions; at most 100,000 (fewer micro-batches: at most 166)"),
-    (["--kind", "all", "--stages", "200", "--microbatches", "300"], "microbatches=300: gpipe"),
+      "140000"], "virtual=140000: interleaved-1f1b on 1 stages x 140000 chunk(s) x 1 "
+     "micro-batches x 2 would run 280,000 actions; at most 262,144"),
+    (["--kind", "zb-h2", "--stages", "256", "--microbatches", "400"],
+     "microbatches=400: zb-h2 on 256 stages x 1 chunk(s) x 400 micro-batches x 3 would run "
+     "307,200 actions; at most 262,144 (fewer micro-batches: at most 341)"),
+    (["--kind", "all", "--stages", "256", "--microbatches", "600"], "microbatches=600: gpipe"),
     (["--kind", "1f1b", "--stages", "100", "--microbatches", "101", "--svg", "s.svg"],
      "svg='s.svg': draws at most 20,000 actions; this schedule has 20,200"),
     (["--kind", "1f1b", "--stages", "2", "--microbatches", "2", "--png", "s.png", "--trace",
@@ -110,6 +169,17 @@ def test_human_view_and_files(capsys: pytest.CaptureFixture[str], tmp_path: Path
      "png"),
     (["--kind", "1f1b", "--stages", "2", "--microbatches", "2", "--png", "x.jpg"], "png"),
     (["--kind", "all", "--stages", "2", "--microbatches", "2", "--trace", "t.json"], "kind"),
+    (["--kind", "all", "--stages", "2", "--microbatches", "2", "--actions-out", "a.jsonl"],
+     "kind='all': draws no pictures and lists no actions"),
+    (["--kind", "1f1b", "--stages", "2", "--microbatches", "2", "--actions"],
+     "actions=True: only with --json"),
+    (["--kind", "1f1b", "--stages", "2", "--microbatches", "2", "--actions-out", "a.txt"],
+     "actions-out='a.txt': must end in .jsonl (JSON lines, one action a line) or .json "
+     "(a Chrome trace)"),
+    (["--kind", "1f1b", "--stages", "2", "--microbatches", "2", "--actions-out",
+      "/nonexistent/a.jsonl"], "actions-out='/nonexistent/a.jsonl': its folder"),
+    (["--kind", "1f1b", "--stages", "2", "--microbatches", "2", "--trace", "a.json",
+      "--actions-out", "a.json"], "actions-out='a.json': is also --trace's file"),
     (["--stages", "2", "--microbatches", "2"], "--kind"),
 ])
 def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path,
@@ -132,10 +202,14 @@ def test_no_traceback_in_a_real_process() -> None:
     assert r.returncode == 2 and "Traceback" not in r.stderr and r.stdout == ""
 
 
-@pytest.mark.parametrize("flag", ["png", "svg", "trace"])
+SUFFIX = {"png": "png", "svg": "svg", "trace": "json", "actions-out": "jsonl"}
+"""Each file flag and a suffix it accepts."""
+
+
+@pytest.mark.parametrize("flag", list(SUFFIX))
 def test_a_folder_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                              flag: str) -> None:
-    folder = tmp_path / f"pictures.{'json' if flag == 'trace' else flag}"
+    folder = tmp_path / f"pictures.{SUFFIX[flag]}"
     folder.mkdir()
     code, out, err = run(capsys, "schedule", "--kind", "1f1b", "--stages", "2",
                          "--microbatches", "2", f"--{flag}", str(folder))
@@ -146,7 +220,7 @@ def test_a_folder_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path,
     assert list(folder.iterdir()) == []
 
 
-@pytest.mark.parametrize("flag", ["png", "svg", "trace"])
+@pytest.mark.parametrize("flag", list(SUFFIX))
 def test_a_read_only_place_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                       monkeypatch: pytest.MonkeyPatch, flag: str) -> None:
     # A read-only file system refuses every new file, root's too: os.access cannot see it
@@ -155,7 +229,7 @@ def test_a_read_only_place_is_refused(capsys: pytest.CaptureFixture[str], tmp_pa
         raise OSError(errno.EROFS, os.strerror(errno.EROFS))
 
     monkeypatch.setattr(tempfile, "mkstemp", read_only)
-    target = tmp_path / f"s.{'json' if flag == 'trace' else flag}"
+    target = tmp_path / f"s.{SUFFIX[flag]}"
     code, out, err = run(capsys, "schedule", "--kind", "1f1b", "--stages", "2",
                          "--microbatches", "2", f"--{flag}", str(target))
     assert code == 2 and out == ""
@@ -167,7 +241,7 @@ def test_a_read_only_place_is_refused(capsys: pytest.CaptureFixture[str], tmp_pa
 @pytest.mark.parametrize("umask", [0o022, 0o027], ids=["022", "027"])
 def test_files_get_the_mode_the_umask_gives(capsys: pytest.CaptureFixture[str],
                                             tmp_path: Path, umask: int) -> None:
-    files = {"png": tmp_path / "s.png", "svg": tmp_path / "s.svg", "trace": tmp_path / "s.json"}
+    files = {f: tmp_path / f"s.{suffix}" for f, suffix in SUFFIX.items()}
     old = os.umask(umask)
     try:
         code, _, err = run(capsys, "schedule", "--kind", "1f1b", "--stages", "2",
@@ -178,4 +252,4 @@ def test_files_get_the_mode_the_umask_gives(capsys: pytest.CaptureFixture[str],
     assert code == 0 and err == ""
     assert {f: stat.S_IMODE(p.stat().st_mode) for f, p in files.items()} == dict.fromkeys(
         files, 0o666 & ~umask)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.json", "s.png", "s.svg"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.json", "s.jsonl", "s.png", "s.svg"]

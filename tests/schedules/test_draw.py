@@ -1,9 +1,8 @@
-"""Drawings: ASCII rows, PNG and SVG files, and the Chrome trace."""
+"""Drawings: ASCII rows, PNG and SVG files (the Chrome trace is test_stream's)."""
 
-import json
 import warnings
 
-from shardlab.schedules.draw import ascii_timeline, chrome_trace, figure_bytes, trace_bytes
+from shardlab.schedules.draw import ascii_timeline, figure_bytes
 from shardlab.schedules.generators import build
 from shardlab.schedules.simulate import Durations, simulate
 
@@ -16,15 +15,11 @@ def test_ascii_rows_show_every_rank_and_the_idle_time() -> None:
     assert "F0" in lines[0] and "·" in lines[0] and "B" in lines[2]
 
 
-def test_png_svg_and_trace_bytes() -> None:
+def test_png_and_svg_bytes() -> None:
     t = simulate(build("zb-v", 2, 4))
     png, svg = figure_bytes(t, "png"), figure_bytes(t, "svg")
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     assert b"<svg" in svg[:500]
-    doc = json.loads(trace_bytes(t))
-    slices = [e for e in doc["traceEvents"] if e["ph"] == "X"]
-    assert len(slices) == t.schedule.num_actions
-    assert {e["tid"] for e in slices} == {0, 1}
 
 
 def test_a_timeline_of_zero_durations_draws_without_a_warning() -> None:
@@ -34,9 +29,3 @@ def test_a_timeline_of_zero_durations_draws_without_a_warning() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert b"<svg" in figure_bytes(t, "svg")[:500]
-
-
-def test_trace_times_in_microseconds() -> None:
-    t = simulate(build("gpipe", 2, 2))
-    first = next(e for e in chrome_trace(t, time_unit_s=1e-3)["traceEvents"] if e["ph"] == "X")
-    assert first["ts"] == 0 and first["dur"] == 1000.0

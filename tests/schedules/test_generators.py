@@ -74,7 +74,7 @@ def test_size_is_checked_without_building() -> None:
         check_size("interleaved-1f1b", 4, 9)  # build's own checks come first
     with pytest.raises(SpecError, match=f"stages={MAX_STAGES + 1}: must be <= {MAX_STAGES}"):
         check_size("gpipe", MAX_STAGES + 1, 1)
-    with pytest.raises(SpecError, match=r"at most 100,000 \(fewer micro-batches: at most 130\)"):
+    with pytest.raises(SpecError, match=r"at most 262,144 \(fewer micro-batches: at most 341\)"):
         check_size("zb-v", 128, 391)
 
 

@@ -1,5 +1,9 @@
-"""The simulator against the papers' closed forms, over many (p, m, v), and its validator."""
+"""The simulator against the papers' closed forms, over many (p, m, v), against a plain
+reading of its rules, and its validator."""
 
+import random
+
+import numpy as np
 import pytest
 from torch.testing import assert_close
 
@@ -13,7 +17,7 @@ from shardlab.schedules.closed_forms import (
     zb_h2_idle,
     zb_overall_bubble,
 )
-from shardlab.schedules.generators import build
+from shardlab.schedules.generators import KINDS, build
 from shardlab.schedules.simulate import Durations, simulate
 
 SIZES = [(p, m) for p in (1, 2, 3, 4, 6, 8) for m in (1, 2, 3, 4, 7, 8, 16, 33)]
@@ -150,3 +154,75 @@ def test_interleaved_200k_scale_is_linear() -> None:
     # The benchmark prints the ratio; here only that the big case completes and is valid.
     t = simulate(build("interleaved-1f1b", 16, 64, 2))
     assert_close(t.bubble, bubble_interleaved(16, 64, 2), **TOL)
+
+
+def _plain(s: Schedule, d: Durations) -> list[list[tuple[float, float]]]:
+    """(start, end) of every action by the module's rules read plainly: sweep the ranks, each
+    running actions in order while their inputs are done, until none can move."""
+    base = {"F": d.t_f, "B": d.t_b + d.t_w, "I": d.t_b, "W": d.t_w}
+    done: dict[tuple[str, int, int], float] = {}  # ("F" | "G", stage, micro-batch) -> end
+    times: list[list[tuple[float, float]]] = [[] for _ in range(s.pp)]
+    moved = True
+    while moved:
+        moved = False
+        for r, actions in enumerate(s.ranks):
+            for a in actions[len(times[r]):]:
+                st, mb = a.stage, a.microbatch
+                if a.kind == "F":
+                    needs = [(("F", st - 1, mb), s.placement[st - 1] != r)] if st else []
+                elif a.kind == "W":
+                    needs = [(("G", st, mb), False)]
+                else:
+                    needs = [(("F", st, mb), False)] + (
+                        [(("G", st + 1, mb), s.placement[st + 1] != r)] if st < s.stages - 1
+                        else [])
+                if any(k not in done for k, _ in needs):
+                    break
+                free = times[r][-1][1] if times[r] else 0.0
+                start = max([free] + [done[k] + (d.p2p if far else 0.0) for k, far in needs])
+                end = start + base[a.kind] * (d.stage_scale[st] if d.stage_scale else 1.0)
+                times[r].append((start, end))
+                if a.kind != "W":
+                    done[("F" if a.kind == "F" else "G", st, mb)] = end
+                moved = True
+    return times
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_times_equal_a_plain_reading_of_the_rules(kind: str) -> None:
+    rng = random.Random(kind)
+    for p, m in ((1, 4), (3, 6), (4, 8)):
+        s = build(kind, p, m, 3 if kind == "interleaved-1f1b" else None)
+        scale = tuple(rng.uniform(0.5, 2) for _ in range(s.stages))
+        for d in (Durations(), Durations(0.3, 0.7, 0.11, 0.05, scale)):
+            t = simulate(s, d)
+            got = [[(e.start, e.end) for e in ev] for ev in t.events]
+            assert got == _plain(s, d)  # to the last bit
+            assert t.makespan == max(end for ev in got for _, end in ev)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_messages_are_counted_without_being_built(kind: str) -> None:
+    for p, m in ((1, 2), (3, 6), (4, 8)):
+        s = build(kind, p, m)
+        assert s.num_messages == len(s.messages())
+
+
+def test_times_are_arrays_the_events_read() -> None:
+    t = simulate(build("zb-h1", 3, 4))
+    assert not t.start.flags.writeable and not t.end.flags.writeable  # a Timing is frozen
+    flat = [e for ev in t.events for e in ev]
+    assert [e.start for e in flat] == t.start.tolist()
+    assert [e.end for e in flat] == t.end.tolist()
+    assert [e.action for e in flat] == [a for r in t.schedule.ranks for a in r]
+    assert np.all(t.end - t.start > 0) and t.events is t.events  # built once
+
+
+def test_the_first_broken_rule_in_rank_order_is_named() -> None:
+    f0, f1, b0, b1 = Action("F", 0, 0), Action("F", 1, 0), Action("B", 0, 0), Action("B", 1, 0)
+    with pytest.raises(SpecError, match=r"schedule='0X0': has an unknown kind"):
+        simulate(_one([[f0, Action("X", 0, 0), Action("F", 5, 0)], [f1, b1]]))
+    with pytest.raises(SpecError, match=r"schedule='5F0': is outside 2 stages x 1 micro-batches"):
+        simulate(_one([[f0, Action("F", 5, 0), Action("X", 0, 0)], [f1, b1]]))
+    with pytest.raises(SpecError, match=r"schedule='0F0': runs twice \(rank 0\)"):
+        simulate(_one([[f0, b0, f0, f1], [f1, b1]]))

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from shardlab.cli.args import nonneg_float, positive_float, positive_int
-from shardlab.cli.output import print_json
+from shardlab.cli.output import Vouched, print_json
 from shardlab.errors import SpecError
 from shardlab.report.schedule_view import print_comparison, print_schedule
 from shardlab.schedules.closed_forms import bubble_1f1b, bubble_interleaved, zb_h1_idle, zb_h2_idle
-from shardlab.schedules.draw import MAX_DRAWN_ACTIONS, figure_bytes, trace_bytes
+from shardlab.schedules.draw import MAX_DRAWN_ACTIONS, figure_bytes
 from shardlab.schedules.generators import (
     KINDS,
     MAX_ACTIONS,
@@ -21,11 +23,12 @@ from shardlab.schedules.generators import (
     check_size,
     default_virtual,
 )
-from shardlab.schedules.simulate import Durations, simulate
+from shardlab.schedules.simulate import Durations, Timing, simulate
+from shardlab.schedules.stream import FORMATS, timeline, write_actions
 
 KIND_CHOICES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "dualpipev",
                 "all")
-# Bounds on the numbers, so nothing overflows and nothing fills memory: at most 100,000
+# Bounds on the numbers, so nothing overflows and nothing fills memory: at most 262,144
 # actions of at most 1e15 units, each scaled at most 1e6 times, stay far below a float's
 # 1.8e308 (beyond it the timeline is inf and NaN); a terminal row is far below 2,000
 # columns (the view holds ranks x width cells); 1e18 bytes is an exabyte per micro-batch.
@@ -33,6 +36,8 @@ BOUNDS = {"t_fwd": ("t-fwd", 1e15), "t_bwd": ("t-bwd", 1e15), "t_w": ("t-w", 1e1
           "p2p": ("p2p", 1e15), "activation_bytes": ("activation-bytes", 1e18),
           "width": ("width", 2000)}
 MAX_SCALE = 1e6
+FILE_FLAGS = ("png", "svg", "trace", "actions_out")
+"""The flags that name a file to write (argparse's attribute names)."""
 
 
 def register(sub: Any) -> None:
@@ -65,8 +70,16 @@ def register(sub: Any) -> None:
                    f"{MAX_DRAWN_ACTIONS:,} actions)")
     p.add_argument("--svg", type=Path, help=f"write the timeline as SVG (at most "
                    f"{MAX_DRAWN_ACTIONS:,} actions)")
-    p.add_argument("--trace", type=Path, help="write a Chrome trace / Perfetto JSON")
-    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.add_argument("--trace", type=Path, help="write a Chrome trace / Perfetto JSON (as "
+                   "--actions-out FILE.json does, under any file name)")
+    p.add_argument("--actions-out", type=Path, metavar="FILE",
+                   help="write every action with its times to FILE, streamed rank by rank: "
+                   + "; ".join(f"{k}: {v}" for k, v in FORMATS.items()))
+    p.add_argument("--actions", action="store_true",
+                   help="with --json: add the timeline, every action with its times, on one "
+                   "line (large: 10 MB for 131,072 actions)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON document: the summary (every action with --actions)")
     p.set_defaults(run=run)
 
 
@@ -102,16 +115,25 @@ def _check_scale(text: str | None, kind: str, p: int, v: int | None) -> None:
                         f"x {v} chunk(s) per rank has {p * v} model chunks, one factor each")
 
 
+def _flag(attr: str) -> str:
+    """The flag as typed, without its leading dashes: ``actions_out`` -> ``actions-out``."""
+    return attr.replace("_", "-")
+
+
 def _outputs(args: argparse.Namespace) -> dict[str, Path]:
-    """The picture and trace files asked for, each checked writable before any work
+    """The picture, trace and action files asked for, each checked writable before any work
     (:func:`shardlab.report.html.check_output`): flag -> path."""
-    asked = {f: getattr(args, f) for f in ("png", "svg", "trace") if getattr(args, f) is not None}
+    asked = {f: getattr(args, f) for f in FILE_FLAGS if getattr(args, f) is not None}
     if not asked:
         return {}
+    out_path = asked.get("actions_out")
+    if out_path is not None and out_path.suffix.lower() not in FORMATS:
+        raise SpecError("actions-out", str(out_path), "must end in " + " or ".join(
+            f"{k} ({v})" for k, v in FORMATS.items()))
     # Imported here: shardlab.report.html loads matplotlib, which the terminal view must not pay.
     from shardlab.report.html import check_output
 
-    out = {f: check_output(path, f) for f, path in asked.items()}
+    out = {f: check_output(path, _flag(f)) for f, path in asked.items()}
     for flag in ("png", "svg"):
         if flag in out and out[flag].suffix.lower() != f".{flag}":
             raise SpecError(flag, str(asked[flag]), f"must end in .{flag}")
@@ -119,26 +141,52 @@ def _outputs(args: argparse.Namespace) -> dict[str, Path]:
     for flag, path in out.items():
         other = seen.setdefault(path.resolve(), flag)
         if other != flag:
-            raise SpecError(flag, str(asked[flag]), f"is also --{other}'s file; give each its own")
+            raise SpecError(_flag(flag), str(asked[flag]),
+                            f"is also --{_flag(other)}'s file; give each its own")
     return out
 
 
-def _write(files: dict[str, Path], timing: Any) -> None:
-    """Draw every file first, then write each whole (a temporary file renamed into place,
-    with the umask's mode); a write that fails anyway is one line, not a traceback."""
-    # Imported here: shardlab.report.html loads matplotlib, which the terminal view must not pay.
+def _write(files: dict[str, Path], timing: Timing) -> None:
+    """Draw the pictures first, then write each file whole (a temporary file renamed into
+    place, with the umask's mode): pictures from their bytes, traces and action lists
+    streamed rank by rank. A write that fails anyway is one line, not a traceback."""
+    if not files:
+        return
+    # Imported here: shardlab.report.html loads matplotlib (0.6 s), which the terminal view
+    # and --json must not pay.
     from shardlab.report.html import write_atomic
 
-    data = {f: trace_bytes(timing) if f == "trace" else figure_bytes(timing, f)
-            for f in files}
+    pictures = {f: figure_bytes(timing, f) for f in files if f in ("png", "svg")}
     for flag, path in files.items():
         try:
-            write_atomic(path, data[flag])
+            if flag in pictures:
+                write_atomic(path, pictures[flag])
+            else:
+                _stream_atomic(path, timing, ".json" if flag == "trace" else path.suffix.lower())
         except OSError as e:
-            raise SpecError(flag, str(path), f"cannot be written ({e.strerror})") from None
+            raise SpecError(_flag(flag), str(path), f"cannot be written ({e.strerror})") from None
 
 
-def _summary(t: Any, d: Any, activation_bytes: float | None) -> dict[str, Any]:
+def _stream_atomic(path: Path, timing: Timing, suffix: str) -> None:
+    """:func:`shardlab.report.html.write_atomic`'s steps with the action list written as it
+    is made (:func:`shardlab.schedules.stream.write_actions`) rather than held whole: on
+    131,072 actions it is 11 MB of JSON lines, 20 MB of Chrome trace."""
+    from shardlab.report.html import umask_mode  # loaded already by _write: see there
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write_actions(timing, suffix, f)
+        os.chmod(tmp, umask_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def summary(t: Timing, d: Durations, activation_bytes: float | None) -> dict[str, Any]:
+    """The ``--json`` document without the action list: sizes, makespan, bubbles, peaks and
+    the papers' closed forms."""
     s = t.schedule
     p, m, v = s.pp, s.microbatches, s.virtual_stages
     closed: dict[str, float] = {}
@@ -151,7 +199,7 @@ def _summary(t: Any, d: Any, activation_bytes: float | None) -> dict[str, Any]:
     elif s.name == "zb-h2":
         closed["idle_per_rank"] = zb_h2_idle(p, d.t_f, d.t_b, d.t_w)
     doc = {"kind": s.name, "stages": p, "microbatches": m, "virtual": v,
-           "actions": s.num_actions, "messages": len(s.messages()),
+           "actions": s.num_actions, "messages": s.num_messages,
            "makespan": t.makespan, "bubble": t.bubble, "bubble_per_rank": list(t.bubble_per_rank),
            "peak_inflight": list(t.peak_inflight),
            "closed_form": closed,
@@ -168,6 +216,9 @@ def run(args: argparse.Namespace) -> int:
     if args.kind not in KIND_CHOICES:
         raise SpecError("kind", args.kind, f"must be one of {', '.join(KIND_CHOICES)}")
     _check_bounds(args)
+    if args.actions and not args.json:
+        raise SpecError("actions", True, "only with --json (it adds every action to the JSON "
+                        "document); --actions-out FILE writes them to a file")
     d = Durations(args.t_fwd, args.t_bwd, args.t_w, args.p2p, _scale(args.stage_scale))
     if args.kind == "all":
         return _run_all(args, d, KINDS)
@@ -181,14 +232,14 @@ def run(args: argparse.Namespace) -> int:
     sched = build(args.kind, args.stages, args.microbatches, args.virtual)
     timing = simulate(sched, d)
     _write(files, timing)
-    doc = _summary(timing, d, args.activation_bytes)
+    doc = summary(timing, d, args.activation_bytes)
     if args.json:
-        doc["timeline"] = [
-            [{"start": e.start, "end": e.end, "kind": e.action.kind,
-              "microbatch": e.action.microbatch, "stage": e.action.stage,
-              "chunk": sched.chunk_of_stage[e.action.stage]} for e in ev]
-            for ev in timing.events]
-        print_json(doc)
+        if args.actions:
+            # Clean as it is: simulate refuses a timeline that is not finite, keys are str.
+            doc["timeline"] = Vouched(timeline(timing))
+        # One line for the action list: json's C encoder runs only without indentation, and
+        # the indenting one took 70% of 15 s on 131,072 actions.
+        print_json(doc, compact=args.actions)
         return 0
 
     print_schedule(timing, doc, args.width)
@@ -196,8 +247,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_all(args: argparse.Namespace, d: Any, kinds: tuple[str, ...]) -> int:
-    if any(getattr(args, f) is not None for f in ("png", "svg", "trace")):
-        raise SpecError("kind", "all", "draws no pictures; name one kind with --png/--svg/--trace")
+    if args.actions or any(getattr(args, f) is not None for f in FILE_FLAGS):
+        raise SpecError("kind", "all", "draws no pictures and lists no actions; name one kind "
+                        "with --png/--svg/--trace/--actions/--actions-out")
     # The smallest kind over the limits refuses the command; a larger one is a row's error.
     check_size("gpipe", args.stages, args.microbatches)
     rows = []
@@ -210,7 +262,7 @@ def _run_all(args: argparse.Namespace, d: Any, kinds: tuple[str, ...]) -> int:
         except SpecError as e:
             rows.append({"kind": kind, "error": str(e)})
             continue
-        rows.append(_summary(timing, d, args.activation_bytes))
+        rows.append(summary(timing, d, args.activation_bytes))
     if args.json:
         print_json({"stages": args.stages, "microbatches": args.microbatches, "schedules": rows})
         return 0

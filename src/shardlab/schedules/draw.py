@@ -1,16 +1,15 @@
-"""Pictures of a timed schedule: ASCII rows in the terminal, PNG/SVG, Chrome trace JSON.
+"""Pictures of a timed schedule: ASCII rows in the terminal, PNG/SVG.
 
 Ranks are rows, time runs left to right; forward F, backward B (or its input half I)
-and weight-gradient W each have a colour. The Chrome trace (``chrome://tracing`` or
-https://ui.perfetto.dev) has one thread per rank and one slice per action. Files are
-returned as bytes, never written here: the command line checks the path first and writes
-them whole (:func:`shardlab.report.html.write_atomic`).
+and weight-gradient W each have a colour. Files are returned as bytes, never written
+here: the command line checks the path first and writes them whole
+(:func:`shardlab.report.html.write_atomic`). The Chrome trace, a file with every action,
+is :mod:`shardlab.schedules.stream`'s.
 """
 
 from __future__ import annotations
 
 import io
-import json
 from typing import Any
 
 from rich.text import Text
@@ -99,27 +98,3 @@ def figure_bytes(t: Timing, fmt: str) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format=fmt, dpi=120)
     return buf.getvalue()
-
-
-def chrome_trace(t: Timing, time_unit_s: float = 1.0) -> dict[str, Any]:
-    """Chrome trace-event JSON: one thread per rank, one complete ("X") slice per action.
-    Times are multiplied by ``time_unit_s`` to seconds, then written in microseconds."""
-    us = 1e6 * time_unit_s
-    chunk = t.schedule.chunk_of_stage
-    events: list[dict[str, Any]] = [
-        {"name": "thread_name", "ph": "M", "pid": 0, "tid": r, "args": {"name": f"rank {r}"}}
-        for r in range(t.schedule.pp)]
-    for ev in t.events:
-        for e in ev:
-            a = e.action
-            events.append({"name": f"{a.kind}{a.microbatch}", "cat": a.kind, "ph": "X",
-                           "pid": 0, "tid": e.rank, "ts": e.start * us,
-                           "dur": (e.end - e.start) * us,
-                           "args": {"stage": a.stage, "microbatch": a.microbatch,
-                                    "chunk": chunk[a.stage]}})
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
-
-
-def trace_bytes(t: Timing) -> bytes:
-    """:func:`chrome_trace` as the bytes of a JSON file."""
-    return json.dumps(chrome_trace(t)).encode("utf-8")
