@@ -36,6 +36,22 @@ def test_json_fields(capsys: pytest.CaptureFixture[str]) -> None:
     assert s["counted"] == {k: int(v) for k, v in s["predicted"].items()}
 
 
+@pytest.mark.parametrize("layout", [["--dp", "3"], ["--dp", "5", "--zero", "2"],
+                                    ["--dp", "6", "--zero", "3"]], ids=" ".join)
+def test_odd_dp_passes_with_counted_bytes_equal_to_predicted_per_rank(
+        capsys: pytest.CaptureFixture[str], layout: list[str]) -> None:
+    # Issue 22's figures, on a 1-layer model of 7,216 parameters (not a multiple of 3, 5 or
+    # 6): each rank's bytes differ, and the cost model gives each its own.
+    code, out, _ = run(capsys, "simulate", *layout, "--layers", "1", "--d-model", "16",
+                       "--heads", "2", "--d-ff", "24", "--seq", "16", "--steps", "1", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["passed"]
+    dp = doc["comm"]["dp"]
+    assert dp["counted_bytes"] == dp["predicted_bytes"] and len(set(dp["counted_bytes"])) > 1
+    assert {c["name"]: c["tolerance"] for c in doc["checks"]}["comm.dp"] == 0
+    assert all(s["counted"] == s["predicted"] for s in doc["state_bytes"])
+
+
 def test_human_view_and_gpt_model(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "simulate", "--style", "gpt", "--dp", "2", "--pp", "2",
                        "--schedule", "gpipe", "--steps", "1")

@@ -50,6 +50,34 @@ def test_float64_layout_equals_one_device_and_the_cost_model(shape: ModelShape,
         assert any(r.comm[kind]["counted_bytes"]) == expected, kind
 
 
+# 1 layer, d = 16: 7,216 parameters, which 3, 5 and 6 do not divide (remainders 1, 1, 4), so
+# the ring's chunks and ZeRO's flat shards are of unequal length. `shardlab simulate --dp 3`,
+# `--dp 5 --zero 2` and `--dp 6 --zero 3` are tests/cli/test_simulate_cli.py's.
+TINY = ModelShape("tiny", 1, 16, 2, V, 16, d_ff=24, style="llama", tied=False)
+
+
+@pytest.mark.parametrize(("dp", "zero"), [(3, 2), (3, 3), (5, 0), (5, 3), (6, 0), (6, 2)])
+def test_odd_dp_counted_bytes_equal_the_cost_model_per_rank(dp: int, zero: int) -> None:
+    stream = batches(garden_documents(100, 1), dp, 16, seed=1)
+    r = simulate_run(TINY, Parallel(dp=dp, zero=zero), [next(stream)], torch.float64)
+    counted, predicted = r.comm["dp"]["counted_bytes"], r.comm["dp"]["predicted_bytes"]
+    assert r.passed and counted == predicted  # exact, per rank
+    assert len(set(counted)) > 1  # the ranks really sent different bytes
+    assert [s["counted"] for s in r.state_bytes] == [s["predicted"] for s in r.state_bytes]
+
+
+def test_tensor_parallel_on_uneven_activations_is_exact_per_rank() -> None:
+    # head_dim given (3 heads of 8, d = 32): tp = 3 divides neither b·s·d (2 x 31 x 32) nor,
+    # with sequence parallelism, the norm weights whose gradients it all-reduces.
+    odd = ModelShape("odd", 1, 32, 3, V, 33, head_dim=8, d_ff=48, style="llama", tied=False)
+    for par, seq in ((Parallel(tp=3), 31), (Parallel(tp=3, sp=True), 33)):
+        stream = batches(garden_documents(100, 1), 2, seq, seed=1)
+        r = simulate_run(odd, par, [next(stream)], torch.float64)
+        counted = r.comm["tp"]["counted_bytes"]
+        assert r.passed and counted == r.comm["tp"]["predicted_bytes"]
+        assert len(set(counted)) > 1, par
+
+
 def test_float32_within_1e5() -> None:
     r = simulate_run(LLAMA, Parallel(dp=2, tp=2, pp=2, microbatches=2, zero=2, sp=True),
                      _batches(3), torch.float32)

@@ -18,10 +18,14 @@ from torch.testing import assert_close
 
 from shardlab.config.hardware import LINKS
 from shardlab.estimate.comm import (
+    ring_all_gather_sent,
     ring_allreduce_bytes,
     ring_allreduce_seconds,
+    ring_allreduce_sent,
+    ring_chunks,
     ring_gather_bytes,
     ring_gather_seconds,
+    ring_reduce_scatter_sent,
 )
 from shardlab.sim.ledger import Ledger
 from shardlab.sim.ring_steps import ring_all_reduce_steps
@@ -189,6 +193,26 @@ def test_uneven_totals(p: int, numel: int) -> None:
     # Member r never sends chunk r+1 and never receives its own chunk r.
     assert sent(ledger, p) == [total - 8 * ((r + 1) % p) for r in range(p)]
     assert recv(ledger, p) == [total - 8 * r for r in range(p)]
+
+
+@pytest.mark.parametrize("p", [3, 5, 6])
+@pytest.mark.parametrize("numel", [1, 7, 29, 31])
+def test_the_cost_models_exact_bytes_are_the_rings(p: int, numel: int) -> None:
+    """Each member's bytes, counted chunk by chunk (the literal ring) and by the group, equal
+    the torch-free per-rank formulas of estimate/comm.py on sizes p does not divide."""
+    literal, direct = Ledger(p), Ledger(p)
+    ring_all_reduce_steps(members(p, numel), group(p, literal))
+    g = group(p, direct)
+    g.all_reduce(members(p, numel))
+    want = [ring_allreduce_sent(numel, p, r, 8) for r in range(p)]
+    assert sent(literal, p) == sent(direct, p) == want
+    row = 3 * 8  # rows of 3 float64
+    direct.reset()
+    g.reduce_scatter(members(p, numel, 3))
+    assert sent(direct, p) == [ring_reduce_scatter_sent(numel, p, r, row) for r in range(p)]
+    direct.reset()
+    g.all_gather([torch.zeros(k, 3, dtype=F64) for k in ring_chunks(numel, p)])
+    assert sent(direct, p) == [ring_all_gather_sent(numel, p, r, row) for r in range(p)]
 
 
 def test_size_one_groups_record_nothing() -> None:

@@ -6,12 +6,23 @@ Ring algorithms on p ranks and an n-byte buffer (Thakur, Rabenseifner & Gropp
 * all-reduce: 2(p-1)·α + 2·(p-1)/p·n·β; each rank sends 2·(p-1)/p·n bytes;
 * reduce-scatter or all-gather: (p-1)·α + (p-1)/p·n·β; each rank sends (p-1)/p·n.
 
+Those are the *mean* over the ranks, and every rank's figure when p divides the
+element count. When it does not, the ring's chunks are whole elements of unequal
+length and each rank sends its own integer count: :func:`ring_chunks`,
+:func:`ring_allreduce_sent`, :func:`ring_reduce_scatter_sent` and
+:func:`ring_all_gather_sent` give them exactly, and the per-step functions below take
+``rank=`` to give one rank's exact bytes instead of the mean (``shardlab simulate``
+holds every virtual device to them with tolerance 0). The plan, the budget and the
+alpha-beta times keep the mean: at their sizes the ranks differ by a few elements.
+
 Per training step, for Ψ parameters on a model-parallel rank (ZeRO paper,
 Rajbhandari et al. 2020, Sec. 7): data parallel and ZeRO-1/2 move 2Ψ elements
 (an all-reduce, or a reduce-scatter of gradients and an all-gather of updated
 weights); ZeRO-3 moves 3Ψ (weights gathered for forward and again for backward,
 gradients reduce-scattered). With m micro-batches ZeRO-3 (FSDP) gathers the
-weights again for every micro-batch: 2m gathers per step.
+weights again for every micro-batch: 2m gathers per step. torch's FSDP2 pads every
+parameter's dim 0 to a multiple of p before it gathers or reduce-scatters, so a real
+FSDP2 rank sends exactly (p-1)/p of the *padded* bytes (:func:`fsdp2_padded_params`).
 
 Tensor parallel (Megatron-LM, Shoeybi et al. 2019): per layer and micro-batch two
 all-reduces of the b·s·h activations in forward and two in backward (sequence
@@ -59,9 +70,98 @@ def ring_gather_seconds(nbytes: float, p: int, link: Link) -> float:
     return (p - 1) * link.latency + ring_gather_bytes(nbytes, p) / link.bandwidth
 
 
+# ---------------------------------------------------------------------------
+# Exact bytes per rank: the ring's chunks are whole elements
+# ---------------------------------------------------------------------------
+
+
+def ring_chunks(n: int, p: int) -> list[int]:
+    """The p chunks a ring cuts n elements (or rows) into, as ``torch.tensor_split`` cuts
+    them: the first n mod p chunks one element longer than the others. The simulator's
+    collectives cut their buffers so, and ZeRO's flat shards are these chunks."""
+    q, extra = divmod(n, p)
+    return [q + (i < extra) for i in range(p)]
+
+
+def _check_rank(rank: int, p: int) -> None:
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < p:
+        raise ValueError(f"rank={rank!r} is not a position 0..{p - 1} in a ring of {p}")
+
+
+def ring_allreduce_sent(n: int, p: int, rank: int, item_bytes: int = 1) -> int:
+    """Bytes ``rank`` sends in a ring all-reduce of n elements of ``item_bytes`` each.
+
+    Patarasuk & Yuan 2009's ring (a ring reduce-scatter, then a ring all-gather, each
+    the ring of Thakur, Rabenseifner & Gropp 2005) on the chunks c_0..c_{p-1} of
+    :func:`ring_chunks`: in reduce-scatter step s = 0..p-2 rank r sends chunk
+    (r - s) mod p to rank r + 1, which adds it to its own; in all-gather step s it sends
+    chunk (r + 1 - s) mod p.
+    Rank r sends every chunk but (r+1) mod p, then every chunk but (r+2) mod p:
+    2n - c_{(r+1) mod p} - c_{(r+2) mod p} elements. That is 2(p-1)/p·n when p divides n;
+    otherwise the ranks differ by an element or two and average to it. This is the order
+    :func:`shardlab.sim.ring_steps.ring_all_reduce_steps` runs chunk by chunk; NCCL and
+    gloo cut their buffers by their own rules (NCCL in fixed-size slices per channel),
+    so for a real run the mean :func:`ring_allreduce_bytes` is the figure.
+    """
+    _check_rank(rank, p)
+    if p == 1:
+        return 0
+    c = ring_chunks(n, p)
+    return (2 * n - c[(rank + 1) % p] - c[(rank + 2) % p]) * item_bytes
+
+
+def ring_reduce_scatter_sent(n: int, p: int, rank: int, item_bytes: int = 1) -> int:
+    """Bytes ``rank`` sends in a ring reduce-scatter of n elements (or rows of
+    ``item_bytes``) that leaves the sum of chunk r of :func:`ring_chunks` on rank r.
+
+    Step s = 0..p-2: rank r sends chunk (r - 1 - s) mod p, so every chunk but its own:
+    n - c_r elements (Thakur et al. 2005's ring; (p-1)/p·n when p divides n).
+    """
+    _check_rank(rank, p)
+    if p == 1:
+        return 0
+    return (n - ring_chunks(n, p)[rank]) * item_bytes
+
+
+def ring_all_gather_sent(n: int, p: int, rank: int, item_bytes: int = 1) -> int:
+    """Bytes ``rank`` sends in a ring all-gather of the chunks of :func:`ring_chunks` of n
+    elements (or rows of ``item_bytes``), rank r starting from chunk r.
+
+    Step s = 0..p-2: rank r sends chunk (r - s) mod p, so every chunk but the last it
+    receives, (r+1) mod p: n - c_{(r+1) mod p} elements ((p-1)/p·n when p divides n).
+    """
+    _check_rank(rank, p)
+    if p == 1:
+        return 0
+    return (n - ring_chunks(n, p)[(rank + 1) % p]) * item_bytes
+
+
+# ---------------------------------------------------------------------------
+# Per step
+# ---------------------------------------------------------------------------
+
+
 def dp_bytes_per_step(params: float, policy: DtypePolicy, zero: int, dp: int,
-                      microbatches: int = 1) -> float:
-    """Bytes one rank sends per step for data parallel / ZeRO ``zero`` (module docstring)."""
+                      microbatches: int = 1, rank: int | None = None) -> float:
+    """Bytes one rank sends per step for data parallel / ZeRO ``zero`` (module docstring).
+
+    Without ``rank``: the mean over the dp ranks, (p-1)/p of the bytes moved. With
+    ``rank`` (``params`` a whole number): what data-parallel rank ``rank`` sends exactly
+    when ZeRO shards the flat buffer of ``params`` elements as :func:`ring_chunks` (the
+    simulator's flat shards; DeepSpeed pads its buffer to equal shards instead): ZeRO-0
+    an all-reduce of the gradients, ZeRO-1/2 a reduce-scatter of them and an all-gather
+    of the updated weights, ZeRO-3 2m all-gathers and a reduce-scatter.
+    """
+    if rank is not None:
+        n = int(params)
+        if n != params:
+            raise ValueError(f"params={params!r}: an exact count needs a whole number")
+        g, w = policy.grad_bytes, policy.weight_bytes
+        if zero == 0:
+            return ring_allreduce_sent(n, dp, rank, g)
+        gathers = 1 if zero in (1, 2) else 2 * microbatches
+        return (ring_reduce_scatter_sent(n, dp, rank, g)
+                + gathers * ring_all_gather_sent(n, dp, rank, w))
     g = params * policy.grad_bytes
     w = params * policy.weight_bytes
     if zero == 0:
@@ -71,8 +171,61 @@ def dp_bytes_per_step(params: float, policy: DtypePolicy, zero: int, dp: int,
     return ring_gather_bytes(2 * microbatches * w + g, dp)
 
 
-def tp_bytes_per_stage(m: ModelShape, layout: Layout, vocab_parallel: bool = True
-                       ) -> list[float]:
+def _tensor_rows(m: ModelShape, tp: int, vocab_parallel: bool
+                 ) -> tuple[list[tuple[int, int]], list[tuple[int, int]], list[tuple[int, int]]]:
+    """(dim 0, elements per dim-0 row) of every parameter tensor shardlab's LM holds on one
+    tensor-parallel rank: one block's, the first stage's extras (embedding, positions),
+    the last stage's (final norm, head). Column-parallel weights and their biases keep
+    1/tp of their rows, row-parallel weights 1/tp of their columns (Megatron-LM; torch's
+    ``ColwiseParallel`` / ``RowwiseParallel``); norms and row biases stay whole."""
+    d, q, kv, f = m.d_model, m.q_dim // tp, m.kv_dim // tp, m.d_ff // tp
+    norm = [(d, 1)] * (2 if m.style == "gpt" else 1)  # LayerNorm: scale and shift
+    block = [*norm, (q, d), (kv, d), (kv, d), (d, q), *norm, (f, d), (d, f)]
+    if m.biases or m.qkv_bias:
+        block += [(q, 1), (kv, 1), (kv, 1)]
+    if m.biases:
+        block += [(d, 1), (f, 1), (d, 1)]  # o_proj, up_proj, down_proj
+    if m.mlp_matrices == 3:
+        block.append((f, d))  # gate_proj
+    vocab = -(-m.vocab // tp) if vocab_parallel else m.vocab
+    first = [(vocab, d)] + ([(m.context, d)] if m.style == "gpt" else [])
+    return block, first, [*norm, (vocab, d)]
+
+
+def fsdp2_padded_params(m: ModelShape, tp: int, pp: int, dp: int, virtual_stages: int = 1,
+                        vocab_parallel: bool = True) -> list[int]:
+    """Elements torch's FSDP2 gathers and reduce-scatters for one tensor-parallel rank of
+    each pipeline rank: :func:`~shardlab.estimate.partition.stage_params` with every
+    parameter's dim 0 padded to a multiple of dp.
+
+    FSDP2 cuts each parameter (its tensor-parallel shard under 2-D) along dim 0 with
+    ``torch.chunk`` and pads every rank's shard to the first chunk, ceil(rows/dp) rows
+    (torch 2.13's ``FSDPParam._init_sharded_param``: ``padded_sharded_param_size =
+    chunks[0].size()``). Every all-gather input is one padded shard and every reduce-scatter
+    input dp of them, so each rank sends exactly (dp-1)/dp of these elements per
+    collective, the same on every rank: the per-rank figure is uniform, with no
+    chunk of unequal length. Dense models only (shardlab's LM builds no experts).
+    """
+    if m.moe is not None:
+        raise ValueError("fsdp2_padded_params: shardlab's LM builds no mixture-of-experts")
+    block, first, last = _tensor_rows(m, tp, vocab_parallel)
+
+    def padded(tensors: list[tuple[int, int]]) -> int:
+        return sum(-(-rows // dp) * dp * width for rows, width in tensors)
+
+    out = []
+    for r, layers in enumerate(rank_layers(m.layers, pp, virtual_stages)):
+        n = layers * padded(block)
+        if r == 0:
+            n += padded(first)
+        if r == pp - 1:
+            n += padded(last[:-1] if m.tied and pp == 1 else last)
+        out.append(n)
+    return out
+
+
+def tp_bytes_per_stage(m: ModelShape, layout: Layout, vocab_parallel: bool = True,
+                       rank: int | None = None) -> list[float]:
     """Bytes one tensor-parallel rank of each pipeline stage sends per step.
 
     Per layer and micro-batch 4 all-reduces of b·s·h (6 with full recompute; sequence
@@ -84,27 +237,45 @@ def tp_bytes_per_stage(m: ModelShape, layout: Layout, vocab_parallel: bool = Tru
     is gathered back in backward, the last layer's output is gathered for the head.
     With sequence parallelism the gradients of the norms and row-parallel biases are
     all-reduced once per step.
+
+    Without ``rank`` the mean over the tensor-parallel ranks; with it, what tensor rank
+    ``rank`` sends exactly on the ring's chunks (the all-reduces cut the flattened
+    b·s·h activation, the sequence collectives cut the sequence).
     """
     lay, t = layout, layout.tp
     if t == 1:
         return [0.0] * lay.pp
-    act = lay.micro_batch * lay.seq * m.d_model * lay.dtype.activation_bytes
+    ab = lay.dtype.activation_bytes
+    row = lay.micro_batch * m.d_model * ab  # one sequence position of the micro-batch
+
+    def all_reduce(elements: int, item: int) -> float:
+        if rank is None:
+            return ring_allreduce_bytes(elements * item, t)
+        return ring_allreduce_sent(elements, t, rank, item)
+
+    def gather(rows: int, row_bytes: int) -> float:  # an all-gather along the sequence
+        if rank is None:
+            return ring_gather_bytes(rows * row_bytes, t)
+        return ring_all_gather_sent(rows, t, rank, row_bytes)
+
+    if lay.sp and rank is not None:  # exactly: an all-gather and a reduce-scatter
+        per_call: float = gather(lay.seq, row) + ring_reduce_scatter_sent(lay.seq, t, rank, row)
+    else:
+        per_call = all_reduce(lay.micro_batch * lay.seq * m.d_model, ab)
     per_layer = 6 if lay.recompute == "full" else 4
     out = []
     for r, layers in enumerate(rank_layers(m.layers, lay.pp, lay.virtual_stages)):
         ends = (r == 0) + (r == lay.pp - 1)
-        calls = lay.microbatches * per_layer * layers
-        nbytes = calls * ring_allreduce_bytes(act, t)
+        nbytes = lay.microbatches * per_layer * layers * per_call
         if vocab_parallel:
-            nbytes += lay.microbatches * ends * ring_allreduce_bytes(act, t)
+            nbytes += lay.microbatches * ends * per_call
         elif lay.sp:
             # The embedding's split is gathered back in backward; the head's gather runs in
             # forward, twice when the whole stage is recomputed.
             gathers = (r == 0) + (r == lay.pp - 1) * (2 if lay.recompute == "full" else 1)
-            nbytes += lay.microbatches * gathers * ring_gather_bytes(act, t)
+            nbytes += lay.microbatches * gathers * gather(lay.seq, row)
         if lay.sp:
-            grads = layers * layer_replicated_params(m) * lay.dtype.grad_bytes
-            nbytes += ring_allreduce_bytes(grads, t)
+            nbytes += all_reduce(layers * layer_replicated_params(m), lay.dtype.grad_bytes)
         out.append(nbytes)
     return out
 

@@ -35,6 +35,12 @@ least data any all-reduce can).
 A message is one send by one member. An empty chunk (a buffer of fewer than p
 elements) still counts as a message: the ring step, and its latency, happen anyway.
 Without a link the seconds are 0.
+
+The cost model gives the same per-member ring bytes without torch
+(:func:`shardlab.estimate.comm.ring_allreduce_sent`, ``ring_reduce_scatter_sent``,
+``ring_all_gather_sent``), written apart from these so that ``shardlab simulate``'s
+check compares two derivations; ``tests/sim/test_virtual_group.py`` holds both to the
+literal ring of :mod:`shardlab.sim.ring_steps`.
 """
 
 from __future__ import annotations

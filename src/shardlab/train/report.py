@@ -17,9 +17,9 @@ from shardlab.estimate.activations import (
 )
 from shardlab.estimate.comm import (
     embedding_sync_bytes,
+    fsdp2_padded_params,
     pp_bytes_per_rank,
     ring_allreduce_bytes,
-    ring_gather_bytes,
 )
 from shardlab.estimate.comm_dtensor import tp_bytes_dtensor
 from shardlab.estimate.flops import flops_per_token
@@ -181,6 +181,8 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
                       schedule=cfg.schedule if cfg.pp > 1 else None)
     psi = stage_params(cfg.shape, cfg.tp, cfg.pp, cfg.virtual_stages,
                        vocab_parallel=cfg.tp > 1 and not cfg.shape.tied)
+    padded = fsdp2_padded_params(cfg.shape, cfg.tp, cfg.pp, cfg.dp, cfg.virtual_stages,
+                                 vocab_parallel=cfg.tp > 1 and not cfg.shape.tied)
     # Each activation travels with its micro-batch's int64 padding mask (b x s x 8 bytes).
     mask = (cfg.micro_batch or share) * cfg.seq * 8
     forward_sends = [sum(1 for c in range(lay.pp * lay.virtual_stages - 1) if c % lay.pp == r)
@@ -214,7 +216,8 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
         row: dict[str, Any] = {"rank": r["rank"], "measured": got}
         if cfg.dp > 1:
-            row["dp"] = {"predicted": _dp_bytes(psi[r["pp_rank"]], policy, zero, cfg),
+            row["dp"] = {"predicted": _dp_bytes(psi[r["pp_rank"]], padded[r["pp_rank"]],
+                                                policy, zero, cfg),
                          "measured": sent("dp")}
         if cfg.tp > 1:
             row["tp"] = {"predicted": tp_pred[r["pp_rank"]], "measured": sent("tp")}
@@ -226,26 +229,30 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _dp_bytes(params: float, policy: Any, zero: int, cfg: Any) -> float:
+def _dp_bytes(params: float, padded: int, policy: Any, zero: int, cfg: Any) -> float:
     """Bytes one rank sends per step for data parallelism, as torch runs it.
 
-    DDP all-reduces the gradients once, after the last micro-batch (ZeRO paper's 2Ψ).
+    DDP all-reduces the gradients once, after the last micro-batch (ZeRO paper's 2Ψ):
+    the ring's mean 2(p-1)/p·Ψ, which is what the meter reports for an all-reduce (it
+    reads payloads; gloo and NCCL cut the buffer by their own rules).
     FSDP2 reduce-scatters them once and all-gathers the weights k times: ``fsdp``
     (ZeRO-3) before every micro-batch's forward and backward (k = 2m); ``fsdp-zero2``
     keeps them from forward to backward but reshards after each backward (k = m); in a
     pipeline both keep them from the first forward to the last backward (k = 1:
     train.py's reshard policy, and torch.distributed.pipelining defers the reshard
-    after backward to the last micro-batch).
+    after backward to the last micro-batch). FSDP2 pads every parameter's dim 0 to a
+    multiple of dp (``padded`` elements: :func:`~shardlab.estimate.comm.fsdp2_padded_params`),
+    so every rank sends exactly (dp-1) padded shards per collective, whether or not dp
+    divides the model.
     """
     # Under bf16 FSDP2's MixedPrecisionPolicy casts the shards before gathering them (2 bytes)
     # and reduces gradients in fp32.
     gathered = 2 if cfg.dtype == "bf16" else policy.weight_bytes
-    g, w = params * policy.grad_bytes, params * gathered
     if zero == 0:
-        return ring_allreduce_bytes(g, cfg.dp)
+        return ring_allreduce_bytes(params * policy.grad_bytes, cfg.dp)
     m = cfg.microbatches
     k = 1 if cfg.pp > 1 else (2 * m if zero == 3 else m)
-    return ring_gather_bytes(k * w + g, cfg.dp)
+    return float((cfg.dp - 1) * (padded // cfg.dp) * (k * gathered + policy.grad_bytes))
 
 
 def measured_step_flops(ranks: list[dict[str, Any]]) -> int:
