@@ -133,6 +133,39 @@ def test_bf16_within_stated_tolerance(documents: dict[str, dict[str, Any]]) -> N
     assert doc["max_loss_diff"] <= 2e-2 and doc["parity_passed"]
 
 
+DRY_RUN = [LAYOUTS[0], LAYOUTS[6]]  # FSDP on 2 processes; TP + SP + 1F1B on 4
+
+
+@pytest.mark.multiprocess
+def test_the_dry_run_equals_the_real_run(documents: dict[str, dict[str, Any]]) -> None:
+    """``shardlab dryrun`` of a layout the real runs above ran (every role, on fake
+    tensors) holds the same parameters, gradients and optimizer state on each rank, sends
+    the same bytes per mesh dim, and saves the same bytes for backward (the real run's
+    saved-tensor measurement, x the micro-batches in flight)."""
+    from shardlab.cli import build_parser
+    from shardlab.cli.train import prepare
+    from shardlab.dryrun.pool import run_many
+
+    work = []
+    for argv in DRY_RUN:
+        cfg, _ = prepare(build_parser().parse_args(["train", "--steps", str(STEPS), *argv]))
+        work += [(layout_id(argv), cfg, p * cfg.dp * cfg.tp) for p in range(cfg.pp)]
+    dry = run_many([(cfg, rank) for _, cfg, rank in work])
+    assert len(dry) == 3
+    for (name, _, rank), role in zip(work, dry, strict=True):
+        doc = documents[name]
+        real = next(m for m in doc["memory_per_rank"] if m["rank"] == rank)
+        assert role["state_bytes"] == real["measured"], (name, rank)
+        # Saved for backward, counted alike: equal. The trackers' activation peak also holds
+        # what autograd does not save (a stage's outputs, kept by the schedule until their
+        # backward), so it is at least that.
+        held = real["activations"]
+        assert role["saved_bytes_per_microbatch"] * held["in_flight"] == held["measured"]
+        assert 1.0 <= role["activation_peak_bytes"] / held["measured"] <= 1.3, (name, rank)
+        sent = next(r for r in doc["comm_bytes_per_step"] if r["rank"] == rank)["measured"]
+        assert role["comm_step"]["by_dim"] == sent["by_dim"], (name, rank)
+
+
 @pytest.mark.multiprocess
 def test_a_rank_that_fails_is_named(tmp_path: Path) -> None:
     start = time.monotonic()

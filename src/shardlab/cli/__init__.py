@@ -16,6 +16,7 @@ from shardlab.cli import (
     budget,
     catalogs,
     demo,
+    dryrun,
     export,
     import_cmd,
     plan,
@@ -28,8 +29,8 @@ from shardlab.cli import (
 from shardlab.cli.args import Parser
 from shardlab.errors import SpecError, clip
 
-COMMANDS = (budget, catalogs, plan, schedule, simulate, train, verify, report, demo, export,
-            import_cmd)
+COMMANDS = (budget, catalogs, plan, schedule, simulate, train, dryrun, verify, report, demo,
+            export, import_cmd)
 
 
 def _parser_and_commands() -> tuple[Parser, tuple[str, ...]]:

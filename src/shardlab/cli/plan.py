@@ -10,6 +10,7 @@ from typing import Any
 
 from shardlab.cli.args import add_shape_args, build_shape, positive_int, shape_flags
 from shardlab.cli.output import print_json
+from shardlab.cli.plan_dryrun import dry_run_top
 from shardlab.config.dtypes import get_policy
 from shardlab.config.layout import RECOMPUTE, SCHEDULES, make_layout
 from shardlab.config.measured import accelerator_or_measured, slow_dtype_note
@@ -84,6 +85,11 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="recompute modes to try, e.g. none,selective")
     g.add_argument("--schedules", type=_names(SCHEDULES), default=SCHEDULES,
                    help=f"pipeline schedules to try ({', '.join(SCHEDULES)})")
+    g.add_argument("--dry-run-top", type=positive_int, metavar="K",
+                   help="dry-run the K fastest layouts that fit (every role of each, the "
+                   "program `shardlab train` runs, on fake tensors: minutes at scale), mark "
+                   "those whose real peak exceeds the device, and re-rank; the search then "
+                   "keeps to what train runs (ZeRO 0/2/3; gpipe, 1f1b, interleaved-1f1b)")
     g.add_argument("--layout", help='evaluate one layout instead of searching, e.g. "dp=1 '
                    'tp=8 pp=8 virtual=3 micro_batch=1 zero=1 sp=1 recompute=selective '
                    'schedule=1f1b" (keys left out take their defaults; each key once; sp is '
@@ -103,7 +109,7 @@ def register(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
-def _model(args: argparse.Namespace) -> tuple[Any, str]:
+def model_from_args(args: argparse.Namespace) -> tuple[Any, str]:
     """The model, and how `shardlab train` names it (catalog name, or the shape flags)."""
     shape_flags(args, f"MODEL ({args.model})" if args.model is not None else None)
     if args.model is not None:
@@ -125,7 +131,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     """The ``--json`` document of ``shardlab plan`` (SpecError for bad input)."""
 
     acc = accelerator_or_measured(args.gpu, args.hardware_file)
-    model, model_flags = _model(args)
+    model, model_flags = model_from_args(args)
     seq = args.seq or model.context
     here = is_this_machine(acc)
     if here:
@@ -137,6 +143,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     else:
         dtype = args.dtype or "bf16"
         policy = get_policy(dtype)
+    runnable = here or bool(args.dry_run_top)
     for z in args.zero:
         if z > 3:
             raise SpecError("zero", z, "must be 0, 1, 2 or 3 (3 is FSDP)")
@@ -145,9 +152,10 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         gpus_per_node=args.gpus_per_node or acc.gpus_per_node, max_tp=args.max_tp,
         max_pp=args.max_pp, max_virtual=args.max_virtual,
         micro_batches=tuple(sorted(set(args.micro_batches) - {0})) or (1,),
-        zero=tuple(z for z in args.zero if not here or z in TRAIN_ZERO) or (0,),
+        # This machine, and a plan whose layouts are dry-run: what shardlab train runs.
+        zero=tuple(z for z in args.zero if not runnable or z in TRAIN_ZERO) or (0,),
         recompute=args.recompute,
-        schedules=tuple(s for s in args.schedules if not here or s in TRAIN_SCHEDULES)
+        schedules=tuple(s for s in args.schedules if not runnable or s in TRAIN_SCHEDULES)
         or ("1f1b",),
         train_only=here)
     only = layout_candidates(model, space, args.layout) if args.layout else None
@@ -170,7 +178,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
                           options=options, gpus_per_node=space.gpus_per_node,
                           train_only=here).as_dict()
     dev = result.device
-    return {
+    doc = {
         "model": model.name, "model_shape": model.describe(), "gpu": acc.name,
         "gpus": args.gpus, "gpus_per_node": space.gpus_per_node, "seq": seq,
         "global_batch": args.global_batch, "dtype": policy.name,
@@ -191,6 +199,9 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         # --layout that does not fit: what binds and the changes that make it fit.
         "fit": fit,
     }
+    if args.dry_run_top:
+        dry_run_top(doc, model, args.dry_run_top, acc.memory_bytes)
+    return doc
 
 
 def run(args: argparse.Namespace) -> int:

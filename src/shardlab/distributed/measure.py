@@ -131,12 +131,14 @@ def ring_bytes(kind: str, payload: int, p: int) -> float:
     """
     if p <= 1:
         return 0.0
+    # Multiply before dividing: (p - 1) * n / p is exact whenever p divides (p - 1) * n,
+    # as it does for FSDP2's padded shards; (p - 1) / p * n can land one ulp off.
     if kind == "all_reduce":
-        return 2 * (p - 1) / p * payload
+        return 2 * (p - 1) * payload / p
     if kind == "all_gather":
         return (p - 1) * payload
     if kind in ("reduce_scatter", "all_to_all"):
-        return (p - 1) / p * payload
+        return (p - 1) * payload / p
     return float(payload)  # broadcast: sent by the root, counted where it is called
 
 
@@ -228,9 +230,11 @@ def _packer(seen: dict[int, int]) -> Any:
             return t
         local = t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this rank's part
         try:
+            # Keyed by the storage's identity (its StorageImpl), not its data pointer: a
+            # fake tensor (the dry run) has none.
             storage = local.untyped_storage()
-            if storage.data_ptr() != 0:
-                seen[storage.data_ptr()] = storage.nbytes()
+            if storage.nbytes():
+                seen[storage._cdata] = storage.nbytes()
         except (RuntimeError, NotImplementedError):  # a tensor without storage
             pass
         return t

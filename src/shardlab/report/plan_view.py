@@ -22,6 +22,16 @@ def _mesh(b: dict[str, Any]) -> list[str]:
             str(int(b["sp"])), b["recompute"], f"{b['micro_batch']}x{b['microbatches']}"]
 
 
+def _dry_cell(dry: dict[str, Any] | None) -> str:
+    """A plan entry's dry-run column: its real peak and verdict, or why it was not run."""
+    if dry is None:
+        return "-"
+    if "skipped" in dry:
+        return "not run"
+    return (human_bytes(dry["peak_bytes"]).split(" (")[0]
+            + ("" if dry["fits"] else " (does NOT fit)"))
+
+
 def print_plan(doc: dict[str, Any]) -> None:
     """Print the plan document: header, the top layouts, rejections, the train command."""
     e = doc["efficiency"]
@@ -42,14 +52,16 @@ def print_plan(doc: dict[str, Any]) -> None:
     # The runtime's fixed costs are measured for this machine only: no column elsewhere.
     short = {k: v for k, v in _SHORT.items()
              if k != "overhead" or any(b["breakdown"].get(k) for b in doc["best"])}
+    dry = bool(doc.get("dry_run_top"))
     for i, b in enumerate(doc["best"], 1):
         mem = human_bytes(b["memory_per_device"]).split(" (")[0]
         rows.append([i, *_mesh(b), f"{b['step_seconds']:.4g}", f"{b['tokens_per_second']:,.0f}",
-                     f"{b['mfu']:.1%}", mem + ("" if b["fits"] else " (does not fit)")])
+                     f"{b['mfu']:.1%}", mem + ("" if b["fits"] else " (does not fit)")]
+                    + ([_dry_cell(b.get("dry_run"))] if dry else []))
         parts.append([i, *(f"{b['breakdown'][k]:.3f}" for k in short)])
     show(table("Fastest layouts", ["#", "dp·tp·pp", "v", "schedule", "zero", "sp", "recompute",
-                                   "mb x m", "step s", "tokens/s", "MFU", "memory/device"],
-               rows, left=8),
+                                   "mb x m", "step s", "tokens/s", "MFU", "memory/device"]
+               + (["dry run peak"] if dry else []), rows, left=8),
          table("Where the step goes (seconds; communication and bubble: the exposed part)",
                ["#", *short.values()], parts),
          f"matmul efficiency: {e['peak_fraction']:.3f} x peak x I/(I + "
@@ -71,5 +83,9 @@ def print_plan(doc: dict[str, Any]) -> None:
              f"{human_bytes(mb['activations'])}")
         if b["train_command"]:
             show(f"run it: {b['train_command']}")
+    if doc.get("dry_run_top"):
+        show(f"dry run: the {doc['dry_run_top']} fastest layouts that fit, every role on fake "
+             "tensors; peak + the CUDA context's allowance against the device's whole memory; "
+             "layouts whose dry run does not fit are ranked last")
     if doc.get("fit"):
         print_fit(doc["fit"])

@@ -36,7 +36,7 @@ def clip_grad_norm(params: list[Any], max_norm: float, pp_group: Any = None,
                    copies: tuple[Any, ...] = ()) -> torch.Tensor:
     """Clip by the norm of the gradient of the *whole* model (torchtitan's clip_grad_norm_).
 
-    Squares of every rank's local gradient elements are summed in float64 per sharding:
+    Squares of every rank's local gradient norms are summed in float64 per sharding:
     plain tensors and DTensor dims that are ``Replicate`` hold the same numbers on every
     rank of that dim, so only the dims that split the elements (``Shard``, FSDP's
     ``_StridedShard``) are summed over, by one scalar all-reduce per group of such dims,
@@ -63,7 +63,12 @@ def clip_grad_norm(params: list[Any], max_norm: float, pp_group: Any = None,
             key = tuple(mesh.get_group(i).group_name for i in dims)
             groups[key] = [mesh.get_group(i) for i in dims]
             local = local.to_local()
-        square = local.double().pow(2).sum()
+        # The norm in the gradient's own dtype (torch's reduction accumulates it in
+        # cascade), squared in float64 to sum across tensors and ranks, as torchtitan's
+        # get_total_norm: a float64 copy of each gradient and its square would be a
+        # transient of 4x the largest gradient's fp32 bytes, which the dry run of an
+        # unsharded model showed as the step's largest temporary.
+        square = torch.linalg.vector_norm(local, 2).double() ** 2
         squares[key] = squares[key] + square if key in squares else square
     total_sq = torch.zeros((), dtype=torch.float64)
     with comm_label("grad_norm"):

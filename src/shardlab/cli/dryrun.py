@@ -1,0 +1,147 @@
+"""``shardlab dryrun``: the real sharded program of one rank (or every role) of an N-rank
+job, run on fake tensors in this process, beside the cost model's figures."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from shardlab.cli.args import add_shape_args, positive_int
+from shardlab.cli.output import print_json
+from shardlab.cli.plan import model_from_args
+from shardlab.config.limits import MAX_GPUS
+from shardlab.errors import SpecError, require_int_at_most
+from shardlab.plan.search import parse_layout
+from shardlab.report.dryrun_view import print_dryrun
+from shardlab.train.config import TrainConfig, auto_micro_batch, check_config
+
+DP_MODE_OF_ZERO = {0: "ddp", 2: "fsdp-zero2", 3: "fsdp"}
+"""The ZeRO stages ``shardlab train`` runs, as its ``--dp-mode``."""
+
+SP_VALUES = {"0": False, "1": True, "false": False, "true": True, "no": False, "yes": True,
+             "off": False, "on": True}
+
+
+def register(sub: Any) -> None:
+    """Add the ``dryrun`` sub-command."""
+    p = sub.add_parser("dryrun", help="the real sharded program of any rank, on fake tensors",
+                       description="Run rank R of an N-rank training job (the program "
+                       "`shardlab train` runs: FSDP2/DDP, TP, PP, recompute, AdamW) in this "
+                       "process on fake tensors and torch's fake process group: no memory "
+                       "is allocated. Prints its peak memory by category, bytes per mesh "
+                       "dim and FLOPs beside the cost model's figures.")
+    p.add_argument("model", nargs="?", help="catalog name or path to a Hugging Face "
+                   "config.json (default: a small model from the shape flags)")
+    p.add_argument("--gpus", type=positive_int, required=True, help="ranks of the job")
+    p.add_argument("--layout", default="",
+                   help='"dp=.. tp=.. pp=.. virtual=.. zero=0|2|3 sp=0|1 '
+                   'recompute=none|selective|full schedule=.. micro_batch=.." (dp defaults '
+                   "to gpus/(tp*pp), zero to 3: FSDP)")
+    p.add_argument("--global-batch", type=positive_int,
+                   help="sequences per optimizer step (default: dp x the pipeline's "
+                   "micro-batches)")
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16",
+                   help="bf16 (default: FSDP2's bf16 parameters with fp32 reduction, or "
+                   "autocast) or fp32")
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("--rank", type=int, help="the rank to run (default 0)")
+    who.add_argument("--all-roles", action="store_true",
+                     help="one rank per distinct role (each pipeline rank); busiest first")
+    p.add_argument("--gpu", help="a device to judge the fit on (e.g. h100): its memory "
+                   "against the peak plus the CUDA context's allowance")
+    p.add_argument("--jobs", type=positive_int,
+                   help="roles dry-run at once, each in its own process (default: one per "
+                   "core)")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    add_shape_args(p)
+    # --seq (a shape-flag group member): MODEL's context when not given.
+    p.set_defaults(run=run, seq=None)
+
+
+def _int(raw: dict[str, str], key: str, default: int) -> int:
+    try:
+        return int(raw.get(key, default))
+    except ValueError:
+        raise SpecError(key, raw[key], "must be an integer") from None
+
+
+def config_from(args: argparse.Namespace) -> TrainConfig:
+    """The run ``train`` would make of MODEL, ``--gpus`` and ``--layout``, checked with
+    train's own one-line errors (SpecError), before any model is built."""
+    given_seq = args.seq
+    shape, _ = model_from_args(args)
+    require_int_at_most("gpus", args.gpus, MAX_GPUS)
+    raw = parse_layout(args.layout)
+    tp, pp, virtual = _int(raw, "tp", 1), _int(raw, "pp", 1), _int(raw, "virtual", 1)
+    if args.gpus % (tp * pp):
+        raise SpecError("gpus", args.gpus, f"must be a multiple of tp*pp ({tp * pp})")
+    dp = _int(raw, "dp", args.gpus // (tp * pp))
+    if dp * tp * pp != args.gpus:
+        raise SpecError("gpus", args.gpus, f"must equal dp*tp*pp ({dp}*{tp}*{pp})")
+    zero = _int(raw, "zero", 3)
+    if zero not in DP_MODE_OF_ZERO:
+        raise SpecError("zero", zero, "must be 0 (ddp), 2 (fsdp-zero2) or 3 (fsdp): what "
+                        "shardlab train runs")
+    sp = raw.get("sp", "0").lower()
+    if sp not in SP_VALUES:
+        raise SpecError("sp", sp, "must be 0 or 1")
+    schedule = raw.get("schedule", "interleaved-1f1b" if virtual > 1 else "1f1b")
+    seq = given_seq or shape.context
+    if seq > shape.context:
+        raise SpecError("seq", seq, f"must be <= the model's context ({shape.context})")
+    micro = _int(raw, "micro_batch", 0)
+    global_batch = args.global_batch or dp * (micro or 1) * pp
+    if pp > 1 and not micro:
+        micro = auto_micro_batch(global_batch, dp, pp, schedule)
+    cfg = TrainConfig(shape=shape, dp=dp, tp=tp, pp=pp, virtual_stages=virtual,
+                      dp_mode=DP_MODE_OF_ZERO[zero] if dp > 1 else "fsdp", sp=SP_VALUES[sp],
+                      recompute=raw.get("recompute", "none"), schedule=schedule,
+                      global_batch=global_batch, micro_batch=micro, seq=seq, steps=2,
+                      dtype=args.dtype)
+    check_config(cfg)
+    return cfg
+
+
+def role_ranks(cfg: TrainConfig) -> list[int]:
+    """One rank per distinct role: each pipeline rank's first (dp 0, tp 0) rank, on train's
+    row-major ``(pp, dp, tp)`` mesh. Ranks that differ only in their data- or tensor-
+    parallel index run the same program on shards of equal size (FSDP2 pads the last
+    shard; tensor parallelism needs even splits), so their figures are equal."""
+    return [p * cfg.dp * cfg.tp for p in range(cfg.pp)]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check everything, dry-run the rank or roles, print the comparison."""
+    cfg = config_from(args)
+    capacity = None
+    if args.gpu is not None:
+        # Imported here: the hardware catalog is read only when a verdict is asked for.
+        from shardlab.config.measured import accelerator_or_measured
+        capacity = accelerator_or_measured(args.gpu).memory_bytes
+    if args.rank is not None and not 0 <= args.rank < cfg.world:
+        raise SpecError("rank", args.rank, f"must be in [0, {cfg.world}) for {cfg.world} ranks")
+    # Imported here: torch loads only once the command line is known to be good.
+    from shardlab.dryrun.compare import compare
+    from shardlab.dryrun.pool import RoleError, run_roles
+    start = time.perf_counter()
+    ranks = role_ranks(cfg) if args.all_roles else [args.rank or 0]
+    try:
+        results = run_roles(cfg, ranks, args.jobs)
+    except RoleError as e:
+        sys.stderr.write(f"shardlab dryrun: {e}\n")
+        return 1
+    doc = compare(cfg, results, capacity)
+    doc = {"model": cfg.shape.describe(), "gpus": cfg.world,
+           "layout": f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} virtual={cfg.virtual_stages} "
+                     f"{cfg.dp_mode} sp={int(cfg.sp)} recompute={cfg.recompute} "
+                     f"schedule={cfg.schedule} micro_batch={cfg.micro_batch or 'all'} "
+                     f"global_batch={cfg.global_batch} seq={cfg.seq} dtype={cfg.dtype}",
+           "gpu": args.gpu, "seconds": time.perf_counter() - start,
+           "roles_run": ranks, **doc}
+    if args.json:
+        print_json(doc)
+    else:
+        print_dryrun(doc)
+    return 0

@@ -1,0 +1,73 @@
+"""``shardlab plan --dry-run-top K``: the planner's K fastest layouts, each dry-run (every
+role, on fake tensors), marked where the real program's peak exceeds the device, and
+re-ranked: layouts whose dry run does not fit move below those that do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardlab.config.model import ModelShape
+from shardlab.errors import SpecError
+from shardlab.plan.space import DP_MODE_OF_ZERO, TRAIN_SCHEDULES
+from shardlab.train.config import TrainConfig, check_config
+
+
+def train_config(model: ModelShape, entry: dict[str, Any], global_batch: int, seq: int,
+                 dtype: str) -> TrainConfig:
+    """The run ``shardlab train`` would make of a plan entry; SpecError (naming why) for
+    a layout it does not run (ZeRO-1, a zero-bubble schedule, DDP with tp or pp)."""
+    if entry["dp"] > 1 and entry["zero"] not in DP_MODE_OF_ZERO:
+        raise SpecError("zero", entry["zero"], "is not run by shardlab train (0, 2 or 3)")
+    if entry["pp"] > 1 and entry["schedule"] not in TRAIN_SCHEDULES:
+        raise SpecError("schedule", entry["schedule"], "is not run by shardlab train "
+                        f"({', '.join(TRAIN_SCHEDULES)})")
+    cfg = TrainConfig(shape=model, dp=entry["dp"], tp=entry["tp"], pp=entry["pp"],
+                      virtual_stages=entry["virtual_stages"],
+                      dp_mode="fsdp" if entry["dp"] == 1 else DP_MODE_OF_ZERO[entry["zero"]],
+                      sp=bool(entry["sp"]), recompute=entry["recompute"],
+                      schedule=entry["schedule"] if entry["pp"] > 1 else "1f1b",
+                      global_batch=global_batch, micro_batch=entry["micro_batch"], seq=seq,
+                      steps=2, dtype="fp32" if dtype == "fp32" else "bf16")
+    check_config(cfg)
+    return cfg
+
+
+def dry_run_top(doc: dict[str, Any], model: ModelShape, k: int, capacity: float,
+                jobs: int | None = None) -> None:
+    """Dry-run the first ``k`` layouts of ``doc["best"]`` that the cost model says fit, add
+    each one's ``dry_run`` record, and move those whose dry-run peak (plus the CUDA
+    context's allowance) exceeds ``capacity`` below the rest, keeping the planner's order
+    otherwise. In place."""
+    # Imported here: torch (the dry run's workers) loads only when a dry run is asked for.
+    from shardlab.dryrun.compare import CUDA_CONTEXT_BYTES, compare
+    from shardlab.dryrun.pool import run_many
+
+    chosen, work = [], []
+    for entry in doc["best"]:
+        if len(chosen) == k:
+            break
+        if not entry["fits"]:
+            continue
+        try:
+            cfg = train_config(model, entry, doc["global_batch"], doc["seq"], doc["dtype"])
+        except SpecError as e:
+            entry["dry_run"] = {"skipped": str(e)}
+            continue
+        chosen.append((entry, cfg))
+        work += [(cfg, p * cfg.dp * cfg.tp) for p in range(cfg.pp)]
+    results = run_many(work, jobs) if work else []
+    at = 0
+    for entry, cfg in chosen:
+        roles = results[at:at + cfg.pp]
+        at += cfg.pp
+        cmp = compare(cfg, roles, capacity)
+        entry["dry_run"] = {"rank": cmp["busiest_rank"], "peak_bytes": cmp["peak_bytes"],
+                            "predicted_peak_bytes": cmp["predicted"]["peak_bytes"],
+                            "allowance_bytes": CUDA_CONTEXT_BYTES,
+                            "fits": cmp["fit"]["fits"],
+                            "headroom_bytes": cmp["fit"]["headroom_bytes"],
+                            "ratio": cmp["ratio"],
+                            "seconds": sum(r["seconds"] for r in roles)}
+    # Stable: the planner's order, with dry runs that do not fit moved to the end.
+    doc["best"].sort(key=lambda e: e.get("dry_run", {}).get("fits") is False)
+    doc["dry_run_top"] = k

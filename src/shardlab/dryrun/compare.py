@@ -1,0 +1,109 @@
+"""A dry run beside the cost model: per role and category, predicted, dry-run and ratio.
+
+Torch-free: it reads the roles :func:`shardlab.dryrun.role.run_role` returned and prices
+the same shape, layout and dtype with the cost model ``shardlab train`` prints beside
+its measurement (:mod:`shardlab.train.report`: ZeRO states of each pipeline rank's
+parameters, activations of shardlab's eager LM times the micro-batches in flight, ring
+bytes per mesh dim).
+
+Which dry-run figure meets which prediction:
+
+* ``params``, ``grads``, ``optimizer``: what the rank holds after its backward
+  (``state_bytes``, as ``train`` counts it): the cost model's states, which it adds up
+  as if all were alive at the peak;
+* ``activations``: the largest activation figure of the measured step (the tracker's
+  ``Activation`` and ``Inputs`` types), against the in-flight micro-batches' saved bytes;
+* ``temporaries``: what else is alive at the peak (FSDP's gathered weights and
+  gradients, communication buffers, activation gradients): the cost model has no term;
+* ``peak_bytes``: the tracker's peak, against the cost model's sum.
+
+Beyond the trackers' sight (on a GPU): the CUDA context and kernels
+(:data:`CUDA_CONTEXT_BYTES`, added as a documented allowance to the fit verdict),
+NCCL's communication buffers and workspaces, and the caching allocator's
+fragmentation (reserved minus allocated).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardlab.train.report import (
+    comm_table,
+    held_microbatches,
+    predicted_activation_bytes,
+    predicted_state_bytes,
+)
+
+CATEGORIES = ("params", "grads", "optimizer", "activations", "temporaries")
+"""The categories of a role's memory, in the cost model's terms."""
+
+CUDA_CONTEXT_BYTES = 1343 * 2**20
+"""The CUDA context and kernels a process holds once it has touched the GPU, outside
+PyTorch's allocator: 1343 MiB measured by Hugging Face ("Model training anatomy",
+transformers docs, docs/source/en/model_memory_anatomy.md: "the kernels alone take up
+1.3GB", on a V100 with CUDA 11.2), the allowance the fit verdict adds."""
+
+
+def predicted_role(cfg: Any, pp_rank: int) -> dict[str, float]:
+    """The cost model's bytes of a rank on pipeline rank ``pp_rank``, by category, and
+    their sum (``peak_bytes``)."""
+    states = predicted_state_bytes(cfg, pp_rank)
+    out = {"params": float(states.weights), "grads": float(states.gradients),
+           "optimizer": float(states.optimizer),
+           "activations": held_microbatches(cfg, pp_rank)
+           * predicted_activation_bytes(cfg, pp_rank),
+           "temporaries": 0.0}
+    out["peak_bytes"] = sum(out[c] for c in CATEGORIES)
+    return out
+
+
+def measured_role(role: dict[str, Any]) -> dict[str, float]:
+    """The dry-run figure that meets each prediction (see the module docstring)."""
+    held = role["state_bytes"]
+    return {"params": float(held["params"]), "grads": float(held["grads"]),
+            "optimizer": float(held["optimizer"]),
+            "activations": float(role["activation_peak_bytes"]),
+            "temporaries": float(role["by_category"]["temporaries"]),
+            "peak_bytes": float(role["peak_bytes"])}
+
+
+def ratios(measured: dict[str, float], predicted: dict[str, float]) -> dict[str, float | None]:
+    """dry-run / predicted per key (None where the cost model predicts nothing)."""
+    return {k: (measured[k] / predicted[k] if predicted[k] else None) for k in measured}
+
+
+def compare(cfg: Any, roles: list[dict[str, Any]], capacity: float | None = None,
+            allowance: float = CUDA_CONTEXT_BYTES) -> dict[str, Any]:
+    """Every role with its prediction and ratios, the busiest first; comm bytes per dim
+    beside the cost model's (``train``'s table); the fit verdict on a device of
+    ``capacity`` bytes (None: no verdict) with ``allowance`` added to the peak."""
+    comm = {row["rank"]: row for row in comm_table(cfg, roles)}
+    out = []
+    for role in sorted(roles, key=lambda r: -r["peak_bytes"]):
+        predicted = predicted_role(cfg, role["pp_rank"])
+        measured = measured_role(role)
+        entry = {**role, "predicted": predicted, "measured": measured,
+                 "ratio": ratios(measured, predicted)}
+        row = comm[role["rank"]]
+        entry["by_dim"] = {d: row[d] for d in ("dp", "tp", "pp") if d in row}
+        out.append(entry)
+    busiest = out[0]
+    doc: dict[str, Any] = {
+        "roles": out, "busiest_rank": busiest["rank"],
+        "peak_bytes": busiest["peak_bytes"], "by_category": busiest["by_category"],
+        "by_dim": busiest["by_dim"],
+        "flops": sum(busiest["flops_by_op"].values()),
+        "predicted": {"rank": busiest["rank"], "peak_bytes": busiest["predicted"]["peak_bytes"],
+                      "by_category": {c: busiest["predicted"][c] for c in CATEGORIES}},
+        "ratio": busiest["ratio"],
+        "unseen": ["CUDA context and kernels (allowance below)", "NCCL buffers and "
+                   "workspaces", "allocator fragmentation (reserved - allocated)"],
+    }
+    if capacity is not None:
+        need = busiest["peak_bytes"] + allowance
+        doc["fit"] = {"capacity_bytes": capacity, "allowance_bytes": allowance,
+                      "needed_bytes": need, "headroom_bytes": capacity - need,
+                      "fits": need <= capacity,
+                      "predicted_fits": busiest["predicted"]["peak_bytes"] + allowance
+                      <= capacity}
+    return doc

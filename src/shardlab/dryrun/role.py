@@ -1,0 +1,107 @@
+"""Dry-run one rank of an N-rank training job in this process, on fake tensors.
+
+:func:`run_role` builds rank R's program with :func:`shardlab.train.rank.build_rank`
+(the one ``shardlab train`` runs) on torch's fake process group, with the model on the
+meta device materialised as fake tensors, and runs two full optimizer steps of
+:func:`shardlab.train.rank.train_step` (micro-batches or the pipeline schedule,
+clipping, AdamW) on a fake batch. The second step is measured, as ``train`` measures a
+step past FSDP's lazy initialisation and the optimizer's first (state-creating) step:
+
+* peak memory by category and its moment (:mod:`shardlab.dryrun.tracker`);
+* what one micro-batch saves for backward (saved-tensor hooks, as ``train`` measures it);
+* what the rank holds after the backward (parameters, gradients, optimizer state:
+  :func:`shardlab.distributed.measure.state_bytes`, as ``train`` counts them);
+* bytes sent per collective kind and mesh dim (:class:`~shardlab.distributed.measure.CommMeter`);
+* FLOPs (:class:`~shardlab.distributed.measure.FlopMeter`).
+
+Which ranks are worth running (one per pipeline rank) is ``shardlab dryrun``'s
+``--all-roles`` (:func:`shardlab.cli.dryrun.role_ranks`); each runs in its own process
+(:mod:`shardlab.dryrun.pool`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from shardlab.distributed.measure import CommMeter, FlopMeter, state_bytes
+from shardlab.dryrun.fake import (
+    check_all_fake,
+    fake_mode,
+    fake_world,
+    materialize,
+    skip_pipeline_vote,
+    strict,
+)
+from shardlab.dryrun.tracker import peak_breakdown, role_tracker
+from shardlab.nn.data import Batch
+from shardlab.train.config import TrainConfig
+from shardlab.train.rank import bf16_autocast, build_rank, fsdp_mixed_precision, train_step
+
+STEPS = 2
+"""Optimizer steps a dry run takes; the last is measured."""
+
+
+def coordinates(cfg: TrainConfig, rank: int) -> dict[str, int]:
+    """``rank``'s pipeline, data- and tensor-parallel indices."""
+    pp_rank, rest = divmod(rank, cfg.dp * cfg.tp)
+    dp_rank, tp_rank = divmod(rest, cfg.tp)
+    return {"pp_rank": pp_rank, "dp_rank": dp_rank, "tp_rank": tp_rank}
+
+
+def fake_batch(cfg: TrainConfig, dp_rank: int) -> Batch:
+    """A data-parallel rank's share of the global batch, all tokens real (call under the
+    fake mode: the tensors are fake). As in ``train``'s loop, every rank holds the whole
+    global batch and takes its share as a view of it."""
+    ids = torch.zeros((cfg.global_batch, cfg.seq), dtype=torch.int64)
+    ones = torch.ones((cfg.global_batch, cfg.seq), dtype=torch.int64)
+    batch = Batch(input_ids=ids, targets=ids.clone(), loss_mask=ones, pad_mask=ones.clone())
+    return batch.split(cfg.dp)[dp_rank]
+
+
+def run_role(cfg: TrainConfig, rank: int) -> dict[str, Any]:
+    """Dry-run ``rank`` of ``cfg``'s job; its figures as a JSON-ready dict."""
+    start = time.perf_counter()
+    mode = fake_mode()
+    with fake_world(rank, cfg.world):
+        program = build_rank(cfg, "cpu", meta=True, force_sum=False,
+                             materialize=lambda modules: materialize(mode, modules))
+        check_all_fake(program.modules)
+        if program.schedule is not None:
+            skip_pipeline_vote(program.schedule)
+        autocast = (bf16_autocast(cfg) if not fsdp_mixed_precision(cfg)
+                    else contextlib.nullcontext())
+        with mode:
+            share = fake_batch(cfg, program.dp_rank)
+        tokens = cfg.global_batch * cfg.seq
+        for _ in range(STEPS - 1):
+            with strict(mode), autocast:
+                train_step(program, share, tokens)
+                program.opt.zero_grad(set_to_none=True)
+        with strict(mode):
+            # Entered inside the fake mode: the tracker counts the local ops under it and
+            # skips DTensor's nested shape-propagation mode.
+            tracker = role_tracker(program.modules, program.opt,
+                                   (share.input_ids, share.targets, share.pad_mask,
+                                    share.loss_mask))
+            meter, flops = CommMeter(program.dims()), FlopMeter()
+            with tracker, meter, flops, autocast:
+                # What one micro-batch saves for backward, counted as train counts it.
+                saved = train_step(program, share, tokens, measure_saved=True).activation_bytes
+                held = state_bytes(nn.ModuleList(program.modules), program.opt)
+                program.opt.zero_grad(set_to_none=True)
+        peak, by_category, raw = peak_breakdown(tracker)
+        stages = [int(getattr(m, "stage_index", 0)) for m in program.modules]
+        layers = sum(len(getattr(m, "layer_ids", ())) or cfg.shape.layers
+                     for m in program.modules)
+    return {"rank": rank, **coordinates(cfg, rank), "stages": stages, "layers": layers,
+            "peak_bytes": peak, "by_category": by_category, "by_tracker": raw,
+            "peak_at": tracker.moment, "activation_peak_bytes": tracker.activation_peak,
+            "saved_bytes_per_microbatch": saved,
+            "state_bytes": held, "comm_step": meter.summary(),
+            "flops_by_op": {str(k): int(v) for k, v in flops.get_flop_counts()["Global"].items()},
+            "seconds": time.perf_counter() - start}

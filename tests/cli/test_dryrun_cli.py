@@ -1,0 +1,84 @@
+"""``shardlab dryrun``: bad input refused before torch loads, and one real dry run of a
+model far larger than this host's memory (34 GB of fp32 weights, 137 GB of training
+state on its one rank), with its JSON document, its figures beside the cost model's and
+its human view."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from shardlab.cli import main
+
+# 2 blocks of d=16384 (16 d^2 parameters each, llama style): 8.6 G parameters, 34 GB fp32.
+HUGE = ["--layers", "2", "--d-model", "16384", "--heads", "128", "--vocab", "256",
+        "--seq", "64", "--global-batch", "2", "--dtype", "fp32"]
+
+
+def shardlab(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "shardlab", *argv], capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize(("argv", "field"), [
+    (["llama-3-8b", "--gpus", "64", "--layout", "tp=5"], "tp"),
+    (["llama-3-8b", "--gpus", "64", "--layout", "pp=64 dp=1"], "stages"),
+    (["llama-3-8b", "--gpus", "64", "--rank", "64"], "rank"),
+    (["llama-3-8b", "--gpus", "64", "--rank", "-1"], "rank"),
+    (["llama-3-8b", "--gpus", "64", "--layout", "zero=1"], "zero"),
+    (["llama-3-8b", "--gpus", "64", "--layout", "dp=3"], "gpus"),
+    (["llama-3-8b", "--gpus", "64", "--layout", "bogus=1"], "layout"),
+    (["llama-3-8b", "--gpus", "64", "--seq", "100000"], "seq"),
+    (["llama-3-8b", "--gpus", "64", "--global-batch", "100"], "global_batch"),
+    (["llama-3-8b", "--gpus", "8", "--layers", "4"], "layers"),
+])
+def test_bad_input_is_one_line_before_anything_runs(argv: list[str], field: str,
+                                                    capsys: pytest.CaptureFixture[str]
+                                                    ) -> None:
+    assert main(["dryrun", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{field}" in err and "Traceback" not in err, err
+
+
+@pytest.fixture(scope="module")
+def huge() -> dict[str, Any]:
+    """One dry run of a model whose training state is 137 GB, on a 24 GB host."""
+    r = shardlab("dryrun", *HUGE, "--gpus", "1", "--gpu", "h100", "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_a_model_far_larger_than_this_host_dry_runs(huge: dict[str, Any]) -> None:
+    role = huge["roles"][0]
+    assert huge["roles_run"] == [0] and role["rank"] == 0
+    assert set(role["by_category"]) == {"params", "grads", "optimizer", "activations",
+                                        "temporaries"}
+    assert role["peak_bytes"] == sum(role["by_category"].values()) > 100e9
+    # What the rank holds equals the cost model's states exactly (fp32 weights, gradients,
+    # two AdamW moments).
+    for key in ("params", "grads", "optimizer"):
+        assert role["measured"][key] == role["predicted"][key], key
+    # 2 x (16 d^2 + 2d) + 2 x 256 d + d = 8,598,405,120 parameters, 4 bytes each.
+    assert role["measured"]["params"] == 4 * 8_598_405_120
+    assert 0.9 <= huge["ratio"]["activations"] <= 1.1, huge["ratio"]
+    assert huge["predicted"]["rank"] == 0 and huge["busiest_rank"] == 0
+    assert set(huge) >= {"seconds", "roles", "predicted", "ratio", "peak_bytes",
+                         "by_category", "by_dim", "flops"}
+    assert huge["fit"]["fits"] is False and huge["fit"]["headroom_bytes"] < 0
+    assert huge["flops"] > 0
+
+
+def test_the_human_view_names_the_peak_and_the_verdict(huge: dict[str, Any],
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    from shardlab.report.dryrun_view import print_dryrun
+
+    print_dryrun(huge)
+    out = capsys.readouterr().out
+    for text in ("cost model vs dry run", "optimizer state", "does NOT fit",
+                 "CUDA context", "not seen by the trackers"):
+        assert text in out, text

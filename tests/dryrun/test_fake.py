@@ -1,0 +1,82 @@
+"""The torch internals a dry run stands on, pinned: a torch upgrade that moves one fails
+here, by name, rather than somewhere inside a dry run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining._utils import InferenceMode
+from torch.distributed.pipelining.schedules import _PipelineSchedule
+
+from shardlab.dryrun.fake import (
+    RealTensorError,
+    check_all_fake,
+    fake_mode,
+    is_fake,
+    materialize,
+    skip_pipeline_vote,
+    strict,
+)
+from shardlab.dryrun.tracker import FOLD, fold
+
+
+def test_the_internals_a_dry_run_uses_are_where_it_expects_them() -> None:
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    assert issubclass(FakeStore, dist.Store) and dist.Backend.FAKE == "fake"
+    assert callable(_PipelineSchedule._warmup_p2p)  # replaced by skip_pipeline_vote
+    for name in ("_update_peak_stats", "_fsdp_state_pre_forward", "track_inputs"):
+        assert callable(getattr(FSDPMemTracker, name)), name
+    for name in ("_update_peak_stats", "_pre_fw_hook", "track_external"):
+        assert callable(getattr(MemTracker, name)), name
+    tracker = MemTracker()  # the attributes the role tracker reads
+    for name in ("_curr_mem_snap", "_peak_mem", "_mod_tracker", "_in_opt"):
+        assert hasattr(tracker, name), name
+    assert tracker._mod_tracker.parents == {"Global"}
+
+
+def test_every_reference_type_of_torchs_trackers_has_a_category() -> None:
+    for kind in [*_FSDPRefType, *_MemRefType]:
+        assert kind.value in FOLD, kind
+    snap = {_FSDPRefType.SHARDED_PARAM: 10, _FSDPRefType.UNSHARDED_PARAM: 3,
+            _FSDPRefType.OPT: 20, _FSDPRefType.ACT: 7, _FSDPRefType.INP: 1, "Total": 41}
+    assert fold(snap) == {"params": 10, "grads": 0, "optimizer": 20, "activations": 8,
+                          "temporaries": 3}
+
+
+def test_materialised_modules_hold_no_real_tensor() -> None:
+    with torch.device("meta"):
+        layer = nn.Linear(1 << 14, 1 << 14)  # 1 GiB of fp32 weights, never allocated
+    mode = fake_mode()
+    materialize(mode, [layer])
+    check_all_fake([layer])
+    assert is_fake(layer.weight) and layer.weight.shape == (1 << 14, 1 << 14)
+    with pytest.raises(RealTensorError, match="weight is a real tensor of 64 bytes"):
+        check_all_fake([nn.Linear(4, 4, bias=False)])
+
+
+def test_a_real_tensor_in_the_step_is_refused_by_name() -> None:
+    mode = fake_mode()
+    real = torch.ones(3)
+    with pytest.raises(RealTensorError, match="FakeTensor"), strict(mode):
+        torch.ones(3) + real
+    assert mode.allow_non_fake_inputs  # the mode accepts meta inputs again afterwards
+
+
+def test_the_pipeline_vote_is_set_to_static() -> None:
+    class Stage:
+        _inference_mode = None
+
+    class Schedule:
+        pass
+
+    schedule, stages = Schedule(), [Stage(), Stage()]
+    skip_pipeline_vote(schedule)
+    schedule._warmup_p2p(stages, True, False)
+    assert [s._inference_mode for s in stages] == [InferenceMode.STATIC] * 2
+    assert "_inference_mode" in PipelineStage.__init__.__code__.co_names
