@@ -49,6 +49,8 @@ STAND_INS = [
     ("shardlab.hf.weights", "export"),
     ("shardlab.hf.weights", "import_hf"),
     ("shardlab.train.reference", "reference_run"),
+    ("shardlab.dryrun.pool", "run_roles"),
+    ("shardlab.dryrun.pool", "run_many"),
 ]
 
 
@@ -180,8 +182,8 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monkey
 
 def test_the_commands_are_all_fuzzed() -> None:
     assert {"budget", "plan", "schedule", "simulate", "train", "verify", "models", "hardware",
-            "demo", "export", "import", "report budget", "report plan", "report run"
-            } <= set(COMMANDS)
+            "demo", "export", "import", "report budget", "report plan", "report run",
+            "dryrun", "report dryrun"} <= set(COMMANDS)
 
 
 def test_random_command_lines(files: list[str], sandbox: Path) -> None:

@@ -55,3 +55,11 @@ def test_the_harness_sees_a_fetch_and_an_error(load_page: Callable, tmp_path: Pa
     blank = tmp_path / "blank.html"
     blank.write_text("<!DOCTYPE html><html><body></body></html>")
     assert load_page(blank, *PHONE).pixels[1] == 1
+
+
+def test_dryrun_report(load_page: Callable, tmp_path: Path) -> None:
+    # From a saved `shardlab dryrun --json` (no dry run here): the kind that is not in the demo.
+    out = tmp_path / "dryrun.html"
+    sample = Path(__file__).parent / "data" / "dryrun-tp2-pp2.json"
+    assert main(["report", "dryrun", "--from", str(sample), "-o", str(out)]) == 0
+    check(load_page(out, *PHONE), out.read_text())

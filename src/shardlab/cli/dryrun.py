@@ -112,8 +112,9 @@ def role_ranks(cfg: TrainConfig) -> list[int]:
     return [p * cfg.dp * cfg.tp for p in range(cfg.pp)]
 
 
-def run(args: argparse.Namespace) -> int:
-    """Check everything, dry-run the rank or roles, print the comparison."""
+def dryrun_document(args: argparse.Namespace) -> dict[str, Any]:
+    """Check everything, dry-run the rank or roles, and return the comparison document
+    (SpecError for bad input, before anything runs; RoleError when a role fails)."""
     cfg = config_from(args)
     capacity = None
     if args.gpu is not None:
@@ -124,22 +125,30 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("rank", args.rank, f"must be in [0, {cfg.world}) for {cfg.world} ranks")
     # Imported here: torch loads only once the command line is known to be good.
     from shardlab.dryrun.compare import compare
-    from shardlab.dryrun.pool import RoleError, run_roles
+    from shardlab.dryrun.pool import run_roles
     start = time.perf_counter()
     ranks = role_ranks(cfg) if args.all_roles else [args.rank or 0]
+    results = run_roles(cfg, ranks, args.jobs)
+    doc = compare(cfg, results, capacity)
+    return {"model": cfg.shape.describe(), "gpus": cfg.world,
+            "layout": f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} virtual={cfg.virtual_stages} "
+                      f"{cfg.dp_mode} sp={int(cfg.sp)} recompute={cfg.recompute} "
+                      f"schedule={cfg.schedule} micro_batch={cfg.micro_batch or 'all'} "
+                      f"global_batch={cfg.global_batch} seq={cfg.seq} dtype={cfg.dtype}",
+            "gpu": args.gpu, "seconds": time.perf_counter() - start,
+            "roles_run": ranks, **doc}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Dry-run and print (tables, or one JSON document with --json); a role that fails
+    is one line naming its rank, exit code 1."""
+    # Imported here: the pool (and torch) loads only once the command line is good.
+    from shardlab.dryrun.pool import RoleError
     try:
-        results = run_roles(cfg, ranks, args.jobs)
+        doc = dryrun_document(args)
     except RoleError as e:
         sys.stderr.write(f"shardlab dryrun: {e}\n")
         return 1
-    doc = compare(cfg, results, capacity)
-    doc = {"model": cfg.shape.describe(), "gpus": cfg.world,
-           "layout": f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} virtual={cfg.virtual_stages} "
-                     f"{cfg.dp_mode} sp={int(cfg.sp)} recompute={cfg.recompute} "
-                     f"schedule={cfg.schedule} micro_batch={cfg.micro_batch or 'all'} "
-                     f"global_batch={cfg.global_batch} seq={cfg.seq} dtype={cfg.dtype}",
-           "gpu": args.gpu, "seconds": time.perf_counter() - start,
-           "roles_run": ranks, **doc}
     if args.json:
         print_json(doc)
     else:

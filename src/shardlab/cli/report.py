@@ -1,9 +1,11 @@
-"""``shardlab report``: one self-contained HTML page per question (budget, plan, run).
+"""``shardlab report``: one self-contained HTML page per question (budget, plan, run,
+dryrun).
 
 Everything the page needs is computed and drawn before anything is written; the page
 (and, with ``--figures``, each chart as SVG and PNG) is then written whole and renamed
-into place. Bad input (an unknown model, a folder that is no run, an output path that
-cannot be written) is one line and exit code 2, with nothing written.
+into place. Bad input (an unknown model, a folder that is no run, a file that is no dry
+run's document, an output path that cannot be written) is one line and exit code 2, with
+nothing written.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shardlab.cli import dryrun
 from shardlab.cli.args import Parser
 from shardlab.cli.budget import (
     add_assumption_args,
@@ -33,12 +36,24 @@ def _add_output_args(p: argparse.ArgumentParser, default: str, shown: str = "") 
                    help="also write every chart as DIR/NAME.svg and DIR/NAME.png")
 
 
-def register(sub: Any) -> None:
-    """Add the ``report`` sub-command and its kinds: budget, plan, run."""
+class _Into:
+    """A stand-in for ``add_subparsers()`` that hands ``dryrun.register`` the report kind's
+    own parser, so ``report dryrun`` takes exactly the flags of ``shardlab dryrun``."""
 
-    p = sub.add_parser("report", help="one self-contained HTML page: budget, plan or run",
-                       description="Draw a budget, a plan or a training run as one HTML file "
-                       "that needs no network (inline SVG charts and CSS).")
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+
+    def add_parser(self, *_: Any, **__: Any) -> argparse.ArgumentParser:
+        return self.parser
+
+
+def register(sub: Any) -> None:
+    """Add the ``report`` sub-command and its kinds: budget, plan, run, dryrun."""
+
+    p = sub.add_parser("report", help="one self-contained HTML page: budget, plan, run or "
+                       "dryrun",
+                       description="Draw a budget, a plan, a training run or a dry run as one "
+                       "HTML file that needs no network (inline SVG charts and CSS).")
     kinds = p.add_subparsers(dest="kind", metavar="KIND", parser_class=Parser, required=True)
 
     b = kinds.add_parser("budget", help="parameters, memory per ZeRO stage and recompute mode, "
@@ -66,6 +81,27 @@ def register(sub: Any) -> None:
                    "wrote (report.json, train.jsonl)")
     _add_output_args(r, "", "RUN_DIR/report.html")
     r.set_defaults(run=run_run)
+
+    d = kinds.add_parser("dryrun", help="memory per role, the cost model beside the dry run, "
+                         "of a `shardlab dryrun`",
+                         description="Draw a dry run: from a saved `shardlab dryrun --json` "
+                         "document (--from FILE), or dry-run first, with the flags of "
+                         "`shardlab dryrun`.")
+    d.add_argument("--from", dest="from_file", metavar="FILE",
+                   help="a document `shardlab dryrun --json` wrote ('-': standard input), "
+                   "instead of MODEL --gpus N ...")
+    ours = {a.dest for a in d._actions}
+    dryrun.register(_Into(d))
+    live = [a for a in d._actions if a.dest not in ours]  # the flags of `shardlab dryrun`
+    for action in live:  # argparse has no public way to change a flag once added
+        if action.dest == "gpus":
+            action.required = False  # --from needs none; run_dryrun asks for it otherwise
+        elif action.dest == "json":
+            action.help = argparse.SUPPRESS  # refused: the report writes HTML
+    _add_output_args(d, "dryrun-report.html")
+    # Each dry-run flag's default, to tell one given beside --from (refused, not ignored).
+    d.set_defaults(run=run_dryrun, live_defaults={a.dest: d.get_default(a.dest)
+                                                  for a in live if a.dest != "json"})
 
 
 def _outputs(args: argparse.Namespace) -> tuple[Path, Path | None]:
@@ -136,3 +172,39 @@ def run_run(args: argparse.Namespace) -> int:
     if out.resolve() in {Path(run["dir"], n).resolve() for n in ("report.json", "train.jsonl")}:
         raise SpecError("output", args.output, "would overwrite the run's own data")
     return _write(f"Run: {doc['layout']}", [doc["model"]], run_sections(run), out, figures)
+
+
+def run_dryrun(args: argparse.Namespace) -> int:
+    """``shardlab report dryrun``: from ``--from FILE``, or dry-run first."""
+    # Imported here: the HTML reports load matplotlib, which other commands' start must not pay.
+    from shardlab.report.dryrun_html import (
+        check_document,
+        dryrun_sections,
+        dryrun_title,
+        load_dryrun,
+    )
+
+    if args.json:
+        raise SpecError("json", True, "the report writes HTML; `shardlab dryrun --json` "
+                        "prints the document")
+    given = [f for f, default in args.live_defaults.items() if getattr(args, f) != default]
+    if args.from_file is not None and given:
+        flag = given[0]
+        raise SpecError(flag, getattr(args, flag), "cannot be combined with --from, a dry run "
+                        "already made; leave it out")
+    if args.from_file is None and args.gpus is None:
+        raise SpecError("gpus", None, "is required: MODEL --gpus N [--layout ...] dry-runs "
+                        "first, or --from FILE reads a saved `shardlab dryrun --json`")
+    out, figures = _outputs(args)  # before a dry run of minutes
+    if args.from_file is not None:
+        doc = load_dryrun(args.from_file)
+    else:
+        # Imported here: torch loads only when a dry run is asked for.
+        from shardlab.dryrun.pool import RoleError
+        try:
+            doc = check_document(dryrun.dryrun_document(args), "(the dry run just made)")
+        except RoleError as e:
+            sys.stderr.write(f"shardlab report: {e}\n")
+            return 1
+    title, subtitle = dryrun_title(doc)
+    return _write(title, subtitle, dryrun_sections(doc), out, figures)

@@ -26,7 +26,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 # One colour per part, the same in every chart (Tableau 10, readable when printed grey).
 PART_COLOURS = {
     "weights": "#4C78A8", "gradients": "#F58518", "optimizer": "#54A24B",
-    "activations": "#E45756",
+    "activations": "#E45756", "temporaries": "#B279A2",
     "compute": "#4C78A8", "recompute": "#72B7B2", "tp_comm": "#F58518", "dp_comm": "#9D755D",
     "pp_comm": "#B279A2", "bubble": "#BAB0AC",
 }
@@ -125,9 +125,10 @@ def stacked_bars(name: str, caption: str, labels: Sequence[str],
                  parts: Mapping[str, Sequence[float]], *, horizontal: bool = False,
                  scale: float = 1.0, unit: str = "", limit: float | None = None,
                  limit_label: str = "", highlight: int | None = None,
-                 title: str = "") -> Chart:
+                 title: str = "", more_limits: Sequence[tuple[float, str]] = ()) -> Chart:
     """Bars made of ``parts`` (name -> one value per label), divided by ``scale`` and shown
-    in ``unit``; an optional ``limit`` line (a device's capacity) and one bar outlined."""
+    in ``unit``; an optional ``limit`` line (a device's capacity) and one bar outlined;
+    ``more_limits`` (value, label): further lines, dotted (the capacity less an allowance)."""
     n = len(labels)
     fig = new_figure(8.0, max(2.2, 0.9 + 0.32 * n) if horizontal else 3.8)
     ax = _axes(fig)
@@ -148,10 +149,13 @@ def stacked_bars(name: str, caption: str, labels: Sequence[str],
             ax.barh([highlight], [base[highlight]], height=0.7, **kw)
         else:
             ax.bar([highlight], [base[highlight]], width=0.7, **kw)
+    line = ax.axvline if horizontal else ax.axhline
     if limit is not None:
-        line = ax.axvline if horizontal else ax.axhline
         line(limit / scale, color=CAPACITY_COLOUR, linestyle="--", linewidth=1.3,
              label=limit_label or None)
+    for value, label in more_limits:
+        line(value / scale, color=CAPACITY_COLOUR, linestyle=":", linewidth=1.3,
+             label=label or None)
     if horizontal:
         ax.set_yticks(pos, labels)
         ax.invert_yaxis()
