@@ -66,16 +66,16 @@ def test_the_page_shows_every_role_and_the_verdict(sample: dict[str, Any]) -> No
     assert "is off this scale: the largest bar is 0.0022% of it" in chart.caption
     html = html_of(sample)
     assert "<title>Dry run: llama L=4 d=64" in html and "on 4 ranks" in html
-    assert "dry-ran ranks 0, 2 on fake tensors in 28.81 s" in html
+    assert "dry-ran ranks 0, 2 on fake tensors in 5.94 s" in html
     assert '<span class="ok">fits</span>: peak 1.79 MB + CUDA context 1.41 GB' in html
     assert "fit on h100" in html
     for role in ("Rank 2 (pipeline rank 1, stage 1, 2 layers): the busiest",
                  "Rank 0 (pipeline rank 0, stage 0, 2 layers)"):
         assert role in html
     assert "inside StageModule.blocks.1.mlp" in html
-    assert "<td>activations</td><td class=\"n\">271.36 KB</td><td class=\"n\">600.98 KB</td>" \
-           "<td class=\"n\">2.215</td><td class=\"n\">561.04 KB</td>" in html
-    assert "<td>tp</td><td class=\"n\">169,984</td><td class=\"n\">253,184</td>" in html
+    assert "<td>activations saved</td><td class=\"n\">340.99 KB</td><td class=\"n\">531.84 " \
+           "KB</td><td class=\"n\">1.560</td><td class=\"n\">-</td>" in html
+    assert "<td>tp</td><td class=\"n\">169,984</td><td class=\"n\">251,904</td>" in html
     for unseen in sample["unseen"]:
         assert f"<li>{unseen}</li>" in html
 

@@ -11,8 +11,11 @@ Which dry-run figure meets which prediction:
 * ``params``, ``grads``, ``optimizer``: what the rank holds after its backward
   (``state_bytes``, as ``train`` counts it): the cost model's states, which it adds up
   as if all were alive at the peak;
-* ``activations``: the largest activation figure of the measured step (the tracker's
-  ``Activation`` and ``Inputs`` types), against the in-flight micro-batches' saved bytes;
+* ``activations``: what one micro-batch saves for backward (saved-tensor hooks, as
+  ``train`` counts it) x the micro-batches in flight at the peak, against the same in
+  the cost model; ``activations_tracked``: the largest activation figure of the step
+  (the trackers' ``Activation`` and ``Inputs`` types), which also holds what autograd
+  does not save (a stage's outputs kept by the schedule, the loss's inputs);
 * ``temporaries``: what else is alive at the peak (FSDP's gathered weights and
   gradients, communication buffers, activation gradients): the cost model has no term;
 * ``peak_bytes``: the tracker's peak, against the cost model's sum.
@@ -57,19 +60,23 @@ def predicted_role(cfg: Any, pp_rank: int) -> dict[str, float]:
     return out
 
 
-def measured_role(role: dict[str, Any]) -> dict[str, float]:
+def measured_role(cfg: Any, role: dict[str, Any]) -> dict[str, float]:
     """The dry-run figure that meets each prediction (see the module docstring)."""
     held = role["state_bytes"]
+    saved = role.get("saved_bytes_per_microbatch") or 0
     return {"params": float(held["params"]), "grads": float(held["grads"]),
             "optimizer": float(held["optimizer"]),
-            "activations": float(role["activation_peak_bytes"]),
+            "activations": float(saved * held_microbatches(cfg, role["pp_rank"])),
+            "activations_tracked": float(role["activation_peak_bytes"]),
             "temporaries": float(role["by_category"]["temporaries"]),
             "peak_bytes": float(role["peak_bytes"])}
 
 
 def ratios(measured: dict[str, float], predicted: dict[str, float]) -> dict[str, float | None]:
-    """dry-run / predicted per key (None where the cost model predicts nothing)."""
-    return {k: (measured[k] / predicted[k] if predicted[k] else None) for k in measured}
+    """dry-run / predicted per key (None where the cost model predicts nothing); the
+    trackers' activation figure meets the same prediction as the saved bytes."""
+    pred = {**predicted, "activations_tracked": predicted["activations"]}
+    return {k: (measured[k] / pred[k] if pred[k] else None) for k in measured}
 
 
 def compare(cfg: Any, roles: list[dict[str, Any]], capacity: float | None = None,
@@ -81,7 +88,7 @@ def compare(cfg: Any, roles: list[dict[str, Any]], capacity: float | None = None
     out = []
     for role in sorted(roles, key=lambda r: -r["peak_bytes"]):
         predicted = predicted_role(cfg, role["pp_rank"])
-        measured = measured_role(role)
+        measured = measured_role(cfg, role)
         entry = {**role, "predicted": predicted, "measured": measured,
                  "ratio": ratios(measured, predicted)}
         row = comm[role["rank"]]

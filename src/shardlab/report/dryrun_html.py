@@ -17,6 +17,7 @@ from typing import Any
 
 from shardlab.errors import SpecError
 from shardlab.report import charts
+from shardlab.report.dryrun_view import at_peak
 from shardlab.report.html import Raw, Section, esc, heading, para, table_html, verdict
 from shardlab.units import human, human_seconds
 
@@ -25,7 +26,8 @@ CATEGORIES = (("params", "weights"), ("grads", "gradients"), ("optimizer", "opti
 """A role's memory categories (the document's key, the chart's part: its colour)."""
 
 ROWS = (("params", "weights"), ("grads", "gradients"), ("optimizer", "optimizer state"),
-        ("activations", "activations"), ("temporaries", "temporaries"), ("peak_bytes", "peak"))
+        ("activations", "activations saved"), ("activations_tracked", "activations held"),
+        ("temporaries", "temporaries"), ("peak_bytes", "peak"))
 """The rows of each role's table, as ``shardlab dryrun`` prints them."""
 
 MAX_DOCUMENT_BYTES = 64 * 2**20
@@ -308,18 +310,19 @@ def _memory(doc: dict[str, Any], prefix: str) -> Section:
 def _roles(doc: dict[str, Any], prefix: str) -> Section:
     s = Section(f"{prefix}-roles", "Cost model vs dry run, per role")
     s.add(para("Weights, gradients and optimizer state are what the rank holds after its "
-               "backward; activations the step's largest figure; 'at the peak' is the "
+               "backward; activations saved: what one micro-batch saves for backward x the "
+               "micro-batches in flight; held: the step's largest activation figure (also "
+               "a stage's outputs and the loss's inputs); 'at the peak' is the "
                "breakdown at the peak's moment (the chart's dry-run bar). The cost model has "
                "no term for temporaries (gathered weights, communication buffers, activation "
                "gradients).", "note"))
     for n, r in enumerate(doc["roles"]):
         s.add(heading(_role_name(r) + (": the busiest" if n == 0 else "")))
         s.add(table_html(("", "predicted", "dry run", "dry run / predicted", "at the peak"),
-                         [(label, _bytes(r["predicted"][key]), _bytes(r["measured"][key]),
-                           _ratio(r["ratio"][key]),
-                           _bytes(r["peak_bytes"] if key == "peak_bytes"
-                                  else r["by_category"][key]))
-                          for key, label in ROWS]))
+                         [(label, _bytes(r["predicted"].get(key, r["predicted"]["activations"])),
+                           _bytes(r["measured"][key]), _ratio(r["ratio"][key]),
+                           _bytes(at_peak(r, key)))
+                          for key, label in ROWS if key in r["measured"]]))
         s.add(para(f"Peak {_moment(r['peak_at'])}.", "note"))
         dims = r["by_dim"]
         if dims:

@@ -9,8 +9,8 @@ from shardlab.report.tables import show, table
 from shardlab.units import human
 
 _ROWS = (("params", "weights"), ("grads", "gradients"), ("optimizer", "optimizer state"),
-         ("activations", "activations"), ("temporaries", "temporaries"),
-         ("peak_bytes", "peak"))
+         ("activations", "activations saved"), ("activations_tracked", "activations held"),
+         ("temporaries", "temporaries"), ("peak_bytes", "peak"))
 
 
 def _bytes(x: float | None) -> str:
@@ -19,6 +19,15 @@ def _bytes(x: float | None) -> str:
 
 def _ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
+
+
+def at_peak(role: dict[str, Any], key: str) -> float | None:
+    """The row's figure in the breakdown at the peak (the saved bytes have none)."""
+    if key == "peak_bytes":
+        return role["peak_bytes"]
+    if key == "activations":
+        return None
+    return role["by_category"]["activations" if key == "activations_tracked" else key]
 
 
 def print_dryrun(doc: dict[str, Any]) -> None:
@@ -32,15 +41,16 @@ def print_dryrun(doc: dict[str, Any]) -> None:
     show(table(f"Rank {busiest['rank']} (pp {busiest['pp_rank']}, the busiest): cost model "
                "vs dry run", ("", "predicted", "dry run", "dry run / predicted",
                               "at the peak"),
-               [(label, _bytes(busiest["predicted"][key]), _bytes(busiest["measured"][key]),
+               [(label, _bytes(busiest["predicted"].get(key, busiest["predicted"].get(
+                   "activations"))), _bytes(busiest["measured"][key]),
                  _ratio(busiest["ratio"][key]),
-                 _bytes(busiest["peak_bytes"] if key == "peak_bytes"
-                        else busiest["by_category"][key]))
-                for key, label in _ROWS]))
+                 _bytes(at_peak(busiest, key)))
+                for key, label in _ROWS if key in busiest["measured"]]))
     show(f"  peak in the {moment['phase'] or 'step'}"
          + (f", inside {moment['module']}" if moment["module"] else "")
-         + "; weights, gradients and optimizer state are what the rank holds after its "
-           "backward, activations the step's largest figure")
+         + "; weights, gradients and optimizer state: what the rank holds after its "
+           "backward; activations saved: for backward, x the micro-batches in flight; held: "
+           "the step's largest activation figure (also a stage's outputs, the loss's inputs)")
     if len(doc["roles"]) > 1:
         show(table("Every role", ("rank", "pp", "stages", "layers", "peak", "predicted",
                                   "ratio"),

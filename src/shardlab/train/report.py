@@ -120,9 +120,29 @@ def predicted_activation_bytes(cfg: Any, pp_rank: int) -> float:
     # With sequence parallelism torch's column-parallel head keeps the input it gathered over
     # the sequence, whole (the cost model counts Megatron's 1/t shard).
     head = bs * cfg.shape.d_model * e * (1 - 1 / cfg.tp) if cfg.sp and not cfg.shape.tied else 0
+    # So do every block's q/k/v and MLP inputs (two [b, s, d] per layer; Megatron keeps
+    # the 1/t shard and gathers it again in backward): measured by the dry run of
+    # Llama-3-8B, docs/agree.md.
+    gathered = (2 * bs * cfg.shape.d_model * e * (1 - 1 / cfg.tp)
+                if cfg.sp and cfg.tp > 1 and cfg.recompute != "full" else 0)
+    # Without loss parallelism the head's output is gathered over the vocabulary: each
+    # tensor-parallel rank keeps the whole [b, s, V] logits (in the compute dtype) that
+    # the loss reads, where the cost model counts 1/t of them in fp32.
+    # The logits the loss reads are in the compute dtype (bf16 under bf16), not fp32.
+    sharded = cfg.tp > 1 and cfg.loss_parallel and cfg.pp == 1
+    logits = bs * cfg.shape.vocab * (e / (cfg.tp if sharded else 1) - 4 / cfg.tp)
+    # torch's nn.RMSNorm keeps two fp32 [b, s, d] tensors (its input upcast, and the
+    # normalised input before the weight) where the cost model counts one input in the
+    # compute dtype: per layer two norms, on the last stage the final norm too.
+    norm = ((8 - e) * bs * cfg.shape.d_model / (cfg.tp if cfg.sp else 1)
+            if cfg.shape.style == "llama" and cfg.recompute != "full" else 0)
+    # torch's fused CPU attention keeps the additive [b, 1, s, s] mask in the compute
+    # dtype (the cost model counts fp32) in every layer that keeps it.
+    mask_dtype = ((e - 4) * mb * cfg.seq * cfg.seq
+                  if cfg.recompute not in ("selective", "full") else 0)
     p = pp_rank
-    return (layers[p] * per_layer + mask + ids * (p == 0)
-            + (targets + head) * (p == cfg.pp - 1)
+    return (layers[p] * (per_layer + gathered + 2 * norm + mask_dtype) + mask + ids * (p == 0)
+            + (targets + head + logits + norm) * (p == cfg.pp - 1)
             + (first_stage_extra_bytes(cfg.shape, mb, cfg.seq, dropout=False, **kw)
                if p == 0 else 0.0)
             + (last_stage_extra_bytes(cfg.shape, mb, cfg.seq, e, **kw)
