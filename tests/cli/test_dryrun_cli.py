@@ -70,6 +70,12 @@ def test_a_model_far_larger_than_this_host_dry_runs(huge: dict[str, Any]) -> Non
                          "by_category", "by_dim", "flops"}
     assert huge["fit"]["fits"] is False and huge["fit"]["headroom_bytes"] < 0
     assert huge["flops"] > 0
+    # It does not fit: what binds at the peak, and the cost model's changes (on one GPU
+    # only recompute and micro-batch can change; none of them frees 137 GB of states).
+    advice = huge["fit_advice"]
+    assert advice["dry_run_binding"] == "optimizer" and advice["binding"] == "optimizer"
+    assert advice["capacity"] == huge["fit"]["capacity_bytes"] - huge["fit"]["allowance_bytes"]
+    assert not any(c["fits"] for c in advice["changes"])
 
 
 def test_the_human_view_names_the_peak_and_the_verdict(huge: dict[str, Any],
@@ -80,5 +86,5 @@ def test_the_human_view_names_the_peak_and_the_verdict(huge: dict[str, Any],
     print_dryrun(huge)
     out = capsys.readouterr().out
     for text in ("cost model vs dry run", "optimizer state", "does NOT fit",
-                 "CUDA context", "not seen by the trackers"):
+                 "CUDA context", "not seen by the trackers", "What binds in the dry run"):
         assert text in out, text

@@ -11,6 +11,7 @@ from typing import Any
 from shardlab.cli.args import add_shape_args, positive_int
 from shardlab.cli.output import print_json
 from shardlab.cli.plan import model_from_args
+from shardlab.config.layout import make_layout
 from shardlab.config.limits import MAX_GPUS
 from shardlab.errors import SpecError, require_int_at_most
 from shardlab.plan.search import parse_layout
@@ -112,15 +113,38 @@ def role_ranks(cfg: TrainConfig) -> list[int]:
     return [p * cfg.dp * cfg.tp for p in range(cfg.pp)]
 
 
+def fit_advice(cfg: TrainConfig, acc: Any, doc: dict[str, Any]) -> dict[str, Any]:
+    """What binds in the dry run (its largest category at the peak) and the cost model's
+    cheapest changes that make the layout fit (:func:`shardlab.plan.fit.explain_fit`, what
+    ``train`` runs only), against the device's memory less the CUDA context's
+    allowance."""
+    # Imported here: the planner's fit advice is needed only for a layout that does not fit.
+    from shardlab.plan.fit import explain_fit
+    zero = {"ddp": 0, "fsdp-zero2": 2, "fsdp": 3}[cfg.dp_mode] if cfg.dp > 1 else 0
+    layout = make_layout(cfg.shape, gpus=cfg.world, dp=cfg.dp, tp=cfg.tp, pp=cfg.pp,
+                         virtual_stages=cfg.virtual_stages, zero=zero, sp=cfg.sp,
+                         micro_batch=cfg.micro_batch or cfg.global_batch // cfg.dp,
+                         global_batch=cfg.global_batch, seq=cfg.seq, recompute=cfg.recompute,
+                         dtype="amp-bf16" if cfg.dtype == "bf16" else "fp32",
+                         schedule=cfg.schedule if cfg.pp > 1 else None)
+    advice = explain_fit(cfg.shape, layout, acc,
+                         capacity=doc["fit"]["capacity_bytes"] - doc["fit"]["allowance_bytes"],
+                         train_only=True).as_dict()
+    by = doc["by_category"]
+    advice["dry_run_binding"] = max(by, key=lambda k: by[k])
+    return advice
+
+
 def dryrun_document(args: argparse.Namespace) -> dict[str, Any]:
     """Check everything, dry-run the rank or roles, and return the comparison document
     (SpecError for bad input, before anything runs; RoleError when a role fails)."""
     cfg = config_from(args)
-    capacity = None
+    capacity, acc = None, None
     if args.gpu is not None:
         # Imported here: the hardware catalog is read only when a verdict is asked for.
         from shardlab.config.measured import accelerator_or_measured
-        capacity = accelerator_or_measured(args.gpu).memory_bytes
+        acc = accelerator_or_measured(args.gpu)
+        capacity = acc.memory_bytes
     if args.rank is not None and not 0 <= args.rank < cfg.world:
         raise SpecError("rank", args.rank, f"must be in [0, {cfg.world}) for {cfg.world} ranks")
     # Imported here: torch loads only once the command line is known to be good.
@@ -130,6 +154,8 @@ def dryrun_document(args: argparse.Namespace) -> dict[str, Any]:
     ranks = role_ranks(cfg) if args.all_roles else [args.rank or 0]
     results = run_roles(cfg, ranks, args.jobs)
     doc = compare(cfg, results, capacity)
+    if acc is not None and not doc["fit"]["fits"]:
+        doc["fit_advice"] = fit_advice(cfg, acc, doc)
     return {"model": cfg.shape.describe(), "gpus": cfg.world,
             "layout": f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} virtual={cfg.virtual_stages} "
                       f"{cfg.dp_mode} sp={int(cfg.sp)} recompute={cfg.recompute} "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardlab.report.fit_view import print_fit
 from shardlab.report.tables import show, table
 from shardlab.units import human
 
@@ -73,3 +74,10 @@ def print_dryrun(doc: dict[str, Any]) -> None:
              f"of {_bytes(fit['capacity_bytes'])} (headroom {_bytes(fit['headroom_bytes'])}); "
              f"the cost model says it {'fits' if fit['predicted_fits'] else 'does not fit'}")
     show("  not seen by the trackers: " + "; ".join(doc["unseen"]))
+    advice = doc.get("fit_advice")
+    if advice is not None:
+        by = doc["by_category"]
+        b = advice["dry_run_binding"]
+        show(f"[bold]What binds in the dry run[/bold]: {b}, {_bytes(by[b])} of the "
+             f"{_bytes(doc['peak_bytes'])} peak; the cost model's changes follow")
+        print_fit(advice)
