@@ -28,8 +28,7 @@ def _dry_cell(dry: dict[str, Any] | None) -> str:
         return "-"
     if "skipped" in dry:
         return "not run"
-    return (human_bytes(dry["peak_bytes"]).split(" (")[0]
-            + ("" if dry["fits"] else " (does NOT fit)"))
+    return human_bytes(dry["peak_bytes"]).split(" (")[0] + (" ok" if dry["fits"] else " NO")
 
 
 def print_plan(doc: dict[str, Any]) -> None:
@@ -84,8 +83,9 @@ def print_plan(doc: dict[str, Any]) -> None:
         if b["train_command"]:
             show(f"run it: {b['train_command']}")
     if doc.get("dry_run_top"):
-        show(f"dry run: the {doc['dry_run_top']} fastest layouts that fit, every role on fake "
-             "tensors; peak + the CUDA context's allowance against the device's whole memory; "
-             "layouts whose dry run does not fit are ranked last")
+        show(f"dry run peak: the {doc['dry_run_top']} fastest layouts that fit, every role on "
+             "fake tensors (shardlab train's program); ok / NO: the peak + the CUDA context's "
+             "allowance against the device's whole memory; layouts whose dry run does not fit "
+             "are ranked last")
     if doc.get("fit"):
         print_fit(doc["fit"])
