@@ -1,0 +1,62 @@
+"""``shardlab plan --dry-run-top K``: the K fastest layouts that fit are dry-run (every
+role), marked where the real program's peak exceeds the device, and moved below the
+others; the search keeps to what ``shardlab train`` runs. The dry runs themselves are
+stood in for here (``tests/cli/test_dryrun_cli.py`` and the agreement test in
+``tests/cli/test_train_cli.py`` run real ones)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from shardlab.cli import main
+from shardlab.dryrun import pool
+
+
+def fake_role(cfg: Any, rank: int, peak: float) -> dict[str, Any]:
+    """What ``run_role`` returns, with the figures a dry run of ``peak`` bytes gives."""
+    by = {"params": 1.0, "grads": 1.0, "optimizer": 2.0, "activations": peak - 5.0,
+          "temporaries": 1.0}
+    pp_rank, rest = divmod(rank, cfg.dp * cfg.tp)
+    return {"rank": rank, "pp_rank": pp_rank, "dp_rank": rest // cfg.tp,
+            "tp_rank": rest % cfg.tp, "stages": [pp_rank], "layers": 1, "peak_bytes": peak,
+            "by_category": by, "by_tracker": {}, "peak_at": {"phase": "", "module": ""},
+            "activation_peak_bytes": peak - 5.0, "saved_bytes_per_microbatch": 1,
+            "state_bytes": {"params": 1, "grads": 1, "optimizer": 2, "total": 4},
+            "comm_step": {"by_dim": {}}, "flops_by_op": {"mm": 10}, "seconds": 1.0}
+
+
+def test_layouts_whose_dry_run_does_not_fit_move_down(capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[Any] = []
+
+    def fake_many(work: list[Any], jobs: int | None = None) -> list[dict[str, Any]]:
+        calls.append(work)
+        first = work[0][0]  # the planner's fastest layout: its dry run does not fit
+        return [fake_role(cfg, rank, 1e12 if cfg is first else 1e6) for cfg, rank in work]
+
+    monkeypatch.setattr(pool, "run_many", fake_many)
+    assert main(["plan", "--gpus", "4", "--global-batch", "8", "--gpu", "h100", "--top", "4",
+                 "--dry-run-top", "2", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["dry_run_top"] == 2 and len(calls) == 1
+    dry = [b.get("dry_run") for b in doc["best"]]
+    ran = [d for d in dry if d is not None]
+    assert len(ran) == 2 and sorted(d["fits"] for d in ran) == [False, True]
+    assert dry[-1] is not None and dry[-1]["fits"] is False  # the one that did not fit, last
+    assert dry[-1]["peak_bytes"] == 1e12 and dry[-1]["allowance_bytes"] > 1e9
+    for b in doc["best"]:  # what train runs: ZeRO 0/2/3 and its schedules only
+        assert b["zero"] in (0, 2, 3) and b["schedule"] in ("gpipe", "1f1b",
+                                                            "interleaved-1f1b")
+    assert main(["plan", "--gpus", "4", "--global-batch", "8", "--gpu", "h100", "--top", "4",
+                 "--dry-run-top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "dry run" in out and " NO" in out and " ok" in out
+
+
+def test_dry_run_top_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--gpus", "4", "--global-batch", "8", "--dry-run-top", "0"])
+    assert e.value.code == 2
