@@ -320,8 +320,17 @@ def test_plan_uses_one_thread_figures_when_each_process_has_one_core(
     from shardlab.config.dtypes import get_policy
     from shardlab.plan import search
 
-    save_measurement(measured)
+    # The one-thread sweep as a straight line in 1/intensity (what the fit expects), not as
+    # measured: on a loaded machine a short sweep can come out without a usable fit.
+    single = dict(measured["single_thread"] or {})
+    peak = float(single.get("peak_fp32") or 1e10)
+    single["peak_fp32"] = peak
+    single["linear_sweep_fp32"] = [
+        {"t": t, "k": 512, "n": 512, "flops_per_s": peak * 0.8 * i / (i + 40)}
+        for t in (64, 256, 1024) for i in [1 / (1 / t + 2 / 512)]]
+    save_measurement({**measured, "single_thread": single})
     acc = load_measurement()
+    assert acc.single_thread is not None
     monkeypatch.setattr(search.os, "cpu_count", lambda: 2)
     fp32 = get_policy("fp32")
     two, _ = search.device_of(acc, fp32, 2)
