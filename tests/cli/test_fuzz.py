@@ -42,6 +42,7 @@ def _stop(*_: Any, **__: Any) -> Any:
 
 STAND_INS = [
     ("shardlab.distributed.launch", "launch"),
+    ("shardlab.train.progress", "launch"),  # taken by name when train.progress loads
     ("shardlab.verify.runner", "launch"),
     ("shardlab.sim.run", "simulate_run"),
     ("shardlab.calibrate.runtime", "measure_machine"),

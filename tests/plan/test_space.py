@@ -75,12 +75,15 @@ def test_train_only_keeps_what_shardlab_train_runs() -> None:
     assert set(c.zero.tolist()) <= {0, 2, 3}
     assert {SCHEDULES[s] for s in c.schedule.tolist()} <= set(TRAIN_SCHEDULES)
     refused = c.reason == REASONS.index(R_TRAIN)
-    # A tied head split over pipeline stages with tp > 1, or DDP with tp > 1: refused.
-    # (a layout counts under the first rule it breaks, so some show an earlier reason)
+    # A tied head split over pipeline stages with tp > 1, DDP with tp > 1 or in a pipeline,
+    # 1F1B with fewer micro-batches than stages: refused (a layout counts under the first
+    # rule it breaks, so some show an earlier reason).
+    ddp_pp = (c.pp > 1) & (c.dp > 1) & (c.zero == 0)
+    short = (c.pp > 1) & (c.schedule == SCHEDULES.index("1f1b")) & (c.microbatches < c.pp)
     assert (c.reason[(c.tp > 1) & (c.pp > 1)] >= 0).all()
     assert (c.reason[(c.tp > 1) & (c.dp > 1) & (c.zero == 0)] >= 0).all()
-    assert refused.any()
-    assert not refused[(c.tp == 1)].any()
+    assert (c.reason[ddp_pp | short] >= 0).all() and refused[ddp_pp | short].any()
+    assert not refused[(c.tp == 1) & ~ddp_pp & ~short].any()
     assert {RECOMPUTE[r] for r in c.recompute.tolist()} == set(RECOMPUTE)
 
 

@@ -19,6 +19,7 @@ from shardlab.cli import (
     dryrun,
     export,
     import_cmd,
+    launch,
     plan,
     report,
     schedule,
@@ -29,8 +30,8 @@ from shardlab.cli import (
 from shardlab.cli.args import Parser
 from shardlab.errors import SpecError, clip
 
-COMMANDS = (budget, catalogs, plan, schedule, simulate, train, dryrun, verify, report, demo,
-            export, import_cmd)
+COMMANDS = (budget, catalogs, plan, schedule, simulate, train, launch, dryrun, verify, report,
+            demo, export, import_cmd)
 
 
 def _parser_and_commands() -> tuple[Parser, tuple[str, ...]]:

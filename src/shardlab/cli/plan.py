@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from shardlab.cli.args import add_shape_args, build_shape, positive_int, shape_flags
+from shardlab.cli.job import check_emit_path, emit_config
 from shardlab.cli.output import print_json
 from shardlab.cli.plan_dryrun import dry_run_top
 from shardlab.config.dtypes import get_policy
@@ -105,6 +107,9 @@ def register(sub: Any) -> None:
                        "step time. A search evaluates at most 2,000,000 layouts (the default "
                        "space of any model on up to 2^20 devices stays below it).")
     add_plan_args(p)
+    p.add_argument("--emit-config", metavar="FILE",
+                   help="write the winner as a job file for `shardlab train --config FILE` "
+                   "and `shardlab launch FILE` (the search then keeps to what train runs)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(run=run)
 
@@ -144,6 +149,8 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         dtype = args.dtype or "bf16"
         policy = get_policy(dtype)
     runnable = here or bool(args.dry_run_top)
+    # This machine, or a job file to emit: the winner must be a layout shardlab train runs.
+    train_only = here or getattr(args, "emit_config", None) is not None
     for z in args.zero:
         if z > 3:
             raise SpecError("zero", z, "must be 0, 1, 2 or 3 (3 is FSDP)")
@@ -157,7 +164,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         recompute=args.recompute,
         schedules=tuple(s for s in args.schedules if not runnable or s in TRAIN_SCHEDULES)
         or ("1f1b",),
-        train_only=here)
+        train_only=train_only)
     only = layout_candidates(model, space, args.layout) if args.layout else None
     dropout = args.dropout if args.dropout is not None else model.style == "gpt"
     options = step_options_for(acc, flash=args.attention == "flash",
@@ -176,7 +183,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
                              schedule=given["schedule"])
         fit = explain_fit(model, layout, acc, capacity=result.device_memory, dropout=dropout,
                           options=options, gpus_per_node=space.gpus_per_node,
-                          train_only=here).as_dict()
+                          train_only=train_only).as_dict()
     dev = result.device
     doc = {
         "model": model.name, "model_shape": model.describe(), "gpu": acc.name,
@@ -205,10 +212,17 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Plan and print (tables, or one JSON document with --json)."""
+    """Plan and print (tables, or one JSON document with --json); with --emit-config,
+    write the winner's job file (its path checked before the search)."""
+    emit = check_emit_path(args.emit_config)
     doc = plan_document(args)
+    line = None
+    if emit is not None:
+        line = emit_config(emit, doc, model_from_args(args)[1])
     if args.json:
         print_json(doc)
     else:
         print_plan(doc)
+    if line is not None:
+        (sys.stderr if args.json else sys.stdout).write(line + "\n")
     return 0

@@ -22,6 +22,7 @@ from shardlab.cli.args import (
     shape_flags,
 )
 from shardlab.cli.guard import check_memory
+from shardlab.cli.job_file import apply_job_file, defer_defaults
 from shardlab.cli.output import print_json
 from shardlab.config.measured import NAMES, load_measurement, slow_dtype_note
 from shardlab.errors import SpecError
@@ -106,6 +107,7 @@ def register(sub: Any) -> None:
     g.add_argument("--inject-fault", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(run=run)
+    _config_flag(p)
 
 
 def load_documents(args: argparse.Namespace) -> tuple[int, list[list[int]]]:
@@ -131,6 +133,7 @@ def check(args: argparse.Namespace) -> tuple[TrainConfig, float | None, list[str
     """The run's TrainConfig, the peak MFU divides by and the notes to print, every check
     done before any rank starts and nothing written. A model too big for this host is
     refused before torch is imported (0.5 s from the command's start here)."""
+    apply_job_file(args)  # --config's keys, then the defaults, where the line gave no flag
     _shape_flags(args)
     init = _init_folder(args)
     vocab, docs = load_documents(args)
@@ -304,6 +307,16 @@ def _train(args: argparse.Namespace, cfg: TrainConfig, peak: float | None,
         if "checkpoint" in doc:
             _print_checkpoints(doc["checkpoint"])
     return 0 if doc.get("parity_passed", True) else 1
+
+
+def _config_flag(p: argparse.ArgumentParser) -> None:
+    """``--config FILE``: every flag above as a key of a TOML file (docs/guide/launch.md);
+    a flag on the command line overrides the file, ``--no-FLAG`` turns off its switch.
+    Added last, so every flag registered before it is a key."""
+    p.add_argument("--config", metavar="FILE", help="a job file (TOML, sections model, "
+                   "layout, run, checkpoint, data; `shardlab plan --emit-config` writes "
+                   "one): its keys are the flags' names; flags given here override it")
+    defer_defaults(p)
 
 
 def _shape_flags(args: argparse.Namespace) -> None:

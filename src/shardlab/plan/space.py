@@ -243,7 +243,10 @@ def check_rules(model: ModelShape, sp: Space, c: Candidates) -> None:
     _mark(c, (c.schedule == SCHEDULES.index("dualpipev")) & (c.microbatches < 2 * c.pp),
           R_DUALPIPE)
     if sp.train_only:
-        # shardlab train: no tied head split over stages with tp > 1; DDP holds no DTensors.
+        # shardlab train (train.config.check_config): no tied head split over stages with
+        # tp > 1; DDP holds no DTensors and runs in no pipeline; torch's 1F1B needs at
+        # least pp micro-batches.
         bad = (c.tp > 1) & (c.pp > 1) & model.tied
-        bad |= (c.zero == 0) & (c.dp > 1) & (c.tp > 1)
+        bad |= (c.zero == 0) & (c.dp > 1) & ((c.tp > 1) | (c.pp > 1))
+        bad |= (c.pp > 1) & (c.schedule == SCHEDULES.index("1f1b")) & (c.microbatches < c.pp)
         _mark(c, bad, R_TRAIN)
