@@ -93,6 +93,9 @@ def auto_micro_batch(global_batch: int, dp: int, pp: int, schedule: str) -> int:
 
 def check_config(cfg: TrainConfig) -> None:
     """Every constraint the mesh and the model impose, as one-line SpecErrors."""
+    if cfg.shape.moe is not None:
+        raise SpecError("model", cfg.shape.name, "mixture-of-experts layers are not built in "
+                        "torch by shardlab yet (the cost model covers them: shardlab budget)")
     if cfg.dp_mode not in DP_MODES:
         raise SpecError("dp_mode", cfg.dp_mode, f"must be one of {', '.join(DP_MODES)}")
     if cfg.pp > 1 and cfg.schedule not in PP_SCHEDULES:
