@@ -1,6 +1,56 @@
-"""Suite-wide settings: hypothesis without per-example deadlines (2 shared cores are noisy)."""
+"""Suite-wide settings: hypothesis without per-example deadlines (2 shared cores are noisy),
+and the tiny tokenizers the data tests train here (nothing is downloaded)."""
 
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
 from hypothesis import settings
 
 settings.register_profile("shardlab", deadline=None, max_examples=60)
 settings.load_profile("shardlab")
+
+EXTRA_TEXT = ["naïve café: 1234 apples, 56 pears!\n\tdon't stop  now\n", "x = f(a, b)  # ∑ 中文\n"]
+
+
+@pytest.fixture(scope="session")
+def make_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``make_tokenizer(kind="gpt2", bos=False)``: the path of a byte-level BPE of 300 ids
+    trained on 400 garden documents (0.05 s), with GPT-2's pre-tokenizer or Llama-3's or
+    Qwen2's split (``kind``), special tokens ``<|endoftext|>`` (id 0) and ``<s>`` (id 1),
+    and with ``bos`` a post-processor that puts ``<s>`` before every document."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from shardlab.data.tokenizer import LLAMA3_SPLIT, QWEN2_SPLIT
+    from shardlab.nn.garden import garden_documents, garden_vocab
+
+    pre, models, processors = (tokenizers.pre_tokenizers, tokenizers.models,
+                               tokenizers.processors)
+    vocab = garden_vocab()
+    corpus = [vocab.decode(d) for d in garden_documents(400, 0)] + EXTRA_TEXT
+    root = tmp_path_factory.mktemp("tokenizers")
+    made: dict[tuple[str, bool], Path] = {}
+
+    def make(kind: str = "gpt2", bos: bool = False) -> Path:
+        if (kind, bos) in made:
+            return made[kind, bos]
+        tok = tokenizers.Tokenizer(models.BPE())
+        if kind == "gpt2":
+            tok.pre_tokenizer = pre.ByteLevel(add_prefix_space=False)
+        else:
+            pattern = {"llama3": LLAMA3_SPLIT, "qwen2": QWEN2_SPLIT}[kind]
+            tok.pre_tokenizer = pre.Sequence([
+                pre.Split(tokenizers.Regex(pattern), behavior="isolated"),
+                pre.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.decoder = tokenizers.decoders.ByteLevel()
+        tok.train_from_iterator(corpus, tokenizers.trainers.BpeTrainer(
+            vocab_size=300, special_tokens=["<|endoftext|>", "<s>"], show_progress=False,
+            initial_alphabet=pre.ByteLevel.alphabet()))
+        if bos:
+            tok.post_processor = processors.TemplateProcessing(
+                single="<s> $A", special_tokens=[("<s>", 1)])
+        path = root / f"{kind}{'-bos' if bos else ''}.json"
+        tok.save(str(path))
+        made[kind, bos] = path
+        return path
+
+    return make

@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "shardlab"
-TORCH_FREE = ("config", "estimate", "schedules", "plan", "report")
+TORCH_FREE = ("config", "data", "estimate", "schedules", "plan", "report")
 """Floors that never import torch, not even inside a function."""
 LAZY_ALLOWED = ("cli", *TORCH_FREE)
 """Where a function-level import may keep torch (or matplotlib, playwright) out."""

@@ -55,8 +55,8 @@ def test_a_run_directory_training_would_refuse_stops_it_first(
 def test_no_command_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     names = list(sub.choices)
-    assert len(names) == len(set(names)) == 14
-    assert {"demo", "report", "plan", "launch", "export", "import"} <= set(names)
+    assert len(names) == len(set(names)) == 15
+    assert {"demo", "report", "plan", "launch", "data", "dryrun", "export", "import"} <= set(names)
     assert main([]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err == (f"shardlab: error: a command is required ({', '.join(names)}); "

@@ -184,7 +184,7 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monkey
 def test_the_commands_are_all_fuzzed() -> None:
     assert {"budget", "plan", "schedule", "simulate", "train", "verify", "models", "hardware",
             "demo", "export", "import", "report budget", "report plan", "report run",
-            "dryrun", "report dryrun"} <= set(COMMANDS)
+            "dryrun", "report dryrun", "data prepare"} <= set(COMMANDS)
 
 
 def test_random_command_lines(files: list[str], sandbox: Path) -> None:

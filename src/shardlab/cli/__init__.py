@@ -15,6 +15,7 @@ from shardlab import __version__
 from shardlab.cli import (
     budget,
     catalogs,
+    data,
     demo,
     dryrun,
     export,
@@ -30,8 +31,8 @@ from shardlab.cli import (
 from shardlab.cli.args import Parser
 from shardlab.errors import SpecError, clip
 
-COMMANDS = (budget, catalogs, plan, schedule, simulate, train, launch, dryrun, verify, report,
-            demo, export, import_cmd)
+COMMANDS = (budget, catalogs, plan, schedule, simulate, data, train, launch, dryrun, verify,
+            report, demo, export, import_cmd)
 
 
 def _parser_and_commands() -> tuple[Parser, tuple[str, ...]]:

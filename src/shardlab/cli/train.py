@@ -72,7 +72,8 @@ def register(sub: Any) -> None:
     g.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     g.add_argument("--seed", type=nonneg_int, default=0)
     g.add_argument("--data", default="garden",
-                   help="garden (built in), a text file (bytes), or a .bin of token ids")
+                   help="garden (built in), a folder `shardlab data prepare` wrote, a text "
+                   "file (bytes), or a .bin of token ids")
     g.add_argument("--bin-dtype", choices=("uint16", "uint32"), default="uint16")
     g.add_argument("--nproc", type=positive_int, help="ranks to start (default dp*tp*pp)")
     g.add_argument("--gpu", help="accelerator whose dense peak MFU divides by, per rank "
@@ -114,10 +115,15 @@ def load_documents(args: argparse.Namespace) -> tuple[int, list[list[int]]]:
     """(vocabulary size, documents) of the chosen corpus; SpecError if a file is bad."""
     if args.data == "garden":
         return garden_vocab().size, garden_documents(2000, args.seed)
+    path = Path(args.data)
+    if path.is_dir():  # `shardlab data prepare`'s folder, checked whole before any rank
+        # Imported here: the reader of a prepared folder is for this case alone.
+        from shardlab.data.manifest import read_prepared
+
+        return read_prepared(path, doc_tokens=args.seq + 1)
     # Imported here: it loads torch, which the torch-free commands (budget, plan) must not.
     from shardlab.nn.data import bin_documents, bin_vocab, byte_documents
 
-    path = Path(args.data)
     if path.suffix == ".bin":
         docs = bin_documents(path, args.bin_dtype, doc_tokens=args.seq + 1)
         return bin_vocab(docs, path, args.bin_dtype), docs
