@@ -210,20 +210,24 @@ def test_sigkill_in_the_middle_of_a_save(runs: dict[str, Any]) -> None:
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def _live_children() -> list[int]:
-    """This process's children that are still running (not zombies)."""
+def _live_children(parent: int | None = None) -> list[int]:
+    """This process's children that are still running (not zombies), the ranks among the
+    fork server's children in its place."""
     pids = []
-    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+    for task in Path(f"/proc/{parent or os.getpid()}/task").iterdir():
         pids += [int(p) for p in (task / "children").read_text().split()]
     alive = []
     for pid in pids:
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        # multiprocessing's resource tracker lives as long as its parent: not a rank
-        if state != "Z" and "resource_tracker" not in cmd:
+        if state == "Z" or "resource_tracker" in cmd:
+            continue  # multiprocessing's resource tracker lives as long as its parent
+        if "multiprocessing.forkserver" in cmd and parent is None:
+            alive += _live_children(pid)  # the launcher's ranks are forked from it
+        else:
             alive.append(pid)
     return alive
 

@@ -1,4 +1,5 @@
-"""The launcher: results by rank, per-rank logs, and a failing rank that ends the job."""
+"""The launcher: ranks forked from the warm fork server, results by rank, per-rank logs,
+and a failing rank that ends the job."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from shardlab.distributed import forkserver
 from shardlab.distributed.launch import LaunchError, launch
 
 pytestmark = pytest.mark.multiprocess
 
 RANKS = textwrap.dedent('''
-    import os, sys, time
+    import os, sys, tempfile, time
     import torch
     import torch.distributed as dist
 
@@ -28,7 +30,9 @@ RANKS = textwrap.dedent('''
         os.write(1, b"C++-style chatter straight to fd 1\\n")
         print("python print on rank", ctx.rank)
         return {"rank": ctx.rank, "world": ctx.world_size, "sum": float(t),
-                "backend": ctx.backend, "marker": os.environ.get("SHARDLAB_TEST_MARKER")}
+                "backend": ctx.backend, "marker": os.environ.get("SHARDLAB_TEST_MARKER"),
+                "late": os.environ.get("SHARDLAB_TEST_LATE"), "parent": os.getppid(),
+                "tmp": tempfile.gettempdir()}
 
     def fail(ctx, bad, how):
         if ctx.rank == bad:
@@ -56,10 +60,42 @@ def ranks_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return name
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _children(pid: int) -> list[int]:
+    """``pid``'s children that are still running (not zombies)."""
+    alive = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                stat = Path(f"/proc/{child}/stat").read_text()
+            except OSError:
+                continue
+            if stat.rsplit(")", 1)[1].split()[0] != "Z":
+                alive.append(int(child))
+    return alive
+
+
+def _fork_servers() -> list[int]:
+    """This process's fork servers (multiprocessing's; the launcher's ranks fork from it)."""
+    return [c for c in _children(os.getpid()) if "multiprocessing.forkserver" in _cmdline(c)]
+
+
 def _processes_with(marker: str) -> list[int]:
-    found = []
+    """Ranks left running: the fork servers' children, and any process whose environment
+    holds ``marker`` (multiprocessing's fork server and resource tracker aside: they live as
+    long as this process, and hold the marker when a launch of this test started them)."""
+    servers = _fork_servers()
+    found = [c for s in servers for c in _children(s)]
     for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
+        if not pid.isdigit() or int(pid) in [os.getpid(), *servers, *found]:
+            continue
+        if "multiprocessing.resource_tracker" in _cmdline(int(pid)):
             continue
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes()
@@ -70,10 +106,19 @@ def _processes_with(marker: str) -> list[int]:
     return found
 
 
-def test_results_come_back_by_rank(ranks_module: str, tmp_path: Path) -> None:
+def test_results_come_back_by_rank(ranks_module: str, tmp_path: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    forkserver.start()  # (a no-op when an earlier launch of this process started it)
+    late = uuid.uuid4().hex  # set after the server started: the ranks still see it
+    monkeypatch.setenv("SHARDLAB_TEST_LATE", late)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # and use this temporary folder
     out = launch(f"{ranks_module}:total", 2, (10,), timeout_s=30, log_dir=str(tmp_path / "l"))
     assert [r["rank"] for r in out] == [0, 1]
     assert all(r["sum"] == 21.0 and r["world"] == 2 and r["backend"] == "gloo" for r in out)
+    # forked from this process's warm fork server, not spawned by this process
+    assert [r["parent"] for r in out] == _fork_servers() * 2
+    assert all(r["marker"] == os.environ["SHARDLAB_TEST_MARKER"] and r["late"] == late
+               and r["tmp"] == str(tmp_path) for r in out)
     logs = sorted((tmp_path / "l").rglob("stdout.log"))
     assert len(logs) == 2 and "chatter" in logs[0].read_text()  # the fd-level print is here
     assert all("up (gloo)" in p.read_text() for p in logs)  # each rank got past its start

@@ -225,6 +225,13 @@ def run(args: argparse.Namespace) -> int:
     """Check everything, start the ranks, print measured beside predicted. SIGTERM (SIGHUP,
     SIGQUIT) stops every rank and ends with one line and 128 + the signal (SIGINT: 130)."""
     cfg, peak, notes = check(args)
+    if not under_torchrun():
+        # Imported here: multiprocessing's fork server, which no other command starts.
+        from shardlab.distributed import forkserver
+
+        # Started before this process imports torch: the server's imports (torch, the rank
+        # modules) run beside this process's own, and the ranks fork from it warm.
+        forkserver.start()
     # Imported here: it loads torch, which the torch-free commands (budget, plan) must not.
     from shardlab.distributed.launch import Terminated, signals_stop
 

@@ -7,6 +7,12 @@ when CUDA is present. Each worker initialises the default process group with a
 collective timeout, calls ``function(ctx, *args)`` and returns its result; the
 caller gets every rank's result, by rank.
 
+Ranks are forked from a warm fork server (torch's ``forkserver`` start method, its
+server preloaded with torch and shardlab's rank modules: :mod:`shardlab.distributed.forkserver`),
+one per launching process and kept for every later launch. A forked rank starts in the
+server's environment, so it takes the launcher's environment of the moment of the launch
+(``os.environ``) before anything else, beside the variables the agent set for it.
+
 Each rank's stdout and stderr go to its own log file, redirected at the file
 descriptor (``Std.ALL``), so the C++ chatter of gloo and NCCL, which writes to fd 1
 and 2 directly and which Python's ``redirect_stdout`` cannot catch, never reaches
@@ -30,6 +36,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import multiprocessing
 import os
 import signal
 import socket
@@ -50,12 +57,18 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalEx
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from shardlab.distributed import forkserver
 from shardlab.errors import SpecError
 
 SHUTDOWN_S = 5
 """Seconds the agent gives the ranks to exit after SIGTERM before it SIGKILLs them."""
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 """The signals the elastic agent turns into a stop of every rank (its default set)."""
+
+
+_ENVIRON_AT_IMPORT = dict(os.environ)
+"""This process's environment when this module was imported: in a rank, the fork server's
+(it preloads this module), from before the agent's variables (RANK, MASTER_PORT, ...)."""
 
 
 class Terminated(Exception):
@@ -134,12 +147,16 @@ def _run_rank(target: str, args: tuple, backend: str, timeout_s: float,
     """The body of one rank: process group up, the function, process group down.
 
     A failing rank writes when and how it failed into ``failures`` (a folder), so the
-    launcher can name the rank that failed first rather than a peer that lost it.
+    launcher can name the rank that failed first rather than a peer that lost it; each
+    rank also writes its pid there, and a mark when its function returned, so a failing
+    rank can tell a peer that died without a word (:func:`_wait_for_a_silent_death`).
     """
     torch.set_num_threads(threads)  # ranks share the machine's cores
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _interrupt_once)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if failures is not None:
+        Path(failures, f"pid-{rank}").write_text(str(os.getpid()))
     local = int(os.environ.get("LOCAL_RANK", rank))
     if backend == "nccl":
         torch.cuda.set_device(local)
@@ -155,16 +172,64 @@ def _run_rank(target: str, args: tuple, backend: str, timeout_s: float,
         # the rendezvous. A stop signal from here on ends it without a traceback.
         print(f"rank {rank} of {world}: up ({backend})", flush=True)
     try:
-        return _resolve(target)(RankContext(rank, world, local, device, backend, timeout_s),
-                                *args)
+        result = _resolve(target)(RankContext(rank, world, local, device, backend, timeout_s),
+                                  *args)
     except BaseException as e:
         if failures is not None:
             note = {"time": time.time(), "error": f"{type(e).__name__}: {e}".splitlines()[0]}
-            Path(failures, f"rank-{rank}.json").write_text(json.dumps(note))
+            # Written whole, then renamed: the agent may kill this rank mid-write.
+            Path(failures, f".rank-{rank}.tmp").write_text(json.dumps(note))
+            Path(failures, f".rank-{rank}.tmp").replace(Path(failures, f"rank-{rank}.json"))
+            _wait_for_a_silent_death(Path(failures), rank, world)
         raise
+    else:
+        if failures is not None:  # a peer that fails later finds this rank gone, not dead
+            Path(failures, f"done-{rank}").touch()
+        return result
     finally:
         if owns_group:
             dist.destroy_process_group()
+
+
+def _wait_for_a_silent_death(failures: Path, rank: int, world: int) -> None:
+    """A failing rank that finds a peer already dead with neither a note nor a mark that
+    its function returned (it exited or was killed: the likely cause of this rank's own
+    error, a collective whose peer vanished) waits for the agent to stop it,
+    :data:`SHUTDOWN_S` at most, so that the agent reports the dead peer, with its exit
+    code, as the job's failure. A forked rank leaves at once (``os._exit``, no interpreter
+    teardown), and without the wait the agent, polling every 0.1 s, could see this rank's
+    exit first and lose the dead peer's exit code; a spawned rank's 1-2 s of teardown used
+    to give that order by chance. A peer is looked at a few times over 0.1 s, as one whose
+    sockets just closed may still be on its way out."""
+    for _ in range(5):
+        for peer in range(world):
+            if peer == rank or any(Path(failures, name).exists()
+                                   for name in (f"rank-{peer}.json", f"done-{peer}")):
+                continue
+            try:
+                pid = int(Path(failures, f"pid-{peer}").read_text())
+            except (OSError, ValueError):
+                continue
+            if not _alive(pid):
+                time.sleep(SHUTDOWN_S)
+                return
+        time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped, does not; without
+    /proc, a process that exists runs)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in ("Z", "X")
 
 
 def _interrupt_once(signum: int, frame: Any) -> None:
@@ -177,9 +242,26 @@ def _interrupt_once(signum: int, frame: Any) -> None:
 
 
 def _elastic_entry(target: str, args: tuple, backend: str, timeout_s: float,
-                   threads: int, failures: str) -> Any:
-    """Spawned worker: record any exception for the agent, then run the rank."""
+                   threads: int, failures: str, environ: dict[str, str]) -> Any:
+    """A forked worker: the launcher's environment, then record any exception for the
+    agent and run the rank."""
+    _take_environment(environ)
     return record(_run_rank)(target, args, backend, timeout_s, threads, failures)
+
+
+def _take_environment(environ: dict[str, str]) -> None:
+    """``os.environ`` made the launcher's ``environ`` plus what the agent set for this
+    worker: the variables whose value differs from the fork server's environment. A spawned
+    rank got the launcher's environment of the moment it started; a forked one starts with
+    the server's, taken when the server started (earlier, in a process that launches many
+    jobs). Variables read when torch loads (``OMP_NUM_THREADS``, ``TORCH_*`` at import)
+    are the server's: they were read there, once. The temporary folder, which the server's
+    imports looked up and ``tempfile`` keeps, is looked up again from ``TMPDIR``."""
+    agent = {k: v for k, v in os.environ.items() if _ENVIRON_AT_IMPORT.get(k) != v}
+    os.environ.clear()
+    os.environ.update(environ)
+    os.environ.update(agent)
+    tempfile.tempdir = None
 
 
 def under_torchrun() -> bool:
@@ -257,16 +339,19 @@ def launch(target: str, world_size: int, args: tuple = (), *, timeout_s: float =
         min_nodes=1, max_nodes=1, nproc_per_node=world_size, run_id=run_id,
         rdzv_backend="c10d", rdzv_endpoint=f"{host}:{port or free_port(host)}",
         rdzv_configs={"timeout": int(max(timeout_s, 10))}, max_restarts=0,
-        monitor_interval=0.1, start_method="spawn",
+        monitor_interval=0.1, start_method=forkserver.START_METHOD,
         logs_specs=DefaultLogsSpecs(log_dir=str(root), redirects=Std.ALL, tee=Std.NONE),
         shutdown_timeout=SHUTDOWN_S)
     # The agent sets its own handlers for STOP_SIGNALS (main thread only) and leaves them.
     main = threading.current_thread() is threading.main_thread()
     handlers = {s: signal.getsignal(s) for s in STOP_SIGNALS} if main else {}
+    forkserver.start()  # the first launch of this process starts it, the others reuse it
+    before = set(multiprocessing.active_children())
     try:
         with _QuietElastic():
             results = elastic_launch(config, _elastic_entry)(target, args, backend, timeout_s,
-                                                             threads, str(failures))
+                                                             threads, str(failures),
+                                                             dict(os.environ))
     except SignalException as e:
         # The agent turns the signal into its own exception after stopping the ranks; to
         # the caller it is the interrupt or termination it would have been without ranks.
@@ -278,7 +363,26 @@ def launch(target: str, world_size: int, args: tuple = (), *, timeout_s: float =
     finally:
         for s, handler in handlers.items():
             signal.signal(s, handler)
+        _stop_leftovers(before)
     return [results[r] for r in sorted(results)]
+
+
+def _stop_leftovers(before: set[multiprocessing.process.BaseProcess]) -> None:
+    """Stop the workers of this launch still running when it ends: none, unless a signal
+    reached the agent while it was starting them (torch's agent then raises before it holds
+    them, and stops none; a forked rank ignores SIGINT until its body runs, so the
+    terminal's Ctrl-C does not end it either). Each gets SIGTERM, SIGKILL after
+    :data:`SHUTDOWN_S`; left alone, they would hold the interpreter's exit, which joins
+    multiprocessing's children, until their rendezvous timed out (minutes)."""
+    left = [p for p in multiprocessing.active_children() if p not in before]
+    for p in left:
+        p.terminate()
+    deadline = time.monotonic() + SHUTDOWN_S
+    for p in left:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
 
 
 def _failure(e: ChildFailedError, failures: Path, root: Path,

@@ -1,0 +1,182 @@
+"""Rank start-up: ranks spawned (each a fresh interpreter importing torch, the launcher
+before the fork server) against ranks forked from the warm fork server, side by side.
+
+Two pairs, each run ``--runs`` times (default 5), strictly alternating (spawn, forkserver,
+spawn, ...) after one untimed warm-up of each, so that machine noise (other jobs on the
+cores, the page cache) falls on both sides alike; medians, so that one stray run does not
+decide a ratio:
+
+* **train**: the wall time of a whole fresh ``shardlab train --dp 2 --steps 3 --json`` on
+  the default model (2 ranks), from the process's start to its exit. "spawn" is the
+  command with the launcher's start method put back to ``spawn`` and no early fork
+  server (what the launcher did before); "forkserver" is the command as it is.
+* **launches**: in one process, ``--launches`` (default 6) launches of a 2-rank job that
+  does one all-reduce, timed each: the first (a fork server's start included) and the
+  median of the others, what each later launch of a process that launches many jobs
+  costs (the test suite launches dozens).
+
+The figure to reach: train's forkserver/spawn ratio at most 0.70 (at least 30% less wall
+time). The command exits 1 when it is not reached, 2 when a run fails, else 0. It prints
+the processor (``model name`` of /proc/cpuinfo), its core count and the load average
+before and after, which say how far the figures can be trusted on a shared machine::
+
+    .venv/bin/python benchmarks/rank_startup.py [--runs N] [--launches N] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TARGET_RATIO = 0.70
+METHODS = ("spawn", "forkserver")
+TRAIN = ["train", "--dp", "2", "--steps", "3", "--json"]
+
+# The launcher of before: spawned ranks, no fork server started early by the command.
+_SPAWN_PATCH = ("import shardlab.distributed.forkserver as f; f.START_METHOD = 'spawn'; "
+                "f.start = lambda: None; ")
+_TRAIN_CODE = ("import sys; {patch}from shardlab.cli import main; "
+               "sys.exit(main(sys.argv[1:]))")
+_LAUNCHES_CODE = ("import sys, time, json; sys.path.insert(0, {here!r}); {patch}"
+                  "from shardlab.distributed.launch import launch; out = []\n"
+                  "for _ in range({n}):\n"
+                  "    t = time.perf_counter()\n"
+                  "    launch('rank_startup:one_all_reduce', 2, log_dir={logs!r})\n"
+                  "    out.append(time.perf_counter() - t)\n"
+                  "print(json.dumps(out))")
+
+
+def one_all_reduce(ctx: object) -> float:
+    """What each rank of the launches pair does: one all-reduce (torch imported here, in a
+    rank, so that this file's top stays torch-free)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return float(t)
+
+
+def processor() -> str:
+    """The ``model name`` of /proc/cpuinfo, or the platform's word for it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform  # only where /proc/cpuinfo is missing
+
+    return platform.processor() or "unknown"
+
+
+def _run(code: str, args: list[str]) -> str:
+    """``python -c code args``'s stdout; it has ended when this returns (its output goes to
+    files, so the wait is for the process itself, not for helpers that share its pipes)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.run([sys.executable, "-c", code, *args], stdout=out, stderr=err,
+                           text=True, check=False)
+        out.seek(0)
+        err.seek(0)
+        if p.returncode != 0:
+            tail = err.read().strip().splitlines()[-3:]
+            raise RuntimeError(f"exited {p.returncode}: {' | '.join(tail)}")
+        return out.read()
+
+
+def train_once(method: str, log_root: str) -> float:
+    """Seconds of wall time of one whole ``shardlab train`` process with ``method``."""
+    code = _TRAIN_CODE.format(patch=_SPAWN_PATCH if method == "spawn" else "")
+    log_dir = tempfile.mkdtemp(prefix=f"{method}-", dir=log_root)
+    start = time.perf_counter()
+    _run(code, [*TRAIN, "--log-dir", log_dir])
+    return time.perf_counter() - start
+
+
+def launches_once(method: str, n: int) -> list[float]:
+    """Seconds of each of ``n`` launches, one after another in one fresh process."""
+    with tempfile.TemporaryDirectory(prefix="rank-startup-launches-") as logs:
+        code = _LAUNCHES_CODE.format(here=str(Path(__file__).resolve().parent), n=n,
+                                     logs=logs, patch=_SPAWN_PATCH if method == "spawn" else "")
+        return json.loads(_run(code, []).strip().splitlines()[-1])
+
+
+def measure(runs: int, launches: int) -> dict[str, object]:
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="rank-startup-") as root:
+        for m in METHODS:  # untimed warm-up of each side: page cache, .pyc files
+            train_once(m, root)
+        train: dict[str, list[float]] = {m: [] for m in METHODS}
+        for _ in range(runs):
+            for m in METHODS:
+                train[m].append(train_once(m, root))
+    first: dict[str, list[float]] = {m: [] for m in METHODS}
+    later: dict[str, list[float]] = {m: [] for m in METHODS}
+    for _ in range(max(1, runs // 2)):
+        for m in METHODS:
+            times = launches_once(m, launches)
+            first[m].append(times[0])
+            later[m] += times[1:]
+    med = {m: statistics.median(train[m]) for m in METHODS}
+    return {
+        "processor": processor(), "cores": os.cpu_count(),
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "runs": runs, "train_s": train,
+        "train_median_s": med, "train_ratio": med["forkserver"] / med["spawn"],
+        "launch_first_median_s": {m: statistics.median(first[m]) for m in METHODS},
+        "launch_later_median_s": {m: statistics.median(later[m]) if later[m] else None
+                                  for m in METHODS},
+        "launches_per_process": launches,
+    }
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=positive_int, default=5,
+                        help="timed train runs of each start method (default 5)")
+    parser.add_argument("--launches", type=positive_int, default=6,
+                        help="launches in one process, for the launches pair (default 6)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    args = parser.parse_args(argv)
+    try:
+        r = measure(args.runs, args.launches)
+    except RuntimeError as e:
+        sys.stderr.write(f"rank_startup: error: {e}\n")
+        return 2
+    ok = r["train_ratio"] <= TARGET_RATIO
+    if args.json:
+        print(json.dumps(r))
+        return 0 if ok else 1
+    print(f"processor: {r['processor']} ({r['cores']} cores); load average "
+          f"{r['load_before']} before, {r['load_after']} after")
+    print(f"shardlab {' '.join(TRAIN)}, {r['runs']} runs each, alternating:")
+    for m in METHODS:
+        runs = " ".join(f"{x:.2f}" for x in r["train_s"][m])
+        print(f"  {m:10s} median {r['train_median_s'][m]:6.2f} s  ({runs})")
+    print(f"  ratio forkserver/spawn {r['train_ratio']:.3f} (target <= {TARGET_RATIO}): "
+          f"{'ok' if ok else 'NOT REACHED'}")
+    print(f"a 2-rank launch of one all-reduce, {r['launches_per_process']} in one process:")
+    for m in METHODS:
+        later = r["launch_later_median_s"][m]
+        print(f"  {m:10s} first {r['launch_first_median_s'][m]:6.2f} s, each later one "
+              f"{later:6.2f} s (median)" if later is not None else "")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
