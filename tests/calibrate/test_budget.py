@@ -114,7 +114,10 @@ def test_ctrl_c_keeps_the_stored_measurement(tmp_path: Path) -> None:
     p = subprocess.Popen([sys.executable, "-m", "shardlab", "hardware", "--measure",
                           "--no-runtime", "--seconds", "30"], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "SHARDLAB_HOME": str(home)})
+                         env={**os.environ, "SHARDLAB_HOME": str(home)},
+                         # A suite started in the background of a shell inherits SIGINT
+                         # ignored, and Python then installs no KeyboardInterrupt for it.
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         first = p.stderr.readline()  # the first phase has ended: measuring is under way
         p.send_signal(signal.SIGINT)
