@@ -32,6 +32,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from shardlab.cli.args import positive_int
+
 TARGET_RATIO = 0.5
 BUDGET_CMD = [sys.executable, "-m", "shardlab", "budget", "hypo-100b", "--json"]
 TORCH_CMD = [sys.executable, "-c", "import torch"]
@@ -82,13 +84,6 @@ def measure(runs: int) -> Result:
         result.budget_s.append(time_once(BUDGET_CMD))
         result.torch_s.append(time_once(TORCH_CMD))
     return result
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from shardlab.calibrate.host import cpu_model
+
 CASES = {
     "8b-fsdp": ["llama-3-8b", "--gpus", "64", "--layout", "dp=64", "--seq", "8192",
                 "--global-batch", "64"],
@@ -33,18 +35,6 @@ CASES = {
                                   "micro_batch=1", "--seq", "8192", "--global-batch", "64",
                                   "--all-roles"],
 }
-
-
-def cpu_name() -> str:
-    """This machine's processor, as /proc/cpuinfo names it."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def run(argv: list[str]) -> tuple[dict, float, float]:
@@ -62,7 +52,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default="", help="run the cases whose name contains this")
     args = p.parse_args()
-    print(f"processor: {cpu_name()}")
+    print(f"processor: {cpu_model() or 'unknown CPU'}")
     for name, argv in CASES.items():
         if args.only not in name:
             continue

@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from shardlab.cli.args import positive_int
+
 TARGET_RATIO = 0.70
 METHODS = ("spawn", "forkserver")
 TRAIN = ["train", "--dp", "2", "--steps", "3", "--json"]
@@ -136,13 +138,6 @@ def measure(runs: int, launches: int) -> dict[str, object]:
                                   for m in METHODS},
         "launches_per_process": launches,
     }
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:

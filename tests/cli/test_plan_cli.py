@@ -124,17 +124,6 @@ def test_a_deep_model_on_many_devices_is_searched(capsys: pytest.CaptureFixture[
     assert doc["candidates_evaluated"] > 30_000 and doc["best"][0]["fits"]
 
 
-@pytest.fixture
-def cpu_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A stored measurement of a made-up CPU, so the test needs no torch and no timing."""
-    monkeypatch.setenv("SHARDLAB_HOME", str(tmp_path))
-    save_measurement({"schema": SCHEMA, "name": "cpu (measured)",
-                      "peak_flops": {"fp32": 1e11, "bf16": 5e10}, "memory_bytes": 8e9,
-                      "memory_bandwidth": 2e10, "copy_bandwidth": 1e10, "power_watts": 0,
-                      "threads": 2})
-    return tmp_path
-
-
 def test_this_machine_hands_over_a_train_command(capsys: pytest.CaptureFixture[str],
                                                  cpu_home: Path) -> None:
     code, out, _ = run(capsys, "--gpu", "cpu", "--gpus", "2", "--global-batch", "8",
