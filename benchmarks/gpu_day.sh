@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The device checks for a session that is lent a GPU (one H200), in one go: run it as
+#   bash benchmarks/gpu_day.sh OUT_DIR
+# on the device machine (the `run` tool), with a timeout that leaves room to rerun it.
+# Not part of `make test`; untested until a session has a GPU (none had, to date).
+#   1. NCCL: `shardlab verify` on 1 rank (the one GPU), every experiment that fits.
+#   2. MFU: `shardlab train` of a ~1B llama (16 layers, d 2048, 16 heads, ff 5632, 32k
+#      vocab, seq 2048), bf16, 12 steps, beside its predicted FLOPs; the document's `mfu`.
+#   3. Dry run vs the device: `shardlab dryrun` of the same job on fake tensors, its
+#      predicted peak beside the train run's torch.cuda.max_memory_allocated.
+set -uo pipefail
+out=${1:-${OUT:-/tmp/gpu-day}}
+mkdir -p "$out"
+sl="python -m shardlab"
+shape=(--style llama --layers 16 --d-model 2048 --heads 16 --d-ff 5632 --vocab 32000
+       --seq 2048)
+nvidia-smi > "$out/nvidia-smi.txt" 2>&1
+timeout 240 $sl verify --world-size 1 --json > "$out/verify.json" 2> "$out/verify.err"
+echo "verify rc=$?"
+timeout 300 $sl train "${shape[@]}" --global-batch 8 --micro-batch 4 --steps 12 \
+    --dtype bf16 --gpu h200 --json > "$out/train.json" 2> "$out/train.err"
+echo "train rc=$?"
+timeout 300 $sl dryrun "${shape[@]}" --gpus 1 --layout "micro_batch=4" --global-batch 8 \
+    --dtype bf16 --gpu h200 --json > "$out/dryrun.json" 2> "$out/dryrun.err"
+echo "dryrun rc=$?"
+python - "$out" <<'EOF'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+def load(name):
+    try:
+        return json.loads((out / name).read_text())
+    except (OSError, ValueError):
+        return None
+train, dry = load("train.json"), load("dryrun.json")
+if train:
+    print(f"train: mfu {train.get('mfu')}, tokens/s {train.get('tokens_per_s'):.0f}")
+    cuda = [m.get("cuda_peak_allocated") for m in train["memory_per_rank"]]
+    print(f"train: torch.cuda.max_memory_allocated per rank {cuda}")
+if dry:
+    print(f"dryrun: peak {dry['peak_bytes']:,} bytes (predicted {dry['predicted']['peak_bytes']:,.0f})")
+if train and dry and train["memory_per_rank"][0].get("cuda_peak_allocated"):
+    got = train["memory_per_rank"][0]["cuda_peak_allocated"]
+    print(f"dry-run peak / cuda max allocated: {dry['peak_bytes'] / got:.3f}")
+EOF
