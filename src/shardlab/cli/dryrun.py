@@ -13,16 +13,12 @@ from shardlab.cli.output import print_json
 from shardlab.cli.plan import model_from_args
 from shardlab.config.layout import make_layout
 from shardlab.config.limits import MAX_GPUS
+from shardlab.dryrun.compare import role_ranks
 from shardlab.errors import SpecError, require_int_at_most
-from shardlab.plan.search import parse_layout
+from shardlab.plan.search import layout_sp, parse_layout
+from shardlab.plan.space import DP_MODE_OF_ZERO
 from shardlab.report.dryrun_view import print_dryrun
 from shardlab.train.config import TrainConfig, auto_micro_batch, check_config
-
-DP_MODE_OF_ZERO = {0: "ddp", 2: "fsdp-zero2", 3: "fsdp"}
-"""The ZeRO stages ``shardlab train`` runs, as its ``--dp-mode``."""
-
-SP_VALUES = {"0": False, "1": True, "false": False, "true": True, "no": False, "yes": True,
-             "off": False, "on": True}
 
 
 def register(sub: Any) -> None:
@@ -85,9 +81,7 @@ def config_from(args: argparse.Namespace) -> TrainConfig:
     if zero not in DP_MODE_OF_ZERO:
         raise SpecError("zero", zero, "must be 0 (ddp), 2 (fsdp-zero2) or 3 (fsdp): what "
                         "shardlab train runs")
-    sp = raw.get("sp", "0").lower()
-    if sp not in SP_VALUES:
-        raise SpecError("sp", sp, "must be 0 or 1")
+    sp = layout_sp(raw)
     schedule = raw.get("schedule", "interleaved-1f1b" if virtual > 1 else "1f1b")
     seq = given_seq or shape.context
     if seq > shape.context:
@@ -97,20 +91,12 @@ def config_from(args: argparse.Namespace) -> TrainConfig:
     if pp > 1 and not micro:
         micro = auto_micro_batch(global_batch, dp, pp, schedule)
     cfg = TrainConfig(shape=shape, dp=dp, tp=tp, pp=pp, virtual_stages=virtual,
-                      dp_mode=DP_MODE_OF_ZERO[zero] if dp > 1 else "fsdp", sp=SP_VALUES[sp],
+                      dp_mode=DP_MODE_OF_ZERO[zero] if dp > 1 else "fsdp", sp=sp,
                       recompute=raw.get("recompute", "none"), schedule=schedule,
                       global_batch=global_batch, micro_batch=micro, seq=seq, steps=2,
                       dtype=args.dtype)
     check_config(cfg)
     return cfg
-
-
-def role_ranks(cfg: TrainConfig) -> list[int]:
-    """One rank per distinct role: each pipeline rank's first (dp 0, tp 0) rank, on train's
-    row-major ``(pp, dp, tp)`` mesh. Ranks that differ only in their data- or tensor-
-    parallel index run the same program on shards of equal size (FSDP2 pads the last
-    shard; tensor parallelism needs even splits), so their figures are equal."""
-    return [p * cfg.dp * cfg.tp for p in range(cfg.pp)]
 
 
 def fit_advice(cfg: TrainConfig, acc: Any, doc: dict[str, Any]) -> dict[str, Any]:
@@ -120,7 +106,8 @@ def fit_advice(cfg: TrainConfig, acc: Any, doc: dict[str, Any]) -> dict[str, Any
     allowance."""
     # Imported here: the planner's fit advice is needed only for a layout that does not fit.
     from shardlab.plan.fit import explain_fit
-    zero = {"ddp": 0, "fsdp-zero2": 2, "fsdp": 3}[cfg.dp_mode] if cfg.dp > 1 else 0
+    zero = ({mode: z for z, mode in DP_MODE_OF_ZERO.items()}[cfg.dp_mode] if cfg.dp > 1
+            else 0)
     layout = make_layout(cfg.shape, gpus=cfg.world, dp=cfg.dp, tp=cfg.tp, pp=cfg.pp,
                          virtual_stages=cfg.virtual_stages, zero=zero, sp=cfg.sp,
                          micro_batch=cfg.micro_batch or cfg.global_batch // cfg.dp,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from shardlab.config.model import ModelShape
+from shardlab.dryrun.compare import role_ranks
 from shardlab.errors import SpecError
 from shardlab.plan.space import DP_MODE_OF_ZERO, TRAIN_SCHEDULES
 from shardlab.train.config import TrainConfig, check_config
@@ -54,7 +55,7 @@ def dry_run_top(doc: dict[str, Any], model: ModelShape, k: int, capacity: float,
             entry["dry_run"] = {"skipped": str(e)}
             continue
         chosen.append((entry, cfg))
-        work += [(cfg, p * cfg.dp * cfg.tp) for p in range(cfg.pp)]
+        work += [(cfg, rank) for rank in role_ranks(cfg)]
     results = run_many(work, jobs) if work else []
     at = 0
     for entry, cfg in chosen:

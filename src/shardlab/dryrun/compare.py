@@ -47,6 +47,14 @@ transformers docs, docs/source/en/model_memory_anatomy.md: "the kernels alone ta
 1.3GB", on a V100 with CUDA 11.2), the allowance the fit verdict adds."""
 
 
+def role_ranks(cfg: Any) -> list[int]:
+    """One rank per distinct role: each pipeline rank's first (dp 0, tp 0) rank, on train's
+    row-major ``(pp, dp, tp)`` mesh. Ranks that differ only in their data- or tensor-
+    parallel index run the same program on shards of equal size (FSDP2 pads the last
+    shard; tensor parallelism needs even splits), so their figures are equal."""
+    return [p * cfg.dp * cfg.tp for p in range(cfg.pp)]
+
+
 def predicted_role(cfg: Any, pp_rank: int) -> dict[str, float]:
     """The cost model's bytes of a rank on pipeline rank ``pp_rank``, by category, and
     their sum (``peak_bytes``)."""
