@@ -4,10 +4,22 @@ dp x tp x pp devices; ``virtual_stages`` model chunks per pipeline rank
 (interleaved schedules); ZeRO stage 0-3 over dp (3 is FSDP); sequence parallel
 across tp; micro-batch and global batch in sequences; sequence length in tokens;
 activation recompute; dtype policy; pipeline schedule.
+
+Mixture-of-experts layouts add expert parallelism: ``ep`` ranks drawn from the dp
+group each hold experts/ep of every MoE layer's routed experts, and tokens reach
+their experts by all-to-all (GShard, Lepikhin et al. 2020; torchtitan and
+Megatron-LM borrow the ep group from dp the same way). ``etp`` is the expert
+tensor-parallel degree: 1 keeps each expert whole on every tensor-parallel rank,
+``tp`` splits each expert's width as the dense MLP is split (Megatron-LM's
+``--expert-tensor-parallel-size``, whose default is tp). ``capacity_factor`` > 0
+caps each expert at ceil(capacity_factor * tokens * top_k / experts) tokens per
+micro-batch and drops the rest (Switch Transformer, Fedus et al. 2021); 0 is
+dropless.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from shardlab.config.dtypes import DtypePolicy, get_policy
@@ -38,6 +50,14 @@ class Layout:
     recompute: str
     dtype: DtypePolicy
     schedule: str
+    ep: int = 1
+    etp: int = 1
+    capacity_factor: float = 0.0
+
+    @property
+    def expert_dp(self) -> int:
+        """Replicas of each expert: dp / ep (ZeRO shards expert state over these)."""
+        return self.dp // self.ep
 
     @property
     def gpus(self) -> int:
@@ -59,14 +79,23 @@ class Layout:
         return (f"dp={self.dp} tp={self.tp} pp={self.pp} virtual={self.virtual_stages} "
                 f"zero={self.zero} sp={int(self.sp)} micro_batch={self.micro_batch} "
                 f"global_batch={self.global_batch} seq={self.seq} recompute={self.recompute} "
-                f"dtype={self.dtype.name} schedule={self.schedule}")
+                f"dtype={self.dtype.name} schedule={self.schedule}{self.describe_moe()}")
+
+    def describe_moe(self) -> str:
+        """The expert-parallel keys, only where they differ from a dense layout's: ``""``,
+        or `` ep=8 etp=1 capacity_factor=1.25``."""
+        if self.ep == 1 and self.etp == self.tp and not self.capacity_factor:
+            return ""
+        cap = f" capacity_factor={self.capacity_factor:g}" if self.capacity_factor else ""
+        return f" ep={self.ep} etp={self.etp}{cap}"
 
 
 def make_layout(model: ModelShape, *, gpus: int | None = None, dp: int | None = None,
                 tp: int = 1, pp: int = 1, virtual_stages: int = 1, zero: int = 0,
                 sp: bool = False, micro_batch: int = 1, global_batch: int | None = None,
                 seq: int | None = None, recompute: str = "none", dtype: str = "bf16",
-                schedule: str | None = None) -> Layout:
+                schedule: str | None = None, ep: int = 1, etp: int | None = None,
+                capacity_factor: float = 0.0) -> Layout:
     """Resolve defaults and check every constraint; raise SpecError naming the bad field.
 
     ``dp`` defaults to gpus / (tp * pp) (or 1 without ``gpus``); ``global_batch`` to
@@ -75,6 +104,8 @@ def make_layout(model: ModelShape, *, gpus: int | None = None, dp: int | None = 
     interleaved-1f1b when virtual_stages > 1. Each count is bounded
     (:mod:`shardlab.config.limits`): gpus, dp, tp, pp <= 2^20, virtual_stages <= 4,096,
     micro_batch and global_batch <= 2^24 sequences, seq <= 2^24 tokens.
+    ``ep`` must divide dp and the routed experts; ``etp`` (default tp) is 1 or tp;
+    ``capacity_factor`` is 0 (dropless) or a finite number > 0 (module docstring).
     """
     for name, v in (("tp", tp), ("pp", pp), ("virtual_stages", virtual_stages),
                     ("micro_batch", micro_batch)):
@@ -113,7 +144,7 @@ def make_layout(model: ModelShape, *, gpus: int | None = None, dp: int | None = 
     for name, n in (("heads", model.heads), ("kv_heads", model.kv_heads), ("d_ff", model.d_ff)):
         if n % tp:
             raise SpecError("tp", tp, f"must divide {name} ({n})")
-    if model.moe is not None and model.moe.expert_d_ff % tp:
+    if model.moe is not None and (etp is None or etp > 1) and model.moe.expert_d_ff % tp:
         raise SpecError("tp", tp, f"must divide moe.expert_d_ff ({model.moe.expert_d_ff})")
     if sp and tp == 1:
         raise SpecError("sp", sp, "sequence parallel needs tp > 1")
@@ -152,5 +183,36 @@ def make_layout(model: ModelShape, *, gpus: int | None = None, dp: int | None = 
         raise SpecError("global_batch", global_batch,
                         f"gives {m} micro-batches per replica; dualpipev needs at least "
                         f"2*pp ({2 * pp})")
+    etp = tp if etp is None else etp
+    check_expert_layout(model, dp=dp, tp=tp, ep=ep, etp=etp, capacity_factor=capacity_factor)
     return Layout(dp, tp, pp, virtual_stages, zero, sp, micro_batch, global_batch, seq,
-                  recompute, policy, schedule)
+                  recompute, policy, schedule, ep, etp, float(capacity_factor))
+
+
+def check_expert_layout(model: ModelShape, *, dp: int, tp: int, ep: int, etp: int,
+                        capacity_factor: float) -> None:
+    """SpecError naming ep, etp or capacity_factor when the expert layout cannot be built:
+    ep must divide dp (the ep group is drawn from the data-parallel ranks) and the
+    routed experts; etp is 1 or tp; capacity_factor is 0 (dropless) or a finite number
+    > 0. A dense model takes only ep=1 and no capacity factor."""
+    require_int_at_most("ep", require_positive_int("ep", ep), MAX_GPUS)
+    require_positive_int("etp", etp)
+    if etp not in (1, tp):
+        raise SpecError("etp", etp, f"must be 1 (whole experts) or tp ({tp})")
+    if (isinstance(capacity_factor, bool) or not isinstance(capacity_factor, int | float)
+            or not math.isfinite(capacity_factor) or capacity_factor < 0):
+        raise SpecError("capacity_factor", capacity_factor,
+                        "must be 0 (dropless) or a finite number > 0")
+    if model.moe is None:
+        if ep > 1:
+            raise SpecError("ep", ep, f"needs a mixture-of-experts model ({model.name} is "
+                            "dense)")
+        if capacity_factor:
+            raise SpecError("capacity_factor", capacity_factor,
+                            f"needs a mixture-of-experts model ({model.name} is dense)")
+        return
+    if model.moe.experts % ep:
+        raise SpecError("ep", ep, f"must divide moe.experts ({model.moe.experts})")
+    if dp % ep:
+        raise SpecError("ep", ep, f"must divide dp ({dp}): the expert-parallel group is "
+                        "drawn from the data-parallel ranks")
