@@ -76,7 +76,7 @@ MOE_SHAPES = [
                moe=MoE(4, 1, 8, router_bias=True, dense_layers=2)),  # all layers dense
     ModelShape("m", 2, 16, 2, 50, 8, style="gpt", moe=MoE(4, 2, 8, router_bias=True)),
     ModelShape("m", 3, 16, 2, 50, 8, style="gpt",
-               moe=MoE(4, 2, 8, shared_experts=1, shared_d_ff=12, dense_layers=1)),
+               moe=MoE(4, 2, 8, shared_experts=3, shared_d_ff=12, dense_layers=1)),
 ]
 
 

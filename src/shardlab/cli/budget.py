@@ -6,7 +6,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from shardlab.cli.args import fraction, nonneg_int, param_count, positive_float, positive_int
+from shardlab.cli.args import (
+    fraction,
+    nonneg_float,
+    nonneg_int,
+    param_count,
+    positive_float,
+    positive_int,
+)
 from shardlab.cli.output import print_json
 from shardlab.config.dtypes import get_policy
 from shardlab.config.hardware import Accelerator
@@ -40,6 +47,15 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="bf16",
                    help="dtype policy: bf16 fp16 amp-bf16 bf16-pure fp32")
     g.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
+    g.add_argument("--ep", type=positive_int, default=1,
+                   help="expert-parallel degree (MoE): ranks of the dp group that split the "
+                   "routed experts; must divide dp and the experts")
+    g.add_argument("--etp", type=positive_int,
+                   help="expert tensor parallel (MoE): 1 keeps experts whole on each tp rank, "
+                   "tp (default) splits each expert's width like the dense MLP")
+    g.add_argument("--capacity-factor", type=nonneg_float, default=0.0,
+                   help="MoE capacity factor: each expert takes at most ceil(F*tokens*top_k/"
+                   "experts) tokens of each rank and drops the rest; 0 (default) is dropless")
 
 
 def add_hardware_args(p: argparse.ArgumentParser) -> None:
@@ -86,6 +102,18 @@ def add_assumption_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--decode-batch", type=positive_int, default=1, help="sequences decoded at once")
     g.add_argument("--decode-context", type=positive_int,
                    help="tokens of context per decoded sequence (default: model context)")
+    g.add_argument("--routing-imbalance", type=imbalance_arg, default=1.0,
+                   help="MoE: max/mean tokens per expert the router produces (a run's "
+                   "routing_imbalance); routed activations are sized for it (default 1.0: "
+                   "balanced)")
+
+
+def imbalance_arg(text: str) -> float:
+    """A routing imbalance: max/mean expert load, a finite number >= 1."""
+    value = positive_float(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1 (max/mean expert load)")
+    return value
 
 
 def assumptions_from(args: argparse.Namespace) -> Any:
@@ -95,7 +123,8 @@ def assumptions_from(args: argparse.Namespace) -> Any:
     return Assumptions(mfu=args.mfu, tokens=args.tokens,
                        price_per_gpu_hour=args.price_per_gpu_hour, causal=args.causal,
                        attention=args.attention, dropout=args.dropout,
-                       decode_batch=args.decode_batch, decode_context=args.decode_context)
+                       decode_batch=args.decode_batch, decode_context=args.decode_context,
+                       routing_imbalance=args.routing_imbalance)
 
 
 def model_and_layout(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -106,7 +135,8 @@ def model_and_layout(args: argparse.Namespace) -> tuple[Any, Any]:
                          virtual_stages=args.virtual_stages, zero=args.zero, sp=args.sp,
                          micro_batch=args.micro_batch, global_batch=args.global_batch,
                          seq=args.seq, recompute=args.recompute, dtype=args.dtype,
-                         schedule=args.schedule)
+                         schedule=args.schedule, ep=args.ep, etp=args.etp,
+                         capacity_factor=args.capacity_factor)
     return model, layout
 
 
@@ -119,7 +149,8 @@ def fit_advice(model: ModelShape, layout: Layout, acc: Accelerator, a: Assumptio
         return None
     options = step_options_for(acc, flash=a.attention == "flash")
     return explain_fit(model, layout, acc, capacity=doc["memory"]["capacity"],
-                       dropout=doc["assumptions"]["dropout"], options=options).as_dict()
+                       dropout=doc["assumptions"]["dropout"], options=options,
+                       imbalance=a.routing_imbalance).as_dict()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,6 +161,11 @@ def run(args: argparse.Namespace) -> int:
     acc = accelerator_or_measured(args.gpu, args.hardware_file)
     a = assumptions_from(args)
     if args.params is not None:
+        for name, value, default in (("ep", args.ep, 1), ("etp", args.etp, None),
+                                     ("capacity_factor", args.capacity_factor, 0.0)):
+            if value != default:
+                raise SpecError(name, value, "needs a MODEL: a bare parameter count has no "
+                                "experts")
         for name, value in (("gpus", args.gpus), ("dp", args.dp), ("tp", args.tp),
                             ("pp", args.pp)):
             if value is not None:

@@ -9,7 +9,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from shardlab.cli.args import add_shape_args, build_shape, positive_int, shape_flags
+from shardlab.cli.args import add_shape_args, build_shape, nonneg_float, positive_int, shape_flags
+from shardlab.cli.budget import imbalance_arg
 from shardlab.cli.job import check_emit_path, emit_config
 from shardlab.cli.output import print_json
 from shardlab.cli.plan_dryrun import dry_run_top
@@ -74,6 +75,12 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="dropout masks in activation memory (default: gpt yes, llama no)")
     g.add_argument("--no-overlap-dp", action="store_true",
                    help="data-parallel communication does not overlap compute")
+    g.add_argument("--capacity-factor", type=nonneg_float, default=0.0,
+                   help="MoE capacity factor of the job: each expert takes at most "
+                   "ceil(F*tokens*top_k/experts) tokens of each rank; 0 (default) is dropless")
+    g.add_argument("--routing-imbalance", type=imbalance_arg, default=1.0,
+                   help="MoE: max/mean tokens per expert the router produces; routed "
+                   "activations are sized for it (default 1.0: balanced)")
     g = p.add_argument_group("search")
     g.add_argument("--top", type=positive_int, default=5, help="layouts to show")
     g.add_argument("--max-tp", type=positive_int, help="largest tp (default: devices per node)")
@@ -87,6 +94,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="recompute modes to try, e.g. none,selective")
     g.add_argument("--schedules", type=_names(SCHEDULES), default=SCHEDULES,
                    help=f"pipeline schedules to try ({', '.join(SCHEDULES)})")
+    g.add_argument("--ep", type=_int_list,
+                   help="expert-parallel degrees to try (MoE), e.g. 1,8 (default: every "
+                   "divisor of dp that divides the experts; etp is searched over 1 and tp)")
     g.add_argument("--dry-run-top", type=positive_int, metavar="K",
                    help="dry-run the K fastest layouts that fit (every role of each, the "
                    "program `shardlab train` runs, on fake tensors: minutes at scale), mark "
@@ -94,8 +104,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    "keeps to what train runs (ZeRO 0/2/3; gpipe, 1f1b, interleaved-1f1b)")
     g.add_argument("--layout", help='evaluate one layout instead of searching, e.g. "dp=1 '
                    'tp=8 pp=8 virtual=3 micro_batch=1 zero=1 sp=1 recompute=selective '
-                   'schedule=1f1b" (keys left out take their defaults; each key once; sp is '
-                   '0 or 1)')
+                   'schedule=1f1b", MoE: ep=8 etp=1 capacity_factor=1.25 (keys left out '
+                   'take their defaults; each key once; sp is 0 or 1)')
 
 
 def register(sub: Any) -> None:
@@ -154,6 +164,13 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     for z in args.zero:
         if z > 3:
             raise SpecError("zero", z, "must be 0, 1, 2 or 3 (3 is FSDP)")
+    dense = f"needs a mixture-of-experts model ({model.name} is dense)"
+    if model.moe is None and args.ep not in (None, (1,)):
+        raise SpecError("ep", ",".join(map(str, args.ep)), dense)
+    if model.moe is None and args.capacity_factor:
+        raise SpecError("capacity_factor", args.capacity_factor, dense)
+    if args.ep is not None and 0 in args.ep:
+        raise SpecError("ep", 0, "must be a positive integer")
     space = Space(
         gpus=args.gpus, global_batch=args.global_batch, seq=seq,
         gpus_per_node=args.gpus_per_node or acc.gpus_per_node, max_tp=args.max_tp,
@@ -164,14 +181,14 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         recompute=args.recompute,
         schedules=tuple(s for s in args.schedules if not runnable or s in TRAIN_SCHEDULES)
         or ("1f1b",),
-        train_only=train_only)
+        train_only=train_only, ep=args.ep, capacity_factor=args.capacity_factor)
     only = layout_candidates(model, space, args.layout) if args.layout else None
     dropout = args.dropout if args.dropout is not None else model.style == "gpt"
     options = step_options_for(acc, flash=args.attention == "flash",
                                overlap_dp=not args.no_overlap_dp)
     result = plan(model, acc, space, policy, top=args.top, dropout=dropout, options=options,
                   train_prefix=f"shardlab train {model_flags}" if here else None,
-                  train_dtype=dtype, only=only)
+                  train_dtype=dtype, only=only, imbalance=args.routing_imbalance)
     fit = None
     if only is not None and not result.best[0]["fits"]:
         given = result.best[0]
@@ -180,15 +197,18 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
                              zero=given["zero"], sp=given["sp"],
                              micro_batch=given["micro_batch"], global_batch=args.global_batch,
                              seq=seq, recompute=given["recompute"], dtype=policy.name,
-                             schedule=given["schedule"])
+                             schedule=given["schedule"], ep=given["ep"], etp=given["etp"],
+                             capacity_factor=given["capacity_factor"])
         fit = explain_fit(model, layout, acc, capacity=result.device_memory, dropout=dropout,
                           options=options, gpus_per_node=space.gpus_per_node,
-                          train_only=train_only).as_dict()
+                          train_only=train_only, imbalance=args.routing_imbalance).as_dict()
     dev = result.device
     doc = {
-        "model": model.name, "model_shape": model.describe(), "gpu": acc.name,
+        "model": model.name, "model_shape": model.describe(), "moe": model.moe is not None,
+        "gpu": acc.name,
         "gpus": args.gpus, "gpus_per_node": space.gpus_per_node, "seq": seq,
         "global_batch": args.global_batch, "dtype": policy.name,
+        "capacity_factor": args.capacity_factor, "routing_imbalance": args.routing_imbalance,
         "peak_flops_per_device": dev.peak, "usable_memory_per_device": result.device_memory,
         "efficiency": {"peak_fraction": dev.eff.peak_fraction,
                        "half_intensity": dev.eff.half_intensity,

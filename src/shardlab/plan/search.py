@@ -141,7 +141,9 @@ def _entries(c: Candidates, idx: np.ndarray, times: dict[str, np.ndarray], mem: 
 def train_command(prefix: str, lay: dict[str, Any], global_batch: int, seq: int,
                   dtype: str) -> str:
     """``shardlab train`` flags for a layout (ZeRO 0/2/3 as ddp/fsdp-zero2/fsdp; dp = 1 as
-    fsdp, which then shards nothing and works with tp > 1)."""
+    fsdp, which then shards nothing and works with tp > 1; ``--ep`` and
+    ``--capacity-factor`` only where they differ from a dense layout's; train builds whole
+    experts, its default ``--etp 1``, the only etp a train-only space keeps)."""
     mode = "fsdp" if lay["dp"] == 1 else DP_MODE_OF_ZERO[lay["zero"]]
     parts = [prefix, f"--seq {seq}", f"--dp {lay['dp']}", f"--tp {lay['tp']}",
              f"--pp {lay['pp']}"]
@@ -155,14 +157,19 @@ def train_command(prefix: str, lay: dict[str, Any], global_batch: int, seq: int,
         parts.append(f"--schedule {lay['schedule']}")
     parts += [f"--global-batch {global_batch}", f"--micro-batch {lay['micro_batch']}",
               f"--dtype {dtype}"]
+    if lay.get("ep", 1) > 1:
+        parts.append(f"--ep {lay['ep']}")
+    if lay.get("capacity_factor"):
+        parts.append(f"--capacity-factor {lay['capacity_factor']:g}")
     return " ".join(parts)
 
 
 def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy, *,
          top: int = 10, options: StepOptions | None = None, dropout: bool = False,
          train_prefix: str | None = None, train_dtype: str = "fp32",
-         only: Candidates | None = None) -> Plan:
+         only: Candidates | None = None, imbalance: float = 1.0) -> Plan:
     """Search ``space`` (or evaluate the layouts ``only``) and rank what fits by step time.
+    ``imbalance``: the router's max/mean tokens per expert, for a MoE's routed activations.
 
     Raises SpecError when no layout is valid for the device count, or none fits in memory
     (naming the smallest memory per device any layout needs).
@@ -182,7 +189,7 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
                         f"{space.gpus} devices (most fail: {first})")
     v = c.take(valid)
     mem = memory_arrays(model, v, space.seq, policy,
-                        MemoryOptions(dropout=dropout, flash=options.flash))
+                        MemoryOptions(dropout=dropout, flash=options.flash, imbalance=imbalance))
     fits = mem.total <= usable
     reason = c.reason.copy()
     reason[np.flatnonzero(valid)[~fits]] = REASONS.index(R_MEMORY)
@@ -198,7 +205,8 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
     keep = np.ones(len(v), bool) if only is not None else fits
     f = v.take(keep)
     fmem = type(mem)(*(getattr(mem, k)[keep] for k in ("weights", "gradients", "optimizer",
-                                                       "activations", "params", "stage")))
+                                                       "activations", "params", "stage",
+                                                       "expert_params")))
     times = step_seconds(model, f, fmem, space.seq, space.global_batch, policy, dev, options)
     order = np.lexsort((fmem.total, times["step"]))[:top]
     best = _entries(f, order, times, fmem, usable, space.global_batch, space.seq,
@@ -208,7 +216,7 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
 
 
 LAYOUT_KEYS = ("dp", "tp", "pp", "virtual", "micro_batch", "zero", "sp", "recompute",
-               "schedule")
+               "schedule", "ep", "etp", "capacity_factor")
 
 
 SP_VALUES: dict[str, bool] = {"0": False, "1": True, "false": False, "true": True,
@@ -242,6 +250,18 @@ def layout_sp(raw: dict[str, str]) -> bool:
     return SP_VALUES[value.lower()]
 
 
+def layout_capacity_factor(raw: dict[str, str], default: float = 0.0) -> float:
+    """The ``capacity_factor=`` of a parsed ``--layout`` (absent: ``default``); SpecError
+    for a value that is not a number (make_layout checks its range)."""
+    if "capacity_factor" not in raw:
+        return default
+    try:
+        return float(raw["capacity_factor"])
+    except ValueError:
+        raise SpecError("capacity_factor", raw["capacity_factor"], "must be a number "
+                        "(0 = dropless)") from None
+
+
 def layout_candidates(model: ModelShape, space: Space, text: str) -> Candidates:
     """One layout from ``--layout`` text as :class:`Candidates`, checked by make_layout."""
     raw = parse_layout(text)
@@ -258,12 +278,15 @@ def layout_candidates(model: ModelShape, space: Space, text: str) -> Candidates:
     lay = make_layout(model, gpus=space.gpus, dp=dp, tp=tp, pp=pp, virtual_stages=virtual,
                       zero=integer("zero", 0), sp=sp, micro_batch=integer("micro_batch", 1),
                       global_batch=space.global_batch, seq=space.seq,
-                      recompute=raw.get("recompute", "none"), schedule=raw.get("schedule"))
+                      recompute=raw.get("recompute", "none"), schedule=raw.get("schedule"),
+                      ep=integer("ep", 1), etp=integer("etp", tp),
+                      capacity_factor=layout_capacity_factor(raw, space.capacity_factor))
     one = lambda x: np.array([x], dtype=np.int64)  # noqa: E731
     c = Candidates(one(lay.dp), one(lay.tp), one(lay.pp), one(lay.virtual_stages),
                    one(SCHEDULES.index(lay.schedule)), one(lay.zero), np.array([lay.sp]),
                    one(RECOMPUTE.index(lay.recompute)), one(lay.micro_batch),
-                   one(lay.microbatches), one(-1))
+                   one(lay.microbatches), one(-1), one(lay.ep), one(lay.etp),
+                   np.array([lay.capacity_factor]))
     if space.train_only:
         if lay.dp > 1 and lay.zero not in TRAIN_ZERO:
             raise SpecError("zero", lay.zero, "shardlab train runs ZeRO 0 (ddp), 2 "

@@ -32,19 +32,32 @@ tokens (T = b·s tokens each), on devices of dense peak P (:class:`Device`):
   (Megatron runs them synchronously).
 * **pp_comm**: 2·v·m point-to-point messages of T·h/t activations per rank
   (Narayanan et al. 2021's scatter/gather), on the critical path.
+* **ep_comm** (mixture of experts, ep > 1): per MoE layer and micro-batch a dispatch
+  and a combine all-to-all forward, both again backward (and forward again under full
+  recompute), each rank sending (ep-1)/ep of its T·k kept rows of h activations
+  (:func:`shardlab.estimate.expert.expert_alltoall_bytes`; GShard, Lepikhin et al.
+  2020), each call (ep-1)·α + bytes/B (pairwise exchange, Thakur et al. 2005), on the
+  critical path (Megatron-LM's all-to-all dispatcher waits for it). The ep group spans
+  ep·t consecutive ranks (tensor innermost, then ep, then the rest of data parallel):
+  inside a node while ep·t <= devices per node, else on the inter-node link. The
+  routed experts' matmuls are those of the rank's experts/ep experts, each on the rows
+  it receives (ep·T·k/E balanced, capped by the capacity factor), at width f/etp.
 * **bubble**: the schedule's idle ratio (:mod:`shardlab.plan.bubble`) times the
-  rank's busy time per step (compute + recompute + tp_comm).
+  rank's busy time per step (compute + recompute + tp_comm + ep_comm).
 * **dp_comm** (exposed part only): ZeRO-0 all-reduces the gradients, ZeRO-1/2
   reduce-scatter them and all-gather the updated weights, ZeRO-3 all-gathers the
   weights in every micro-batch's forward and backward and reduce-scatters the
   gradients (ZeRO paper, Rajbhandari et al. 2020; bytes as
-  :func:`shardlab.estimate.comm.dp_bytes_per_step`), one gather per layer, so each
+  :func:`shardlab.estimate.comm.dp_bytes_per_step`; a MoE rank's routed experts over
+  expert_dp = dp/ep ranks, the rest over dp: :func:`~shardlab.estimate.comm.dp_bytes_split`),
+  one gather per layer, so each
   layer adds the ring's latency (FSDP wraps every block). With ``overlap_dp`` the gradient
   reduction hides behind the last micro-batch's backward and the weight gather behind
   the first micro-batch's forward (Megatron's overlap-grad-reduce and
   overlap-param-gather; FSDP's prefetch); what is longer than that window is exposed.
 * **optimizer**: Adam reads and writes the rank's weights, gradients and optimizer
-  state (its ZeRO shard): 2·(w + g + o)·Ψ/N bytes at the memory bandwidth.
+  state (its ZeRO shard): 2·(w + g + o)·Ψ/N bytes at the memory bandwidth (experts'
+  shard over expert_dp).
 * **overhead** (this machine only, 0 for a catalog accelerator): what the runtime costs
   besides arithmetic and bytes, measured by ``shardlab hardware --measure``
   (:mod:`shardlab.calibrate.runtime`): the eager base (``ddp``'s fit) plus, for each
@@ -54,12 +67,13 @@ tokens (T = b·s tokens each), on devices of dense peak P (:class:`Device`):
   (all-reduce, all-gather, reduce-scatter, send) without its latency, which the tiny
   runs already hold, and the per-operator launch cost above is not charged again.
 
-Step = the sum of the eight; MFU = model FLOPs of the step (3 x forward, logits
+Step = the sum of the nine; MFU = model FLOPs of the step (3 x forward, logits
 counted, full s x s attention) / (step x devices x P) (PaLM, Chowdhery et al. 2022).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,11 +87,15 @@ from shardlab.estimate.flops import flops_per_token
 from shardlab.plan.bubble import bubble_ratios
 from shardlab.plan.comm_time import allreduce_seconds, gather_seconds, pick_link, send_seconds
 from shardlab.plan.efficiency import matmul_seconds
+from shardlab.plan.expert_time import alltoall_layer_seconds, kept_rows, routed_tokens
 from shardlab.plan.memory import MemoryArrays
 from shardlab.plan.space import Candidates
 
-PARTS: tuple[str, ...] = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble",
-                          "optimizer", "overhead")
+PARTS: tuple[str, ...] = ("compute", "recompute", "tp_comm", "pp_comm", "ep_comm", "dp_comm",
+                          "bubble", "optimizer", "overhead")
+MEASURED_AS: dict[str, str] = {"all_to_all": "all_gather"}
+"""Collectives this machine's runtime does not time, and the measured one whose rate they
+take: an all-to-all moves (p-1)/p of each rank's buffer, as an all-gather does."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +121,7 @@ class Device:
         without its latency when there is one (the runtime's fixed costs hold it), else
         the intra-node link where ``inside`` and the inter-node one elsewhere."""
         if self.runtime is not None:
-            bandwidth = self.runtime.collectives[collective][1]
+            bandwidth = self.runtime.collectives[MEASURED_AS.get(collective, collective)][1]
             return np.zeros(len(inside)), np.full(len(inside), bandwidth)
         return pick_link(inside, self.intra, self.inter, self.eff.link_fraction)
 
@@ -122,8 +140,10 @@ class StepOptions:
 
 
 def _layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, dev: Device,
-                   moe_layer: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(matmul seconds, attention-core seconds) of one layer's forward on one tp rank."""
+                   moe_layer: bool, c: Candidates | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(matmul seconds, attention-core seconds) of one layer's forward on one tp rank
+    (a MoE layer's experts as ``c``'s ep, etp and capacity factor place them)."""
     m = model
     t = tp.astype(float)
     tokens = (mb * seq).astype(float)
@@ -136,11 +156,15 @@ def _layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, 
 
     secs = mat(tokens, h, (q + 2 * kv) / t) + mat(tokens, q / t, h)
     if moe_layer and m.moe is not None:
+        assert c is not None
         e = m.moe
-        # Routed experts: each sees T·k/E tokens on average (no expert parallelism modelled).
-        per_expert = tokens * e.experts_per_token / e.experts
-        secs = secs + e.experts * (mat(per_expert, h, (mm - 1) * e.expert_d_ff / t)
-                                   + mat(per_expert, e.expert_d_ff / t, h))
+        # Routed experts: the rank's E/ep experts, each on the ep·T·k/E rows it receives
+        # (balanced, capped by capacity), at width f/etp.
+        ep, etp = c.ep.astype(float), c.etp.astype(float)
+        per_expert = ep * kept_rows(m, routed_tokens(c, seq), c.capacity_factor) / e.experts
+        f = e.expert_d_ff / etp
+        secs = secs + e.experts / ep * (mat(per_expert, h, (mm - 1) * f)
+                                        + mat(per_expert, f, h))
         if e.shared_experts:
             width = e.shared_experts * e.shared_d_ff
             secs = secs + mat(tokens, h, (mm - 1) * width / t) + mat(tokens, width / t, h)
@@ -203,7 +227,7 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     # One layer's forward, averaged over dense and MoE layers (dense ones first in the model).
     mat_d, core_d = _layer_forward(m, seq, tp, mb, dev, moe_layer=False)
     if m.moe_layers:
-        mat_m, core_m = _layer_forward(m, seq, tp, mb, dev, moe_layer=True)
+        mat_m, core_m = _layer_forward(m, seq, tp, mb, dev, moe_layer=True, c=c)
         w_moe = m.moe_layers / m.layers
         mat_l, core_l = (1 - w_moe) * mat_d + w_moe * mat_m, (1 - w_moe) * core_d + w_moe * core_m
     else:
@@ -227,27 +251,34 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     one_ar = allreduce_seconds(act_bytes, tp, lat, bw)
     per_layer_ar = np.where(rc == RECOMPUTE.index("full"), 6.0, 4.0) * one_ar
 
+    # Expert-parallel all-to-alls per layer (averaged over dense and MoE layers, as above):
+    # dispatch + combine, forward, backward and the recomputed forward.
+    per_layer_a2a = alltoall_layer_seconds(m, c, seq, policy, *dev.link(
+        "all_to_all", c.ep * tp <= dev.gpus_per_node))
+
     first_layers, last_layers = _rank_layers(m.layers, pp, v)
     ends_first = np.where(pp == 1, 2.0, 1.0)  # embedding (and head when pp = 1)
 
     def rank_time(layers: np.ndarray, with_head: np.ndarray, ends: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         comp = 3 * (layers * fwd_layer + with_head * head)
         rec = layers * extra_layer
         tpc = layers * per_layer_ar + ends * one_ar
-        return comp, rec, tpc
+        return comp, rec, tpc, layers * per_layer_a2a
 
     c0 = rank_time(first_layers, (pp == 1).astype(float), ends_first)
     cl = rank_time(last_layers, np.ones(len(c)), np.ones(len(c)))
     slow_last = sum(cl) > sum(c0)
-    comp_mb, rec_mb, tp_mb = (np.where(slow_last, b, a) for a, b in zip(c0, cl, strict=True))
-    busy_mb = comp_mb + rec_mb + tp_mb
+    comp_mb, rec_mb, tp_mb, ep_mb = (np.where(slow_last, b, a)
+                                     for a, b in zip(c0, cl, strict=True))
+    busy_mb = comp_mb + rec_mb + tp_mb + ep_mb
 
     # Gradient accumulation in eager torch: every micro-batch after the first adds its
     # gradients into the held ones (read both, write one: 3 x the rank's gradient bytes).
     accumulate = 0.0 if opt.fused_accumulation else (
         (micro - 1) * 3 * mem.params * policy.grad_bytes / dev.memory_bandwidth)
     compute, recompute, tp_comm = micro * comp_mb + accumulate, micro * rec_mb, micro * tp_mb
+    ep_comm = micro * ep_mb
     bubble = bubble_ratios(c.schedule, pp, c.microbatches, v) * micro * busy_mb
 
     # Point-to-point: 2·v messages per micro-batch of T·h/t activations.
@@ -255,17 +286,25 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     pp_comm = np.where(pp > 1, 2 * v * micro * send_seconds(act_bytes / tp, lat_p, bw_p), 0.0)
 
     # Data parallel / ZeRO: exposed beyond the windows it can hide behind.
+    # Dense parameters over dp, routed experts over expert_dp = dp/ep (the expert_dp group
+    # strides over the ep group, inside the same dp·tp span).
     inside_d = tp * dp <= dev.gpus_per_node
-    grads = mem.params * policy.grad_bytes
-    weights = mem.params * policy.weight_bytes
+    dense = mem.params - mem.expert_params
+    edp = dp // c.ep
     on = 1.0 if opt.overlap_dp else 0.0
     fwd_window = on * comp_mb / 3
     bwd_window = on * (2 * comp_mb / 3 + rec_mb)
     z = c.zero
-    ar = allreduce_seconds(grads, dp, *dev.link("all_reduce", inside_d))
-    rs = gather_seconds(grads, dp, *dev.link("reduce_scatter", inside_d))
-    lat_d, bw_d = dev.link("all_gather", inside_d)
-    ag = gather_seconds(weights, dp, lat_d, bw_d)
+
+    def both(collective: str, fn: Callable[..., np.ndarray], nbytes: int) -> np.ndarray:
+        link = dev.link(collective, inside_d)
+        return (fn(dense * nbytes, dp, *link)
+                + fn(mem.expert_params * nbytes, edp, *link))
+
+    ar = both("all_reduce", allreduce_seconds, policy.grad_bytes)
+    rs = both("reduce_scatter", gather_seconds, policy.grad_bytes)
+    lat_d, _ = dev.link("all_gather", inside_d)
+    ag = both("all_gather", gather_seconds, policy.weight_bytes)
     # ZeRO-3/FSDP gathers layer by layer (one unit per block): each pays the latency.
     rank_layers_max = np.maximum(first_layers, last_layers)
     ag3 = ag + np.where(dp > 1, rank_layers_max * (dp - 1) * lat_d, 0.0)
@@ -276,14 +315,16 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
         micro * (pos(ag3 - fwd_window) + pos(ag3 - bwd_window)) + pos(rs - bwd_window))
 
     shard = np.where(z >= 1, dp, 1).astype(float)
-    optimizer = 2.0 * mem.params * policy.state_bytes / shard / dev.memory_bandwidth
+    expert_shard = np.where(z >= 1, edp, 1).astype(float)
+    optimizer = 2.0 * policy.state_bytes * (dense / shard + mem.expert_params / expert_shard
+                                            ) / dev.memory_bandwidth
 
     overhead = (runtime_overhead(dev.runtime, c, micro, rank_layers_max)
                 if dev.runtime is not None else np.zeros(len(c)))
 
     parts = {"compute": compute, "recompute": recompute, "tp_comm": tp_comm,
-             "pp_comm": pp_comm, "dp_comm": dp_comm, "bubble": bubble, "optimizer": optimizer,
-             "overhead": overhead}
+             "pp_comm": pp_comm, "ep_comm": ep_comm, "dp_comm": dp_comm, "bubble": bubble,
+             "optimizer": optimizer, "overhead": overhead}
     step = sum(parts.values())
     model_flops = flops_per_token(m, seq).train * global_batch * seq
     gpus = (dp * tp * pp).astype(float)

@@ -172,6 +172,9 @@ def _flops(b: dict[str, Any], prefix: str) -> Section:
         ("data-parallel bytes sent per step", human(c["dp_bytes_per_step"], "B")),
         ("tensor-parallel bytes sent per step", human(c["tp_bytes_per_step"], "B")),
         ("pipeline bytes sent per step", human(c["pp_bytes_per_step"], "B")),
+        *([("expert-parallel all-to-all bytes sent per step", human(c["ep_bytes_per_step"], "B")),
+           (f"all-to-alls of one step ({c['ep_link']})", human_seconds(c["ep_alltoall_seconds"]))]
+          if c.get("ep_bytes_per_step") else []),
         (f"one gradient all-reduce ({c['dp_link']})", human_seconds(c["dp_allreduce_seconds"])),
     ]))
     return s

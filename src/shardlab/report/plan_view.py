@@ -9,17 +9,20 @@ from shardlab.report.tables import show, table
 from shardlab.units import human, human_bytes
 
 _SHORT = {"compute": "compute", "recompute": "recomp", "tp_comm": "tp", "pp_comm": "pp",
-          "dp_comm": "dp", "bubble": "bubble", "optimizer": "optim", "overhead": "fixed"}
+          "ep_comm": "ep", "dp_comm": "dp", "bubble": "bubble", "optimizer": "optim",
+          "overhead": "fixed"}
 
 
 _SCHED = {"interleaved-1f1b": "interleaved", "dualpipev": "dualpipev"}
 
 
-def _mesh(b: dict[str, Any]) -> list[str]:
-    """Short layout cells: dp·tp·pp, v, schedule, zero, sp, recompute, micro-batch x count."""
+def _mesh(b: dict[str, Any], moe: bool) -> list[str]:
+    """Short layout cells: dp·tp·pp, (MoE: ep·etp,) v, schedule, zero, sp, recompute,
+    micro-batch x count."""
     sched = _SCHED.get(b["schedule"], b["schedule"]) if b["pp"] > 1 else "-"
-    return [f"{b['dp']}·{b['tp']}·{b['pp']}", str(b["virtual_stages"]), sched, str(b["zero"]),
-            str(int(b["sp"])), b["recompute"], f"{b['micro_batch']}x{b['microbatches']}"]
+    return [f"{b['dp']}·{b['tp']}·{b['pp']}", *([f"{b['ep']}·{b['etp']}"] if moe else []),
+            str(b["virtual_stages"]), sched, str(b["zero"]), str(int(b["sp"])), b["recompute"],
+            f"{b['micro_batch']}x{b['microbatches']}"]
 
 
 def _dry_cell(dry: dict[str, Any] | None) -> str:
@@ -48,19 +51,24 @@ def print_plan(doc: dict[str, Any]) -> None:
     ]
     show(*lines)
     rows, parts = [], []
-    # The runtime's fixed costs are measured for this machine only: no column elsewhere.
+    # The runtime's fixed costs are measured for this machine only: no column elsewhere;
+    # the all-to-alls of expert parallelism for a mixture-of-experts model only.
+    moe = bool(doc.get("moe"))
     short = {k: v for k, v in _SHORT.items()
-             if k != "overhead" or any(b["breakdown"].get(k) for b in doc["best"])}
+             if (k != "overhead" or any(b["breakdown"].get(k) for b in doc["best"]))
+             and (k != "ep_comm" or moe)}
     dry = bool(doc.get("dry_run_top"))
     for i, b in enumerate(doc["best"], 1):
         mem = human_bytes(b["memory_per_device"]).split(" (")[0]
-        rows.append([i, *_mesh(b), f"{b['step_seconds']:.4g}", f"{b['tokens_per_second']:,.0f}",
-                     f"{b['mfu']:.1%}", mem + ("" if b["fits"] else " (does not fit)")]
+        rows.append([i, *_mesh(b, moe), f"{b['step_seconds']:.4g}",
+                     f"{b['tokens_per_second']:,.0f}", f"{b['mfu']:.1%}",
+                     mem + ("" if b["fits"] else " (does not fit)")]
                     + ([_dry_cell(b.get("dry_run"))] if dry else []))
         parts.append([i, *(f"{b['breakdown'][k]:.3f}" for k in short)])
-    show(table("Fastest layouts", ["#", "dp·tp·pp", "v", "schedule", "zero", "sp", "recompute",
-                                   "mb x m", "step s", "tokens/s", "MFU", "memory/device"]
-               + (["dry run peak"] if dry else []), rows, left=8),
+    show(table("Fastest layouts", ["#", "dp·tp·pp", *(["ep·etp"] if moe else []), "v",
+                                   "schedule", "zero", "sp", "recompute", "mb x m", "step s",
+                                   "tokens/s", "MFU", "memory/device"]
+               + (["dry run peak"] if dry else []), rows, left=8 + moe),
          table("Where the step goes (seconds; communication and bubble: the exposed part)",
                ["#", *short.values()], parts),
          f"matmul efficiency: {e['peak_fraction']:.3f} x peak x I/(I + "
