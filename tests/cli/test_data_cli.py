@@ -114,7 +114,8 @@ def test_train_reads_the_folder_before_any_rank(prepared: dict[str, Any],
         return check(args)[0]
 
     cfg = config(prepared["two"]["dir"])
-    assert cfg.shape.vocab == 300 and cfg.docs == read_prepared(prepared["two"]["dir"], 33)[1]
+    assert cfg.shape.vocab == 300
+    assert list(cfg.docs) == list(read_prepared(prepared["two"]["dir"], 33)[1])
     assert max(map(len, cfg.docs)) == 33  # chopped to seq + 1, as a .bin is
     # the fingerprint a checkpoint records identifies the prepared tokens
     assert config(prepared["one"]["dir"]).data_id == cfg.data_id

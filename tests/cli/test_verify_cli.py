@@ -21,7 +21,7 @@ from shardlab.cli.verify import (
     rank_peak_bytes,
 )
 from shardlab.verify import fsdp2, tensor_parallel
-from shardlab.verify.registry import EXPERIMENTS
+from shardlab.verify.registry import EXPERIMENTS, GLOBAL_BATCH
 
 
 def shardlab(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -133,10 +133,10 @@ def test_memory_guard_refuses_before_anything_is_made(
 
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_the_guard_takes_the_largest_experiment_model(world: int) -> None:
-    largest = max(model_peak_bytes(s, runner.GLOBAL_BATCH) for s in largest_shapes())
+    largest = max(model_peak_bytes(s, GLOBAL_BATCH) for s in largest_shapes())
     for shape in (fsdp2.SHAPE, tensor_parallel.toy_shape(world)):  # left out: smaller
-        assert model_peak_bytes(shape, runner.GLOBAL_BATCH) < largest, shape.name
-    extra = rank_peak_bytes(runner.GLOBAL_BATCH) - RANK_RUNTIME_BYTES
+        assert model_peak_bytes(shape, GLOBAL_BATCH) < largest, shape.name
+    extra = rank_peak_bytes(GLOBAL_BATCH) - RANK_RUNTIME_BYTES
     assert extra == largest and 0 < extra < RANK_RUNTIME_BYTES  # the interpreter dominates
 
 

@@ -76,9 +76,11 @@ def register(sub: Any) -> None:
 
     r = kinds.add_parser("run", help="loss curves, tokens/s and MFU, predicted vs measured, "
                          "memory per rank of a `shardlab train` run",
-                         description="Draw a training run from its directory (--log-dir).")
+                         description="Draw a training run from its directory (--log-dir), or "
+                         "from its step log alone (train.jsonl: a run still training, or "
+                         "stopped).")
     r.add_argument("run_dir", metavar="RUN_DIR", help="the folder `shardlab train --log-dir` "
-                   "wrote (report.json, train.jsonl)")
+                   "wrote (report.json, train.jsonl), or a train.jsonl file")
     _add_output_args(r, "", "RUN_DIR/report.html")
     r.set_defaults(run=run_run)
 
@@ -169,8 +171,11 @@ def run_run(args: argparse.Namespace) -> int:
         args.output = str(Path(run["dir"], "report.html"))
     out, figures = _outputs(args)
     doc = run["doc"]
-    if out.resolve() in {Path(run["dir"], n).resolve() for n in ("report.json", "train.jsonl")}:
+    own = {Path(run["dir"], "report.json").resolve(), Path(run["log"]).resolve()}
+    if out.resolve() in own:
         raise SpecError("output", args.output, "would overwrite the run's own data")
+    if doc is None:
+        return _write("Run: step log", [run["log"]], run_sections(run), out, figures)
     return _write(f"Run: {doc['layout']}", [doc["model"]], run_sections(run), out, figures)
 
 

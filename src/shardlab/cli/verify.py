@@ -22,7 +22,7 @@ from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
 from shardlab.estimate.memory import stage_memory
 from shardlab.report.tables import show, table
-from shardlab.verify.registry import EXPERIMENTS
+from shardlab.verify.registry import EXPERIMENTS, GLOBAL_BATCH
 
 
 def register(sub: Any) -> None:
@@ -146,24 +146,29 @@ def _work_dir() -> Iterator[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Validate, launch, print one row per check; exit 1 when any check fails."""
-    # Imported here: it loads torch, which the torch-free commands (budget, plan) must not.
-    from shardlab.distributed.launch import LaunchError, Terminated, signals_stop, under_torchrun
-    from shardlab.verify.runner import GLOBAL_BATCH, verify
-
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # launch.under_torchrun
     names = selected(args.only)
-    world = args.world_size
-    if under_torchrun():
-        world = int(os.environ["WORLD_SIZE"])
+    world = int(os.environ["WORLD_SIZE"]) if torchrun else args.world_size
     if world < 2:
         raise SpecError("world_size", world, "must be >= 2 (these experiments shard)")
     if GLOBAL_BATCH % world:
         raise SpecError("world_size", world, f"must divide the global batch ({GLOBAL_BATCH})")
-    if not under_torchrun():  # under torchrun the processes exist, the rendezvous is its own
+    if not torchrun:  # under torchrun the processes exist, the rendezvous is its own
         check_host(args.host)
         # The ranks and the launching process, which holds torch as well.
         check_memory(rank_peak_bytes(GLOBAL_BATCH), world + 1,
                      f"shardlab verify at world size {world}", args.allow_oversubscribe)
         prepare_log_dir(args.log_dir)
+        # Imported here: multiprocessing's fork server, which no other command starts.
+        from shardlab.distributed import forkserver
+
+        # Started once every check passed and before this process imports torch, as train
+        # does: the server's imports run beside this process's own, the ranks fork warm.
+        forkserver.start()
+    # Imported here: it loads torch, which the torch-free commands (budget, plan) must not.
+    from shardlab.distributed.launch import LaunchError, Terminated, signals_stop
+    from shardlab.verify.runner import verify
+
     start = time.perf_counter()
     try:
         # SIGTERM, SIGHUP and SIGQUIT stop the ranks and raise here, so the shared folder

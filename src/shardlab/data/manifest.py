@@ -30,13 +30,13 @@ from typing import Any
 
 import numpy as np
 
+from shardlab.data.documents import INDEX_DTYPE, PreparedDocuments
 from shardlab.errors import SpecError
 
 FORMAT, VERSION = "shardlab-data", 1
 MANIFEST = "manifest.json"
 TOKENIZER = "tokenizer.json"
 DTYPES: dict[str, str] = {"uint16": "<u2", "uint32": "<u4"}
-INDEX_DTYPE = "<u8"
 MAX_MANIFEST_BYTES = 64 * 2**20
 """The largest manifest.json read (64 MiB: about 200,000 shards)."""
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
@@ -170,18 +170,20 @@ def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def read_prepared(folder: str | os.PathLike[str], doc_tokens: int
-                  ) -> tuple[int, list[list[int]]]:
+                  ) -> tuple[int, PreparedDocuments]:
     """``(vocab_size, documents)`` of a prepared folder, checked (:func:`read_manifest`),
     each document chopped into pieces of at most ``doc_tokens`` tokens (as ``--data
-    FILE.bin`` chops); nothing is dropped. SpecError when a shard's boundaries are not
-    increasing from 0 to its length or an id is not below the vocabulary."""
+    FILE.bin`` chops); nothing is dropped. The documents stay in the memory-mapped shards
+    (:class:`~shardlab.data.documents.PreparedDocuments`). SpecError when a shard's
+    boundaries are not increasing from 0 to its length or an id is not below the
+    vocabulary."""
     root = Path(folder)
     doc = read_manifest(root)
     vocab = doc["tokenizer"]["vocab_size"]
     where = str(root / MANIFEST)
-    out: list[list[int]] = []
+    dtype = DTYPES[doc["dtype"]]
     for i, shard in enumerate(doc["shards"]):
-        tokens = np.memmap(root / shard["file"], dtype=DTYPES[doc["dtype"]], mode="r") \
+        tokens = np.memmap(root / shard["file"], dtype=dtype, mode="r") \
             if shard["tokens"] else np.zeros(0, np.uint16)
         bounds = np.fromfile(root / shard["index"], dtype=INDEX_DTYPE)
         if bounds[0] != 0 or bounds[-1] != len(tokens) or np.any(np.diff(bounds) <= 0):
@@ -192,7 +194,5 @@ def read_prepared(folder: str | os.PathLike[str], doc_tokens: int
             raise SpecError(f"manifest.shards[{i}].file", shard["file"], f"holds id "
                             f"{int(tokens.max()):,}, not below the vocabulary's {vocab:,} "
                             f"({where})")
-        ids = tokens.tolist()
-        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-            out.extend(ids[s:min(s + doc_tokens, b)] for s in range(a, b, doc_tokens))
-    return vocab, out
+    files = [(shard["file"], shard["index"]) for shard in doc["shards"]]
+    return vocab, PreparedDocuments(root, files, dtype, doc_tokens)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from shardlab.data.documents import PreparedDocuments
 from shardlab.errors import SpecError, require_nonnegative_int, require_positive_int
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -186,9 +187,11 @@ class Batch:
         return shares[i]
 
 
-def _check_docs(docs: list[list[int]]) -> None:
+def _check_docs(docs: Sequence[list[int]]) -> None:
     if not docs:
         raise SpecError("docs", 0, "need at least one document")
+    if isinstance(docs, PreparedDocuments):  # pieces of a checked index: none is empty
+        return
     for k, doc in enumerate(docs):
         # An empty row would leave its padded queries nothing to attend to (NaN logits).
         if len(doc) == 0:
@@ -215,7 +218,7 @@ def make_batch(docs: list[list[int]], seq: int, pad: int = 0) -> Batch:
                  pad_mask=(pos < lengths[:, None]).to(torch.int64))
 
 
-def batches(docs: list[list[int]], batch_size: int, seq: int, seed: int = 0,
+def batches(docs: Sequence[list[int]], batch_size: int, seq: int, seed: int = 0,
             pad: int = 0) -> Iterator[Batch]:
     """An endless, deterministic stream of batches of ``batch_size`` documents.
 

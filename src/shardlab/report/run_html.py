@@ -2,13 +2,16 @@
 over steps, the cost model's predictions beside what the run measured, memory per rank.
 
 It reads the run directory ``shardlab train`` writes (``--log-dir``): ``report.json``, the
-whole ``--json`` document, and ``train.jsonl``, one line per step from rank 0. No torch.
+whole ``--json`` document, and ``train.jsonl``, one line per step from rank 0; or the step
+log alone (a run still training, or stopped), which gives the loss and tokens/s pages. No
+torch.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +31,32 @@ MAX_LINE_BYTES = 64 * 2**10
 
 
 def load_run(path: str | Path) -> dict[str, Any]:
-    """``{"doc": report.json, "steps": [train.jsonl records], "dir": path}``; SpecError when
-    ``path`` is not a run directory or its files are not what ``shardlab train`` writes
+    """``{"doc": report.json or None, "steps": [train.jsonl records], "dir": folder}`` of a
+    run directory, or of a step log alone: a ``train.jsonl`` file (any name), or a folder
+    that has a step log but no report yet (a run still training, or one that was stopped).
+    SpecError when ``path`` is neither, or its files are not what ``shardlab train`` writes
     (not UTF-8 text, not JSON, not a train report), naming the file."""
     d = Path(path).expanduser()
-    hint = "must be a run directory (`shardlab train --log-dir DIR` writes report.json there)"
+    hint = ("must be a run directory (`shardlab train --log-dir DIR` writes report.json and "
+            "train.jsonl there) or its train.jsonl")
+    if d.is_file():
+        steps = _read_steps(d, str(path))
+        if not steps:
+            raise SpecError("run_dir", str(path), f"{hint}; this file has no step records")
+        return {"doc": None, "steps": steps, "dir": str(d.parent), "log": str(d)}
     if d.exists() and not d.is_dir():
-        raise SpecError("run_dir", str(path), f"{hint}; it is a file, not a folder")
+        raise SpecError("run_dir", str(path), f"{hint}; it is not a regular file or a folder")
     if not d.is_dir():
-        raise SpecError("run_dir", str(path), f"{hint}; no such folder")
+        raise SpecError("run_dir", str(path), f"{hint}; no such file or folder")
     report = d / "report.json"
+    log = d / "train.jsonl"
     if not report.is_file():
-        raise SpecError("run_dir", str(path), f"{hint}; it has no report.json")
+        if log.is_file():
+            steps = _read_steps(log, str(path))
+            if steps:
+                return {"doc": None, "steps": steps, "dir": str(d), "log": str(log)}
+        raise SpecError("run_dir", str(path), f"{hint}; it has no report.json and no step "
+                        "records")
     if report.stat().st_size > MAX_REPORT_BYTES:
         raise SpecError("run_dir", str(path), f"its report.json is {report.stat().st_size:,} "
                         f"bytes; a train report is a few kB (at most {MAX_REPORT_BYTES:,})")
@@ -56,9 +73,8 @@ def load_run(path: str | Path) -> dict[str, Any]:
                         f"(missing {', '.join(missing)})")
     if not doc["losses"] or not all(isinstance(x, int | float) for x in doc["losses"]):
         raise SpecError("run_dir", str(path), "its report.json has no losses")
-    log = d / "train.jsonl"
     steps = _read_steps(log, str(path)) if log.is_file() else []
-    return {"doc": doc, "steps": steps, "dir": str(d)}
+    return {"doc": doc, "steps": steps, "dir": str(d), "log": str(log)}
 
 
 def _read_steps(log: Path, run_dir: str) -> list[dict[str, Any]]:
@@ -68,7 +84,7 @@ def _read_steps(log: Path, run_dir: str) -> list[dict[str, Any]]:
     steps: list[dict[str, Any]] = []
 
     def bad(n: int, why: str) -> SpecError:
-        return SpecError("run_dir", run_dir, f"train.jsonl line {n} {why}: not the step log "
+        return SpecError("run_dir", run_dir, f"{log.name} line {n} {why}: not the step log "
                          "`shardlab train` writes")
 
     try:
@@ -87,11 +103,12 @@ def _read_steps(log: Path, run_dir: str) -> list[dict[str, Any]]:
                 try:
                     rec = json.loads(line)
                     float(rec["seconds"]), float(rec["tokens"]), int(rec["step"])
+                    float(rec["loss"])
                 except (json.JSONDecodeError, KeyError, TypeError, ValueError):
                     raise bad(n, "is not a step record") from None
                 steps.append(rec)
     except OSError as e:
-        raise SpecError("run_dir", run_dir, f"train.jsonl cannot be read ({e.strerror})") from None
+        raise SpecError("run_dir", run_dir, f"{log.name} cannot be read ({e.strerror})") from None
     return steps
 
 
@@ -148,6 +165,8 @@ def run_sections(run: dict[str, Any], prefix: str = "run", plan: dict[str, Any] 
                  ) -> list[Section]:
     """The sections of a run's page; ``prefix`` keeps anchors apart on a shared page."""
     doc = run["doc"]
+    if doc is None:
+        return log_sections(run, prefix)
     over = Section(f"{prefix}-overview", "Run: what happened")
     parity = ("-" if "max_loss_diff" not in doc else
               Raw(f"{doc['max_loss_diff']:.2e} (tolerance {doc['parity_tolerance']:g}): "
@@ -211,3 +230,34 @@ def run_sections(run: dict[str, Any], prefix: str = "run", plan: dict[str, Any] 
         horizontal=True, scale=1e6, unit="MB (decimal)"))
     sections.append(mem)
     return sections
+
+
+def log_sections(run: dict[str, Any], prefix: str = "run") -> list[Section]:
+    """The page of a step log alone (no report.json: a run still training, or stopped):
+    what the log holds, the loss and the tokens/s of every step as rank 0 wrote them."""
+    steps = run["steps"]
+    ps = per_step(run)
+    losses = [float(s["loss"]) for s in steps]
+    finite = [x for x in ps["tokens_per_s"] if math.isfinite(x)]
+    later = finite[1:] or finite  # step 0 includes warm-up
+    over = Section(f"{prefix}-overview", "Run: what the step log holds")
+    over.add(para("No report.json beside this step log (the run is still training, or it "
+                  "stopped before its end): predicted-vs-measured figures and memory per rank "
+                  "come with the report `shardlab train --log-dir` writes at the end.", "note"))
+    over.add(table_html(("what", "value"), [
+        ("steps logged", f"{len(steps)} (step {steps[0]['step']} to {steps[-1]['step']})"),
+        ("first / last loss", f"{losses[0]:.4f} / {losses[-1]:.4f}"),
+        ("tokens/s (median step, step 0 left out)",
+         human(statistics.median(later)) if later else "-"),
+        ("step log", run["log"]),
+    ], left=2))
+    loss = Section(f"{prefix}-loss", "Loss")
+    loss.chart(charts.lines(f"{prefix}-loss", "Training loss per step (from the step log).",
+                            {"this run": (ps["step"], losses)}, xlabel="step", ylabel="loss",
+                            styles={"this run": "o-"}, integer_x=True))
+    speed = Section(f"{prefix}-speed", "Throughput")
+    speed.chart(charts.lines(f"{prefix}-speed", "Tokens/s of each step (rank 0's clock; step 0 "
+                             "includes warm-up).", {"tokens/s": (ps["step"], ps["tokens_per_s"])},
+                             styles={"tokens/s": "o-"}, xlabel="step", ylabel="tokens/s",
+                             integer_x=True))
+    return [over, loss, speed]

@@ -47,8 +47,7 @@ from shardlab.nn.data import Batch, global_token_normalizer, make_batch
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.nn.loss import lm_loss_sum
 from shardlab.nn.model import TransformerLM
-from shardlab.verify.registry import check
-from shardlab.verify.runner import GLOBAL_BATCH
+from shardlab.verify.registry import GLOBAL_BATCH, check
 
 SHAPE = ModelShape("ddp-tiny", 2, 32, 4, garden_vocab().size, 64, style="llama", tied=False)
 MODEL_SEED = 7  # every copy of the model starts from these weights

@@ -64,8 +64,7 @@ from shardlab.nn.data import Batch, batches, global_token_normalizer
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.nn.loss import lm_loss_sum
 from shardlab.nn.model import TransformerLM
-from shardlab.verify.registry import check
-from shardlab.verify.runner import GLOBAL_BATCH
+from shardlab.verify.registry import GLOBAL_BATCH, check
 
 SEQ = 32
 SHAPE = ModelShape(name="fsdp2-tiny", layers=2, d_model=32, heads=4,

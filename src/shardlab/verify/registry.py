@@ -10,6 +10,10 @@ distributed checkpoint into one unsharded model).
 
 from __future__ import annotations
 
+GLOBAL_BATCH = 8
+"""Sequences in the experiments' global batches: the world size must divide it (here, in
+the torch-free registry, so the command checks it before anything imports torch)."""
+
 EXPERIMENTS: dict[str, tuple[str, str]] = {
     "ddp_token_weighting": ("shardlab.verify.ddp", "DDP with the loss weighted by the global "
                             "real-token count equals the full-batch update; mean of means not"),

@@ -12,8 +12,6 @@ import torch.distributed as dist
 from shardlab.distributed.launch import RankContext, launch
 from shardlab.verify.registry import EXPERIMENTS
 
-GLOBAL_BATCH = 8  # sequences in the experiments' global batches: the world size must divide it
-
 
 def run_experiments(ctx: RankContext, names: list[str], work_dir: str,
                     fault_rank: int | None = None) -> dict[str, Any]:
