@@ -170,6 +170,48 @@ def unpermute(y_sorted: torch.Tensor, order: torch.Tensor, weights: torch.Tensor
     return (y * weights.unsqueeze(-1)).sum(dim=1)
 
 
+@dataclass
+class Routing:
+    """One forward's routing of its T tokens (:func:`dispatch`)."""
+
+    tokens: int
+    weights: torch.Tensor  # [T, k], zero where capacity dropped the assignment
+    counts: torch.Tensor  # LongTensor [E]: assignments per expert, before dropping
+    kept: torch.Tensor  # LongTensor [E]: rows each expert takes (after dropping)
+    order: torch.Tensor  # [T*k]: (token, slot) pairs sorted by expert id, dropped last
+    rows: torch.Tensor  # [sum(kept), d]: the rows the experts take, grouped by expert
+    aux: torch.Tensor | None  # coefficient-weighted auxiliary loss, or None
+
+
+def dispatch(tokens: torch.Tensor, logits: torch.Tensor, top_k: int,
+             options: MoEOptions) -> Routing:
+    """Route ``tokens`` [T, d] by the router's ``logits`` [T, E]: top-k, optional
+    capacity dropping (a dropped assignment gets weight 0 and sorts after every expert's
+    rows, so it is never sent), the rows grouped by expert, and ``aux_coef`` * load
+    balance + ``z_coef`` * z-loss. The one routing of the model, the simulator and the
+    expert-parallel runtime."""
+    experts = logits.shape[-1]
+    weights, ids = route(logits, top_k)
+    counts = expert_counts(ids, experts)
+    sorted_ids, kept = ids, counts
+    if options.capacity_factor > 0:
+        capacity = expert_capacity(tokens.shape[0], top_k, experts, options.capacity_factor)
+        keep = capacity_keep(ids, experts, capacity)
+        weights = weights * keep
+        sorted_ids = ids.masked_fill(~keep, experts)
+        kept = counts.clamp(max=capacity)  # an expert keeps its first `capacity`
+    x_sorted, order = permute(tokens, sorted_ids)
+    aux = None
+    if options.aux_coef:
+        probs = F.softmax(logits.to(router_dtype(logits.dtype)), dim=-1)
+        aux = options.aux_coef * load_balance_loss(probs, ids, experts)
+    if options.z_coef:
+        z = options.z_coef * router_z_loss(logits)
+        aux = z if aux is None else aux + z
+    n = int(kept.sum()) if options.capacity_factor > 0 else x_sorted.shape[0]
+    return Routing(tokens.shape[0], weights, counts, kept, order, x_sorted[:n], aux)
+
+
 # --- experts ----------------------------------------------------------------------------
 
 def grouped_mlp(x_sorted: torch.Tensor, counts: list[int], w_gate: torch.Tensor | None,
@@ -267,9 +309,7 @@ class MoEFeedForward(nn.Module):
         if shape.moe is None:
             raise SpecError("model", shape.name, "has no mixture-of-experts layers (moe)")
         moe = shape.moe
-        for name, value in (("aux_coef", aux_coef), ("z_coef", z_coef),
-                            ("capacity_factor", capacity_factor)):
-            check_option(name, value)
+        self.options = MoEOptions(aux_coef, z_coef, capacity_factor)  # checks each
         self.num_experts, self.top_k = moe.experts, moe.experts_per_token
         self.aux_coef, self.z_coef, self.capacity_factor = aux_coef, z_coef, capacity_factor
         self.router = nn.Linear(shape.d_model, moe.experts, bias=moe.router_bias, dtype=dtype)
@@ -286,42 +326,14 @@ class MoEFeedForward(nn.Module):
         """x [b, s, d] -> [b, s, d]."""
         b, s, d = x.shape
         tokens = x.reshape(-1, d)  # [T, d]
-        logits = self.router(tokens)  # [T, E]
-        weights, ids = route(logits, self.top_k)
-        counts = expert_counts(ids, self.num_experts)
-        self.last_counts = counts.detach()
-        assignments = ids.numel()
-        kept = assignments
-        if self.capacity_factor > 0:
-            capacity = expert_capacity(tokens.shape[0], self.top_k, self.num_experts,
-                                       self.capacity_factor)
-            keep = capacity_keep(ids, self.num_experts, capacity)
-            weights = weights * keep
-            # A dropped assignment is sorted after every expert's rows and never sent.
-            sorted_ids = ids.masked_fill(~keep, self.num_experts)
-            counts = counts.clamp(max=capacity)  # an expert keeps its first `capacity`
-            kept = int(counts.sum())
-        else:
-            sorted_ids = ids
-        self.last_dropped = assignments - kept
-        x_sorted, order = permute(tokens, sorted_ids)
-        y = unpermute(self.experts(x_sorted[:kept], counts), order, weights, tokens.shape[0])
+        r = dispatch(tokens, self.router(tokens), self.top_k, self.options)
+        self.last_counts = r.counts.detach()
+        self.last_dropped = r.order.numel() - r.rows.shape[0]
+        y = unpermute(self.experts(r.rows, r.kept), r.order, r.weights, r.tokens)
         if self.shared is not None:
             y = y + self.shared(tokens)
-        return self._attach_aux(y, logits, ids).view(b, s, d)
-
-    def _attach_aux(self, y: torch.Tensor, logits: torch.Tensor,
-                    ids: torch.Tensor) -> torch.Tensor:
-        """``y``, carrying aux_coef * load balance + z_coef * z-loss into backward."""
-        aux = None
-        if self.aux_coef:
-            probs = F.softmax(logits.to(router_dtype(logits.dtype)), dim=-1)
-            aux = self.aux_coef * load_balance_loss(probs, ids, self.num_experts)
-        if self.z_coef:
-            z = self.z_coef * router_z_loss(logits)
-            aux = z if aux is None else aux + z
-        if aux is None:
-            self.last_aux = torch.zeros((), device=y.device)
-            return y
-        self.last_aux = aux.detach()
-        return AttachAuxLoss.apply(y, aux) if aux.requires_grad else y
+        self.last_aux = (r.aux.detach() if r.aux is not None
+                         else torch.zeros((), device=y.device))
+        if r.aux is not None and r.aux.requires_grad:
+            y = AttachAuxLoss.apply(y, r.aux)
+        return y.view(b, s, d)

@@ -32,15 +32,9 @@ from shardlab.config.model import ModelShape
 from shardlab.nn.moe import (
     AttachAuxLoss,
     MoEOptions,
-    capacity_keep,
-    expert_capacity,
-    expert_counts,
+    Routing,
+    dispatch,
     grouped_mlp,
-    load_balance_loss,
-    permute,
-    route,
-    router_dtype,
-    router_z_loss,
     unpermute,
 )
 from shardlab.sim.ep_ops import all_to_all_autograd, transpose
@@ -64,47 +58,16 @@ class ExpertGroups:
     logs: list[CountLog] | None = None
 
 
-@dataclass
-class _Routed:
-    """One device's routing of its T tokens."""
-
-    tokens: int
-    order: torch.Tensor  # [T*k] (token, slot) pairs sorted by expert id
-    weights: torch.Tensor  # [T, k], zero where capacity dropped the assignment
-    counts: list[int]  # rows each global expert takes from this device (after dropping)
-    rows: torch.Tensor  # [sum(counts), d] the kept rows, sorted by expert
-    aux: torch.Tensor | None  # coefficient-weighted auxiliary loss
-
-
 def _route(shape: ModelShape, opts: MoEOptions, h: torch.Tensor, p: Params, pre: str
-           ) -> tuple[_Routed, list[int]]:
-    """Route h [b, s, d] as :meth:`MoEFeedForward.forward` does; also the counts before
-    dropping."""
+           ) -> tuple[Routing, list[int]]:
+    """Route h [b, s, d] as :meth:`MoEFeedForward.forward` does (the model's own
+    :func:`~shardlab.nn.moe.dispatch`); also the counts before dropping."""
     moe = shape.moe
     assert moe is not None
-    experts, k = moe.experts, moe.experts_per_token
     tokens = h.reshape(-1, h.shape[-1])  # [T, d]
     logits = F.linear(tokens, p[pre + "router.weight"], p.get(pre + "router.bias"))  # [T, E]
-    weights, ids = route(logits, k)
-    counts = expert_counts(ids, experts)
-    raw = counts.tolist()
-    sorted_ids = ids
-    if opts.capacity_factor > 0:
-        capacity = expert_capacity(tokens.shape[0], k, experts, opts.capacity_factor)
-        keep = capacity_keep(ids, experts, capacity)
-        weights = weights * keep
-        sorted_ids = ids.masked_fill(~keep, experts)  # dropped rows sort last, never sent
-        counts = counts.clamp(max=capacity)
-    kept = counts.tolist()
-    x_sorted, order = permute(tokens, sorted_ids)
-    aux = None
-    if opts.aux_coef:
-        probs = F.softmax(logits.to(router_dtype(logits.dtype)), dim=-1)
-        aux = opts.aux_coef * load_balance_loss(probs, ids, experts)
-    if opts.z_coef:
-        z = opts.z_coef * router_z_loss(logits)
-        aux = z if aux is None else aux + z
-    return _Routed(tokens.shape[0], order, weights, kept, x_sorted[:sum(kept)], aux), raw
+    r = dispatch(tokens, logits, moe.experts_per_token, opts)
+    return r, r.counts.tolist()
 
 
 def _experts(p: Params, pre: str, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
@@ -134,7 +97,8 @@ def routed_experts(shape: ModelShape, opts: MoEOptions, group: VirtualGroup,
     if log is not None:
         log.append(counts_before)
     # counts[i][j][l]: rows source i sends for local expert l of member j.
-    counts = [[r.counts[j * local:(j + 1) * local] for j in range(ep)] for r in routed]
+    kept = [r.kept.tolist() for r in routed]
+    counts = [[k[j * local:(j + 1) * local] for j in range(ep)] for k in kept]
     splits = [[sum(c) for c in row] for row in counts]
     received = all_to_all_autograd(group, [r.rows for r in routed], splits)  # dispatch
     outputs = []
