@@ -16,10 +16,10 @@ from shardlab.cli.args import (
 )
 from shardlab.cli.output import print_json
 from shardlab.config.dtypes import get_policy
-from shardlab.config.hardware import Accelerator
+from shardlab.config.hardware import Accelerator, matmul_peaks, power_capped, with_nics
 from shardlab.config.layout import RECOMPUTE, SCHEDULES, Layout, make_layout
 from shardlab.config.limits import MAX_GPUS
-from shardlab.config.measured import accelerator_or_measured
+from shardlab.config.measured import NAME, accelerator_or_measured
 from shardlab.config.model import ModelShape
 from shardlab.config.resolve import load_model
 from shardlab.errors import SpecError, require_int_at_most
@@ -45,7 +45,9 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recompute", choices=RECOMPUTE, default="none",
                    help="activation recompute")
     g.add_argument("--dtype", default="bf16",
-                   help="dtype policy: bf16 fp16 amp-bf16 bf16-pure fp32")
+                   help="dtype policy: bf16 fp16 amp-bf16 bf16-pure fp32 fp8 (fp8: bf16 mixed "
+                   "precision with the linear layers in fp8, as Transformer Engine and "
+                   "torchao run it; needs an fp8 GPU such as H100, CUDA only)")
     g.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
     g.add_argument("--ep", type=positive_int, default=1,
                    help="expert-parallel degree (MoE): ranks of the dp group that split the "
@@ -69,6 +71,37 @@ def add_hardware_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--hardware-file", type=Path, help="TOML file of extra accelerators/links")
 
 
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    """Facts of the cluster a run states (``budget`` and ``plan``): the nodes' NICs and
+    their speed, and a GPU power cap (:func:`apply_cluster_args`)."""
+    g = p.add_argument_group("cluster facts (what a run states; default: the catalog's)")
+    g.add_argument("--nics-per-node", type=positive_int,
+                   help="network cards per node, shared by its devices (default: one per "
+                   "device)")
+    g.add_argument("--nic-gbps", type=positive_float,
+                   help="speed of each NIC in Gb/s (default: the accelerator's inter-node "
+                   "link, e.g. 400 for IB NDR); 4 x 100 Gb/s gives each of 8 GPUs 6.25 GB/s")
+    g.add_argument("--power-cap-w", type=positive_float,
+                   help="GPU power limit in W (nvidia-smi -pl): matmul peaks scale by "
+                   "(cap/board power)^(1/3), the clock a capped GPU keeps (assumption: "
+                   "power ~ clock^3); memory and links unchanged")
+
+
+def apply_cluster_args(acc: Accelerator, args: argparse.Namespace) -> Accelerator:
+    """``acc`` with the cluster facts of :func:`add_cluster_args` applied (SpecError on
+    this machine, whose links and clock are measured, not stated)."""
+    nics, gbps, cap = args.nics_per_node, args.nic_gbps, args.power_cap_w
+    given = [n for n, v in (("nics_per_node", nics), ("nic_gbps", gbps),
+                            ("power_cap_w", cap)) if v is not None]
+    if given and acc.name == NAME:
+        raise SpecError(given[0], getattr(args, given[0]), "states a GPU cluster's fact; "
+                        "this machine's links and clock are measured (`shardlab hardware "
+                        "--measure`)")
+    if nics is not None or gbps is not None:
+        acc = with_nics(acc, nics, gbps)
+    return acc if cap is None else power_capped(acc, cap)
+
+
 def register(sub: Any) -> None:
     """Add the ``budget`` sub-command."""
     p = sub.add_parser("budget", help="parameters, FLOPs, memory, time, money, comm, inference",
@@ -79,6 +112,7 @@ def register(sub: Any) -> None:
                    "comm): 1 to 2^53, e.g. 7.5e9 or 7B (suffixes K, M, B, T)")
     add_layout_args(p)
     add_hardware_args(p)
+    add_cluster_args(p)
     add_assumption_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(run=run)
@@ -158,8 +192,13 @@ def run(args: argparse.Namespace) -> int:
 
     if (args.model is None) == (args.params is None):
         raise SpecError("model", args.model, "give a MODEL or --params N, not both or neither")
-    acc = accelerator_or_measured(args.gpu, args.hardware_file)
+    acc = apply_cluster_args(accelerator_or_measured(args.gpu, args.hardware_file), args)
     a = assumptions_from(args)
+    policy = get_policy(args.dtype)
+    if policy.is_fp8 and acc.name == NAME:
+        raise SpecError("dtype", args.dtype, "fp8 training runs only on CUDA GPUs (torchao "
+                        "float8, Transformer Engine): this machine's CPU cannot run it")
+    matmul_peaks(acc, policy.compute, policy.linear_compute)  # fp8 on an A100: one line
     if args.params is not None:
         for name, value, default in (("ep", args.ep, 1), ("etp", args.etp, None),
                                      ("capacity_factor", args.capacity_factor, 0.0)):

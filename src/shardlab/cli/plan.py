@@ -10,18 +10,27 @@ from pathlib import Path
 from typing import Any
 
 from shardlab.cli.args import add_shape_args, build_shape, nonneg_float, positive_int, shape_flags
-from shardlab.cli.budget import imbalance_arg
+from shardlab.cli.budget import add_cluster_args, apply_cluster_args, imbalance_arg
 from shardlab.cli.job import check_emit_path, emit_config
 from shardlab.cli.output import print_json
 from shardlab.cli.plan_dryrun import dry_run_top
 from shardlab.config.dtypes import get_policy
+from shardlab.config.hardware import matmul_peaks
 from shardlab.config.layout import RECOMPUTE, SCHEDULES, make_layout
 from shardlab.config.measured import accelerator_or_measured, slow_dtype_note
 from shardlab.config.resolve import load_model
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_vocab
 from shardlab.plan.fit import explain_fit, step_options_for
-from shardlab.plan.search import is_this_machine, layout_candidates, plan
+from shardlab.plan.overlap import framework as overlap_framework
+from shardlab.plan.search import (
+    STEP_KEYS,
+    is_this_machine,
+    layout_candidates,
+    layout_step_keys,
+    parse_layout,
+    plan,
+)
 from shardlab.plan.space import TRAIN_SCHEDULES, TRAIN_ZERO, Space
 from shardlab.report.plan_view import print_plan
 
@@ -62,11 +71,19 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpus-per-node", type=positive_int,
                    help="devices per node (default: the accelerator's, 8 for GPUs)")
     g.add_argument("--hardware-file", type=Path, help="TOML file of extra accelerators/links")
+    add_cluster_args(p)
     g = p.add_argument_group("job")
     g.add_argument("--global-batch", type=positive_int, required=True,
                    help="sequences per optimizer step, at most 2^24")
     g.add_argument("--dtype", help="dtype policy (default bf16; fp32 on this machine, where "
-                   "bf16 means torch autocast as `shardlab train --dtype bf16`)")
+                   "bf16 means torch autocast as `shardlab train --dtype bf16`); fp8: the "
+                   "linear layers multiply in fp8 at the accelerator's fp8 peak, attention "
+                   "core, head and router in bf16 (Transformer Engine, torchao float8; needs "
+                   "an fp8 GPU, CUDA only)")
+    g.add_argument("--framework", help="megatron, torchtitan or deepspeed: price the step as "
+                   "that framework runs it by default (which communication overlaps compute, "
+                   "fused norms, fused gradient accumulation; see --layout's overlap keys, "
+                   "which override it); default: data-parallel overlap only")
     g.add_argument("--attention", choices=("flash", "eager"), default="flash",
                    help="flash (default, as budget and today's real runs): a fused kernel "
                    "keeps only softmax statistics; eager: the s x s scores are kept "
@@ -105,7 +122,14 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--layout", help='evaluate one layout instead of searching, e.g. "dp=1 '
                    'tp=8 pp=8 virtual=3 micro_batch=1 zero=1 sp=1 recompute=selective '
                    'schedule=1f1b", MoE: ep=8 etp=1 capacity_factor=1.25 (keys left out '
-                   'take their defaults; each key once; sp is 0 or 1)')
+                   'take their defaults; each key once; sp is 0 or 1). Step-time keys, 0 or '
+                   '1, override --framework: overlap_dp (gradient reduce-scatter/all-reduce '
+                   'and parameter all-gather per bucket or layer behind backward/forward), '
+                   'overlap_tp (tensor-parallel collectives split alongside their matmuls: '
+                   "Megatron's --tp-comm-overlap, torch async TP), overlap_pp (pipeline "
+                   "sends/receives behind the next chunk's compute), fused_norm (RMSNorm in "
+                   'one kernel, else eager torch); a --layout of only these keys searches '
+                   'with them')
 
 
 def register(sub: Any) -> None:
@@ -145,12 +169,17 @@ def model_from_args(args: argparse.Namespace) -> tuple[Any, str]:
 def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     """The ``--json`` document of ``shardlab plan`` (SpecError for bad input)."""
 
-    acc = accelerator_or_measured(args.gpu, args.hardware_file)
+    acc = apply_cluster_args(accelerator_or_measured(args.gpu, args.hardware_file), args)
     model, model_flags = model_from_args(args)
     seq = args.seq or model.context
     here = is_this_machine(acc)
+    notes = []
     if here:
         dtype = args.dtype or "fp32"
+        if dtype == "fp8":
+            raise SpecError("dtype", dtype, "fp8 training runs only on CUDA GPUs (torchao "
+                            "float8, Transformer Engine): this machine's CPU cannot run it; "
+                            "plan it for a GPU, e.g. --gpu h100")
         if dtype not in ("fp32", "bf16"):
             raise SpecError("dtype", dtype, "must be fp32 or bf16 on this machine "
                             "(what shardlab train runs)")
@@ -158,6 +187,13 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     else:
         dtype = args.dtype or "bf16"
         policy = get_policy(dtype)
+        matmul_peaks(acc, policy.compute, policy.linear_compute)  # fp8 on an A100: one line
+        if policy.is_fp8:
+            notes.append("fp8: priced as Transformer Engine and torchao float8 run it (linear "
+                         "layers in fp8, attention core, head and router in bf16, fp8 casts "
+                         "at the memory bandwidth); real fp8 training runs on CUDA GPUs only: "
+                         "shardlab train cannot run it on a CPU")
+    step_keys = layout_step_keys(args.layout)
     runnable = here or bool(args.dry_run_top)
     # This machine, or a job file to emit: the winner must be a layout shardlab train runs.
     train_only = here or getattr(args, "emit_config", None) is not None
@@ -182,10 +218,14 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         schedules=tuple(s for s in args.schedules if not runnable or s in TRAIN_SCHEDULES)
         or ("1f1b",),
         train_only=train_only, ep=args.ep, capacity_factor=args.capacity_factor)
-    only = layout_candidates(model, space, args.layout) if args.layout else None
+    # A --layout of step-time keys alone sets options for the search.
+    given = args.layout and set(parse_layout(args.layout, STEP_KEYS)) - set(step_keys)
+    only = layout_candidates(model, space, args.layout) if given else None
     dropout = args.dropout if args.dropout is not None else model.style == "gpt"
     options = step_options_for(acc, flash=args.attention == "flash",
-                               overlap_dp=not args.no_overlap_dp)
+                               overlap_dp=not args.no_overlap_dp, framework=args.framework,
+                               overrides=step_keys)
+    fw = overlap_framework(args.framework)
     result = plan(model, acc, space, policy, top=args.top, dropout=dropout, options=options,
                   train_prefix=f"shardlab train {model_flags}" if here else None,
                   train_dtype=dtype, only=only, imbalance=args.routing_imbalance)
@@ -213,13 +253,22 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         "efficiency": {"peak_fraction": dev.eff.peak_fraction,
                        "half_intensity": dev.eff.half_intensity,
                        "op_overhead": dev.eff.op_overhead,
-                       "link_fraction": dev.eff.link_fraction, "source": dev.eff.source},
+                       "link_fraction": dev.eff.link_fraction,
+                       "fp8_peak_fraction": dev.eff.fp8_peak_fraction or dev.eff.peak_fraction,
+                       "flash_fractions": dict(dev.eff.flash_fractions),
+                       "source": dev.eff.source},
         # This machine's measured runtime (gloo's rates per collective, fixed costs per
         # parallel style), or null when it was not measured (or is not this machine).
         "runtime": asdict(dev.runtime) if dev.runtime is not None else None,
         "this_machine": here, "layout_given": args.layout,
+        "linear_peak_flops_per_device": dev.linear_peak or dev.peak,
+        "inter_node_link": asdict(acc.inter_link), "power_watts": acc.power_watts,
+        "gpu_source": acc.source,
+        # The step-time options priced: the framework's defaults, then --layout's keys.
+        "framework": None if args.framework is None else fw.name,
+        "step_options": {**asdict(options), "framework_source": fw.source},
         # A dtype with no fast kernel on this measured CPU: priced at its measured slow rate.
-        "notes": [n for n in (slow_dtype_note(acc, dtype),) if n],
+        "notes": notes + [n for n in (slow_dtype_note(acc, dtype),) if n],
         "candidates_evaluated": result.candidates_evaluated, "feasible": result.feasible,
         "rejected": result.rejected, "seconds": result.seconds,
         "smallest_memory_per_device": result.smallest_memory, "best": result.best,

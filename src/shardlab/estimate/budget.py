@@ -13,9 +13,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from shardlab.config.dtypes import DtypePolicy
-from shardlab.config.hardware import Accelerator
+from shardlab.config.hardware import Accelerator, matmul_peaks
 from shardlab.config.layout import Layout
 from shardlab.config.model import ModelShape
+from shardlab.estimate import fp8
 from shardlab.estimate.activations import layer_activation_bytes
 from shardlab.estimate.comm import (
     alltoall_seconds,
@@ -87,9 +88,19 @@ def _states(params: float, policy: DtypePolicy, dp: int, experts: float = 0.0,
     return out
 
 
+def effective_peak(acc: Accelerator, policy: DtypePolicy, share: float) -> float:
+    """The dense peak (FLOP/s) the budget's MFU applies to: the compute dtype's, or with fp8
+    the blend of ``share`` of the FLOPs (the linear layers) at the fp8 peak and the rest at
+    the compute dtype's (:func:`shardlab.estimate.fp8.blended_peak`). SpecError for a
+    dtype the accelerator has no peak for (fp8 on an A100)."""
+    peak, linear = matmul_peaks(acc, policy.compute, policy.linear_compute)
+    return fp8.blended_peak(peak, linear, share) if policy.is_fp8 else peak
+
+
 def _time(flops: float, tokens_per_step: float, per_step: float, gpus: int, acc: Accelerator,
-          policy: DtypePolicy, a: Assumptions, hardware_ratio: float) -> dict[str, Any]:
-    peak = acc.peak(policy.compute)
+          policy: DtypePolicy, a: Assumptions, hardware_ratio: float,
+          share: float = 1.0) -> dict[str, Any]:
+    peak = effective_peak(acc, policy, share)
     t = train_time(flops, gpus, peak, a.mfu, a.price_per_gpu_hour, acc.power_watts)
     step = per_step / (gpus * peak * a.mfu)
     # HFU counts the recomputed work too (PaLM, Chowdhery et al. 2022): MFU x hardware/model.
@@ -124,8 +135,9 @@ def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
 
     link_dp = acc.inter_link if lay.tp * lay.dp > acc.gpus_per_node else acc.intra_link
     link_tp = acc.intra_link if lay.tp <= acc.gpus_per_node else acc.inter_link
-    # The ep group spans ep·tp consecutive ranks (tp innermost, then ep).
-    link_ep = acc.intra_link if lay.ep * lay.tp <= acc.gpus_per_node else acc.inter_link
+    # The ep group spans ep·etp consecutive ranks (etp innermost, then ep; with etp = 1 the
+    # tensor ranks join the ep group: Megatron-LM's expert mesh, torchtitan).
+    link_ep = acc.intra_link if lay.ep * lay.etp <= acc.gpus_per_node else acc.inter_link
     ep_bytes = expert_alltoall_bytes(m, lay)
 
     context = a.decode_context or m.context
@@ -154,7 +166,7 @@ def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
                    "expert_dp": lay.expert_dp, "capacity_factor": lay.capacity_factor,
                    "microbatches": lay.microbatches, "tokens_per_step": lay.tokens_per_step,
                    "describe": lay.describe()},
-        "hardware": _hardware(acc, lay.dtype),
+        "hardware": _hardware(acc, lay.dtype, fp8.linear_flop_share(m, lay.seq)),
         "assumptions": {**asdict(a), "tokens": tokens, "tokens_default": a.tokens is None,
                         "dropout": dropout,
                         "decode_context": context,
@@ -187,7 +199,8 @@ def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
             "by_zero_stage": _states(dense, lay.dtype, lay.dp, experts, lay.expert_dp),
         },
         "time": _time(fpt.train * tokens, lay.tokens_per_step, per_step, lay.gpus, acc,
-                      lay.dtype, a, fpt.hardware_train / fpt.train),
+                      lay.dtype, a, fpt.hardware_train / fpt.train,
+                      fp8.linear_flop_share(m, lay.seq)),
         "comm": {
             "dp_bytes_per_step": dp_bytes_split(dense, experts, lay.dtype, lay.zero, lay.dp,
                                                 lay.expert_dp, lay.microbatches),
@@ -259,9 +272,15 @@ def _moe(m: ModelShape, lay: Layout, a: Assumptions) -> dict[str, Any] | None:
     }
 
 
-def _hardware(acc: Accelerator, policy: DtypePolicy) -> dict[str, Any]:
+def _hardware(acc: Accelerator, policy: DtypePolicy, share: float = 1.0) -> dict[str, Any]:
+    """The device: its peak in the compute dtype and, with fp8, the linear layers' fp8 peak,
+    their share of the FLOPs and the blended peak the MFU applies to."""
     return {"name": acc.name, "source": acc.source, "peak_flops": acc.peak(policy.compute),
-            "compute_dtype": policy.compute, "memory_bytes": acc.memory_bytes,
+            "compute_dtype": policy.compute, "linear_dtype": policy.linear_compute,
+            "linear_peak_flops": acc.peak(policy.linear_compute),
+            "linear_flop_share": share if policy.is_fp8 else None,
+            "effective_peak_flops": effective_peak(acc, policy, share),
+            "memory_bytes": acc.memory_bytes,
             "memory_bandwidth": acc.memory_bandwidth, "power_watts": acc.power_watts,
             "gpus_per_node": acc.gpus_per_node,
             "intra_link": asdict(acc.intra_link), "inter_link": asdict(acc.inter_link)}
@@ -280,7 +299,8 @@ def params_budget(n_params: float, acc: Accelerator, *, gpus: int, tp: int, pp: 
     per_rank = n_params / (tp * pp)
     states = zero_state_bytes(per_rank, policy, zero, dp)
     flops = train_flops_6nd(n_params, tokens)
-    peak = acc.peak(policy.compute)
+    # A bare count: 6ND counts only the weights' matmuls, all linear layers (fp8 with fp8).
+    peak = effective_peak(acc, policy, 1.0)
     t = train_time(flops, gpus, peak, a.mfu, a.price_per_gpu_hour, acc.power_watts)
     return {
         "layout": {"dp": dp, "tp": tp, "pp": pp, "zero": zero, "dtype": policy.name,

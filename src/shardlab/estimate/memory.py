@@ -4,7 +4,9 @@ Model states follow the ZeRO paper (Rajbhandari et al. 2020, Sec. 5.1), see
 :mod:`shardlab.estimate.states`, for the Ψ parameters of each (tensor, pipeline)
 rank (:mod:`shardlab.estimate.partition`); a mixture-of-experts rank shards its
 routed experts over expert_dp = dp/ep and the rest over dp
-(:func:`shardlab.estimate.expert.rank_state_bytes`).
+(:func:`shardlab.estimate.expert.rank_state_bytes`). With the fp8 policy the weights
+add the linear layers' fp8 copies and scales under ZeRO 0-2
+(:func:`shardlab.estimate.fp8.rank_state_bytes`).
 
 Activations: :mod:`shardlab.estimate.activations` per layer (MoE layers with the
 layout's ep, etp, capacity factor and a routing imbalance), times the layer
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 
 from shardlab.config.layout import Layout
 from shardlab.config.model import ModelShape
+from shardlab.estimate import fp8
 from shardlab.estimate.activations import (
     first_stage_extra_bytes,
     last_stage_extra_bytes,
@@ -109,7 +112,10 @@ def stage_memory(m: ModelShape, layout: Layout, dropout: bool,
         rank_act[c % lay.pp] += sum(per_layer[start:start + n])
         start += n
     params = [d + x for d, x in rank_params_split(m, lay)]
-    states = rank_state_bytes(m, lay)
+    # fp8: the linear weights' fp8 copies and scales count as weights (ZeRO 0-2).
+    states = [s + StateBytes(f, 0.0, 0.0)
+              for s, f in zip(rank_state_bytes(m, lay), fp8.rank_state_bytes(m, lay),
+                              strict=True)]
     out = []
     for r in range(lay.pp):
         k = inflight_microbatches(lay.schedule, lay.pp, r, lay.microbatches, lay.virtual_stages)

@@ -6,7 +6,9 @@ The formulas are :mod:`shardlab.estimate.expert`'s balanced case (GShard, Lepikh
 al. 2020; Switch Transformer, Fedus et al. 2022, for the capacity), over numpy arrays.
 An all-to-all in which each rank sends n bytes to its p - 1 peers costs
 (p-1)·α + n/B (pairwise exchange, Thakur, Rabenseifner & Gropp 2005). The ep group spans
-ep·t consecutive ranks (tensor innermost, then ep): inside a node while ep·t <= devices
+ep·etp consecutive ranks (expert tensor innermost, then ep: Megatron-LM's expert mesh,
+where with etp = 1 the tensor-parallel ranks join the ep group, as in torchtitan): inside
+a node while ep·etp <= devices
 per node, else across the inter-node link.
 """
 

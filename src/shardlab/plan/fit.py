@@ -61,7 +61,8 @@ from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
 from shardlab.estimate.memory import peak_stage, stage_memory
 from shardlab.plan.memory import MemoryOptions, memory_arrays
-from shardlab.plan.search import device_of, is_this_machine
+from shardlab.plan.overlap import framework as overlap_framework
+from shardlab.plan.search import device_of, is_this_machine, layout_flag
 from shardlab.plan.space import REASONS, TRAIN_ZERO, Candidates, Space, check_rules
 from shardlab.plan.step_time import StepOptions, step_seconds
 
@@ -158,13 +159,32 @@ class FitAdvice:
                 "skipped": [{"change": c, "reason": r} for c, r in self.skipped]}
 
 
-def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True) -> StepOptions:
-    """The step-time options ``shardlab plan`` prices ``acc`` with: on this machine the
-    ranks' cores also move the bytes (no overlap), and ``shardlab train`` is eager torch
-    (gradients accumulate in their own pass)."""
+def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
+                     framework: str | None = None,
+                     overrides: dict[str, str] | None = None) -> StepOptions:
+    """The step-time options ``shardlab plan`` prices ``acc`` with: ``framework``'s defaults
+    (:data:`shardlab.plan.overlap.FRAMEWORKS`; None: the planner's own), then the
+    ``--layout`` keys of ``overrides`` (:data:`shardlab.plan.search.STEP_KEYS`);
+    ``overlap_dp=False`` (``--no-overlap-dp``) turns data-parallel overlap off. On this
+    machine the ranks' cores also move the bytes (no overlap), and ``shardlab train`` is
+    eager torch (gradients accumulate in their own pass). SpecError for an unknown
+    framework or a bad value."""
     here = is_this_machine(acc)
-    return StepOptions(flash=flash, overlap_dp=overlap_dp and not here,
-                       fused_accumulation=not here)
+    fw = overlap_framework(framework)
+    opts = fw.options()
+    for key, value in (overrides or {}).items():
+        opts[key] = value
+        if key == "fused_norm":
+            opts[key] = layout_flag(key, value)
+        elif key == "overlap_tp" and value.lower() not in ("forward",):
+            # overlap_tp=1 is the framework's kind of tensor-parallel overlap.
+            opts[key] = fw.tp_overlap_kind if layout_flag(key, value) else "off"
+    if not overlap_dp:
+        opts["overlap_dp"] = "off"
+    if here:
+        opts.update(overlap_dp="off", overlap_tp="off", overlap_pp="off",
+                    fused_accumulation=False)
+    return StepOptions(flash=flash, **opts)  # type: ignore[arg-type]
 
 
 def _moves(k: Knobs, gpus_per_node: int, train_only: bool, experts: int = 0

@@ -5,7 +5,8 @@ The formulas are the estimate's, not new ones: ZeRO model states (Rajbhandari et
 2020) of the parameters on each (tensor, pipeline) rank
 (:func:`shardlab.estimate.partition.stage_params`; routed experts split over ep and etp
 and sharded over expert_dp = dp/ep, :func:`shardlab.estimate.expert.rank_params_split`),
-and the activations of each rank's
+the fp8 policy's copies and scales of the linear weights under ZeRO 0-2
+(:func:`shardlab.estimate.fp8.layer_state_bytes`), and the activations of each rank's
 layers (:func:`shardlab.estimate.activations.layer_activation_bytes`, Korthikanti et
 al. 2022) times the micro-batches its schedule keeps in flight
 (:func:`shardlab.estimate.memory.inflight_microbatches`), plus the first stage's
@@ -25,6 +26,7 @@ import numpy as np
 from shardlab.config.dtypes import DtypePolicy
 from shardlab.config.layout import RECOMPUTE, SCHEDULES
 from shardlab.config.model import ModelShape
+from shardlab.estimate import fp8
 from shardlab.estimate.activations import (
     first_stage_extra_bytes,
     last_stage_extra_bytes,
@@ -113,6 +115,17 @@ def _activation_tables(model: ModelShape, c: Candidates, seq: int, elem: int,
             last_stage_extra_bytes(model, mb, seq, elem, tp=tp, sp=bool(sp))))
     table = np.array(rows)[inv.ravel()]
     return table[:, 0], table[:, 1], table[:, 2], table[:, 3]
+
+
+def _fp8_tables(model: ModelShape, c: Candidates, policy: DtypePolicy
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Per layout: fp8 copy and scale bytes of one dense and one MoE layer on a rank
+    (:func:`shardlab.estimate.fp8.layer_state_bytes`), per distinct (tp, ep, etp)."""
+    uniq, inv = unique_rows(c.tp, c.ep, c.etp)
+    table = np.array([(fp8.layer_state_bytes(model, policy, tp, False),
+                       fp8.layer_state_bytes(model, policy, tp, True, ep, etp))
+                      for tp, ep, etp in uniq.tolist()]).reshape(-1, 2)[inv]
+    return table[:, 0], table[:, 1]
 
 
 def inflight(schedule: np.ndarray, pp: np.ndarray, rank: np.ndarray, m: np.ndarray,
@@ -212,6 +225,10 @@ def _memory_block(model: ModelShape, c: Candidates, seq: int, policy: DtypePolic
         return nbytes * (dense_params / np.where(on, dp, 1.0) + experts / np.where(on, edp, 1.0))
 
     w = sharded(policy.weight_bytes, 3)
+    if policy.is_fp8:
+        # fp8 copies and scales of the rank's linear weights, held whole under ZeRO 0-2.
+        f_dense, f_moe = _fp8_tables(model, c, policy)
+        w = w + np.where(z < 3, dense * col(f_dense) + moe * col(f_moe), 0.0)
     g = sharded(policy.grad_bytes, 2)
     o = sharded(policy.optimizer_bytes, 1)
     total = np.where(valid, w + g + o + act, -np.inf)

@@ -75,7 +75,10 @@ def _overview(b: dict[str, Any], prefix: str) -> Section:
         ("source", m["source"]),
         ("layout", lay["describe"]),
         ("hardware", f"{lay['gpus']} x {hw['name']}, {human(hw['peak_flops'], 'FLOP/s')} dense "
-                     f"{hw['compute_dtype']}, {human_bytes(hw['memory_bytes'])}, "
+                     f"{hw['compute_dtype']}"
+                     + (f" (linear layers fp8, {human(hw['linear_peak_flops'], 'FLOP/s')})"
+                        if hw.get("linear_dtype") == "fp8" else "")
+                     + f", {human_bytes(hw['memory_bytes'])}, "
                      f"{human(hw['memory_bandwidth'], 'B/s')}"),
         ("parameters", f"{b['params']['total']:,.0f} ({human(b['params']['total'])})"),
         ("memory per device", f"{human(mem['per_device']['total'], 'B')} of "

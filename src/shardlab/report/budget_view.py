@@ -29,6 +29,12 @@ def print_budget(b: dict[str, Any]) -> None:
     show(f"[bold]hardware[/bold]: {lay['gpus']} x {hw['name']}, "
          f"{human(hw['peak_flops'], 'FLOP/s')} dense {hw['compute_dtype']}, "
          f"{human_bytes(hw['memory_bytes'])}, {human(hw['memory_bandwidth'], 'B/s')}")
+    if hw.get("linear_dtype") == "fp8":
+        share = hw.get("linear_flop_share") or 1.0
+        show(f"[bold]fp8[/bold]: linear layers ({share:.0%} of the FLOPs) at "
+             f"{human(hw['linear_peak_flops'], 'FLOP/s')} fp8, attention core, head and router "
+             f"in {hw['compute_dtype']}: MFU applies to the blended "
+             f"{human(hw['effective_peak_flops'], 'FLOP/s')}; fp8 runs on CUDA GPUs only")
     _params(b)
     _flops(b)
     _memory(b)

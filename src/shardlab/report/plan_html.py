@@ -72,6 +72,17 @@ def _ranked(doc: dict[str, Any], prefix: str) -> Section:
         [f"#{i} {layout_label(b)}" for i, b in enumerate(best, 1)],
         {k: [b["breakdown"].get(k, 0.0) for b in best] for k in parts}, horizontal=True,
         scale=scale, unit=f"step time ({unit})", highlight=0))
+    hidden = [k for k in ("tp_comm", "pp_comm", "dp_comm")
+              if any(b.get("hidden", {}).get(k, 0.0) > 5e-4 for b in best)]
+    if hidden:
+        s.add(table_html(("#", *(f"{k} exposed" for k in hidden),
+                              *(f"{k} hidden" for k in hidden)),
+                         [(i, *(human_seconds(b["breakdown"][k]) for k in hidden),
+                           *(human_seconds(b["hidden"][k]) for k in hidden))
+                          for i, b in enumerate(best, 1)]))
+        s.add(para("Hidden: communication that overlaps compute (the framework's overlap "
+                   "options and the --layout keys overlap_dp, overlap_tp, overlap_pp); it "
+                   "is not in the step time.", "note"))
     moe = bool(doc.get("moe"))
     s.add(table_html(
         ("#", "dp·tp·pp", *(["ep·etp"] if moe else []), "v", "schedule", "zero", "sp",
