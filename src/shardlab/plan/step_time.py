@@ -78,104 +78,38 @@ counted, full s x s attention) / (step x devices x P) (PaLM, Chowdhery et al. 20
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
 from shardlab.config.dtypes import DtypePolicy
-from shardlab.config.hardware import OPS_PER_LAYER_FORWARD, Efficiency, Link
+from shardlab.config.hardware import OPS_PER_LAYER_FORWARD
 from shardlab.config.layout import RECOMPUTE
 from shardlab.config.model import ModelShape
 from shardlab.config.runtime import Runtime
-from shardlab.estimate import fp8
 from shardlab.estimate.flops import flops_per_token
 from shardlab.plan.bubble import bubble_ratios
-from shardlab.plan.comm_time import allreduce_seconds, gather_seconds, pick_link, send_seconds
+from shardlab.plan.comm_time import allreduce_seconds, gather_seconds, send_seconds
 from shardlab.plan.efficiency import fraction_of_peak, matmul_seconds
 from shardlab.plan.expert_time import alltoall_layer_seconds, kept_rows, routed_tokens
 from shardlab.plan.memory import MemoryArrays
 from shardlab.plan.memory_bound import fp8_cast_seconds, layer_elementwise_elements
 from shardlab.plan.overlap import (
-    DP_MODES,
-    PP_MODES,
-    TP_MODES,
     dp_on,
     hidden_behind,
-    mode,
     pp_exposed,
     pp_on,
     tp_exposed,
 )
 from shardlab.plan.space import Candidates
+from shardlab.plan.step_inputs import Device, StepOptions
 
 PARTS: tuple[str, ...] = ("compute", "recompute", "tp_comm", "pp_comm", "ep_comm", "dp_comm",
                           "bubble", "optimizer", "overhead")
 HIDDEN: tuple[str, ...] = ("tp_comm", "pp_comm", "dp_comm")
 """The communication parts that overlap may hide: ``hidden_<part>`` seconds beside each."""
-MEASURED_AS: dict[str, str] = {"all_to_all": "all_gather"}
-"""Collectives this machine's runtime does not time, and the measured one whose rate they
-take: an all-to-all moves (p-1)/p of each rank's buffer, as an all-gather does."""
-
-
-@dataclass(frozen=True)
-class Device:
-    """One device as the step-time model sees it: dense peak (FLOP/s) in the compute dtype
-    and in the linear layers' dtype (``linear_peak``, fp8; 0: the same), memory bandwidth
-    (bytes/s), links, devices per node, the efficiency curve and, for this machine, its
-    measured runtime (collective rates and fixed costs per parallel style)."""
-
-    peak: float
-    memory_bandwidth: float
-    intra: Link
-    inter: Link
-    gpus_per_node: int
-    eff: Efficiency
-    runtime: Runtime | None = None
-    elementwise_bandwidth: float = 0.0
-    """Bytes/s at which the memory-bound operators' counted bytes move; 0: the memory
-    bandwidth. This machine's comes from its measured layer
-    (:func:`probe_elementwise_bandwidth`)."""
-    linear_peak: float = 0.0
-
-    def link(self, collective: str, inside: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(latency s, bandwidth bytes/s) of ``collective`` per layout: the measured gloo fit
-        without its latency when there is one (the runtime's fixed costs hold it), else
-        the intra-node link where ``inside`` and the inter-node one elsewhere."""
-        if self.runtime is not None:
-            bandwidth = self.runtime.collectives[MEASURED_AS.get(collective, collective)][1]
-            return np.zeros(len(inside)), np.full(len(inside), bandwidth)
-        return pick_link(inside, self.intra, self.inter, self.eff.link_fraction)
-
-
-@dataclass(frozen=True)
-class StepOptions:
-    """``flash``: a fused attention kernel (its backward recomputes half the core);
-    ``overlap_dp`` (off, on, zero3), ``overlap_tp`` (off, on, forward), ``overlap_pp``
-    (off, on, interleaved): what communication hides behind compute
-    (:mod:`shardlab.plan.overlap`; True/False read as on/off); ``fused_norm``: RMSNorm in
-    one fused kernel, else eager torch's passes; ``fused_accumulation``: the
-    weight-gradient matmul adds into the held gradient (Megatron's gradient-accumulation
-    fusion), else each micro-batch's gradients are added in a separate pass."""
-
-    flash: bool = True
-    overlap_dp: bool | str = True
-    fused_accumulation: bool = True
-    overlap_tp: bool | str = False
-    overlap_pp: bool | str = False
-    fused_norm: bool = True
-    fp8_cast_bytes: int = fp8.ACTIVATION_CAST_BYTES
-    """Bytes an fp8 operand's cast moves per element (the framework's; 7: torchao)."""
-    flash_kernel: str = "fa3"
-    """The fused attention kernel (fa2, fa3): the most of the peak it reaches is the
-    accelerator's :attr:`~shardlab.config.hardware.Efficiency.flash_fractions`."""
-    grad_reduce_bytes: int = 0
-    """Bytes per gradient element the data-parallel reduction moves with bf16 compute (the
-    framework's: fp32 reduction is 4); 0: the policy's gradient bytes."""
-
-    def __post_init__(self) -> None:
-        for name, allowed in (("overlap_dp", DP_MODES), ("overlap_tp", TP_MODES),
-                              ("overlap_pp", PP_MODES)):
-            object.__setattr__(self, name, mode(name, getattr(self, name), allowed))
+DEFAULT_OPTIONS = StepOptions()
+"""The step-time model's options when none are given (a fused kernel, dp overlap)."""
 
 
 def _layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, dev: Device,
@@ -240,7 +174,7 @@ def _rank_layers(layers: int, pp: np.ndarray, v: np.ndarray) -> tuple[np.ndarray
 
 def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
                  global_batch: int, policy: DtypePolicy, dev: Device,
-                 opt: StepOptions = StepOptions()) -> dict[str, np.ndarray]:
+                 opt: StepOptions = DEFAULT_OPTIONS) -> dict[str, np.ndarray]:
     """Seconds per step of every layout in ``c``, by part (module docstring), with ``step``,
     ``mfu``, ``stage`` (the rank timed) and ``hidden_<part>`` for each part of
     :data:`HIDDEN` (communication seconds overlapped with compute, not in ``step``)."""
