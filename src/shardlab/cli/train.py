@@ -16,6 +16,7 @@ from typing import Any
 from shardlab.cli.args import (
     add_shape_args,
     build_shape,
+    nonneg_float,
     nonneg_int,
     positive_float,
     positive_int,
@@ -27,8 +28,10 @@ from shardlab.cli.output import print_json
 from shardlab.config.measured import NAMES, load_measurement, slow_dtype_note
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_documents, garden_vocab
+from shardlab.report.tables import show, table
 from shardlab.report.train_view import print_train
 from shardlab.train.config import (
+    AUX_COEF,
     DP_MODES,
     PP_SCHEDULES,
     TrainConfig,
@@ -42,7 +45,7 @@ from shardlab.train.report import peak_flops, predicted_peak_bytes, report
 
 def register(sub: Any) -> None:
     """Add the ``train`` sub-command."""
-    p = sub.add_parser("train", help="real training on a device mesh (FSDP2/DDP, TP, PP)",
+    p = sub.add_parser("train", help="real training on a device mesh (FSDP2/DDP, TP, PP, EP)",
                        description="Train shardlab's LM on dp x tp x pp real processes and "
                        "print the cost model's prediction beside what the run measured.")
     p.add_argument("model", nargs="?", help="catalog name or config.json (default: a small "
@@ -60,6 +63,15 @@ def register(sub: Any) -> None:
                    help="cross-entropy on the vocabulary-sharded logits (tp > 1)")
     g.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
     g.add_argument("--schedule", choices=PP_SCHEDULES, default="1f1b")
+    g.add_argument("--ep", type=positive_int, default=1,
+                   help="expert-parallel ranks, drawn from dp (MoE): each holds experts/ep "
+                   "of every MoE layer, tokens reach them by all-to-all")
+    g.add_argument("--etp", type=positive_int, default=1,
+                   help="expert tensor parallel (MoE): 1 keeps experts whole on every tp "
+                   "rank, tp splits each expert's width as the dense MLP's")
+    g.add_argument("--capacity-factor", type=nonneg_float, default=0.0,
+                   help="each expert takes at most ceil(F*tokens*top_k/experts) of a "
+                   "micro-batch's tokens per rank, the rest are dropped (0: dropless)")
     g = p.add_argument_group("run")
     g.add_argument("--global-batch", type=positive_int, default=8, help="sequences per step")
     g.add_argument("--micro-batch", type=nonneg_int, default=0,
@@ -69,6 +81,10 @@ def register(sub: Any) -> None:
     g.add_argument("--lr", type=positive_float, default=3e-3)
     g.add_argument("--warmup", type=nonneg_int, default=2)
     g.add_argument("--clip", type=positive_float, default=1.0)
+    g.add_argument("--aux-loss-coef", type=nonneg_float, default=AUX_COEF,
+                   help="weight of the MoE load-balancing loss (Switch Transformer's 0.01)")
+    g.add_argument("--router-z-loss", type=nonneg_float, default=0.0,
+                   help="weight of the MoE router z-loss (ST-MoE: 0.001; 0: off)")
     g.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     g.add_argument("--seed", type=nonneg_int, default=0)
     g.add_argument("--data", default="garden",
@@ -162,7 +178,9 @@ def check(args: argparse.Namespace) -> tuple[TrainConfig, float | None, list[str
         notes.append(f"--micro-batch 0 with pp={args.pp} ({args.schedule}): {micro} "
                      f"sequences per micro-batch, {args.global_batch // args.dp // micro} "
                      "micro-batches per step")
-    cfg = TrainConfig(shape=shape, dp=args.dp, tp=args.tp, pp=args.pp,
+    cfg = TrainConfig(shape=shape, dp=args.dp, tp=args.tp, pp=args.pp, ep=args.ep,
+                      etp=args.etp, capacity_factor=args.capacity_factor,
+                      aux_coef=args.aux_loss_coef, z_coef=args.router_z_loss,
                       virtual_stages=args.virtual_stages, dp_mode=args.dp_mode, sp=args.sp,
                       loss_parallel=args.loss_parallel, recompute=args.recompute,
                       schedule=args.schedule, global_batch=args.global_batch,
@@ -317,9 +335,31 @@ def _train(args: argparse.Namespace, cfg: TrainConfig, peak: float | None,
         print_json(doc)
     else:
         print_train(doc)
+        print_moe(doc)
         if "checkpoint" in doc:
             _print_checkpoints(doc["checkpoint"])
     return 0 if doc.get("parity_passed", True) else 1
+
+
+def print_moe(doc: dict[str, Any]) -> None:
+    """A mixture of experts' part of the human view: the expert-parallel bytes per rank
+    (``ep``: the all-to-alls; ``edp``: FSDP over the experts' replicas) beside the cost
+    model's, and what the routers did in the measured step. Nothing for a dense model."""
+    routing = doc.get("routing")
+    if not routing:
+        return
+    rows = [(row["rank"], dim, f"{row[dim]['measured']:,.0f}", f"{row[dim]['predicted']:,.0f}",
+             f"{row[dim]['measured'] / row[dim]['predicted']:.3f}"
+             if row[dim]["predicted"] else "-")
+            for row in doc["comm_bytes_per_step"] for dim in ("ep", "edp") if dim in row]
+    step = doc.get("measured_step")
+    if rows:
+        show(table(f"Expert-parallel bytes sent in step {step}: measured vs cost model",
+                   ("rank", "dim", "measured", "predicted", "ratio"), rows))
+    layers = ", ".join(f"layer {k} {v['imbalance']:.2f}" for k, v in routing["per_layer"].items())
+    show(f"routing in step {step}: imbalance (max / mean expert load) {routing['imbalance']:.2f} "
+         f"({layers}); {routing['dropped']:,} of {routing['assignments']:,} assignments "
+         f"dropped by capacity ({routing['dropped_share']:.1%})")
 
 
 def _config_flag(p: argparse.ArgumentParser) -> None:
@@ -347,7 +387,8 @@ def _check_memory(cfg: TrainConfig, args: argparse.Namespace) -> None:
     available. (--check-parity's one-process reference trains before the ranks start and
     holds about what they hold together, so the same check covers it.)"""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.world)) if under_torchrun() else cfg.world
-    layout = (f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} {cfg.dtype}, micro-batch "
+    layout = (f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}{f' ep={cfg.ep}' if cfg.ep > 1 else ''} "
+              f"{cfg.dtype}, micro-batch "
               f"{cfg.micro_batch or cfg.global_batch // cfg.dp} x {cfg.seq} tokens")
     name = cfg.shape.name if cfg.shape.name != "flags" else cfg.shape.describe()
     check_memory(predicted_peak_bytes(cfg), local, f"shardlab train {name} ({layout})",
