@@ -14,26 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from shardlab.cli.args import (
-    add_shape_args,
     build_shape,
-    nonneg_float,
-    nonneg_int,
-    positive_float,
-    positive_int,
     shape_flags,
 )
 from shardlab.cli.guard import check_memory
-from shardlab.cli.job_file import apply_job_file, defer_defaults
+from shardlab.cli.job_file import apply_job_file
 from shardlab.cli.output import print_json
+from shardlab.cli.train_flags import add_train_flags, config_flag
 from shardlab.config.measured import NAMES, load_measurement, slow_dtype_note
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_documents, garden_vocab
-from shardlab.report.tables import show, table
-from shardlab.report.train_view import print_train
+from shardlab.report.train_view import print_moe, print_train
 from shardlab.train.config import (
-    AUX_COEF,
-    DP_MODES,
-    PP_SCHEDULES,
     TrainConfig,
     auto_micro_batch,
     check_config,
@@ -50,81 +42,10 @@ def register(sub: Any) -> None:
                        "print the cost model's prediction beside what the run measured.")
     p.add_argument("model", nargs="?", help="catalog name or config.json (default: a small "
                    "model from the shape flags)")
-    add_shape_args(p)
-    g = p.add_argument_group("layout")
-    g.add_argument("--dp", type=positive_int, default=1)
-    g.add_argument("--tp", type=positive_int, default=1)
-    g.add_argument("--pp", type=positive_int, default=1)
-    g.add_argument("--virtual-stages", type=positive_int, default=1)
-    g.add_argument("--dp-mode", choices=DP_MODES, default="fsdp",
-                   help="fsdp (ZeRO-3), fsdp-zero2 (reshard_after_forward=False) or ddp")
-    g.add_argument("--sp", action="store_true", help="sequence parallel (needs tp > 1)")
-    g.add_argument("--loss-parallel", action="store_true",
-                   help="cross-entropy on the vocabulary-sharded logits (tp > 1)")
-    g.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
-    g.add_argument("--schedule", choices=PP_SCHEDULES, default="1f1b")
-    g.add_argument("--ep", type=positive_int, default=1,
-                   help="expert-parallel ranks, drawn from dp (MoE): each holds experts/ep "
-                   "of every MoE layer, tokens reach them by all-to-all")
-    g.add_argument("--etp", type=positive_int, default=1,
-                   help="expert tensor parallel (MoE): 1 keeps experts whole on every tp "
-                   "rank, tp splits each expert's width as the dense MLP's")
-    g.add_argument("--capacity-factor", type=nonneg_float, default=0.0,
-                   help="each expert takes at most ceil(F*tokens*top_k/experts) of a "
-                   "micro-batch's tokens per rank, the rest are dropped (0: dropless)")
-    g = p.add_argument_group("run")
-    g.add_argument("--global-batch", type=positive_int, default=8, help="sequences per step")
-    g.add_argument("--micro-batch", type=nonneg_int, default=0,
-                   help="sequences per micro-batch (0: a data-parallel rank's whole share, "
-                   "or with pp > 1 the largest giving the schedule enough micro-batches)")
-    g.add_argument("--steps", type=positive_int, default=20)
-    g.add_argument("--lr", type=positive_float, default=3e-3)
-    g.add_argument("--warmup", type=nonneg_int, default=2)
-    g.add_argument("--clip", type=positive_float, default=1.0)
-    g.add_argument("--aux-loss-coef", type=nonneg_float, default=AUX_COEF,
-                   help="weight of the MoE load-balancing loss (Switch Transformer's 0.01)")
-    g.add_argument("--router-z-loss", type=nonneg_float, default=0.0,
-                   help="weight of the MoE router z-loss (ST-MoE: 0.001; 0: off)")
-    g.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
-    g.add_argument("--seed", type=nonneg_int, default=0)
-    g.add_argument("--data", default="garden",
-                   help="garden (built in), a folder `shardlab data prepare` wrote, a text "
-                   "file (bytes), or a .bin of token ids")
-    g.add_argument("--bin-dtype", choices=("uint16", "uint32"), default="uint16")
-    g.add_argument("--nproc", type=positive_int, help="ranks to start (default dp*tp*pp)")
-    g.add_argument("--gpu", help="accelerator whose dense peak MFU divides by, per rank "
-                   "(default: this CPU as `shardlab hardware --measure` stored it)")
-    g.add_argument("--timeout", type=positive_float, default=60.0)
-    g.add_argument("--allow-oversubscribe", action="store_true",
-                   help="start even when the cost model's memory of the ranks exceeds 90%% "
-                   "of what this host has available")
-    g.add_argument("--log-dir", help="per-rank logs and train.jsonl (default: a new folder)")
-    g.add_argument("--check-parity", action="store_true",
-                   help="also train on one process and compare the loss curves")
-    g = p.add_argument_group("checkpoints (docs/guide/checkpoint.md)")
-    g.add_argument("--checkpoint-dir", help="write checkpoints under this folder (step-N)")
-    g.add_argument("--checkpoint-every", type=nonneg_int, default=0,
-                   help="save every K steps (and always after the last; 0: only then)")
-    g.add_argument("--keep", type=positive_int, default=3, help="checkpoints kept (newest)")
-    g.add_argument("--async-save", action="store_true",
-                   help="dcp.async_save: write in the background while training goes on")
-    g.add_argument("--resume", nargs="?", const="latest", metavar="STEP",
-                   help="continue from --checkpoint-dir's latest checkpoint (or STEP's), "
-                   "in this run's layout, whatever layout wrote it")
-    g.add_argument("--max-restarts", type=nonneg_int, default=0,
-                   help="restart a failed job from its last checkpoint up to R times")
-    g.add_argument("--init-from", metavar="DIR",
-                   help="initial weights from `shardlab import`'s folder (its config.json "
-                   "is the model when MODEL is not given)")
-    # Fault injection for tests: rank R fails once S steps are done (raise, SIGKILL, or
-    # SIGKILL inside the save of step S).
-    g.add_argument("--fail-at-step", type=nonneg_int, default=-1, help=argparse.SUPPRESS)
-    g.add_argument("--fail-rank", type=nonneg_int, default=-1, help=argparse.SUPPRESS)
-    g.add_argument("--fail-how", default="raise", help=argparse.SUPPRESS)
-    g.add_argument("--inject-fault", type=int, default=-1, help=argparse.SUPPRESS)
+    add_train_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(run=run)
-    _config_flag(p)
+    config_flag(p)
 
 
 def load_documents(args: argparse.Namespace) -> tuple[int, list[list[int]]]:
@@ -195,9 +116,11 @@ def check(args: argparse.Namespace) -> tuple[TrainConfig, float | None, list[str
     check_config(cfg)
     world = cfg.world
     peak = peak_flops(cfg, args.gpu, world)  # a bad --gpu fails here, before any rank
+    cfg = dataclasses.replace(cfg, tensorboard=args.tensorboard or "", peak_flops=peak or 0.0)
     if args.nproc is not None and args.nproc != world and not under_torchrun():
         raise SpecError("nproc", args.nproc, f"must equal dp*tp*pp ({world})")
     check_folder("log_dir", args.log_dir)
+    check_folder("tensorboard", args.tensorboard)
     check_folder("checkpoint_dir", args.checkpoint_dir)
     _check_memory(cfg, args)
     if args.checkpoint_dir or args.resume is not None:
@@ -223,6 +146,8 @@ def prepare(args: argparse.Namespace) -> tuple[Any, float | None]:
 
 def make_log_folder(cfg: TrainConfig) -> TrainConfig:
     """``cfg`` with its log folder made (a new one under the temporary folder by default)."""
+    if cfg.tensorboard:
+        make_folder("tensorboard", cfg.tensorboard)
     if not cfg.log_dir:
         return dataclasses.replace(cfg, log_dir=new_log_folder())
     make_folder("log_dir", cfg.log_dir)
@@ -331,6 +256,13 @@ def _train(args: argparse.Namespace, cfg: TrainConfig, peak: float | None,
     tmp = Path(log_dir, "report.json.tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     tmp.replace(Path(log_dir, "report.json"))
+    if cfg.tensorboard:  # the run's summary beside rank 0's per-step scalars
+        # Imported here: tensorboardX, which only a run with --tensorboard needs.
+        from shardlab.train.tensorboard import RunBoard
+
+        board = RunBoard(cfg.tensorboard, cfg.shape, cfg.seq, peak, suffix="run")
+        board.finish(doc)
+        board.close()
     if args.json:
         print_json(doc)
     else:
@@ -339,37 +271,6 @@ def _train(args: argparse.Namespace, cfg: TrainConfig, peak: float | None,
         if "checkpoint" in doc:
             _print_checkpoints(doc["checkpoint"])
     return 0 if doc.get("parity_passed", True) else 1
-
-
-def print_moe(doc: dict[str, Any]) -> None:
-    """A mixture of experts' part of the human view: the expert-parallel bytes per rank
-    (``ep``: the all-to-alls; ``edp``: FSDP over the experts' replicas) beside the cost
-    model's, and what the routers did in the measured step. Nothing for a dense model."""
-    routing = doc.get("routing")
-    if not routing:
-        return
-    rows = [(row["rank"], dim, f"{row[dim]['measured']:,.0f}", f"{row[dim]['predicted']:,.0f}",
-             f"{row[dim]['measured'] / row[dim]['predicted']:.3f}"
-             if row[dim]["predicted"] else "-")
-            for row in doc["comm_bytes_per_step"] for dim in ("ep", "edp") if dim in row]
-    step = doc.get("measured_step")
-    if rows:
-        show(table(f"Expert-parallel bytes sent in step {step}: measured vs cost model",
-                   ("rank", "dim", "measured", "predicted", "ratio"), rows))
-    layers = ", ".join(f"layer {k} {v['imbalance']:.2f}" for k, v in routing["per_layer"].items())
-    show(f"routing in step {step}: imbalance (max / mean expert load) {routing['imbalance']:.2f} "
-         f"({layers}); {routing['dropped']:,} of {routing['assignments']:,} assignments "
-         f"dropped by capacity ({routing['dropped_share']:.1%})")
-
-
-def _config_flag(p: argparse.ArgumentParser) -> None:
-    """``--config FILE``: every flag above as a key of a TOML file (docs/guide/launch.md);
-    a flag on the command line overrides the file, ``--no-FLAG`` turns off its switch.
-    Added last, so every flag registered before it is a key."""
-    p.add_argument("--config", metavar="FILE", help="a job file (TOML, sections model, "
-                   "layout, run, checkpoint, data; `shardlab plan --emit-config` writes "
-                   "one): its keys are the flags' names; flags given here override it")
-    defer_defaults(p)
 
 
 def _shape_flags(args: argparse.Namespace) -> None:

@@ -56,6 +56,8 @@ class TrainConfig:
     dtype: str = "fp32"
     seed: int = 0
     log_dir: str = ""
+    tensorboard: str = ""  # rank 0 writes TensorBoard event files here (train/tensorboard.py)
+    peak_flops: float = 0.0  # the job's dense peak FLOP/s, for MFU (0: unknown)
     # Fault injection (tests): rank ``fail_rank`` fails once ``fail_at_step`` steps are
     # done, by raising, by SIGKILL, or by SIGKILL in the middle of that step's save; only
     # on the first attempt, so a restarted job (``--max-restarts``) gets past it.

@@ -40,6 +40,7 @@ from shardlab.hf.weights import read_weights
 from shardlab.nn.data import batches
 from shardlab.train.config import TrainConfig
 from shardlab.train.rank import bf16_autocast, build_rank, fsdp_mixed_precision, train_step
+from shardlab.train.tensorboard import RunBoard
 
 
 def load_initial_weights(model: Any, path: str) -> None:
@@ -117,6 +118,8 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     dp_rank, pp_rank = program.dp_rank, program.pp_rank
     stream = batches(cfg.docs, cfg.global_batch, cfg.seq, seed=cfg.seed)
     log = Path(cfg.log_dir, "train.jsonl") if cfg.log_dir and ctx.rank == 0 else None
+    board = (RunBoard(cfg.tensorboard, cfg.shape, cfg.seq, cfg.peak_flops or None)
+             if cfg.tensorboard and ctx.rank == 0 else None)
     losses, norms, seconds = [], [], []
     flops: dict[str, int] = {}
     comm: dict[str, Any] = {}
@@ -164,6 +167,9 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
         if log is not None:
             _log(log, StepLog(step, loss_value, norm, sched.get_last_lr()[0], elapsed,
                               cfg.global_batch * cfg.seq, batch.real_tokens))
+        if board is not None:
+            board.step(step, loss_value, norm, sched.get_last_lr()[0], elapsed,
+                       cfg.global_batch * cfg.seq)
         if not (math.isfinite(loss_value) and math.isfinite(norm)):
             # Both are global (all-reduced, or the same on every rank), so every rank stops
             # here together: no collective is left waiting, and no checkpoint of a
@@ -176,6 +182,8 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
                       kill_before_rename=_maybe_fail(ctx, cfg, step + 1, "save"))
     if ckpt is not None:
         ckpt.finish()
+    if board is not None:
+        board.close()
     return {"rank": ctx.rank, "dp_rank": dp_rank, "pp_rank": pp_rank,
             "resumed_at": first_step, "checkpoint_seconds": ckpt.seconds if ckpt else [],
             "tp_rank": mesh["tp"].get_local_rank(), "ep_rank": program.ep_rank,
