@@ -98,6 +98,24 @@ def test_the_command_line_overrides_the_file(tmp_path: Path) -> None:
         "--dp", "1", "--tp", "2", "--sp", "--steps", "7", "--lr", "1")
 
 
+def test_expert_parallel_keys_in_the_file(capsys: pytest.CaptureFixture[str],
+                                          tmp_path: Path) -> None:
+    """``--ep``, ``--etp`` and ``--capacity-factor`` are [layout] keys, the MoE loss weights
+    [run] keys, the shape [model] keys; a bad expert layout in the file is one line."""
+    keys = train_parser().get_default("job_keys")
+    assert {keys[k].section for k in ("ep", "etp", "capacity_factor")} == {"layout"}
+    assert {keys[k].section for k in ("aux_loss_coef", "router_z_loss")} == {"run"}
+    assert keys["experts"].section == "model"
+    job = tmp_path / "job.toml"
+    job.write_text("[model]\nexperts = 8\ntop_k = 2\n[layout]\ndp = 2\nep = 2\n"
+                   "capacity_factor = 1.25\n[run]\naux_loss_coef = 0.02\n")
+    cfg = train_config("--config", str(job))
+    assert (cfg.dp, cfg.ep, cfg.capacity_factor, cfg.aux_coef) == (2, 2, 1.25, 0.02)
+    assert train_config("--config", str(job), "--ep", "1").ep == 1
+    job.write_text("[model]\nexperts = 8\n[layout]\ndp = 2\nep = 3\n")
+    assert "ep=3" in refused(capsys, "train", "--config", str(job))
+
+
 @pytest.mark.parametrize(("text", "needles"), [
     ("[layout]\ndpp = 2\n", ["layout.dpp=2", "unknown key in [layout]", "keys: dp, tp"]),
     ("[layout]\nsteps = 2\n", ["layout.steps=2", "it belongs in [run]"]),

@@ -52,6 +52,23 @@ def test_odd_dp_passes_with_counted_bytes_equal_to_predicted_per_rank(
     assert all(s["counted"] == s["predicted"] for s in doc["state_bytes"])
 
 
+MOE = ["--experts", "8", "--top-k", "2", "--shared-experts", "1", "--dense-layers", "1",
+       "--layers", "2", "--d-model", "32", "--expert-d-ff", "16", "--seq", "16"]
+
+
+def test_moe_with_expert_parallelism_equals_one_device(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "simulate", *MOE, "--ep", "2", "--dp", "4", "--zero", "1",
+                       "--capacity-factor", "1.25", "--steps", "1", "--dtype", "float64",
+                       "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["passed"] and "ep=2 etp=1 capacity_factor=1.25" in doc["layout"]
+    assert doc["max_param_diff"] <= 1e-12 and doc["routing_imbalance"] >= 1
+    ep = doc["comm"]["ep"]
+    assert ep["counted_bytes"] == ep["predicted_bytes"] and all(ep["counted_bytes"])
+    assert {c["name"]: c["tolerance"] for c in doc["checks"]}["comm.ep"] == 0
+
+
 def test_human_view_and_gpt_model(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "simulate", "--style", "gpt", "--dp", "2", "--pp", "2",
                        "--schedule", "gpipe", "--steps", "1")
@@ -78,6 +95,13 @@ def test_exit_1_when_a_check_fails(capsys: pytest.CaptureFixture[str],
     (["--dtype", "float16"], "--dtype"),
     (["--schedule", "zb-v"], "--schedule"),
     (["nonexistent-model-x"], "model="),
+    ([*MOE, "--ep", "3", "--dp", "3"], "ep=3"),
+    ([*MOE, "--ep", "4", "--dp", "2"], "ep=4"),
+    ([*MOE, "--tp", "2", "--etp", "2"], "etp=2"),
+    ([*MOE, "--tp", "2", "--sp"], "sp=True"),
+    (["--ep", "2"], "ep=2"),
+    (["--capacity-factor", "1"], "capacity_factor=1.0"),
+    ([*MOE, "--aux-loss-coef", "nan"], "--aux-loss-coef"),
 ])
 def test_bad_input_is_one_line_before_work(capsys: pytest.CaptureFixture[str], argv: list[str],
                                            words: str) -> None:

@@ -1,7 +1,9 @@
-"""``shardlab train``: parity with one process for every layout of issue 6, state bytes,
-FLOPs, activations and bytes sent beside the cost model (the CLI's parser, checks and
-report; the runs of one world size share a launch), a rank that fails (a real
-``python -m shardlab`` process), the human view, bad input."""
+"""``shardlab train``: parity with one process for every layout of issue 6 and the
+mixture-of-experts layouts of issue 16 (expert parallel with FSDP, PP, TP, capacity
+dropping, experts split over tp), state bytes, FLOPs, activations and bytes sent beside
+the cost model (the CLI's parser, checks and report; the runs of one world size share a
+launch), a rank that fails (a real ``python -m shardlab`` process), the human view, bad
+input."""
 
 from __future__ import annotations
 
@@ -34,6 +36,22 @@ LAYOUTS = [
     ["--tp", "2", "--pp", "2", "--micro-batch", "2", "--sp"],
 ]
 BF16 = ["--dp", "2", "--dtype", "bf16", "--steps", "10"]
+# Issue 16's tiny mixture of experts (8 experts, top-2, one shared expert, one dense layer)
+# over 20 steps, with its load-balancing loss at the default weight: the one-process
+# reference runs each rank's micro-batches as its own forward (train/reference.py).
+MOE = ["--layers", "3", "--d-model", "32", "--experts", "8", "--top-k", "2",
+       "--shared-experts", "1", "--dense-layers", "1", "--expert-d-ff", "32", "--steps", "20"]
+MOE_LAYOUTS = [
+    ["--dp", "2", "--ep", "2"],                                    # 2 processes
+    ["--dp", "4", "--ep", "2"],                                    # FSDP over expert_dp 2
+    ["--dp", "2", "--ep", "2", "--pp", "2"],                       # 1F1B, 2 micro-batches
+    ["--dp", "2", "--tp", "2", "--ep", "2", "--etp", "1"],         # TP for the dense parts
+]
+# Capacity 1: the busiest experts drop tokens. The reference routes the same groups with
+# the same per-rank capacity, so it drops the same assignments: the fp32 tolerance holds.
+CAPACITY = ["--dp", "2", "--ep", "2", "--capacity-factor", "1", "--steps", "8"]
+# Experts split over tp too (etp = tp: their partial outputs summed over tp), 6 steps.
+ETP = ["--dp", "2", "--tp", "2", "--ep", "2", "--etp", "2", "--steps", "6"]
 # 6 steps: the measured step (FLOPs, bytes sent, activations) is a run's third, past
 # FSDP's lazy init and DDP's bucket rebuild; the loss has fallen by then (warm-up is 2).
 STEPS = 6
@@ -64,7 +82,7 @@ def documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
 
     root = tmp_path_factory.mktemp("train")
     planned = {}
-    for argv in [*LAYOUTS, BF16]:
+    for argv in [*LAYOUTS, BF16, *[[*MOE, *a] for a in [*MOE_LAYOUTS, CAPACITY, ETP]]]:
         name = layout_id(argv)
         args = build_parser().parse_args(["train", "--steps", str(STEPS), *argv,
                                           "--check-parity", "--json",
@@ -125,6 +143,37 @@ def test_parity_state_and_flops(documents: dict[str, dict[str, Any]],
 
 
 @pytest.mark.multiprocess
+@pytest.mark.parametrize("layout", [*MOE_LAYOUTS, CAPACITY, ETP], ids=layout_id)
+def test_moe_parity_and_figures(documents: dict[str, dict[str, Any]],
+                                layout: list[str]) -> None:
+    """Expert parallelism: fp32 loss parity with one process, state bytes equal, FLOPs
+    within 2%, activations within 15%, and the bytes of every mesh dim equal to the cost
+    model's: the all-to-alls (``ep``) counted from the real split sizes equal
+    estimate.expert's bytes for the count matrices the routers produced."""
+    doc = documents[layout_id([*MOE, *layout])]
+    steps = {layout_id(CAPACITY): 8, layout_id(ETP): 6}.get(layout_id(layout), 20)
+    assert len(doc["losses"]) == steps and doc["max_loss_diff"] <= 1e-5, doc["max_loss_diff"]
+    assert doc["parity_passed"] and doc["losses"][-1] < doc["losses"][0]
+    for m in doc["memory_per_rank"]:
+        got, want = m["measured"], m["predicted"]
+        assert [got["params"], got["grads"], got["optimizer"]] == [
+            want["weights"], want["gradients"], want["optimizer"]]
+    assert 0.98 <= doc["predicted_vs_measured"]["flops_per_step"]["ratio"] <= 1.02
+    for row in doc["predicted_vs_measured"]["activation_bytes_per_microbatch"]["per_rank"]:
+        assert 0.85 <= row["ratio"] <= 1.15, row
+    for row in doc["comm_bytes_per_step"]:
+        assert row["ep"]["measured"] > 0 and "ep_counts" in row["measured"]["by_dim"]
+        for d in ("dp", "tp", "pp", "ep", "edp"):
+            if d in row:
+                assert row[d]["measured"] == row[d]["predicted"], (d, row)
+    assert ("edp" in doc["comm_bytes_per_step"][0]) == ("--dp 4" in " ".join(layout))
+    routing = doc["routing"]
+    assert doc["routing_imbalance"] == routing["imbalance"] >= 1
+    assert set(routing["per_layer"]) == {"1", "2"}  # the MoE layers
+    assert (routing["dropped"] > 0) == (layout == CAPACITY)
+
+
+@pytest.mark.multiprocess
 def test_bf16_within_stated_tolerance(documents: dict[str, dict[str, Any]]) -> None:
     doc = documents[layout_id(BF16)]
     assert len(doc["losses"]) == 10 and doc["parity_tolerance"] == 2e-2
@@ -176,12 +225,26 @@ def test_a_rank_that_fails_is_named(tmp_path: Path) -> None:
 
 
 def test_human_view(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The human view, the step log, and the TensorBoard files of the same run: rank 0's
+    scalars every step, the launcher's summary (memory, bytes per dim) at the end."""
     pytest.importorskip("torch")
-    code = main(["train", "--steps", "3", "--log-dir", str(tmp_path)])
+    from shardlab.train.tensorboard import read_scalars
+
+    board = tmp_path / "tb"
+    code = main(["train", "--steps", "3", "--log-dir", str(tmp_path), "--tensorboard",
+                 str(board)])
     out = capsys.readouterr().out
     assert code == 0 and "Training" in out and "State bytes per rank" in out
     lines = (tmp_path / "train.jsonl").read_text().splitlines()
     assert len(lines) == 3 and json.loads(lines[-1])["step"] == 2
+    seen = read_scalars(board)
+    logged = [json.loads(line) for line in lines]
+    assert [s for s, _ in seen["train/loss"]] == [0, 1, 2]
+    for (_, loss), rec in zip(seen["train/loss"], logged, strict=True):
+        assert loss == pytest.approx(rec["loss"], rel=1e-6)  # float32 on disk
+    doc = json.loads((tmp_path / "report.json").read_text())
+    held = doc["memory_per_rank"][0]["measured"]["params"]
+    assert seen["memory/rank0/weights"] == [(doc["measured_step"], pytest.approx(held))]
 
 
 @pytest.mark.parametrize(("argv", "words"), [
@@ -210,6 +273,42 @@ def test_bad_input_before_any_rank(capsys: pytest.CaptureFixture[str], argv: lis
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and words in err, err
     assert time.monotonic() - start < 3  # no rank was started
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--dp", "3", "--ep", "3", "--global-batch", "9"], "ep=3: must divide moe.experts (8)"),
+    (["--dp", "2", "--ep", "4"], "ep=4: must divide dp (2)"),
+    (["--dp", "2", "--ep", "2", "--dp-mode", "ddp"], "dp_mode='ddp'"),
+    (["--tp", "2", "--etp", "3"], "etp=3: must be 1 (whole experts) or tp (2)"),
+    (["--tp", "2", "--etp", "2", "--expert-d-ff", "33", "--shared-experts", "0"],
+     "tp=2: must divide moe.expert_d_ff (33)"),
+    (["--tp", "2", "--sp"], "sp=True"),
+    (["--aux-loss-coef", "nan"], "--aux-loss-coef"),
+])
+def test_moe_bad_input_before_any_rank(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                       words: str) -> None:
+    """A bad expert layout: exit 2 with one line naming the field, no rank started."""
+    start = time.monotonic()
+    try:
+        code = main(["train", *MOE, *argv])
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and words in err, err
+    assert time.monotonic() - start < 3
+
+
+def test_expert_parallel_needs_a_moe_and_dryrun_refuses_one(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, words in ((["--dp", "2", "--ep", "2"], "ep=2: needs a mixture-of-experts"),
+                        (["--tp", "2", "--etp", "2"], "etp=2: needs a mixture-of-experts")):
+        assert main(["train", *argv]) == 2
+        err = capsys.readouterr().err
+        assert words in err and len(err.splitlines()) == 1, err
+    assert main(["dryrun", *MOE[:-2], "--gpus", "2", "--layout", "dp=2 ep=2"]) == 2
+    err = capsys.readouterr().err
+    assert "is a mixture of experts, which the dry run cannot run" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_empty_data_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

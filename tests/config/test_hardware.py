@@ -4,7 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from shardlab.config.hardware import ACCELERATORS, get_accelerator, load_hardware_file
+from shardlab.config.hardware import (
+    ACCELERATORS,
+    get_accelerator,
+    load_hardware_file,
+    matmul_peaks,
+    power_capped,
+    with_nics,
+)
 from shardlab.errors import SpecError
 
 
@@ -135,3 +142,35 @@ def test_a_file_entry_with_its_own_name_and_source(tmp_path: Path) -> None:
 def test_a_device_is_not_read_as_a_hardware_file() -> None:
     with pytest.raises(SpecError, match=r"hardware_file='/dev/zero': must be a regular file"):
         load_hardware_file("/dev/zero")
+
+
+def test_fp8_peaks_are_twice_bf16_where_the_datasheet_has_them() -> None:
+    for name in ("H100 SXM", "H200 SXM", "H100 PCIe"):
+        acc = get_accelerator(name)
+        assert matmul_peaks(acc, "bf16", "fp8") == (acc.peak("bf16"),
+                                                     pytest.approx(2 * acc.peak("bf16"), rel=1e-3))
+    with pytest.raises(SpecError, match="A100 SXM 80GB has no fp8 matmul"):
+        matmul_peaks(get_accelerator("a100"), "bf16", "fp8")
+
+
+def test_a_power_cap_scales_matmul_peaks_by_the_cube_root() -> None:
+    h100 = get_accelerator("h100")
+    capped = power_capped(h100, 500)
+    assert capped.peak("bf16") == pytest.approx(989e12 * (500 / 700) ** (1 / 3))
+    assert capped.memory_bandwidth == h100.memory_bandwidth and capped.power_watts == 500
+    assert power_capped(h100, 900).peak("bf16") == h100.peak("bf16")  # no gain above TDP
+
+
+def test_nics_per_node_share_the_node_s_network() -> None:
+    h100 = get_accelerator("h100")
+    assert with_nics(h100).inter_link.bandwidth == h100.inter_link.bandwidth  # 8 x 400 Gb/s
+    four = with_nics(h100, 4, 100)
+    assert four.inter_link.bandwidth == pytest.approx(4 * 100e9 / 8 / 8)
+    assert four.inter_link.latency == h100.inter_link.latency
+
+
+def test_a_user_file_states_its_nics(tmp_path: Path) -> None:
+    f = tmp_path / "hw.toml"
+    f.write_text(_accelerator("Our GPU", "nics_per_node = 4\nnic_gbps = 200\n"))
+    acc = load_hardware_file(f)[0]["Our GPU"]
+    assert acc.inter_link.bandwidth == pytest.approx(4 * 200e9 / 8 / acc.gpus_per_node)

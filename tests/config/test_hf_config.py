@@ -11,14 +11,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from shardlab.config.catalog import get_model
-from shardlab.config.hf_config import check_computable, shape_from_hf_config
-from shardlab.config.model import MoE
+from shardlab.config.hf_config import (
+    check_computable,
+    hf_config,
+    hf_family,
+    shape_from_hf_config,
+)
+from shardlab.config.model import ModelShape, MoE
 from shardlab.errors import SpecError
 from shardlab.estimate.params import count_params
 
@@ -218,6 +224,53 @@ def test_weights_shardlab_cannot_model_are_refused(
 def test_too_many_experts_per_token(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match=r"^num_experts_per_tok=9: must be <= num_local"):
         shape_from_hf_config(edited(tmp_path, "mixtral-8x7b", num_experts_per_tok=9))
+
+
+@pytest.mark.parametrize(("changes", "named"), [
+    ({"sliding_window": 4096}, "sliding_window=4096: must be null (or at least "
+                               "max_position_embeddings, 32768)"),
+    ({"sliding_window": "4096"}, "sliding_window='4096': must be null"),
+    ({"router_jitter_noise": 0.01}, "router_jitter_noise=0.01: must be 0"),
+    ({"router_jitter_noise": None}, "router_jitter_noise=None: must be 0"),
+    ({"output_router_logits": True}, "output_router_logits=True: must be false"),
+])
+def test_mixtral_fields_shardlab_does_not_model(tmp_path: Path, changes: dict[str, object],
+                                                named: str) -> None:
+    with pytest.raises(SpecError, match="^" + re.escape(named)):
+        shape_from_hf_config(edited(tmp_path, "mixtral-8x7b", **changes))
+
+
+def test_mixtral_fields_that_change_nothing(tmp_path: Path) -> None:
+    # A window no sequence can exceed, zero noise, and a coefficient that is unused while
+    # output_router_logits is false.
+    shape = shape_from_hf_config(edited(tmp_path, "mixtral-8x7b", sliding_window=32768,
+                                        router_jitter_noise=0, router_aux_loss_coef=0.5))
+    assert shape == shape_from_hf_config(DATA / "mixtral-8x7b.json", name=shape.name)
+
+
+def test_a_moe_shape_round_trips_through_config_json(tmp_path: Path) -> None:
+    shape = ModelShape("m", 2, 64, 4, 100, 32, kv_heads=2, d_ff=48, style="llama",
+                       tied=True, moe=MoE(8, 2, 48))
+    config = hf_config(shape)
+    assert (config["model_type"], config["num_local_experts"], config["intermediate_size"]) == (
+        "mixtral", 8, 48)
+    assert dataclasses.replace(shape_from_hf_config(write(tmp_path, config)), name="m") == shape
+
+
+@pytest.mark.parametrize(("shape", "named"), [
+    (ModelShape("m", 2, 64, 4, 100, 32, moe=MoE(8, 2, 48)), "style='gpt': must be llama"),
+    (ModelShape("m", 2, 64, 4, 100, 32, style="llama", qkv_bias=True, moe=MoE(8, 2, 48)),
+     "qkv_bias=True: must be false to export: transformers' Mixtral has no attention"),
+    (ModelShape("m", 2, 64, 4, 100, 32, style="llama", moe=MoE(8, 2, 48, shared_experts=2)),
+     "moe.shared_experts=2: must be 0 to export: transformers' Mixtral has no shared"),
+    (ModelShape("m", 2, 64, 4, 100, 32, style="llama", moe=MoE(8, 2, 48, dense_layers=1)),
+     "moe.dense_layers=1: must be 0 to export"),
+    (ModelShape("m", 2, 64, 4, 100, 32, style="llama", moe=MoE(8, 2, 48, router_bias=True)),
+     "moe.router_bias=True: must be false to export"),
+])
+def test_moe_shapes_mixtral_cannot_hold_are_refused(shape: ModelShape, named: str) -> None:
+    with pytest.raises(SpecError, match="^" + re.escape(named)):
+        hf_family(shape)
 
 
 @pytest.mark.parametrize("model_type", ["qwen2_moe", "bert", "", None, 3])

@@ -25,7 +25,7 @@ def test_defaults() -> None:
     ({"gpus": 8, "dp": 4, "tp": 4}, "gpus", "dp*tp*pp"),
     ({"zero": 4}, "zero", "0, 1, 2 or 3"),
     ({"recompute": "some"}, "recompute", "selective"),
-    ({"dtype": "fp8"}, "dtype", "bf16"),
+    ({"dtype": "int4"}, "dtype", "bf16"),
     ({"sp": True}, "sp", "tp > 1"),
     ({"pp": 33}, "pp", "layers"),
     ({"pp": 16, "virtual_stages": 4}, "pp", "layers"),

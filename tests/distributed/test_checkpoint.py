@@ -1,7 +1,7 @@
 """Checkpoints: resumed runs bitwise equal to uninterrupted ones (FSDP, DDP with async save,
-TP, PP with a tied head, interleaved PP, and dp2 x tp2 x pp2), resharded loads within a
-stated tolerance, a SIGKILL in the middle of a save, the safe metadata reader, checksums
-and the manifest.
+TP, PP with a tied head, interleaved PP, expert parallel, and dp2 x tp2 x pp2), resharded
+loads within a stated tolerance (experts too), a SIGKILL in the middle of a save, the safe
+metadata reader, checksums and the manifest.
 
 One launch of two ranks runs every two-rank training in sequence (``run_cases``), so
 the spawn cost is paid once (the run killed in the middle of a save has a launch of its
@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 
-from shardlab.config.model import ModelShape
+from shardlab.config.model import ModelShape, MoE
 from shardlab.distributed import checkpoint_manifest, rng
 from shardlab.distributed.checkpoint import load_model_state
 from shardlab.distributed.checkpoint_reader import safe_reader
@@ -41,6 +41,9 @@ LLAMA = ModelShape("tiny-llama", 2, 32, 4, garden_vocab().size, 32, kv_heads=2,
                    style="llama", tied=False)
 GPT = ModelShape("tiny-gpt", 2, 32, 4, garden_vocab().size, 32, style="gpt", tied=True)
 LLAMA4 = replace(LLAMA, name="tiny-llama-4", layers=4)  # one layer per virtual stage
+# A mixture of experts: 8 experts, top-2, a shared expert, a dense first layer.
+MOE = replace(LLAMA, name="tiny-moe", layers=3,
+              moe=MoE(8, 2, 32, shared_experts=1, dense_layers=1))
 STEPS, EVERY = 4, 2
 # A different layout adds the same numbers in another order: the loss may move in the
 # last bits, never more than the parity tolerance of `shardlab train --check-parity`.
@@ -71,11 +74,18 @@ LAYOUTS = {  # name: (shape, layout); every one on two ranks
     # Two virtual stages per rank (interleaved 1F1B): each rank saves both its stages.
     "pp-interleaved": (LLAMA4, {"pp": 2, "virtual_stages": 2, "schedule": "interleaved-1f1b",
                                 "micro_batch": 2}),
+    # Experts split over two expert-parallel ranks (DTensor shards of the whole [E, ...]).
+    "moe-ep": (MOE, {"dp": 2, "ep": 2}),
+    # Experts split over tp (etp = tp): DTensors over the (ep, tp) dims.
+    "moe-etp": (MOE, {"tp": 2, "etp": 2}),
 }
 RESHARDS = {  # name: (from, layout it resumes in)
     "fsdp->tp": ("fsdp", {"tp": 2}),
     "fsdp->ddp": ("fsdp", {"dp": 2, "dp_mode": "ddp"}),
     "pp->dp": ("pp", {"dp": 2}),
+    # The same token groups per forward (dp = 2), the experts now FSDP-sharded over dp.
+    "moe-ep->dp": ("moe-ep", {"dp": 2}),
+    "moe-etp->tp": ("moe-etp", {"tp": 2}),  # the experts whole on both ranks again
 }
 
 

@@ -8,9 +8,10 @@ from torch.testing import assert_close
 
 from shardlab.config.catalog import get_model
 from shardlab.config.model import ModelShape, MoE
-from shardlab.errors import SpecError
 from shardlab.estimate.params import count_params
+from shardlab.nn.mlp import MLP
 from shardlab.nn.model import TransformerLM, apply_rope, numel, rope_tables
+from shardlab.nn.moe import GroupedExperts, MoEFeedForward
 
 shapes = st.builds(
     lambda style, layers, kvh, group, hd, ff, vocab, ctx, tied, qkv: ModelShape(
@@ -67,10 +68,37 @@ def test_rope_preserves_norms_and_is_relative() -> None:
     assert_close(qs[3] @ ks[1], qs[7] @ ks[5], rtol=1e-10, atol=1e-12)
 
 
-def test_moe_refused_and_seed_deterministic() -> None:
-    with pytest.raises(SpecError, match="mixture-of-experts"):
-        TransformerLM(ModelShape("t", 1, 16, 2, 50, 8, style="llama", moe=MoE(4, 2, 8)))
-    shape = ModelShape("t", 1, 16, 2, 50, 8)
+MOE_SHAPES = [
+    ModelShape("m", 2, 16, 2, 50, 8, style="llama", tied=False, moe=MoE(4, 2, 8)),
+    ModelShape("m", 3, 16, 4, 50, 8, kv_heads=2, style="llama",
+               moe=MoE(8, 2, 4, shared_experts=2, shared_d_ff=6, dense_layers=1)),
+    ModelShape("m", 2, 16, 2, 50, 8, style="llama", qkv_bias=True,
+               moe=MoE(4, 1, 8, router_bias=True, dense_layers=2)),  # all layers dense
+    ModelShape("m", 2, 16, 2, 50, 8, style="gpt", moe=MoE(4, 2, 8, router_bias=True)),
+    ModelShape("m", 3, 16, 2, 50, 8, style="gpt",
+               moe=MoE(4, 2, 8, shared_experts=3, shared_d_ff=12, dense_layers=1)),
+]
+
+
+@pytest.mark.parametrize("shape", MOE_SHAPES, ids=range(len(MOE_SHAPES)))
+def test_moe_numel_equals_cost_model(shape: ModelShape) -> None:
+    model = TransformerLM(shape)
+    assert numel(model) == count_params(shape).total
+    assert shape.moe is not None
+    kinds = [type(b.mlp) for b in model.blocks]
+    assert kinds == [MLP] * shape.moe.dense_layers + [MoEFeedForward] * shape.moe_layers
+
+
+def test_moe_init_is_gpt2s_and_seed_deterministic() -> None:
+    shape = MOE_SHAPES[3]
     a, b = TransformerLM(shape, seed=3), TransformerLM(shape, seed=3)
     for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.equal(pa, pb)
+    moe = a.blocks[0].mlp
+    assert isinstance(moe, MoEFeedForward) and isinstance(moe.experts, GroupedExperts)
+    assert moe.experts.b_up is not None and moe.experts.b_down is not None
+    assert not moe.experts.b_up.any() and not moe.experts.b_down.any()
+    for w in (moe.experts.w_up, moe.experts.w_down, moe.router.weight):
+        assert abs(w.std().item() - 0.02) < 0.004
+    ids = torch.randint(0, 50, (2, 8))
+    assert a(ids).shape == (2, 8, 50)

@@ -165,3 +165,19 @@ def test_a_capacity_that_is_no_number_of_bytes_is_refused(capacity: float) -> No
     lay = make_layout(LLAMA3_8B, gpus=8)
     with pytest.raises(SpecError, match=r"capacity=.*must be a finite number of bytes > 0"):
         explain_fit(LLAMA3_8B, lay, H100, capacity=capacity)
+
+
+def test_a_moe_layout_is_offered_more_expert_parallelism_priced_as_budget_prices_it() -> None:
+    mixtral = get_model("mixtral-8x7b")
+    lay = make_layout(mixtral, gpus=16, ep=2, zero=1, seq=4096, global_batch=16)
+    a = explain_fit(mixtral, lay, H100, capacity=40e9)
+    ep = next(c for c in a.changes if c.change == "ep=4")
+    assert (ep.knobs.ep, ep.knobs.dp) == (4, 16) and ep.memory_bytes < a.memory_bytes
+    changed = make_layout(mixtral, gpus=16, ep=4, zero=1, seq=4096, global_batch=16)
+    doc = model_budget(mixtral, changed, H100, Assumptions(dropout=False))
+    assert ep.memory_bytes == pytest.approx(doc["memory"]["per_device"]["total"], rel=1e-12)
+    tp = next(c for c in a.changes if c.change.startswith("tp=2"))
+    assert (tp.knobs.ep, tp.knobs.etp, tp.knobs.dp) == (2, 2, 8)
+    whole = explain_fit(mixtral, make_layout(mixtral, gpus=16, ep=8, zero=1, seq=4096,
+                                             global_batch=16), H100, capacity=40e9)
+    assert ("ep=16", "ep=16 must divide dp (16) and the experts (8)") in whole.skipped

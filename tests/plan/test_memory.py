@@ -7,37 +7,49 @@ from shardlab.config.catalog import get_model
 from shardlab.config.dtypes import get_policy
 from shardlab.config.layout import SCHEDULES, make_layout
 from shardlab.config.model import ModelShape, MoE
+from shardlab.estimate.expert import rank_params_split
 from shardlab.estimate.memory import inflight_microbatches, peak_stage, stage_memory
 from shardlab.plan import memory
 from shardlab.plan.memory import MemoryOptions, inflight, memory_arrays
 from shardlab.plan.space import Space, enumerate_space
 
 
-@pytest.mark.parametrize(("name", "gpus", "batch", "seq", "dropout", "flash"), [
-    ("llama-3-70b", 64, 128, 4096, False, True),
-    ("gpt3-175b", 64, 64, 2048, True, False),
-    ("mixtral-8x7b", 16, 32, 4096, False, True),
+@pytest.mark.parametrize(("name", "gpus", "batch", "seq", "dropout", "flash", "cf", "imbalance",
+                          "dtype"), [
+    ("llama-3-70b", 64, 128, 4096, False, True, 0.0, 1.0, "bf16"),
+    ("gpt3-175b", 64, 64, 2048, True, False, 0.0, 1.0, "bf16"),
+    ("mixtral-8x7b", 16, 32, 4096, False, True, 0.0, 1.0, "bf16"),
+    ("mixtral-8x7b", 32, 64, 1024, False, True, 1.25, 1.7, "bf16"),
+    # fp8: the linear weights' fp8 copies and scales, ZeRO 0-2 only.
+    ("llama-3-70b", 64, 128, 4096, False, True, 0.0, 1.0, "fp8"),
+    ("mixtral-8x7b", 16, 32, 4096, False, True, 0.0, 1.0, "fp8"),
 ])
 def test_memory_arrays_equal_stage_memory(name: str, gpus: int, batch: int, seq: int,
-                                          dropout: bool, flash: bool) -> None:
+                                          dropout: bool, flash: bool, cf: float,
+                                          imbalance: float, dtype: str) -> None:
     model = get_model(name)
-    sp = Space(gpus=gpus, global_batch=batch, seq=seq)
+    sp = Space(gpus=gpus, global_batch=batch, seq=seq, capacity_factor=cf)
     c = enumerate_space(model, sp)
     v = c.take(c.reason < 0)
-    policy = get_policy("bf16")
-    mem = memory_arrays(model, v, seq, policy, MemoryOptions(dropout=dropout, flash=flash))
+    policy = get_policy(dtype)
+    mem = memory_arrays(model, v, seq, policy, MemoryOptions(dropout=dropout, flash=flash,
+                                                             imbalance=imbalance))
     rng = np.random.default_rng(1)
     for i in rng.choice(len(v), min(120, len(v)), replace=False).tolist():
         lay = v.layout(i)
         layout = make_layout(model, gpus=gpus, dp=lay["dp"], tp=lay["tp"], pp=lay["pp"],
                              virtual_stages=lay["virtual_stages"], zero=lay["zero"],
                              sp=lay["sp"], micro_batch=lay["micro_batch"], global_batch=batch,
-                             seq=seq, recompute=lay["recompute"], schedule=lay["schedule"])
-        peak = peak_stage(stage_memory(model, layout, dropout, flash))
+                             seq=seq, recompute=lay["recompute"], schedule=lay["schedule"],
+                             ep=lay["ep"], etp=lay["etp"], capacity_factor=cf, dtype=dtype)
+        peak = peak_stage(stage_memory(model, layout, dropout, flash, imbalance))
         assert mem.total[i] == pytest.approx(peak.total, rel=1e-9)
+        assert mem.weights[i] == pytest.approx(peak.states.weights, rel=1e-9)
         assert mem.activations[i] == pytest.approx(peak.activations, rel=1e-9)
         assert mem.optimizer[i] == pytest.approx(peak.states.optimizer, rel=1e-9)
         assert mem.params[i] == peak.params
+        if model.moe is not None:
+            assert mem.expert_params[i] == rank_params_split(model, layout)[peak.stage][1]
 
 
 def test_inflight_equals_the_estimate_for_every_schedule() -> None:

@@ -19,6 +19,7 @@ from shardlab.plan.space import (
     _meshes,
     divisors,
     enumerate_space,
+    expert_choices,
     unique_rows,
 )
 from shardlab.schedules.generators import build
@@ -28,7 +29,8 @@ def _make(model: ModelShape, sp: Space, lay: dict) -> object:
     return make_layout(model, gpus=sp.gpus, dp=lay["dp"], tp=lay["tp"], pp=lay["pp"],
                        virtual_stages=lay["virtual_stages"], zero=lay["zero"], sp=lay["sp"],
                        micro_batch=lay["micro_batch"], global_batch=sp.global_batch,
-                       seq=sp.seq, recompute=lay["recompute"], schedule=lay["schedule"])
+                       seq=sp.seq, recompute=lay["recompute"], schedule=lay["schedule"],
+                       ep=lay["ep"], etp=lay["etp"], capacity_factor=lay["capacity_factor"])
 
 
 @pytest.mark.parametrize(("name", "gpus", "batch", "seq"), [
@@ -94,19 +96,39 @@ def test_bad_space_values_are_spec_errors() -> None:
         Space(gpus=8, global_batch=8, seq=8, schedules=("zigzag",))
 
 
-def test_layouts_come_in_the_product_order_of_each_mesh() -> None:
+@pytest.mark.parametrize(("name", "gpus"), [("gpt2", 24), ("mixtral-8x7b", 16)])
+def test_layouts_come_in_the_product_order_of_each_mesh(name: str, gpus: int) -> None:
     # Ties in step time keep this order, so the numpy enumeration must keep itertools'.
-    model = get_model("gpt2")
-    sp = Space(gpus=24, global_batch=48, seq=1024, zero=(0, 2, 3), micro_batches=(1, 3))
+    model = get_model(name)
+    sp = Space(gpus=gpus, global_batch=48, seq=1024, zero=(0, 2, 3), micro_batches=(1, 3))
     c = enumerate_space(model, sp)
-    rows = [(dp, tp, pp, v, sched, z, s, RECOMPUTE.index(r), mb)
-            for dp, tp, pp, sched, vs in _meshes(model, sp) for v in vs
+    rows = [(dp, tp, pp, v, sched, e, et, z, s, RECOMPUTE.index(r), mb)
+            for dp, tp, pp, sched, vs, ex in _meshes(model, sp) for v in vs for e, et in ex
             for z, s, r, mb in itertools.product(sp.zero if dp > 1 else (0,),
                                                  sp.sp if tp > 1 else (False,),
                                                  sp.recompute, sp.micro_batches)]
-    got = np.stack([c.dp, c.tp, c.pp, c.virtual, c.schedule, c.zero, c.sp, c.recompute,
-                    c.micro_batch], axis=1)
+    got = np.stack([c.dp, c.tp, c.pp, c.virtual, c.schedule, c.ep, c.etp, c.zero, c.sp,
+                    c.recompute, c.micro_batch], axis=1)
     assert got.tolist() == [list(map(int, r)) for r in rows]
+
+
+def test_moe_meshes_search_ep_over_divisors_of_dp_and_experts_and_etp_over_1_and_tp() -> None:
+    mixtral = get_model("mixtral-8x7b")
+    assert expert_choices(mixtral, 16, 2) == [(1, 2), (2, 2), (4, 2), (8, 2), (1, 1), (2, 1),
+                                              (4, 1), (8, 1)]
+    assert expert_choices(mixtral, 12, 1) == [(1, 1), (2, 1), (4, 1)]
+    assert expert_choices(mixtral, 16, 1, eps=(8, 3)) == [(8, 1)]
+    assert expert_choices(get_model("gpt2"), 16, 4) == [(1, 4)]
+    c = enumerate_space(mixtral, Space(gpus=16, global_batch=32, seq=1024, ep=(8,)))
+    assert set(c.ep.tolist()) == {8} and set(c.dp.tolist()) == {8, 16}
+    with pytest.raises(SpecError, match="ep"):
+        enumerate_space(mixtral, Space(gpus=4, global_batch=8, seq=1024, ep=(8,)))
+    moe_train = enumerate_space(mixtral, Space(gpus=4, global_batch=8, seq=64,
+                                               train_only=True))
+    # shardlab train builds whole experts: etp = tp > 1 is refused (under its first rule).
+    assert (moe_train.reason[moe_train.etp > 1] >= 0).all()
+    assert (moe_train.reason[moe_train.etp > 1] == REASONS.index(R_TRAIN)).any()
+    assert ((moe_train.reason < 0) & (moe_train.tp > 1)).any()
 
 
 def test_divisors_and_unique_rows() -> None:

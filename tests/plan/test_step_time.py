@@ -12,13 +12,13 @@ from shardlab.config.runtime import Overhead, Runtime
 from shardlab.estimate.flops import flops_per_token
 from shardlab.estimate.operators import layer_operators
 from shardlab.plan.efficiency import fraction_of_peak, matmul_intensity
+from shardlab.plan.memory_bound import layer_elementwise_elements
 from shardlab.plan.search import device_of, layout_candidates, plan
 from shardlab.plan.space import Space
 from shardlab.plan.step_time import (
     PARTS,
     StepOptions,
     _layer_forward,
-    layer_elementwise_elements,
     probe_elementwise_bandwidth,
 )
 

@@ -33,3 +33,20 @@ def test_fsdp2_bytes_on_odd_dp_equal_a_real_runs(argv: list[str], measured: int)
     assert rows[0]["dp"]["predicted"] == measured
     # The padded shards are equal, so every rank of a stage sends the same.
     assert len({row["dp"]["predicted"] for row in rows}) == cfg.pp
+
+
+def test_fsdp2_bytes_of_experts_on_uneven_shards_equal_a_real_runs() -> None:
+    """A mixture of experts at dp=4, ep=2: FSDP2 shards the dense parameters over the 4
+    data-parallel ranks and each rank's 3 experts (6 / ep) over its 2 expert-data-parallel
+    replicas, padding both; rank 0's bytes in the measured step of ``shardlab train
+    --layers 3 --d-model 32 --experts 6 --top-k 2 --shared-experts 1 --dense-layers 1
+    --expert-d-ff 24 --dp 4 --ep 2 --steps 3 --json``."""
+    args = build_parser().parse_args([
+        "train", "--layers", "3", "--d-model", "32", "--experts", "6", "--top-k", "2",
+        "--shared-experts", "1", "--dense-layers", "1", "--expert-d-ff", "24", "--dp", "4",
+        "--ep", "2", "--steps", "3"])
+    cfg = check(args)[0]
+    ranks = [{"rank": r, "pp_rank": 0, "dp_rank": r, "tp_rank": 0, "ep_rank": r % 2,
+              "routing": [], "comm_step": {"by_dim": {}}} for r in range(cfg.world)]
+    rows = comm_table(cfg, ranks)
+    assert (rows[0]["dp"]["predicted"], rows[0]["edp"]["predicted"]) == (359_136, 110_592)

@@ -2,34 +2,15 @@
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 
 import pytest
-from tensorboardX.proto import event_pb2
 
 from shardlab.config.model import ModelShape
 from shardlab.estimate.flops import flops_per_token
-from shardlab.train.tensorboard import RunBoard
+from shardlab.train.tensorboard import RunBoard, read_scalars
 
 SHAPE = ModelShape("tiny", 2, 32, 4, 64, 16)
-
-
-def read_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar of every event file in ``directory``: TFRecord framing (length u64, its
-    crc u32, the Event bytes, their crc u32) around Event protocol buffers."""
-    out: dict[str, list[tuple[int, float]]] = {}
-    for path in sorted(directory.glob("events.out.tfevents.*")):
-        data = path.read_bytes()
-        i = 0
-        while i < len(data):
-            (n,) = struct.unpack("<Q", data[i:i + 8])
-            event = event_pb2.Event()
-            event.ParseFromString(data[i + 12:i + 12 + n])
-            i += 12 + n + 4
-            for v in event.summary.value:
-                out.setdefault(v.tag, []).append((event.step, v.simple_value))
-    return out
 
 
 def test_steps_and_the_run_document(tmp_path: Path) -> None:

@@ -97,7 +97,8 @@ def param_count(text: str) -> float:
     return value
 
 
-SHAPE_FLAGS = ("style", "layers", "d_model", "heads", "kv_heads", "d_ff", "vocab")
+SHAPE_FLAGS = ("style", "layers", "d_model", "heads", "kv_heads", "d_ff", "vocab", "experts",
+               "top_k", "expert_d_ff", "shared_experts", "dense_layers")
 """The shape flags (:func:`add_shape_args`) that MODEL, or a config.json, replaces."""
 
 
@@ -115,6 +116,16 @@ def add_shape_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--vocab", type=positive_int,
                    help="default: the garden corpus's vocabulary size")
     g.add_argument("--seq", type=positive_int, default=32, help="tokens per sequence")
+    g.add_argument("--experts", type=nonneg_int, default=0,
+                   help="routed experts per MoE layer (0: a dense model)")
+    g.add_argument("--top-k", type=positive_int, default=2,
+                   help="experts each token is routed to (MoE)")
+    g.add_argument("--expert-d-ff", type=positive_int,
+                   help="hidden width of one expert (default: d-ff)")
+    g.add_argument("--shared-experts", type=nonneg_int, default=0,
+                   help="always-on shared experts per MoE layer (DeepSeek style)")
+    g.add_argument("--dense-layers", type=nonneg_int, default=0,
+                   help="first layers that keep a dense MLP (MoE models)")
     # None marks a shape flag not given, so one given beside MODEL (or a config.json that
     # sets the shape) is refused instead of ignored (shape_flags); the stated defaults come
     # back when no MODEL is given.
@@ -144,4 +155,7 @@ def build_shape(args: argparse.Namespace, corpus_vocab: int) -> Any:
     (:func:`shardlab.config.resolve.model_or_flags`)."""
     return model_or_flags(args.model, corpus_vocab, style=args.style, layers=args.layers,
                           d_model=args.d_model, heads=args.heads, kv_heads=args.kv_heads,
-                          d_ff=args.d_ff, vocab=args.vocab, seq=args.seq)
+                          d_ff=args.d_ff, vocab=args.vocab, seq=args.seq,
+                          experts=args.experts, top_k=args.top_k,
+                          expert_d_ff=args.expert_d_ff, shared_experts=args.shared_experts,
+                          dense_layers=args.dense_layers)

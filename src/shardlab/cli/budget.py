@@ -6,13 +6,20 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from shardlab.cli.args import fraction, nonneg_int, param_count, positive_float, positive_int
+from shardlab.cli.args import (
+    fraction,
+    nonneg_float,
+    nonneg_int,
+    param_count,
+    positive_float,
+    positive_int,
+)
 from shardlab.cli.output import print_json
 from shardlab.config.dtypes import get_policy
-from shardlab.config.hardware import Accelerator
+from shardlab.config.hardware import Accelerator, matmul_peaks, power_capped, with_nics
 from shardlab.config.layout import RECOMPUTE, SCHEDULES, Layout, make_layout
 from shardlab.config.limits import MAX_GPUS
-from shardlab.config.measured import accelerator_or_measured
+from shardlab.config.measured import NAME, accelerator_or_measured
 from shardlab.config.model import ModelShape
 from shardlab.config.resolve import load_model
 from shardlab.errors import SpecError, require_int_at_most
@@ -38,8 +45,19 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recompute", choices=RECOMPUTE, default="none",
                    help="activation recompute")
     g.add_argument("--dtype", default="bf16",
-                   help="dtype policy: bf16 fp16 amp-bf16 bf16-pure fp32")
+                   help="dtype policy: bf16 fp16 amp-bf16 bf16-pure fp32 fp8 (fp8: bf16 mixed "
+                   "precision with the linear layers in fp8, as Transformer Engine and "
+                   "torchao run it; needs an fp8 GPU such as H100, CUDA only)")
     g.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
+    g.add_argument("--ep", type=positive_int, default=1,
+                   help="expert-parallel degree (MoE): ranks of the dp group that split the "
+                   "routed experts; must divide dp and the experts")
+    g.add_argument("--etp", type=positive_int,
+                   help="expert tensor parallel (MoE): 1 keeps experts whole on each tp rank, "
+                   "tp (default) splits each expert's width like the dense MLP")
+    g.add_argument("--capacity-factor", type=nonneg_float, default=0.0,
+                   help="MoE capacity factor: each expert takes at most ceil(F*tokens*top_k/"
+                   "experts) tokens of each rank and drops the rest; 0 (default) is dropless")
 
 
 def add_hardware_args(p: argparse.ArgumentParser) -> None:
@@ -53,6 +71,37 @@ def add_hardware_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--hardware-file", type=Path, help="TOML file of extra accelerators/links")
 
 
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    """Facts of the cluster a run states (``budget`` and ``plan``): the nodes' NICs and
+    their speed, and a GPU power cap (:func:`apply_cluster_args`)."""
+    g = p.add_argument_group("cluster facts (what a run states; default: the catalog's)")
+    g.add_argument("--nics-per-node", type=positive_int,
+                   help="network cards per node, shared by its devices (default: one per "
+                   "device)")
+    g.add_argument("--nic-gbps", type=positive_float,
+                   help="speed of each NIC in Gb/s (default: the accelerator's inter-node "
+                   "link, e.g. 400 for IB NDR); 4 x 100 Gb/s gives each of 8 GPUs 6.25 GB/s")
+    g.add_argument("--power-cap-w", type=positive_float,
+                   help="GPU power limit in W (nvidia-smi -pl): matmul peaks scale by "
+                   "(cap/board power)^(1/3), the clock a capped GPU keeps (assumption: "
+                   "power ~ clock^3); memory and links unchanged")
+
+
+def apply_cluster_args(acc: Accelerator, args: argparse.Namespace) -> Accelerator:
+    """``acc`` with the cluster facts of :func:`add_cluster_args` applied (SpecError on
+    this machine, whose links and clock are measured, not stated)."""
+    nics, gbps, cap = args.nics_per_node, args.nic_gbps, args.power_cap_w
+    given = [n for n, v in (("nics_per_node", nics), ("nic_gbps", gbps),
+                            ("power_cap_w", cap)) if v is not None]
+    if given and acc.name == NAME:
+        raise SpecError(given[0], getattr(args, given[0]), "states a GPU cluster's fact; "
+                        "this machine's links and clock are measured (`shardlab hardware "
+                        "--measure`)")
+    if nics is not None or gbps is not None:
+        acc = with_nics(acc, nics, gbps)
+    return acc if cap is None else power_capped(acc, cap)
+
+
 def register(sub: Any) -> None:
     """Add the ``budget`` sub-command."""
     p = sub.add_parser("budget", help="parameters, FLOPs, memory, time, money, comm, inference",
@@ -63,6 +112,7 @@ def register(sub: Any) -> None:
                    "comm): 1 to 2^53, e.g. 7.5e9 or 7B (suffixes K, M, B, T)")
     add_layout_args(p)
     add_hardware_args(p)
+    add_cluster_args(p)
     add_assumption_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(run=run)
@@ -86,6 +136,18 @@ def add_assumption_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--decode-batch", type=positive_int, default=1, help="sequences decoded at once")
     g.add_argument("--decode-context", type=positive_int,
                    help="tokens of context per decoded sequence (default: model context)")
+    g.add_argument("--routing-imbalance", type=imbalance_arg, default=1.0,
+                   help="MoE: max/mean tokens per expert the router produces (a run's "
+                   "routing_imbalance); routed activations are sized for it (default 1.0: "
+                   "balanced)")
+
+
+def imbalance_arg(text: str) -> float:
+    """A routing imbalance: max/mean expert load, a finite number >= 1."""
+    value = positive_float(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1 (max/mean expert load)")
+    return value
 
 
 def assumptions_from(args: argparse.Namespace) -> Any:
@@ -95,7 +157,8 @@ def assumptions_from(args: argparse.Namespace) -> Any:
     return Assumptions(mfu=args.mfu, tokens=args.tokens,
                        price_per_gpu_hour=args.price_per_gpu_hour, causal=args.causal,
                        attention=args.attention, dropout=args.dropout,
-                       decode_batch=args.decode_batch, decode_context=args.decode_context)
+                       decode_batch=args.decode_batch, decode_context=args.decode_context,
+                       routing_imbalance=args.routing_imbalance)
 
 
 def model_and_layout(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -106,7 +169,8 @@ def model_and_layout(args: argparse.Namespace) -> tuple[Any, Any]:
                          virtual_stages=args.virtual_stages, zero=args.zero, sp=args.sp,
                          micro_batch=args.micro_batch, global_batch=args.global_batch,
                          seq=args.seq, recompute=args.recompute, dtype=args.dtype,
-                         schedule=args.schedule)
+                         schedule=args.schedule, ep=args.ep, etp=args.etp,
+                         capacity_factor=args.capacity_factor)
     return model, layout
 
 
@@ -119,7 +183,8 @@ def fit_advice(model: ModelShape, layout: Layout, acc: Accelerator, a: Assumptio
         return None
     options = step_options_for(acc, flash=a.attention == "flash")
     return explain_fit(model, layout, acc, capacity=doc["memory"]["capacity"],
-                       dropout=doc["assumptions"]["dropout"], options=options).as_dict()
+                       dropout=doc["assumptions"]["dropout"], options=options,
+                       imbalance=a.routing_imbalance).as_dict()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -127,9 +192,19 @@ def run(args: argparse.Namespace) -> int:
 
     if (args.model is None) == (args.params is None):
         raise SpecError("model", args.model, "give a MODEL or --params N, not both or neither")
-    acc = accelerator_or_measured(args.gpu, args.hardware_file)
+    acc = apply_cluster_args(accelerator_or_measured(args.gpu, args.hardware_file), args)
     a = assumptions_from(args)
+    policy = get_policy(args.dtype)
+    if policy.is_fp8 and acc.name == NAME:
+        raise SpecError("dtype", args.dtype, "fp8 training runs only on CUDA GPUs (torchao "
+                        "float8, Transformer Engine): this machine's CPU cannot run it")
+    matmul_peaks(acc, policy.compute, policy.linear_compute)  # fp8 on an A100: one line
     if args.params is not None:
+        for name, value, default in (("ep", args.ep, 1), ("etp", args.etp, None),
+                                     ("capacity_factor", args.capacity_factor, 0.0)):
+            if value != default:
+                raise SpecError(name, value, "needs a MODEL: a bare parameter count has no "
+                                "experts")
         for name, value in (("gpus", args.gpus), ("dp", args.dp), ("tp", args.tp),
                             ("pp", args.pp)):
             if value is not None:

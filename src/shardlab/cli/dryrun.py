@@ -69,6 +69,11 @@ def config_from(args: argparse.Namespace) -> TrainConfig:
     train's own one-line errors (SpecError), before any model is built."""
     given_seq = args.seq
     shape, _ = model_from_args(args)
+    if shape.moe is not None:
+        raise SpecError("model", shape.name if shape.name != "flags" else shape.describe(),
+                        "is a mixture of experts, which the dry run cannot run: its fake "
+                        "tensors have no values to route tokens by; use shardlab train, or "
+                        "budget / plan / simulate for the cost model")
     require_int_at_most("gpus", args.gpus, MAX_GPUS)
     raw = parse_layout(args.layout)
     tp, pp, virtual = _int(raw, "tp", 1), _int(raw, "pp", 1), _int(raw, "virtual", 1)

@@ -53,7 +53,9 @@ def layout_config(args: argparse.Namespace) -> TrainConfig:
     micro = ns.micro_batch
     if micro == 0 and ns.pp > 1:
         micro = auto_micro_batch(ns.global_batch, ns.dp, ns.pp, ns.schedule)
-    cfg = TrainConfig(shape=shape, dp=ns.dp, tp=ns.tp, pp=ns.pp,
+    cfg = TrainConfig(shape=shape, dp=ns.dp, tp=ns.tp, pp=ns.pp, ep=ns.ep, etp=ns.etp,
+                      capacity_factor=ns.capacity_factor, aux_coef=ns.aux_loss_coef,
+                      z_coef=ns.router_z_loss,
                       virtual_stages=ns.virtual_stages, dp_mode=ns.dp_mode, sp=ns.sp,
                       loss_parallel=ns.loss_parallel, recompute=ns.recompute,
                       schedule=ns.schedule, global_batch=ns.global_batch, micro_batch=micro,
@@ -105,7 +107,8 @@ def emit_config(path: Path, doc: dict[str, Any], model_flags: str) -> str:
               "keys: the train flags' names with _ for - (--global-batch is global_batch); "
               "--no-FLAG turns off a switch set here"]
     write_atomic(path, job_text(args, header).encode())
-    return (f"wrote {path}: dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} ({cfg.world} ranks), "
+    ep = f" ep={cfg.ep}" if cfg.ep > 1 else ""
+    return (f"wrote {path}: dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}{ep} ({cfg.world} ranks), "
             f"{cfg.global_batch} sequences of {cfg.seq} tokens per step")
 
 

@@ -9,18 +9,28 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from shardlab.cli.args import add_shape_args, build_shape, positive_int, shape_flags
+from shardlab.cli.args import add_shape_args, build_shape, nonneg_float, positive_int, shape_flags
+from shardlab.cli.budget import add_cluster_args, apply_cluster_args, imbalance_arg
 from shardlab.cli.job import check_emit_path, emit_config
 from shardlab.cli.output import print_json
 from shardlab.cli.plan_dryrun import dry_run_top
 from shardlab.config.dtypes import get_policy
+from shardlab.config.hardware import matmul_peaks
 from shardlab.config.layout import RECOMPUTE, SCHEDULES, make_layout
 from shardlab.config.measured import accelerator_or_measured, slow_dtype_note
 from shardlab.config.resolve import load_model
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_vocab
 from shardlab.plan.fit import explain_fit, step_options_for
-from shardlab.plan.search import is_this_machine, layout_candidates, plan
+from shardlab.plan.overlap import framework as overlap_framework
+from shardlab.plan.search import (
+    STEP_KEYS,
+    is_this_machine,
+    layout_candidates,
+    layout_step_keys,
+    parse_layout,
+    plan,
+)
 from shardlab.plan.space import TRAIN_SCHEDULES, TRAIN_ZERO, Space
 from shardlab.report.plan_view import print_plan
 
@@ -61,11 +71,19 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpus-per-node", type=positive_int,
                    help="devices per node (default: the accelerator's, 8 for GPUs)")
     g.add_argument("--hardware-file", type=Path, help="TOML file of extra accelerators/links")
+    add_cluster_args(p)
     g = p.add_argument_group("job")
     g.add_argument("--global-batch", type=positive_int, required=True,
                    help="sequences per optimizer step, at most 2^24")
     g.add_argument("--dtype", help="dtype policy (default bf16; fp32 on this machine, where "
-                   "bf16 means torch autocast as `shardlab train --dtype bf16`)")
+                   "bf16 means torch autocast as `shardlab train --dtype bf16`); fp8: the "
+                   "linear layers multiply in fp8 at the accelerator's fp8 peak, attention "
+                   "core, head and router in bf16 (Transformer Engine, torchao float8; needs "
+                   "an fp8 GPU, CUDA only)")
+    g.add_argument("--framework", help="megatron, torchtitan or deepspeed: price the step as "
+                   "that framework runs it by default (which communication overlaps compute, "
+                   "fused norms, fused gradient accumulation; see --layout's overlap keys, "
+                   "which override it); default: data-parallel overlap only")
     g.add_argument("--attention", choices=("flash", "eager"), default="flash",
                    help="flash (default, as budget and today's real runs): a fused kernel "
                    "keeps only softmax statistics; eager: the s x s scores are kept "
@@ -74,6 +92,12 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="dropout masks in activation memory (default: gpt yes, llama no)")
     g.add_argument("--no-overlap-dp", action="store_true",
                    help="data-parallel communication does not overlap compute")
+    g.add_argument("--capacity-factor", type=nonneg_float, default=0.0,
+                   help="MoE capacity factor of the job: each expert takes at most "
+                   "ceil(F*tokens*top_k/experts) tokens of each rank; 0 (default) is dropless")
+    g.add_argument("--routing-imbalance", type=imbalance_arg, default=1.0,
+                   help="MoE: max/mean tokens per expert the router produces; routed "
+                   "activations are sized for it (default 1.0: balanced)")
     g = p.add_argument_group("search")
     g.add_argument("--top", type=positive_int, default=5, help="layouts to show")
     g.add_argument("--max-tp", type=positive_int, help="largest tp (default: devices per node)")
@@ -87,6 +111,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="recompute modes to try, e.g. none,selective")
     g.add_argument("--schedules", type=_names(SCHEDULES), default=SCHEDULES,
                    help=f"pipeline schedules to try ({', '.join(SCHEDULES)})")
+    g.add_argument("--ep", type=_int_list,
+                   help="expert-parallel degrees to try (MoE), e.g. 1,8 (default: every "
+                   "divisor of dp that divides the experts; etp is searched over 1 and tp)")
     g.add_argument("--dry-run-top", type=positive_int, metavar="K",
                    help="dry-run the K fastest layouts that fit (every role of each, the "
                    "program `shardlab train` runs, on fake tensors: minutes at scale), mark "
@@ -94,8 +121,15 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    "keeps to what train runs (ZeRO 0/2/3; gpipe, 1f1b, interleaved-1f1b)")
     g.add_argument("--layout", help='evaluate one layout instead of searching, e.g. "dp=1 '
                    'tp=8 pp=8 virtual=3 micro_batch=1 zero=1 sp=1 recompute=selective '
-                   'schedule=1f1b" (keys left out take their defaults; each key once; sp is '
-                   '0 or 1)')
+                   'schedule=1f1b", MoE: ep=8 etp=1 capacity_factor=1.25 (keys left out '
+                   'take their defaults; each key once; sp is 0 or 1). Step-time keys, 0 or '
+                   '1, override --framework: overlap_dp (gradient reduce-scatter/all-reduce '
+                   'and parameter all-gather per bucket or layer behind backward/forward), '
+                   'overlap_tp (tensor-parallel collectives split alongside their matmuls: '
+                   "Megatron's --tp-comm-overlap, torch async TP), overlap_pp (pipeline "
+                   "sends/receives behind the next chunk's compute), fused_norm (RMSNorm in "
+                   'one kernel, else eager torch); a --layout of only these keys searches '
+                   'with them')
 
 
 def register(sub: Any) -> None:
@@ -135,12 +169,17 @@ def model_from_args(args: argparse.Namespace) -> tuple[Any, str]:
 def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     """The ``--json`` document of ``shardlab plan`` (SpecError for bad input)."""
 
-    acc = accelerator_or_measured(args.gpu, args.hardware_file)
+    acc = apply_cluster_args(accelerator_or_measured(args.gpu, args.hardware_file), args)
     model, model_flags = model_from_args(args)
     seq = args.seq or model.context
     here = is_this_machine(acc)
+    notes = []
     if here:
         dtype = args.dtype or "fp32"
+        if dtype == "fp8":
+            raise SpecError("dtype", dtype, "fp8 training runs only on CUDA GPUs (torchao "
+                            "float8, Transformer Engine): this machine's CPU cannot run it; "
+                            "plan it for a GPU, e.g. --gpu h100")
         if dtype not in ("fp32", "bf16"):
             raise SpecError("dtype", dtype, "must be fp32 or bf16 on this machine "
                             "(what shardlab train runs)")
@@ -148,12 +187,26 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     else:
         dtype = args.dtype or "bf16"
         policy = get_policy(dtype)
+        matmul_peaks(acc, policy.compute, policy.linear_compute)  # fp8 on an A100: one line
+        if policy.is_fp8:
+            notes.append("fp8: priced as Transformer Engine and torchao float8 run it (linear "
+                         "layers in fp8, attention core, head and router in bf16, fp8 casts "
+                         "at the memory bandwidth); real fp8 training runs on CUDA GPUs only: "
+                         "shardlab train cannot run it on a CPU")
+    step_keys = layout_step_keys(args.layout)
     runnable = here or bool(args.dry_run_top)
     # This machine, or a job file to emit: the winner must be a layout shardlab train runs.
     train_only = here or getattr(args, "emit_config", None) is not None
     for z in args.zero:
         if z > 3:
             raise SpecError("zero", z, "must be 0, 1, 2 or 3 (3 is FSDP)")
+    dense = f"needs a mixture-of-experts model ({model.name} is dense)"
+    if model.moe is None and args.ep not in (None, (1,)):
+        raise SpecError("ep", ",".join(map(str, args.ep)), dense)
+    if model.moe is None and args.capacity_factor:
+        raise SpecError("capacity_factor", args.capacity_factor, dense)
+    if args.ep is not None and 0 in args.ep:
+        raise SpecError("ep", 0, "must be a positive integer")
     space = Space(
         gpus=args.gpus, global_batch=args.global_batch, seq=seq,
         gpus_per_node=args.gpus_per_node or acc.gpus_per_node, max_tp=args.max_tp,
@@ -164,14 +217,18 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         recompute=args.recompute,
         schedules=tuple(s for s in args.schedules if not runnable or s in TRAIN_SCHEDULES)
         or ("1f1b",),
-        train_only=train_only)
-    only = layout_candidates(model, space, args.layout) if args.layout else None
+        train_only=train_only, ep=args.ep, capacity_factor=args.capacity_factor)
+    # A --layout of step-time keys alone sets options for the search.
+    given = args.layout and set(parse_layout(args.layout, STEP_KEYS)) - set(step_keys)
+    only = layout_candidates(model, space, args.layout) if given else None
     dropout = args.dropout if args.dropout is not None else model.style == "gpt"
     options = step_options_for(acc, flash=args.attention == "flash",
-                               overlap_dp=not args.no_overlap_dp)
+                               overlap_dp=not args.no_overlap_dp, framework=args.framework,
+                               overrides=step_keys)
+    fw = overlap_framework(args.framework)
     result = plan(model, acc, space, policy, top=args.top, dropout=dropout, options=options,
                   train_prefix=f"shardlab train {model_flags}" if here else None,
-                  train_dtype=dtype, only=only)
+                  train_dtype=dtype, only=only, imbalance=args.routing_imbalance)
     fit = None
     if only is not None and not result.best[0]["fits"]:
         given = result.best[0]
@@ -180,26 +237,38 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
                              zero=given["zero"], sp=given["sp"],
                              micro_batch=given["micro_batch"], global_batch=args.global_batch,
                              seq=seq, recompute=given["recompute"], dtype=policy.name,
-                             schedule=given["schedule"])
+                             schedule=given["schedule"], ep=given["ep"], etp=given["etp"],
+                             capacity_factor=given["capacity_factor"])
         fit = explain_fit(model, layout, acc, capacity=result.device_memory, dropout=dropout,
                           options=options, gpus_per_node=space.gpus_per_node,
-                          train_only=train_only).as_dict()
+                          train_only=train_only, imbalance=args.routing_imbalance).as_dict()
     dev = result.device
     doc = {
-        "model": model.name, "model_shape": model.describe(), "gpu": acc.name,
+        "model": model.name, "model_shape": model.describe(), "moe": model.moe is not None,
+        "gpu": acc.name,
         "gpus": args.gpus, "gpus_per_node": space.gpus_per_node, "seq": seq,
         "global_batch": args.global_batch, "dtype": policy.name,
+        "capacity_factor": args.capacity_factor, "routing_imbalance": args.routing_imbalance,
         "peak_flops_per_device": dev.peak, "usable_memory_per_device": result.device_memory,
         "efficiency": {"peak_fraction": dev.eff.peak_fraction,
                        "half_intensity": dev.eff.half_intensity,
                        "op_overhead": dev.eff.op_overhead,
-                       "link_fraction": dev.eff.link_fraction, "source": dev.eff.source},
+                       "link_fraction": dev.eff.link_fraction,
+                       "fp8_peak_fraction": dev.eff.fp8_peak_fraction or dev.eff.peak_fraction,
+                       "flash_fractions": dict(dev.eff.flash_fractions),
+                       "source": dev.eff.source},
         # This machine's measured runtime (gloo's rates per collective, fixed costs per
         # parallel style), or null when it was not measured (or is not this machine).
         "runtime": asdict(dev.runtime) if dev.runtime is not None else None,
         "this_machine": here, "layout_given": args.layout,
+        "linear_peak_flops_per_device": dev.linear_peak or dev.peak,
+        "inter_node_link": asdict(acc.inter_link), "power_watts": acc.power_watts,
+        "gpu_source": acc.source,
+        # The step-time options priced: the framework's defaults, then --layout's keys.
+        "framework": None if args.framework is None else fw.name,
+        "step_options": {**asdict(options), "framework_source": fw.source},
         # A dtype with no fast kernel on this measured CPU: priced at its measured slow rate.
-        "notes": [n for n in (slow_dtype_note(acc, dtype),) if n],
+        "notes": notes + [n for n in (slow_dtype_note(acc, dtype),) if n],
         "candidates_evaluated": result.candidates_evaluated, "feasible": result.feasible,
         "rejected": result.rejected, "seconds": result.seconds,
         "smallest_memory_per_device": result.smallest_memory, "best": result.best,

@@ -28,7 +28,10 @@ def train_config(model: ModelShape, entry: dict[str, Any], global_batch: int, se
                       sp=bool(entry["sp"]), recompute=entry["recompute"],
                       schedule=entry["schedule"] if entry["pp"] > 1 else "1f1b",
                       global_batch=global_batch, micro_batch=entry["micro_batch"], seq=seq,
-                      steps=2, dtype="fp32" if dtype == "fp32" else "bf16")
+                      steps=2, dtype="fp32" if dtype == "fp32" else "bf16",
+                      ep=entry.get("ep", 1),
+                      etp=entry.get("etp", 1) if model.moe is not None else 1,
+                      capacity_factor=entry.get("capacity_factor", 0.0))
     check_config(cfg)
     return cfg
 

@@ -15,6 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from shardlab.cli.args import (
     add_shape_args,
     build_shape,
+    nonneg_float,
     nonneg_int,
     positive_float,
     positive_int,
@@ -27,6 +28,7 @@ from shardlab.config.lookup import find
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.report.simulate_view import print_simulation
+from shardlab.train.config import AUX_COEF
 
 SIM_SCHEDULES = ("gpipe", "1f1b")
 DOC_STEPS = 16
@@ -56,6 +58,21 @@ def register(sub: Any) -> None:
                    "'NVLink 4' (`shardlab hardware` lists them)")
     g.add_argument("--global-batch", type=positive_int,
                    help="sequences per step (default dp x microbatches x 2)")
+    g = p.add_argument_group("mixture of experts (with --experts or a MoE MODEL)")
+    g.add_argument("--ep", type=positive_int, default=1,
+                   help="expert-parallel devices, drawn from dp: each holds experts/ep of "
+                   "every MoE layer, tokens reach them by all-to-all")
+    g.add_argument("--etp", type=positive_int, default=1,
+                   help="expert tensor parallel: 1 keeps experts whole on every tp device "
+                   "(the only one the simulator runs)")
+    g.add_argument("--capacity-factor", type=nonneg_float, default=0.0,
+                   help="each expert takes at most ceil(F*tokens*top_k/experts) of a "
+                   "micro-batch's tokens per device, the rest are dropped (0: dropless)")
+    g.add_argument("--aux-loss-coef", type=nonneg_float, default=AUX_COEF,
+                   help="weight of the load-balancing loss (default, as train's: Switch "
+                   "Transformer's 0.01)")
+    g.add_argument("--router-z-loss", type=nonneg_float, default=0.0,
+                   help="weight of the router z-loss (ST-MoE: 0.001; 0: off)")
     g = p.add_argument_group("run")
     g.add_argument("--steps", type=positive_int, default=3)
     g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
@@ -76,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from shardlab.nn.data import batches
+    from shardlab.nn.moe import MoEOptions
     from shardlab.sim.engine import AdamWConfig, Parallel
     from shardlab.sim.footprint import MAX_DEVICES, run_peak_bytes
     from shardlab.sim.run import layout_for, simulate_run
@@ -85,8 +103,15 @@ def run(args: argparse.Namespace) -> int:
     shape = build_shape(args, vocab)
     if args.zero > 3:
         raise SpecError("zero", args.zero, "must be 0, 1, 2 or 3")
+    if args.etp != 1:
+        raise SpecError("etp", args.etp, "must be 1: the simulator keeps experts whole on "
+                        "every tensor-parallel device")
     par = Parallel(dp=args.dp, tp=args.tp, pp=args.pp, zero=args.zero, sp=args.sp,
-                   microbatches=args.microbatches, schedule=args.schedule)
+                   microbatches=args.microbatches, schedule=args.schedule, ep=args.ep)
+    moe = None
+    if shape.moe is not None:
+        moe = MoEOptions(aux_coef=args.aux_loss_coef, z_coef=args.router_z_loss,
+                         capacity_factor=args.capacity_factor)
     link = None
     if args.link is not None:
         link = find("link", args.link, LINKS)
@@ -95,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("global_batch", global_batch,
                         f"must be a multiple of dp x microbatches ({args.dp}x{args.microbatches})")
     dtype = torch.float64 if args.dtype == "float64" else torch.float32
-    lay = layout_for(shape, par, global_batch, args.seq, dtype)  # every layout check, before work
+    # Every layout check, before work (ep and the capacity factor of a dense model too).
+    lay = layout_for(shape, par, global_batch, args.seq, dtype, args.capacity_factor)
     if lay.gpus > MAX_DEVICES:
         raise SpecError("devices", lay.gpus, f"dp x tp x pp ({lay.dp} x {lay.tp} x {lay.pp}) "
                         f"must be <= {MAX_DEVICES}: one process runs every virtual device in "
@@ -107,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     stream = itertools.islice(batches(docs, global_batch, args.seq, seed=args.seed), args.steps)
     with _progress(args.steps) as progress:
         result = simulate_run(shape, par, stream, dtype, args.seed,
-                              AdamWConfig(lr=args.lr, eps=args.adam_eps), link, progress)
+                              AdamWConfig(lr=args.lr, eps=args.adam_eps), link, progress, moe)
     doc = result_doc(shape, result)
     if args.json:
         print_json(doc)
@@ -145,4 +171,5 @@ def result_doc(shape: Any, r: Any) -> dict[str, Any]:
         "checks": [{"name": c.name, "value": c.value, "tolerance": c.tolerance,
                     "passed": c.passed} for c in r.checks],
         "comm": r.comm, "state_bytes": r.state_bytes,
+        "routing_imbalance": r.routing_imbalance,
     }

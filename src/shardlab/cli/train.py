@@ -14,23 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from shardlab.cli.args import (
-    add_shape_args,
     build_shape,
-    nonneg_int,
-    positive_float,
-    positive_int,
     shape_flags,
 )
 from shardlab.cli.guard import check_memory
-from shardlab.cli.job_file import apply_job_file, defer_defaults
+from shardlab.cli.job_file import apply_job_file
 from shardlab.cli.output import print_json
+from shardlab.cli.train_flags import add_train_flags, config_flag
 from shardlab.config.measured import NAMES, load_measurement, slow_dtype_note
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_documents, garden_vocab
-from shardlab.report.train_view import print_train
+from shardlab.report.train_view import print_moe, print_train
 from shardlab.train.config import (
-    DP_MODES,
-    PP_SCHEDULES,
     TrainConfig,
     auto_micro_batch,
     check_config,
@@ -42,73 +37,15 @@ from shardlab.train.report import peak_flops, predicted_peak_bytes, report
 
 def register(sub: Any) -> None:
     """Add the ``train`` sub-command."""
-    p = sub.add_parser("train", help="real training on a device mesh (FSDP2/DDP, TP, PP)",
+    p = sub.add_parser("train", help="real training on a device mesh (FSDP2/DDP, TP, PP, EP)",
                        description="Train shardlab's LM on dp x tp x pp real processes and "
                        "print the cost model's prediction beside what the run measured.")
     p.add_argument("model", nargs="?", help="catalog name or config.json (default: a small "
                    "model from the shape flags)")
-    add_shape_args(p)
-    g = p.add_argument_group("layout")
-    g.add_argument("--dp", type=positive_int, default=1)
-    g.add_argument("--tp", type=positive_int, default=1)
-    g.add_argument("--pp", type=positive_int, default=1)
-    g.add_argument("--virtual-stages", type=positive_int, default=1)
-    g.add_argument("--dp-mode", choices=DP_MODES, default="fsdp",
-                   help="fsdp (ZeRO-3), fsdp-zero2 (reshard_after_forward=False) or ddp")
-    g.add_argument("--sp", action="store_true", help="sequence parallel (needs tp > 1)")
-    g.add_argument("--loss-parallel", action="store_true",
-                   help="cross-entropy on the vocabulary-sharded logits (tp > 1)")
-    g.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
-    g.add_argument("--schedule", choices=PP_SCHEDULES, default="1f1b")
-    g = p.add_argument_group("run")
-    g.add_argument("--global-batch", type=positive_int, default=8, help="sequences per step")
-    g.add_argument("--micro-batch", type=nonneg_int, default=0,
-                   help="sequences per micro-batch (0: a data-parallel rank's whole share, "
-                   "or with pp > 1 the largest giving the schedule enough micro-batches)")
-    g.add_argument("--steps", type=positive_int, default=20)
-    g.add_argument("--lr", type=positive_float, default=3e-3)
-    g.add_argument("--warmup", type=nonneg_int, default=2)
-    g.add_argument("--clip", type=positive_float, default=1.0)
-    g.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
-    g.add_argument("--seed", type=nonneg_int, default=0)
-    g.add_argument("--data", default="garden",
-                   help="garden (built in), a folder `shardlab data prepare` wrote, a text "
-                   "file (bytes), or a .bin of token ids")
-    g.add_argument("--bin-dtype", choices=("uint16", "uint32"), default="uint16")
-    g.add_argument("--nproc", type=positive_int, help="ranks to start (default dp*tp*pp)")
-    g.add_argument("--gpu", help="accelerator whose dense peak MFU divides by, per rank "
-                   "(default: this CPU as `shardlab hardware --measure` stored it)")
-    g.add_argument("--timeout", type=positive_float, default=60.0)
-    g.add_argument("--allow-oversubscribe", action="store_true",
-                   help="start even when the cost model's memory of the ranks exceeds 90%% "
-                   "of what this host has available")
-    g.add_argument("--log-dir", help="per-rank logs and train.jsonl (default: a new folder)")
-    g.add_argument("--check-parity", action="store_true",
-                   help="also train on one process and compare the loss curves")
-    g = p.add_argument_group("checkpoints (docs/guide/checkpoint.md)")
-    g.add_argument("--checkpoint-dir", help="write checkpoints under this folder (step-N)")
-    g.add_argument("--checkpoint-every", type=nonneg_int, default=0,
-                   help="save every K steps (and always after the last; 0: only then)")
-    g.add_argument("--keep", type=positive_int, default=3, help="checkpoints kept (newest)")
-    g.add_argument("--async-save", action="store_true",
-                   help="dcp.async_save: write in the background while training goes on")
-    g.add_argument("--resume", nargs="?", const="latest", metavar="STEP",
-                   help="continue from --checkpoint-dir's latest checkpoint (or STEP's), "
-                   "in this run's layout, whatever layout wrote it")
-    g.add_argument("--max-restarts", type=nonneg_int, default=0,
-                   help="restart a failed job from its last checkpoint up to R times")
-    g.add_argument("--init-from", metavar="DIR",
-                   help="initial weights from `shardlab import`'s folder (its config.json "
-                   "is the model when MODEL is not given)")
-    # Fault injection for tests: rank R fails once S steps are done (raise, SIGKILL, or
-    # SIGKILL inside the save of step S).
-    g.add_argument("--fail-at-step", type=nonneg_int, default=-1, help=argparse.SUPPRESS)
-    g.add_argument("--fail-rank", type=nonneg_int, default=-1, help=argparse.SUPPRESS)
-    g.add_argument("--fail-how", default="raise", help=argparse.SUPPRESS)
-    g.add_argument("--inject-fault", type=int, default=-1, help=argparse.SUPPRESS)
+    add_train_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(run=run)
-    _config_flag(p)
+    config_flag(p)
 
 
 def load_documents(args: argparse.Namespace) -> tuple[int, list[list[int]]]:
@@ -162,7 +99,9 @@ def check(args: argparse.Namespace) -> tuple[TrainConfig, float | None, list[str
         notes.append(f"--micro-batch 0 with pp={args.pp} ({args.schedule}): {micro} "
                      f"sequences per micro-batch, {args.global_batch // args.dp // micro} "
                      "micro-batches per step")
-    cfg = TrainConfig(shape=shape, dp=args.dp, tp=args.tp, pp=args.pp,
+    cfg = TrainConfig(shape=shape, dp=args.dp, tp=args.tp, pp=args.pp, ep=args.ep,
+                      etp=args.etp, capacity_factor=args.capacity_factor,
+                      aux_coef=args.aux_loss_coef, z_coef=args.router_z_loss,
                       virtual_stages=args.virtual_stages, dp_mode=args.dp_mode, sp=args.sp,
                       loss_parallel=args.loss_parallel, recompute=args.recompute,
                       schedule=args.schedule, global_batch=args.global_batch,
@@ -177,9 +116,11 @@ def check(args: argparse.Namespace) -> tuple[TrainConfig, float | None, list[str
     check_config(cfg)
     world = cfg.world
     peak = peak_flops(cfg, args.gpu, world)  # a bad --gpu fails here, before any rank
+    cfg = dataclasses.replace(cfg, tensorboard=args.tensorboard or "", peak_flops=peak or 0.0)
     if args.nproc is not None and args.nproc != world and not under_torchrun():
         raise SpecError("nproc", args.nproc, f"must equal dp*tp*pp ({world})")
     check_folder("log_dir", args.log_dir)
+    check_folder("tensorboard", args.tensorboard)
     check_folder("checkpoint_dir", args.checkpoint_dir)
     _check_memory(cfg, args)
     if args.checkpoint_dir or args.resume is not None:
@@ -205,6 +146,8 @@ def prepare(args: argparse.Namespace) -> tuple[Any, float | None]:
 
 def make_log_folder(cfg: TrainConfig) -> TrainConfig:
     """``cfg`` with its log folder made (a new one under the temporary folder by default)."""
+    if cfg.tensorboard:
+        make_folder("tensorboard", cfg.tensorboard)
     if not cfg.log_dir:
         return dataclasses.replace(cfg, log_dir=new_log_folder())
     make_folder("log_dir", cfg.log_dir)
@@ -313,23 +256,21 @@ def _train(args: argparse.Namespace, cfg: TrainConfig, peak: float | None,
     tmp = Path(log_dir, "report.json.tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")
     tmp.replace(Path(log_dir, "report.json"))
+    if cfg.tensorboard:  # the run's summary beside rank 0's per-step scalars
+        # Imported here: tensorboardX, which only a run with --tensorboard needs.
+        from shardlab.train.tensorboard import RunBoard
+
+        board = RunBoard(cfg.tensorboard, cfg.shape, cfg.seq, peak, suffix="run")
+        board.finish(doc)
+        board.close()
     if args.json:
         print_json(doc)
     else:
         print_train(doc)
+        print_moe(doc)
         if "checkpoint" in doc:
             _print_checkpoints(doc["checkpoint"])
     return 0 if doc.get("parity_passed", True) else 1
-
-
-def _config_flag(p: argparse.ArgumentParser) -> None:
-    """``--config FILE``: every flag above as a key of a TOML file (docs/guide/launch.md);
-    a flag on the command line overrides the file, ``--no-FLAG`` turns off its switch.
-    Added last, so every flag registered before it is a key."""
-    p.add_argument("--config", metavar="FILE", help="a job file (TOML, sections model, "
-                   "layout, run, checkpoint, data; `shardlab plan --emit-config` writes "
-                   "one): its keys are the flags' names; flags given here override it")
-    defer_defaults(p)
 
 
 def _shape_flags(args: argparse.Namespace) -> None:
@@ -347,7 +288,8 @@ def _check_memory(cfg: TrainConfig, args: argparse.Namespace) -> None:
     available. (--check-parity's one-process reference trains before the ranks start and
     holds about what they hold together, so the same check covers it.)"""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.world)) if under_torchrun() else cfg.world
-    layout = (f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} {cfg.dtype}, micro-batch "
+    layout = (f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}{f' ep={cfg.ep}' if cfg.ep > 1 else ''} "
+              f"{cfg.dtype}, micro-batch "
               f"{cfg.micro_batch or cfg.global_batch // cfg.dp} x {cfg.seq} tokens")
     name = cfg.shape.name if cfg.shape.name != "flags" else cfg.shape.describe()
     check_memory(predicted_peak_bytes(cfg), local, f"shardlab train {name} ({layout})",

@@ -15,7 +15,26 @@ amp-bf16       4       4      8          2            torch autocast / FSDP2 Mix
 bf16-pure      2       2      4          2            everything bf16, Adam m, v in bf16
 fp32           4       4      8          4            plain fp32 Adam
 fp64           8       8      16         8            float64 Adam (the simulator's exact mode)
+fp8            2 (+2)  2      12         2            bf16 mixed precision whose linear layers
+                                                      multiply in fp8 (below)
 =============  ======  =====  =========  ===========  ======================================
+
+**fp8** is the bf16 policy with the linear layers' matmuls in fp8 (E4M3 forward, E5M2
+gradients), as Transformer Engine (NVIDIA, ``te.Linear`` under ``fp8_autocast``) and
+torchao's float8 training (``convert_to_float8_training``, which swaps ``nn.Linear``)
+run it: the attention projections, the MLP and the experts multiply in fp8; the
+attention core, the output head (torchtitan's ``filter_fqns = ["output"]``), the MoE
+router and the norms stay in bf16 (the DeepSeek-V3 report, arXiv 2412.19437 Sec. 3.3,
+lists the same split). ``linear`` names that matmul dtype. Weights, gradients and Adam
+state keep their bf16 policy bytes; on top, a rank that holds its weights whole (ZeRO
+0-2) keeps an fp8 copy of each linear weight and its transpose for the step
+(Transformer Engine casts once per step, ``is_first_microbatch``, and Hopper's fp8 GEMM
+wants the transposed copy for backward): ``fp8_copy_bytes`` = 2 per linear weight
+element, plus the fp32 scaling factors (:mod:`shardlab.estimate.fp8`). Under ZeRO-3 the
+weights are all-gathered in fp8 (torchao ``enable_fsdp_float8_all_gather``; Megatron's
+``--fp8-param-gather``): ``gather_bytes`` = 1, half the bf16 gather, and the gathered
+copy is transient like FSDP's bf16 one. Real fp8 training needs an fp8 tensor core
+(H100, H200, MI300X): it runs on CUDA only, never on a CPU.
 """
 
 from __future__ import annotations
@@ -36,6 +55,23 @@ class DtypePolicy:
     activation_bytes: int
     compute: str
     description: str
+    linear: str = ""
+    """Matmul dtype of the linear layers (attention projections, MLP, experts); "" = compute."""
+    fp8_copy_bytes: int = 0
+    """Extra bytes per linear weight element a rank holding whole weights keeps (module
+    docstring: fp8 copy + transpose)."""
+    gather_bytes: int = 0
+    """Bytes per linear weight element a ZeRO-3 all-gather moves; 0 = weight_bytes."""
+
+    @property
+    def linear_compute(self) -> str:
+        """The dtype the linear layers multiply in (``linear``, else ``compute``)."""
+        return self.linear or self.compute
+
+    @property
+    def is_fp8(self) -> bool:
+        """Whether the linear layers multiply in fp8."""
+        return self.linear_compute == "fp8"
 
     @property
     def state_bytes(self) -> int:
@@ -50,6 +86,9 @@ POLICIES: dict[str, DtypePolicy] = {p.name: p for p in (
     DtypePolicy("bf16-pure", 2, 2, 4, 2, "bf16", "bf16 everywhere, Adam m, v in bf16"),
     DtypePolicy("fp32", 4, 4, 8, 4, "fp32", "fp32 everywhere, Adam m, v in fp32"),
     DtypePolicy("fp64", 8, 8, 16, 8, "fp64", "float64 everywhere (exact checks)"),
+    DtypePolicy("fp8", 2, 2, 12, 2, "bf16", "bf16 mixed precision, linear layers in fp8 "
+                "(Transformer Engine / torchao float8; CUDA only)", linear="fp8",
+                fp8_copy_bytes=2, gather_bytes=1),
 )}
 
 

@@ -19,12 +19,19 @@ earlier entry) already has is refused, as are unknown keys and dtypes (see
     gpus_per_node = 8
     intra_link = "NVLink 4"                      # a link by name, or a table
     inter_link = { name = "IB NDR", bandwidth = 50e9, latency = 5e-6 }
+    nics_per_node = 4                            # optional: the node's NICs and their
+    nic_gbps = 100                               # speed replace inter_link's bandwidth
+
+fp8 peaks are the datasheets' dense Tensor Core figures, half the "with sparsity" ones:
+H100 SXM 3,958 -> 1,979 TFLOP/s (2x its bf16 989), H100 PCIe 3,026 -> 1,513, H200 SXM
+as H100 SXM, MI300X 5,229.8 -> 2,614.9. The A100 has no fp8 (Ampere tensor cores: fp16,
+bf16, tf32, int8), so ``--dtype fp8`` on it is refused (:func:`matmul_peaks`).
 """
 
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from shardlab.config.files import read_input_text
@@ -74,6 +81,13 @@ class Efficiency:
     op_overhead: float
     link_fraction: float
     source: str = field(default="", compare=False)
+    fp8_peak_fraction: float = 0.0
+    """``peak_fraction`` of the fp8 linear matmuls against the fp8 peak (0: the same as
+    bf16's): fp8 GEMMs reach less of their doubled peak (power and the epilogue's scaling)."""
+    flash_fractions: tuple[tuple[str, float], ...] = ()
+    """The most of the dense peak each fused attention kernel reaches here, (kernel,
+    fraction) pairs, as its authors measured it; a kernel not listed is held only to the
+    curve."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +131,56 @@ class Accelerator:
                         f"{', '.join(sorted(self.peak_flops))}")
 
 
+def matmul_peaks(acc: Accelerator, compute: str, linear: str) -> tuple[float, float]:
+    """(dense peak of ``compute``, of ``linear``) in FLOP/s: the dtypes a policy's other
+    matmuls and its linear layers run in (:class:`~shardlab.config.dtypes.DtypePolicy`).
+    One-line SpecError naming the dtype and the accelerator when it lists no such peak
+    (fp8 on an A100: Ampere's tensor cores have no fp8)."""
+    if linear not in acc.peak_flops:
+        raise SpecError("dtype", linear, f"{acc.name} has no {linear} matmul (it lists "
+                        f"{', '.join(sorted(acc.peak_flops))}); fp8 needs an fp8 tensor core "
+                        "(H100, H200, MI300X)")
+    return acc.peak(compute), acc.peak(linear)
+
+
+POWER_EXPONENT = 3.0
+"""Matmul throughput under a power cap P below the board power P0 is taken as
+(P/P0)^(1/3) of its uncapped figure. A stated assumption, not a fit: a GPU running
+tensor-core matmuls at its board power is power-limited, and the firmware holds a cap by
+lowering the clock (``nvidia-smi -pl``); dynamic power goes as C·V²·f with the voltage
+following the clock along the DVFS curve, so P ∝ f³ and f ∝ P^(1/3), and a compute-bound
+matmul's rate goes with f. Memory bandwidth and links are left as they are (HBM and NVLink
+keep their own clocks). torchtitan's H100s ran at 500 W of 700 W (0.894x)."""
+
+
+def power_capped(acc: Accelerator, watts: float) -> Accelerator:
+    """``acc`` under a power cap of ``watts``: every matmul peak times
+    (min(watts, power)/power)^(1/3) (:data:`POWER_EXPONENT`), power_watts the cap."""
+    cap = require_positive_number("power_cap_w", watts)
+    scale = (min(cap, acc.power_watts) / acc.power_watts) ** (1 / POWER_EXPONENT)
+    return replace(acc, peak_flops={k: v * scale for k, v in acc.peak_flops.items()},
+                   power_watts=min(cap, acc.power_watts),
+                   source=f"{acc.source}; capped at {cap:g} W: matmul peaks x {scale:.3f}")
+
+
+def with_nics(acc: Accelerator, nics_per_node: int | None = None,
+              nic_gbps: float | None = None) -> Accelerator:
+    """``acc`` with its nodes' network stated: ``nics_per_node`` NICs of ``nic_gbps`` Gb/s
+    each, shared by the node's devices, so each device's inter-node link carries
+    nics·gbps/8/gpus_per_node bytes/s (a rail-optimised fabric: every NIC busy at once in
+    a collective over many nodes). Left out, a count defaults to one NIC per device and a
+    speed to the catalog link's per-device rate. The latency stays the link's."""
+    node = acc.gpus_per_node
+    nics = node if nics_per_node is None else require_positive_int("nics_per_node",
+                                                                   nics_per_node)
+    gbps = (acc.inter_link.bandwidth * 8 / 1e9 if nic_gbps is None
+            else require_positive_number("nic_gbps", nic_gbps))
+    link = Link(f"{nics} x {gbps:g} Gb/s per node", nics * gbps * 1e9 / 8 / node,
+                acc.inter_link.latency, f"stated: {nics} NICs of {gbps:g} Gb/s per node of "
+                f"{node} devices; latency of {acc.inter_link.name}")
+    return replace(acc, inter_link=link)
+
+
 _LAT = "latency assumed (order of a small NCCL message), not a spec figure"
 LINKS: dict[str, Link] = {k.name: k for k in (
     Link("PCIe 4.0 x16", 32e9, 10e-6, "PCI-SIG: 16 GT/s x 16 lanes, 128b/130b; " + _LAT),
@@ -138,15 +202,27 @@ def _gpu(name: str, flops: dict[str, float], mem: float, bw: float, watts: float
 
 # Efficiency curves fitted by shardlab.plan.published.fit on the calibration runs of
 # docs/validation.md (held-out runs are not used); tests/plan/test_published.py refits them.
+# Fused attention kernels: FlashAttention-2 "up to 73% of the theoretical maximum FLOPs/s
+# on A100" (Dao 2023, arXiv 2307.08691); on H100 "FlashAttention-2 achieves only 35%
+# utilization", FlashAttention-3 "up to 740 TFLOPS, i.e. 75%" (Shah et al. 2024, arXiv
+# 2407.08608; cuDNN's fused attention, which Transformer Engine calls, is of that class).
+# FlashAttention-3 needs Hopper: on an A100 every kernel is held to FA2's figure.
+_AMPERE_FLASH = (("fa2", 0.73), ("fa3", 0.73))
+_HOPPER_FLASH = (("fa2", 0.35), ("fa3", 0.75))
 A100_EFFICIENCY = Efficiency(
     0.798, 160.0, 5e-6, 0.8,
     "fitted on Narayanan et al. 2021 Table 1 (1.7B, 7.5B, 39.1B, 145.6B, 529.6B rows) and "
     "Korthikanti et al. 2022 Table 5 (22B and 530B, selective recompute + sequence "
-    "parallelism), A100 80GB; memory-bound operators timed apart at the memory bandwidth")
+    "parallelism), A100 80GB; memory-bound operators timed apart at the memory bandwidth",
+    flash_fractions=_AMPERE_FLASH)
 H100_EFFICIENCY = Efficiency(
-    0.699, 160.0, 5e-6, 0.8,
-    "peak_fraction fitted on Llama 3 (Dubey et al. 2024) Table 4, 8,192-GPU row; "
-    "half_intensity, op_overhead and link_fraction taken from the A100 fit")
+    0.634, 160.0, 5e-6, 0.8,
+    "peak_fraction fitted on one bf16 calibration run per software stack: Llama 3 (Dubey et "
+    "al. 2024) Table 4 8,192 GPUs, Megatron-Core 16B, torchtitan 8B FSDP8, MosaicML MPT-7B "
+    "on 128 GPUs; fp8_peak_fraction on torchtitan 8B FSDP8 fp8 and NeMo Llama 2 7B fp8; "
+    "half_intensity, op_overhead and link_fraction taken from the A100 fit",
+    fp8_peak_fraction=0.634,
+    flash_fractions=_HOPPER_FLASH)
 
 
 ACCELERATORS: dict[str, Accelerator] = {a.name: a for a in (
@@ -194,7 +270,7 @@ resolves them before any catalog or file), so no file entry may take them."""
 LINK_KEYS: tuple[str, ...] = ("name", "bandwidth", "latency", "source")
 ACCELERATOR_KEYS: tuple[str, ...] = ("name", "peak_flops", "memory_bytes", "memory_bandwidth",
                                      "power_watts", "gpus_per_node", "intra_link",
-                                     "inter_link", "source")
+                                     "inter_link", "source", "nics_per_node", "nic_gbps")
 FILE_TABLES: tuple[str, ...] = ("link", "accelerator")
 
 
@@ -315,6 +391,8 @@ def load_hardware_file(path: str | Path) -> tuple[dict[str, Accelerator], dict[s
             )
         except KeyError as e:
             raise SpecError(f"{where}.{e.args[0]}", None, "is missing") from None
+        if "nics_per_node" in raw or "nic_gbps" in raw:
+            acc = with_nics(acc, raw.get("nics_per_node"), raw.get("nic_gbps"))
         accels[acc.name] = acc
         taken[normalize(name)] = where
     return accels, links

@@ -25,7 +25,9 @@ that builds the weights from it:
   ``num_attention_heads``. No bias flags: MistralAttention has no biases at all.
 * ``mixtral`` (MixtralConfig): as mistral, plus ``num_local_experts`` and
   ``num_experts_per_tok``; every expert has width ``intermediate_size`` and the router
-  (MixtralSparseMoeBlock.gate) has no bias.
+  (MixtralSparseMoeBlock.gate) has no bias. Refused, as shardlab computes or trains
+  otherwise: ``sliding_window`` below ``max_position_embeddings``, ``router_jitter_noise``
+  not 0, ``output_router_logits`` true (one aux loss over all layers' tokens pooled).
 * ``qwen2`` (Qwen2Config): the llama fields with biases on q, k, v but not o
   (Qwen2Attention, hard-wired); an absent ``num_key_value_heads`` is the class default
   32, an explicit null means ``num_attention_heads``.
@@ -220,6 +222,20 @@ def _mixtral(r: _Reader) -> dict[str, Any]:
     if top_k > experts:  # checked here so the error names the config.json field
         raise SpecError("num_experts_per_tok", top_k,
                         f"must be <= num_local_experts ({experts})")
+    window = r.config.get("sliding_window")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                               or window < fields["context"]):
+        raise SpecError("sliding_window", window, "must be null (or at least "
+                        f"max_position_embeddings, {fields['context']}): shardlab's "
+                        "attention sees the whole causal prefix")
+    jitter = r.config.get("router_jitter_noise", 0.0)
+    if isinstance(jitter, bool) or not isinstance(jitter, int | float) or jitter != 0:
+        raise SpecError("router_jitter_noise", jitter, "must be 0: shardlab's router "
+                        "adds no noise to the hidden states in training")
+    if r.flag("output_router_logits", False):
+        raise SpecError("output_router_logits", True, "must be false: transformers then "
+                        "adds one load-balancing loss over all layers' tokens pooled to the "
+                        "loss; shardlab's auxiliary loss is a per-layer training option")
     fields["moe"] = MoE(experts=experts, experts_per_token=top_k, expert_d_ff=fields["d_ff"])
     return fields
 
@@ -312,16 +328,36 @@ def _check_rope_dict(name: str, value: object) -> None:
 # --- ModelShape -> config.json ------------------------------------------------------
 
 def hf_family(shape: ModelShape) -> str:
-    """``llama``, ``qwen2`` or ``gpt2``: the transformers family a shape exports to."""
+    """``llama``, ``qwen2``, ``gpt2`` or ``mixtral``: the family a shape exports to."""
     if shape.moe is not None:
-        raise SpecError("model", shape.name, "mixture-of-experts shapes are not built in "
-                        "torch by shardlab, so there is nothing to export")
+        _check_mixtral(shape)
+        return "mixtral"
     if shape.style == "llama":
         return "qwen2" if shape.qkv_bias else "llama"
     if shape.kv_heads != shape.heads or shape.head_dim * shape.heads != shape.d_model:
         raise SpecError("kv_heads", shape.kv_heads, "GPT-2 has multi-head attention with "
                         "head_dim = d_model / heads only")
     return "gpt2"
+
+
+def _check_mixtral(shape: ModelShape) -> None:
+    """Refuse a MoE shape that transformers' MixtralForCausalLM cannot hold: every layer
+    a MoE of ``num_local_experts`` SwiGLU experts, a bias-free router, no shared experts
+    (DeepSeek-style shared experts and leading dense layers have no export target)."""
+    moe = shape.moe
+    assert moe is not None
+    if shape.style != "llama":
+        raise SpecError("style", shape.style, "must be llama to export a mixture-of-experts "
+                        "model: Mixtral is RMSNorm, SwiGLU experts, rotary positions")
+    refusals = (("qkv_bias", shape.qkv_bias, "no attention biases"),
+                ("moe.shared_experts", moe.shared_experts, "no shared experts"),
+                ("moe.dense_layers", moe.dense_layers, "a MoE layer in every block"),
+                ("moe.router_bias", moe.router_bias, "a router without bias"))
+    for field, value, mixtral_has in refusals:
+        if value:
+            allowed = "false" if isinstance(value, bool) else "0"
+            raise SpecError(field, value, f"must be {allowed} to export: transformers' "
+                            f"Mixtral has {mixtral_has}")
 
 
 def hf_config(shape: ModelShape) -> dict[str, Any]:
@@ -335,9 +371,11 @@ def hf_config(shape: ModelShape) -> dict[str, Any]:
                 "layer_norm_epsilon": LN_EPS, "tie_word_embeddings": shape.tied,
                 "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
                 "bos_token_id": None, "eos_token_id": None, "dtype": "float32"}
-    arch = "Qwen2ForCausalLM" if family == "qwen2" else "LlamaForCausalLM"
+    arch = {"qwen2": "Qwen2ForCausalLM", "mixtral": "MixtralForCausalLM"}.get(
+        family, "LlamaForCausalLM")
+    d_ff = shape.moe.expert_d_ff if shape.moe is not None else shape.d_ff
     config = {"architectures": [arch], "model_type": family,
-              "hidden_size": shape.d_model, "intermediate_size": shape.d_ff,
+              "hidden_size": shape.d_model, "intermediate_size": d_ff,
               "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads,
               "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim,
               "vocab_size": shape.vocab, "max_position_embeddings": shape.context,
@@ -349,6 +387,12 @@ def hf_config(shape: ModelShape) -> dict[str, Any]:
               "bos_token_id": None, "eos_token_id": None, "dtype": "float32"}
     if family == "llama":
         config |= {"attention_bias": False, "mlp_bias": False}
-    else:
+    elif family == "qwen2":
         config |= {"use_sliding_window": False}
+    else:
+        assert shape.moe is not None
+        config |= {"num_local_experts": shape.moe.experts,
+                   "num_experts_per_tok": shape.moe.experts_per_token,
+                   "sliding_window": None, "router_jitter_noise": 0.0,
+                   "output_router_logits": False}
     return config

@@ -15,6 +15,15 @@ tensor-parallel degree: 1 keeps each expert whole on every tensor-parallel rank,
 caps each expert at ceil(capacity_factor * tokens * top_k / experts) tokens per
 micro-batch and drops the rest (Switch Transformer, Fedus et al. 2021); 0 is
 dropless.
+
+Context parallelism (``cp``) splits every sequence over cp ranks of their own mesh
+dimension (devices = dp x cp x tp x pp), each holding chunks i and 2cp-1-i of the 2cp
+chunks so the causal mask's work is balanced (Llama 3, Dubey et al. 2024, Sec. 3.3.2;
+torchtitan). Uneven pipeline stages: ``stage_layers`` gives the layers of each of the
+pp x virtual_stages model chunks, in order (Megatron-LM's
+``--pipeline-model-parallel-layout``, torchtitan's ``first_stage_less_layers``); empty
+is the even split. HSDP: ``dp_replicate`` replicas of ``dp / dp_replicate`` shards each
+(FSDP2 on a 2-D mesh; ZeRO shards over the ``dp_shard`` ranks of a replica).
 """
 
 from __future__ import annotations
@@ -53,6 +62,14 @@ class Layout:
     ep: int = 1
     etp: int = 1
     capacity_factor: float = 0.0
+    cp: int = 1
+    stage_layers: tuple[int, ...] = ()
+    dp_replicate: int = 1
+
+    @property
+    def dp_shard(self) -> int:
+        """Ranks ZeRO/FSDP shards over inside one replica: dp / dp_replicate."""
+        return self.dp // self.dp_replicate
 
     @property
     def expert_dp(self) -> int:
@@ -61,8 +78,8 @@ class Layout:
 
     @property
     def gpus(self) -> int:
-        """Devices in the job: dp * tp * pp."""
-        return self.dp * self.tp * self.pp
+        """Devices in the job: dp * cp * tp * pp."""
+        return self.dp * self.cp * self.tp * self.pp
 
     @property
     def microbatches(self) -> int:
@@ -79,7 +96,16 @@ class Layout:
         return (f"dp={self.dp} tp={self.tp} pp={self.pp} virtual={self.virtual_stages} "
                 f"zero={self.zero} sp={int(self.sp)} micro_batch={self.micro_batch} "
                 f"global_batch={self.global_batch} seq={self.seq} recompute={self.recompute} "
-                f"dtype={self.dtype.name} schedule={self.schedule}{self.describe_moe()}")
+                f"dtype={self.dtype.name} schedule={self.schedule}{self.describe_moe()}"
+                f"{self.describe_new()}")
+
+    def describe_new(self) -> str:
+        """The context-parallel, uneven-stage and HSDP keys, only where set: ``""``, or
+        `` cp=2 stage_layers=3+1 dp_replicate=2``."""
+        out = f" cp={self.cp}" if self.cp > 1 else ""
+        if self.stage_layers:
+            out += " stage_layers=" + "+".join(map(str, self.stage_layers))
+        return out + (f" dp_replicate={self.dp_replicate}" if self.dp_replicate > 1 else "")
 
     def describe_moe(self) -> str:
         """The expert-parallel keys, only where they differ from a dense layout's: ``""``,
@@ -95,7 +121,9 @@ def make_layout(model: ModelShape, *, gpus: int | None = None, dp: int | None = 
                 sp: bool = False, micro_batch: int = 1, global_batch: int | None = None,
                 seq: int | None = None, recompute: str = "none", dtype: str = "bf16",
                 schedule: str | None = None, ep: int = 1, etp: int | None = None,
-                capacity_factor: float = 0.0) -> Layout:
+                capacity_factor: float = 0.0, cp: int = 1,
+                stage_layers: tuple[int, ...] | list[int] | None = None,
+                dp_replicate: int = 1) -> Layout:
     """Resolve defaults and check every constraint; raise SpecError naming the bad field.
 
     ``dp`` defaults to gpus / (tp * pp) (or 1 without ``gpus``); ``global_batch`` to
@@ -106,7 +134,10 @@ def make_layout(model: ModelShape, *, gpus: int | None = None, dp: int | None = 
     micro_batch and global_batch <= 2^24 sequences, seq <= 2^24 tokens.
     ``ep`` must divide dp and the routed experts; ``etp`` (default tp) is 1 or tp;
     ``capacity_factor`` is 0 (dropless) or a finite number > 0 (module docstring).
+    ``cp`` must split ``seq`` into 2*cp equal chunks; ``stage_layers`` has pp*virtual_stages
+    counts >= 1 summing to the layers; ``dp_replicate`` divides dp and needs ZeRO >= 1.
     """
+    require_int_at_most("cp", require_positive_int("cp", cp), MAX_GPUS)
     for name, v in (("tp", tp), ("pp", pp), ("virtual_stages", virtual_stages),
                     ("micro_batch", micro_batch)):
         require_positive_int(name, v)
@@ -117,12 +148,18 @@ def make_layout(model: ModelShape, *, gpus: int | None = None, dp: int | None = 
     if gpus is not None:
         require_int_at_most("gpus", require_positive_int("gpus", gpus), MAX_GPUS)
         if dp is None:
-            if gpus % (tp * pp):
-                raise SpecError("gpus", gpus, f"must be a multiple of tp*pp ({tp}*{pp}={tp * pp})")
-            dp = gpus // (tp * pp)
+            model_par = tp * pp * cp
+            if gpus % model_par:
+                what = f"tp*pp ({tp}*{pp}={tp * pp})" if cp == 1 else \
+                    f"cp*tp*pp ({cp}*{tp}*{pp}={model_par})"
+                raise SpecError("gpus", gpus, f"must be a multiple of {what}")
+            dp = gpus // model_par
     dp = 1 if dp is None else require_int_at_most("dp", require_positive_int("dp", dp), MAX_GPUS)
-    if gpus is not None and dp * tp * pp != gpus:
-        raise SpecError("gpus", gpus, f"must equal dp*tp*pp ({dp}*{tp}*{pp}={dp * tp * pp})")
+    if gpus is not None and dp * cp * tp * pp != gpus:
+        if cp == 1:
+            raise SpecError("gpus", gpus, f"must equal dp*tp*pp ({dp}*{tp}*{pp}={dp * tp * pp})")
+        raise SpecError("gpus", gpus, f"must equal dp*cp*tp*pp ({dp}*{cp}*{tp}*{pp}="
+                        f"{dp * cp * tp * pp})")
     if isinstance(zero, bool) or zero not in (0, 1, 2, 3):
         raise SpecError("zero", zero, "must be 0, 1, 2 or 3 (3 is FSDP)")
     if recompute not in RECOMPUTE:
@@ -185,8 +222,48 @@ def make_layout(model: ModelShape, *, gpus: int | None = None, dp: int | None = 
                         f"2*pp ({2 * pp})")
     etp = tp if etp is None else etp
     check_expert_layout(model, dp=dp, tp=tp, ep=ep, etp=etp, capacity_factor=capacity_factor)
+    if cp > 1 and seq % (2 * cp):
+        raise SpecError("cp", cp, f"must split seq ({seq}) into 2*cp={2 * cp} equal chunks "
+                        "(each rank holds chunks i and 2cp-1-i)")
+    if sp and cp > 1 and (seq // cp) % tp:
+        raise SpecError("seq", seq, f"must be divisible by cp*tp ({cp}*{tp}) with sequence "
+                        "parallel")
+    stages = check_stage_layers(model, pp * virtual_stages, stage_layers)
+    require_int_at_most("dp_replicate", require_positive_int("dp_replicate", dp_replicate),
+                        MAX_GPUS)
+    if dp % dp_replicate:
+        raise SpecError("dp_replicate", dp_replicate, f"must divide dp ({dp}): dp = "
+                        "dp_replicate replicas x dp/dp_replicate shards")
+    if dp_replicate > 1 and zero == 0:
+        raise SpecError("dp_replicate", dp_replicate, "needs zero >= 1 (HSDP replicates "
+                        "shards: with zero=0 nothing is sharded)")
     return Layout(dp, tp, pp, virtual_stages, zero, sp, micro_batch, global_batch, seq,
-                  recompute, policy, schedule, ep, etp, float(capacity_factor))
+                  recompute, policy, schedule, ep, etp, float(capacity_factor), cp, stages,
+                  dp_replicate)
+
+
+def check_stage_layers(model: ModelShape, chunks: int,
+                       stage_layers: tuple[int, ...] | list[int] | None) -> tuple[int, ...]:
+    """``stage_layers`` as a tuple (empty for the even split), or SpecError naming
+    stage_layers: one count per model chunk (pp x virtual_stages), each >= 1, summing to
+    the model's layers."""
+    if not stage_layers:
+        return ()
+    counts = tuple(stage_layers)
+    for n in counts:
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise SpecError("stage_layers", "+".join(map(str, counts)),
+                            "must be whole layer counts")
+    text = "+".join(map(str, counts))
+    if len(counts) != chunks:
+        raise SpecError("stage_layers", text, f"must give {chunks} counts (pp x "
+                        f"virtual_stages model chunks), not {len(counts)}")
+    if min(counts) < 1:
+        raise SpecError("stage_layers", text, "must give every stage at least one layer")
+    if sum(counts) != model.layers:
+        raise SpecError("stage_layers", text, f"must sum to the model's {model.layers} "
+                        f"layers, not {sum(counts)}")
+    return counts
 
 
 def check_expert_layout(model: ModelShape, *, dp: int, tp: int, ep: int, etp: int,

@@ -12,7 +12,7 @@ from pathlib import Path
 from shardlab.config.catalog import get_model
 from shardlab.config.files import check_input_file
 from shardlab.config.hf_config import shape_from_hf_config
-from shardlab.config.model import ModelShape
+from shardlab.config.model import ModelShape, MoE
 from shardlab.errors import SpecError
 
 FLAGS_NAME = "flags"
@@ -63,11 +63,15 @@ def load_model(name: str) -> ModelShape:
 
 def model_or_flags(model: str | None, corpus_vocab: int, *, style: str, layers: int,
                    d_model: int, heads: int, kv_heads: int | None, d_ff: int | None,
-                   vocab: int | None, seq: int) -> ModelShape:
+                   vocab: int | None, seq: int, experts: int = 0, top_k: int = 2,
+                   expert_d_ff: int | None = None, shared_experts: int = 0,
+                   dense_layers: int = 0) -> ModelShape:
     """``model`` (catalog or config.json) when given, else the shape the flags describe,
     named :data:`FLAGS_NAME` (kv_heads and d_ff default to the style's, vocab to the corpus's; gpt
     ties its head). Either way the vocabulary must hold the corpus's ``corpus_vocab``
-    words."""
+    words. ``experts`` > 0 makes every layer past ``dense_layers`` a mixture-of-experts
+    layer: ``top_k`` of ``experts`` routed experts of width ``expert_d_ff`` (default the
+    dense d_ff) and ``shared_experts`` always-on ones."""
     if model is not None:
         shape = load_model(model)
         if shape.vocab < corpus_vocab:
@@ -75,6 +79,18 @@ def model_or_flags(model: str | None, corpus_vocab: int, *, style: str, layers: 
         return shape
     if vocab is not None and vocab < corpus_vocab:
         raise SpecError("vocab", vocab, f"must be >= the corpus's {corpus_vocab} words")
+    moe = None
+    if experts:
+        if top_k > experts:
+            raise SpecError("top_k", top_k, f"must be <= experts ({experts})")
+        moe = MoE(experts=experts, experts_per_token=top_k,
+                  expert_d_ff=expert_d_ff or d_ff or 4 * d_model,
+                  shared_experts=shared_experts, dense_layers=dense_layers)
+    else:
+        for name, value in (("shared_experts", shared_experts), ("dense_layers", dense_layers),
+                            ("expert_d_ff", expert_d_ff)):
+            if value:
+                raise SpecError(name, value, "needs --experts > 0 (a mixture-of-experts model)")
     return ModelShape(FLAGS_NAME, layers, d_model, heads, vocab or corpus_vocab, seq,
                       kv_heads=kv_heads or 0, d_ff=d_ff or 0, style=style,
-                      tied=style == "gpt")
+                      tied=style == "gpt", moe=moe)

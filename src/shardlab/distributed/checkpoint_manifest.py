@@ -22,6 +22,7 @@ import json
 import os
 import pickle
 import re
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from shardlab.config.model import ModelShape
+from shardlab.data.documents import PreparedDocuments
 from shardlab.distributed.checkpoint_reader import safe_reader
 from shardlab.errors import SpecError
 
@@ -181,8 +183,12 @@ def check_compatible(doc: dict[str, Any], shape: ModelShape, data: dict[str, Any
                             "counts batches of the stream it was saved with")
 
 
-def data_fingerprint(docs: list[list[int]]) -> str:
-    """SHA-256 of the corpus (document lengths and token ids, little-endian int64)."""
+def data_fingerprint(docs: Sequence[list[int]]) -> str:
+    """SHA-256 of the corpus (document lengths and token ids, little-endian int64); a
+    prepared folder's memory-mapped documents compute the same figure block by block
+    (:meth:`~shardlab.data.documents.PreparedDocuments.fingerprint`)."""
+    if isinstance(docs, PreparedDocuments):
+        return docs.fingerprint()
     h = hashlib.sha256()
     h.update(np.asarray([len(d) for d in docs], dtype="<i8").tobytes())
     for d in docs:

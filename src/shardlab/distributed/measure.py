@@ -10,14 +10,21 @@ ring algorithm makes this rank send for it (Thakur et al. 2005): all-reduce
 broadcast's n from the root. Point-to-point sends of pipeline stages are counted by
 wrapping ``torch.distributed.isend`` while the meter is active.
 
-Each collective is also filed under the mesh dimension whose group ran it (``dp``,
-``tp``, ``pp``, matched by the group's ranks), or under a label the code set around it
-with :func:`comm_label` (the gradient-norm scalars of clipping are ``grad_norm``), so a
-run's bytes compare with the cost model's per dimension.
+An all-to-all (expert parallelism's dispatch and combine) is counted from its real
+split sizes: the rows this rank sends to every *other* rank times the bytes of a row
+(:func:`shardlab.estimate.expert.alltoall_send_bytes`; its own rows are copied locally),
+the ring's (p-1)/p·n only when the splits are even (none given).
 
-What a rank holds: :func:`saved_activation_bytes` and :class:`SavedBytesMeter` count what
-autograd keeps for backward, :func:`state_bytes` its parameters, gradients and optimizer
-state; :class:`FlopMeter` counts the FLOPs it computes.
+Each collective is also filed under the mesh dimension whose group ran it (``dp``,
+``tp``, ``pp``, ``ep``, ``edp``, matched by the group's ranks; an all-to-all goes to
+``ep`` where the ep and dp groups are the same ranks, anything else to the other dim),
+or under a label the code set around it with :func:`comm_label` (the gradient-norm
+scalars of clipping are ``grad_norm``), so a run's bytes compare with the cost model's
+per dimension.
+
+What a rank holds: :func:`state_bytes` its parameters, gradients and optimizer state
+(what autograd keeps for backward is :mod:`shardlab.distributed.saved`);
+:class:`FlopMeter` counts the FLOPs it computes.
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ from torch.utils.flop_counter import (
     sdpa_flop_count,
     shape_wrapper,
 )
+
+from shardlab.estimate.expert import alltoall_send_bytes
 
 # op name -> (kind, which argument holds the payload, payload is the gathered output?)
 _OPS = {
@@ -123,6 +132,20 @@ def _group_ranks(group: Any) -> tuple[int, ...]:
     return tuple(range(dist.get_world_size()))
 
 
+def _alltoall_sent(name: str, args: tuple, group: Any, payload: int) -> float | None:
+    """Bytes this rank sends in an all-to-all with uneven splits: its rows to every other
+    rank x the bytes of a row; None when the splits are even (none given: the ring's)."""
+    # _c10d_functional.all_to_all_single(input, output_splits, input_splits, group_name);
+    # c10d.alltoall_base_(output, input, group, output_splits, input_splits, ...)
+    at, data = (2, args[0]) if name == "all_to_all_single" else (4, args[1])
+    splits = args[at] if len(args) > at else None
+    if not splits or group is None:
+        return None
+    rows = int(data.shape[0]) if data.dim() else 0
+    return float(alltoall_send_bytes([int(n) for n in splits], group.rank(),
+                                     payload // rows if rows else 0))
+
+
 def ring_bytes(kind: str, payload: int, p: int) -> float:
     """Bytes this rank sends for one collective with ``payload`` bytes on p ranks (ring).
 
@@ -152,7 +175,8 @@ class CommMeter(TorchDispatchMode):
 
     ``dims`` names groups by their global ranks (``{"dp": (0, 2), "tp": (0, 1)}``);
     a collective on one of them is filed under its name in ``summary()["by_dim"]``,
-    anything else under ``other``.
+    anything else under ``other``. Two dims of the same ranks (dp and ep when
+    expert_dp = 1): all-to-alls go to ``ep``, the rest to the other.
     """
 
     def __init__(self, dims: dict[str, tuple[int, ...]] | None = None) -> None:
@@ -161,7 +185,9 @@ class CommMeter(TorchDispatchMode):
         self.payload: dict[str, int] = defaultdict(int)
         self.sent: dict[str, float] = defaultdict(float)
         self.by_dim: dict[str, dict[str, dict[str, float]]] = {}
-        self._dims = {tuple(r): name for name, r in (dims or {}).items()}
+        self._dims: dict[tuple[int, ...], list[str]] = defaultdict(list)
+        for name, r in (dims or {}).items():
+            self._dims[tuple(r)].append(name)
         self._original: Any = None
 
     def _record(self, kind: str, payload: int, sent: float, where: str) -> None:
@@ -207,9 +233,17 @@ class CommMeter(TorchDispatchMode):
             kind, arg, _ = _OPS[name]
             payload = _nbytes(args[arg]) if len(args) > arg else 0
             group = _group(args, kwargs)
-            where = self._dims.get(_group_ranks(group), "other")
-            self._record(kind, payload, ring_bytes(kind, payload, _group_size(group)), where)
+            sent = _alltoall_sent(name, args, group, payload) if kind == "all_to_all" else None
+            if sent is None:
+                sent = ring_bytes(kind, payload, _group_size(group))
+            self._record(kind, payload, sent, self._where(kind, _group_ranks(group)))
         return func(*args, **kwargs)
+
+    def _where(self, kind: str, ranks: tuple[int, ...]) -> str:
+        names = self._dims.get(ranks) or ["other"]
+        if len(names) > 1 and "ep" in names:
+            return "ep" if kind == "all_to_all" else next(n for n in names if n != "ep")
+        return names[0]
 
     def summary(self) -> dict[str, Any]:
         """Per kind: calls, payload bytes, bytes sent (ring); and ``by_dim``, the same per
@@ -218,80 +252,6 @@ class CommMeter(TorchDispatchMode):
                                    "sent_bytes": self.sent[k]} for k in sorted(self.calls)}
         out["by_dim"] = {d: dict(sorted(v.items())) for d, v in sorted(self.by_dim.items())}
         return out
-
-
-def _packer(seen: dict[int, int]) -> Any:
-    """A saved-tensor pack hook that records each distinct non-parameter storage's bytes."""
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        # Weights (FSDP's unsharded ones too) and views of them: a linear saves weight.t(),
-        # a plain tensor whose base is the Parameter.
-        if isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter):
-            return t
-        local = t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this rank's part
-        try:
-            # Keyed by the storage's identity (its StorageImpl), not its data pointer: a
-            # fake tensor (the dry run) has none.
-            storage = local.untyped_storage()
-            if storage.nbytes():
-                seen[storage._cdata] = storage.nbytes()
-        except (RuntimeError, NotImplementedError):  # a tensor without storage
-            pass
-        return t
-
-    return pack
-
-
-def saved_activation_bytes(fn: Any) -> tuple[Any, int]:
-    """Run ``fn()`` and return (its result, bytes of distinct storages autograd saved for
-    backward, parameters left out): the saved-tensor-hooks measurement of seed 002."""
-    seen: dict[int, int] = {}
-    with torch.autograd.graph.saved_tensors_hooks(_packer(seen), lambda t: t):
-        out = fn()
-    return out, sum(seen.values())
-
-
-class SavedBytesMeter:
-    """Saved-for-backward bytes of every forward of some modules (pipeline stages, whose
-    forwards the schedule calls): each forward's distinct storages are counted on their
-    own (nothing saved is freed inside one forward; between forwards of different
-    micro-batches a freed storage's address may come back), and summed."""
-
-    def __init__(self) -> None:
-        self.total = 0
-        self.forwards = 0
-        self._open: list[Any] = []
-        self._handles: list[Any] = []
-
-    @contextlib.contextmanager
-    def count(self) -> Iterator[None]:
-        """Count what autograd saves inside the block (e.g. the loss after a stage)."""
-        seen: dict[int, int] = {}
-        with torch.autograd.graph.saved_tensors_hooks(_packer(seen), lambda t: t):
-            yield
-        self.total += sum(seen.values())
-
-    def attach(self, modules: list[torch.nn.Module]) -> SavedBytesMeter:
-        """Count every forward of ``modules`` until :meth:`detach`."""
-        def enter(module: Any, args: Any) -> None:
-            ctx = self.count()
-            ctx.__enter__()
-            self._open.append(ctx)
-            self.forwards += 1
-
-        def leave(module: Any, args: Any, out: Any) -> None:
-            self._open.pop().__exit__(None, None, None)
-
-        for m in modules:
-            self._handles += [m.register_forward_pre_hook(enter),
-                              m.register_forward_hook(leave)]
-        return self
-
-    def detach(self) -> None:
-        """Remove the hooks."""
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
 
 
 class FlopMeter(TorchDispatchMode):

@@ -15,10 +15,16 @@ torchtitan's (``parallelize_llama`` in ``torchtitan/models/llama3/infra/parallel
    (``fully_shard`` per block then the root, as torchtitan's ``apply_fsdp``) or DDP
    (composable ``replicate`` as torchtitan's ``apply_ddp``).
 
+With ``ep > 1`` or ``etp = tp > 1`` (a mixture-of-experts model) the routed experts are
+split over the mesh's ``ep`` dim (and their width over ``tp``) right after tensor
+parallelism (:mod:`shardlab.distributed.expert_parallel`, torchtitan's ``apply_moe_ep_tp``
+at the same place), and FSDP shards them over ``edp`` (dp / ep) before the blocks over
+``dp``.
+
 :func:`parallelize` applies them in that order on a mesh with named dims ``("dp", "tp")``
-(a ``"pp"`` dim may be present; pipeline stages are cut elsewhere), after validating
-every option. Each step is checked against an unsharded model in float64 by
-``tests/distributed/test_parallelize.py``.
+(and ``"edp"``, ``"ep"`` with dp = edp x ep flattened, when ep > 1; a ``"pp"`` dim may be
+present; pipeline stages are cut elsewhere), after validating every option. Each step
+is checked against an unsharded model in float64 by ``tests/distributed/test_parallelize.py``.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from torch import nn
 
 from shardlab.distributed.activation_checkpoint import AC_MODES, AcMode, apply_ac
 from shardlab.distributed.data_parallel import DP_MODES, DpMode, apply_ddp, apply_fsdp
+from shardlab.distributed.expert_parallel import apply_ep, shard_experts
 from shardlab.distributed.tensor_parallel import apply_tp
 from shardlab.errors import SpecError, require_positive_int
 
@@ -47,18 +54,26 @@ def _sub_mesh(mesh: Any, name: str, size: int) -> Any:
 def parallelize(model: nn.Module, mesh: Any, *, tp: int = 1, dp: int = 1,
                 dp_mode: DpMode = "fsdp", sp: bool = False, loss_parallel: bool = False,
                 ac: AcMode = "none", param_dtype: torch.dtype | None = None,
-                force_sum: bool | None = None) -> nn.Module:
+                force_sum: bool | None = None, ep: int = 1, etp: int = 1) -> nn.Module:
     """TP -> activation checkpointing -> FSDP or DDP on ``model`` (torchtitan's order).
 
     ``mesh`` has named dims; ``mesh["tp"]`` is used when ``tp > 1`` and ``mesh["dp"]``
     when ``dp > 1`` (their sizes must match; other dims such as ``"pp"`` are ignored).
     ``dp_mode``: ``ddp``, ``fsdp`` or ``fsdp-zero2`` (``reshard_after_forward=False``).
     ``param_dtype`` (FSDP only): bf16 compute with fp32 gradient reduction. ``force_sum``:
-    FSDP2's AVG-as-sum workaround (None: probe the backend, see ``apply_fsdp``). In place;
-    returns the model. Validates everything before touching the model.
+    FSDP2's AVG-as-sum workaround (None: probe the backend, see ``apply_fsdp``). ``ep``:
+    expert-parallel ranks (dividing dp; the mesh's ``ep`` and ``edp`` dims); ``etp``: 1
+    (experts whole on every tensor-parallel rank) or tp (each expert's width split over
+    the ``tp`` dim as the dense MLP's). In place; returns the model. Validates everything
+    before touching the model.
     """
     require_positive_int("tp", tp)
     require_positive_int("dp", dp)
+    require_positive_int("ep", ep)
+    if ep > 1 and (dp % ep or dp_mode == "ddp"):
+        raise SpecError("ep", ep, f"needs FSDP over a dp ({dp}) it divides")
+    if etp not in (1, tp):
+        raise SpecError("etp", etp, f"must be 1 or tp ({tp})")
     if dp_mode not in DP_MODES:
         raise SpecError("dp_mode", dp_mode, f"must be one of {', '.join(DP_MODES)}")
     if ac not in AC_MODES:
@@ -73,13 +88,22 @@ def parallelize(model: nn.Module, mesh: Any, *, tp: int = 1, dp: int = 1,
                         "use dp_mode='fsdp' (or 'fsdp-zero2') with tp > 1")
     tp_mesh = _sub_mesh(mesh, "tp", tp) if tp > 1 else None
     dp_mesh = _sub_mesh(mesh, "dp", dp) if dp > 1 else None
+    experts = ep > 1 or etp > 1  # the experts laid out apart from the dense parameters
+    edp_mesh = _sub_mesh(mesh, "edp", dp // ep) if experts else None
+    if experts:
+        _sub_mesh(mesh, "ep", ep)  # checks the dim's size, as the others
     if tp_mesh is not None:  # validates (check_tp, the plan) before it changes anything
         apply_tp(model, tp_mesh, sequence_parallel=sp, loss_parallel=loss_parallel)
+    if experts:
+        apply_ep(model, mesh["ep", "tp"] if etp > 1 else mesh["ep"])
     apply_ac(model, ac)
     if dp_mesh is not None:
         if dp_mode == "ddp":
             apply_ddp(model, dp_mesh)
         else:
+            if edp_mesh is not None:  # before the blocks' own fully_shard
+                shard_experts(model, edp_mesh, dp, reshard_after_forward=dp_mode == "fsdp",
+                              param_dtype=param_dtype)
             apply_fsdp(model, dp_mesh, reshard_after_forward=dp_mode == "fsdp",
                        param_dtype=param_dtype, force_sum=force_sum)
     elif param_dtype is not None:

@@ -51,6 +51,7 @@ a DTensor with a plain mask would mix tensor kinds).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -66,6 +67,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from shardlab.config.model import ModelShape
+from shardlab.distributed.activation_checkpoint import named_blocks
 from shardlab.errors import SpecError, require_positive_int
 from shardlab.nn.loss import lm_loss_sum
 
@@ -79,7 +81,8 @@ def _scatters_at_blocks(shape: ModelShape) -> bool:
     return shape.tied or shape.style == "gpt"
 
 
-def block_plan(shape: ModelShape, sequence_parallel: bool) -> dict[str, ParallelStyle]:
+def block_plan(shape: ModelShape, sequence_parallel: bool,
+               moe: bool = False) -> dict[str, ParallelStyle]:
     """One block's plan, keyed by the block's sub-module names (torchtitan's layer plan).
 
     Megatron-LM's split: q/k/v and gate/up column-parallel (each rank its heads, its
@@ -87,6 +90,12 @@ def block_plan(shape: ModelShape, sequence_parallel: bool) -> dict[str, Parallel
     ``sequence_parallel`` the norms run on Shard(1) sequence chunks (``SequenceParallel``),
     the attention and MLP inputs are all-gathered (``PrepareModuleInput`` Shard(1) ->
     Replicate) and the row-parallel outputs reduce-scattered back to Shard(1).
+
+    ``moe``: the block's MLP is a mixture of experts. Its shared experts (``mlp.shared``, a
+    dense MLP) split as the dense MLP does; the router and the routed experts stay whole
+    on every tensor-parallel rank (etp = 1: each rank routes the same tokens and runs the
+    same experts, so their gradients agree without communication; torchtitan's MoE
+    plan without expert tensor parallelism).
     """
     local = {"use_local_output": True}
     row_out = Shard(1) if sequence_parallel else Replicate()
@@ -95,11 +104,13 @@ def block_plan(shape: ModelShape, sequence_parallel: bool) -> dict[str, Parallel
         "attn.k_proj": ColwiseParallel(**local),
         "attn.v_proj": ColwiseParallel(**local),
         "attn.o_proj": RowwiseParallel(output_layouts=row_out, **local),
-        "mlp.up_proj": ColwiseParallel(),
-        "mlp.down_proj": RowwiseParallel(output_layouts=row_out),
     }
-    if shape.style == "llama":
-        plan["mlp.gate_proj"] = ColwiseParallel()
+    mlp = "mlp.shared." if moe else "mlp."
+    if not moe or (shape.moe is not None and shape.moe.shared_experts):
+        plan[mlp + "up_proj"] = ColwiseParallel()
+        plan[mlp + "down_proj"] = RowwiseParallel(output_layouts=row_out)
+        if shape.style == "llama":
+            plan[mlp + "gate_proj"] = ColwiseParallel()
     if sequence_parallel:
         plan |= {
             "attn_norm": SequenceParallel(),
@@ -156,26 +167,35 @@ def root_plan(shape: ModelShape, sequence_parallel: bool,
 
 
 def tp_plan(shape: ModelShape, sequence_parallel: bool = False,
-            loss_parallel: bool = False) -> dict[str, ParallelStyle]:
+            loss_parallel: bool = False,
+            layers: Sequence[int] | None = None) -> dict[str, ParallelStyle]:
     """The whole declarative plan for ``parallelize_module(model, tp_mesh, plan)``.
 
     :func:`root_plan` plus :func:`block_plan` with every key prefixed ``blocks.*.``
     (``parallelize_module`` matches ``*`` against child names with ``fnmatch``), so the
     values are ``ParallelStyle`` objects keyed by module path. As torchtitan's
-    ``apply_tp``, with shardlab's module names.
+    ``apply_tp``, with shardlab's module names. A mixture-of-experts model's dense and
+    MoE blocks differ, so its blocks are named one by one: ``layers``, the layer indices
+    the module holds (all of them by default; a pipeline stage's own).
     """
     plan = root_plan(shape, sequence_parallel, loss_parallel)
-    plan |= {f"blocks.*.{k}": v for k, v in block_plan(shape, sequence_parallel).items()}
+    if shape.moe is None:
+        plan |= {f"blocks.*.{k}": v for k, v in block_plan(shape, sequence_parallel).items()}
+        return plan
+    first_moe = shape.layers - shape.moe_layers
+    for i in range(shape.layers) if layers is None else layers:
+        plan |= {f"blocks.{i}.{k}": v
+                 for k, v in block_plan(shape, sequence_parallel, i >= first_moe).items()}
     return plan
 
 
 def check_tp(shape: ModelShape, tp: int) -> None:
     """Raise SpecError unless ``tp`` splits the heads, kv heads, d_ff (and vocab, untied)."""
     require_positive_int("tp", tp)
-    if shape.moe is not None:
-        raise SpecError("tp", tp, "mixture-of-experts models are not built in torch")
-    for field in ("heads", "kv_heads", "d_ff"):
-        n = getattr(shape, field)
+    widths = {"heads": shape.heads, "kv_heads": shape.kv_heads, "d_ff": shape.d_ff}
+    if shape.moe is not None and shape.moe.shared_experts:
+        widths["shared width"] = shape.moe.shared_experts * shape.moe.shared_d_ff
+    for field, n in widths.items():
         if n % tp:
             raise SpecError("tp", tp, f"must divide {field} ({n}): each rank owns whole "
                             "heads / an equal share of the MLP columns")
@@ -227,7 +247,9 @@ def apply_tp(model: nn.Module, tp_mesh: Any, sequence_parallel: bool = False,
         if sequence_parallel or loss_parallel:
             raise SpecError("tp", 1, "sequence/loss parallelism need tp > 1")
         return model
-    parallelize_module(model, tp_mesh, tp_plan(shape, sequence_parallel, loss_parallel))
+    layers = [int(key) for key, _ in named_blocks(model)]
+    parallelize_module(model, tp_mesh, tp_plan(shape, sequence_parallel, loss_parallel,
+                                               layers))
     for param in model.parameters():
         if hasattr(param, "placements"):  # a DTensor
             param.register_post_accumulate_grad_hook(_match_grad_placements)

@@ -31,6 +31,13 @@ torch's scaled_dot_product_attention) never stores the s x s matrices: it keeps
 the softmax statistics, a·s·b fp32 values (4·a·s·b bytes, divided by t), and
 regenerates dropout masks from the RNG state.
 
+Mixture-of-experts layers keep the dense terms of attention, the norms and the
+shared experts (split by tp like a dense MLP) and, instead of one MLP's hidden
+activations, the routed part of :func:`shardlab.estimate.expert.routed_activation_bytes`:
+the dispatched rows, the experts' hidden activations (divided by etp, not tp), the
+combined outputs and the router's probabilities, for the tokens the rank's experts
+actually take (capacity factor, routing imbalance).
+
 Beyond the layers (Korthikanti Sec. 4.3): the first stage keeps the embedding's
 dropout mask, the last stage the final norm's and head's inputs and the fp32
 logits for the cross-entropy (4·s·b·V/t bytes).
@@ -41,6 +48,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardlab.config.model import ModelShape
+from shardlab.estimate.expert import routed_activation_bytes, routed_tokens
 
 
 @dataclass(frozen=True)
@@ -63,14 +71,13 @@ def activation_terms(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int,
     rotary embedding keeps q and k before rotation, and the attention kernel's output is
     kept beside the output projection's (reshaped) input; with ``flash`` the CPU kernel
     also keeps an fp32 [b, 1, s, s] mask per layer (:func:`layer_activation_bytes`).
+    A MoE layer's MLP terms here are its shared experts' only.
     """
     sb = seq * micro_batch
     mask = 1 if dropout else 0
-    if moe_layer and m.moe is not None:
-        e = m.moe
-        hidden = e.experts_per_token * e.expert_d_ff + e.shared_experts * e.shared_d_ff
-    else:
-        hidden = m.d_ff
+    # A MoE layer's routed part is expert.py's; here only its shared experts.
+    moe = m.moe if moe_layer else None
+    hidden = m.d_ff if moe is None else moe.shared_experts * moe.shared_d_ff
     mlp_hidden = (2 if m.style == "gpt" else 4 if eager else 3) * hidden
     extra = 0
     if eager:
@@ -86,11 +93,24 @@ def activation_terms(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int,
 def layer_activation_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int = 2, *,
                            tp: int = 1, sp: bool = False, recompute: str = "none",
                            dropout: bool = True, moe_layer: bool = False,
-                           flash: bool = False, eager: bool = False) -> float:
-    """Bytes one layer saves for backward, per micro-batch, on one tensor-parallel rank."""
+                           flash: bool = False, eager: bool = False, ep: int = 1,
+                           etp: int | None = None, capacity_factor: float = 0.0,
+                           imbalance: float = 1.0) -> float:
+    """Bytes one layer saves for backward, per micro-batch, on one tensor-parallel rank.
+
+    A MoE layer adds its routed part with expert parallel ``ep``, expert tensor parallel
+    ``etp`` (default tp), ``capacity_factor`` and routing ``imbalance`` (max/mean expert
+    load) (:func:`shardlab.estimate.expert.routed_activation_bytes`).
+    """
     t = activation_terms(m, micro_batch, seq, elem_bytes, dropout, moe_layer, eager)
     if recompute == "full":
         return t.layer_input / tp if sp else float(t.layer_input)
+    routed = 0.0
+    if moe_layer and m.moe is not None:
+        etp = tp if etp is None else etp
+        routed = routed_activation_bytes(
+            m, routed_tokens(micro_batch, seq, tp, sp, etp), elem_bytes, ep=ep, etp=etp,
+            capacity_factor=capacity_factor, imbalance=imbalance, eager=eager)
     outside = t.outside_tp / tp if sp else t.outside_tp
     if flash:
         core = 4.0 * m.heads * seq * micro_batch / tp  # softmax statistics only
@@ -100,7 +120,7 @@ def layer_activation_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes
             core += 4.0 * micro_batch * seq * seq
     else:
         core = 0.0 if recompute == "selective" else t.attention_core / tp
-    return outside + t.inside_tp / tp + core
+    return outside + t.inside_tp / tp + core + routed
 
 
 def first_stage_extra_bytes(m: ModelShape, micro_batch: int, seq: int, *, tp: int = 1,

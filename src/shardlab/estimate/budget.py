@@ -2,7 +2,9 @@
 
 Every figure is in base units (bytes, FLOPs, seconds, FLOP/s); the human view and
 the reports format them. Field names are shared with measured results, so a
-"predicted vs measured" table is a join on names.
+"predicted vs measured" table is a join on names. A mixture-of-experts model adds a
+``moe`` section (expert parallelism, capacity, routed tokens and activations,
+all-to-all bytes: :mod:`shardlab.estimate.expert`) and ``comm.ep_bytes_per_step``.
 """
 
 from __future__ import annotations
@@ -11,16 +13,29 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from shardlab.config.dtypes import DtypePolicy
-from shardlab.config.hardware import Accelerator
+from shardlab.config.hardware import Accelerator, matmul_peaks
 from shardlab.config.layout import Layout
 from shardlab.config.model import ModelShape
+from shardlab.estimate import fp8
 from shardlab.estimate.activations import layer_activation_bytes
 from shardlab.estimate.comm import (
+    alltoall_seconds,
     dp_bytes_per_step,
+    dp_bytes_split,
     embedding_sync_bytes,
     pp_bytes_per_rank,
     ring_allreduce_seconds,
     tp_bytes_per_stage,
+)
+from shardlab.estimate.expert import (
+    alltoall_passes,
+    expert_alltoall_bytes,
+    expert_capacity,
+    layout_tokens,
+    moe_flops_per_token,
+    rank_params_split,
+    routed_activation_bytes,
+    routed_rows,
 )
 from shardlab.estimate.flops import flops_per_token, train_flops_6nd
 from shardlab.estimate.inference import (
@@ -29,11 +44,12 @@ from shardlab.estimate.inference import (
     max_decode_batch,
     prefill_step,
 )
-from shardlab.estimate.memory import peak_stage, stage_memory, zero_state_bytes
+from shardlab.estimate.memory import peak_stage, stage_memory
 from shardlab.estimate.operators import layer_operators
 from shardlab.estimate.params import count_params
-from shardlab.estimate.partition import rank_layers
+from shardlab.estimate.partition import moe_layers_per_rank, rank_layers
 from shardlab.estimate.roofline import Roofline
+from shardlab.estimate.states import split_state_bytes, zero_state_bytes
 from shardlab.estimate.timing import train_time
 
 CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: compute-optimal D ≈ 20 N
@@ -53,6 +69,7 @@ class Assumptions:
     dropout: bool | None = None  # None: the model style's habit (gpt yes, llama no)
     decode_batch: int = 1
     decode_context: int | None = None  # None: the model's context
+    routing_imbalance: float = 1.0  # max/mean tokens per expert; 1: balanced routing
 
 
 def _roof(r: Roofline) -> dict[str, Any]:
@@ -60,18 +77,30 @@ def _roof(r: Roofline) -> dict[str, Any]:
             "t_compute": r.t_compute, "t_memory": r.t_memory, "intensity": r.intensity}
 
 
-def _states(params: float, policy: DtypePolicy, dp: int) -> dict[str, dict[str, float]]:
+def _states(params: float, policy: DtypePolicy, dp: int, experts: float = 0.0,
+            expert_dp: int = 1) -> dict[str, dict[str, float]]:
     out = {}
     for z in range(4):
-        s = zero_state_bytes(params, policy, z, dp)
+        s = (split_state_bytes(params, experts, policy, z, dp, expert_dp) if experts
+             else zero_state_bytes(params, policy, z, dp))
         out[str(z)] = {"weights": s.weights, "gradients": s.gradients, "optimizer": s.optimizer,
                        "total": s.total}
     return out
 
 
+def effective_peak(acc: Accelerator, policy: DtypePolicy, share: float) -> float:
+    """The dense peak (FLOP/s) the budget's MFU applies to: the compute dtype's, or with fp8
+    the blend of ``share`` of the FLOPs (the linear layers) at the fp8 peak and the rest at
+    the compute dtype's (:func:`shardlab.estimate.fp8.blended_peak`). SpecError for a
+    dtype the accelerator has no peak for (fp8 on an A100)."""
+    peak, linear = matmul_peaks(acc, policy.compute, policy.linear_compute)
+    return fp8.blended_peak(peak, linear, share) if policy.is_fp8 else peak
+
+
 def _time(flops: float, tokens_per_step: float, per_step: float, gpus: int, acc: Accelerator,
-          policy: DtypePolicy, a: Assumptions, hardware_ratio: float) -> dict[str, Any]:
-    peak = acc.peak(policy.compute)
+          policy: DtypePolicy, a: Assumptions, hardware_ratio: float,
+          share: float = 1.0) -> dict[str, Any]:
+    peak = effective_peak(acc, policy, share)
     t = train_time(flops, gpus, peak, a.mfu, a.price_per_gpu_hour, acc.power_watts)
     step = per_step / (gpus * peak * a.mfu)
     # HFU counts the recomputed work too (PaLM, Chowdhery et al. 2022): MFU x hardware/model.
@@ -91,18 +120,25 @@ def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
     flash = a.attention == "flash"
     fpt = flops_per_token(m, lay.seq, lay.recompute, a.causal, flash)
 
-    stages = stage_memory(m, lay, dropout, flash)
+    stages = stage_memory(m, lay, dropout, flash, a.routing_imbalance)
     peak = peak_stage(stages)
     capacity = acc.memory_bytes
     per_layer = layer_activation_bytes(
         m, lay.micro_batch, lay.seq, lay.dtype.activation_bytes, tp=lay.tp, sp=lay.sp,
         recompute=lay.recompute, dropout=dropout, moe_layer=m.moe_layers == m.layers,
-        flash=flash)
+        flash=flash, ep=lay.ep, etp=lay.etp, capacity_factor=lay.capacity_factor,
+        imbalance=a.routing_imbalance)
     max_params = max(s.params for s in stages)
+    # (dense, routed-expert) parameters of the rank with the most: ZeRO and the gradient
+    # traffic shard them over dp and expert_dp.
+    dense, experts = max(rank_params_split(m, lay), key=sum)
 
     link_dp = acc.inter_link if lay.tp * lay.dp > acc.gpus_per_node else acc.intra_link
     link_tp = acc.intra_link if lay.tp <= acc.gpus_per_node else acc.inter_link
-    grad_bytes = max_params * lay.dtype.grad_bytes
+    # The ep group spans ep·etp consecutive ranks (etp innermost, then ep; with etp = 1 the
+    # tensor ranks join the ep group: Megatron-LM's expert mesh, torchtitan).
+    link_ep = acc.intra_link if lay.ep * lay.etp <= acc.gpus_per_node else acc.inter_link
+    ep_bytes = expert_alltoall_bytes(m, lay)
 
     context = a.decode_context or m.context
     bp = lay.dtype.activation_bytes
@@ -126,16 +162,18 @@ def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
                    "virtual_stages": lay.virtual_stages, "zero": lay.zero, "sp": lay.sp,
                    "micro_batch": lay.micro_batch, "global_batch": lay.global_batch,
                    "seq": lay.seq, "recompute": lay.recompute, "dtype": lay.dtype.name,
-                   "schedule": lay.schedule, "gpus": lay.gpus,
+                   "schedule": lay.schedule, "gpus": lay.gpus, "ep": lay.ep, "etp": lay.etp,
+                   "expert_dp": lay.expert_dp, "capacity_factor": lay.capacity_factor,
                    "microbatches": lay.microbatches, "tokens_per_step": lay.tokens_per_step,
                    "describe": lay.describe()},
-        "hardware": _hardware(acc, lay.dtype),
+        "hardware": _hardware(acc, lay.dtype, fp8.linear_flop_share(m, lay.seq)),
         "assumptions": {**asdict(a), "tokens": tokens, "tokens_default": a.tokens is None,
                         "dropout": dropout,
                         "decode_context": context,
                         "flops_convention": "matmuls only; logits counted; attention "
                         + ("causal-halved" if a.causal else "full s x s")},
-        "params": {**pc.as_dict(), "per_device": max_params},
+        "params": {**pc.as_dict(), "per_device": max_params,
+                   "per_device_dense": dense, "per_device_experts": experts},
         "flops": {"forward_per_token": fpt.forward, "train_per_token": fpt.train,
                   "hardware_train_per_token": fpt.hardware_train,
                   "attention_per_token": fpt.attention, "logits_per_token": fpt.logits,
@@ -143,7 +181,8 @@ def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
                   "hardware_per_step": fpt.hardware_train * lay.tokens_per_step,
                   "train_total": fpt.train * tokens,
                   "hardware_train_total": fpt.hardware_train * tokens,
-                  "train_6nd": train_flops_6nd(pc.active_per_token, tokens)},
+                  "train_6nd": train_flops_6nd(pc.active_per_token, tokens),
+                  "moe_forward_per_token": moe_flops_per_token(m)},
         "memory": {
             "per_device": {"weights": peak.states.weights, "gradients": peak.states.gradients,
                            "optimizer": peak.states.optimizer, "activations": peak.activations,
@@ -157,22 +196,31 @@ def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
                            "layers": n, "total": s.total}
                           for s, n in zip(stages, rank_layers(m.layers, lay.pp,
                                                               lay.virtual_stages), strict=True)],
-            "by_zero_stage": _states(max_params, lay.dtype, lay.dp),
+            "by_zero_stage": _states(dense, lay.dtype, lay.dp, experts, lay.expert_dp),
         },
         "time": _time(fpt.train * tokens, lay.tokens_per_step, per_step, lay.gpus, acc,
-                      lay.dtype, a, fpt.hardware_train / fpt.train),
+                      lay.dtype, a, fpt.hardware_train / fpt.train,
+                      fp8.linear_flop_share(m, lay.seq)),
         "comm": {
-            "dp_bytes_per_step": dp_bytes_per_step(max_params, lay.dtype, lay.zero, lay.dp,
-                                                   lay.microbatches),
+            "dp_bytes_per_step": dp_bytes_split(dense, experts, lay.dtype, lay.zero, lay.dp,
+                                                lay.expert_dp, lay.microbatches),
             "tp_bytes_per_step": max(tp_bytes_per_stage(m, lay)),
             "pp_bytes_per_step": max(pp_bytes_per_rank(m, lay)),
+            "ep_bytes_per_step": ep_bytes,
             "embedding_sync_bytes_per_step": embedding_sync_bytes(m, lay),
             "dp_bytes_per_step_by_zero": {
-                str(z): dp_bytes_per_step(max_params, lay.dtype, z, lay.dp, lay.microbatches)
+                str(z): dp_bytes_split(dense, experts, lay.dtype, z, lay.dp, lay.expert_dp,
+                                       lay.microbatches)
                 for z in range(4)},
-            "dp_link": link_dp.name, "tp_link": link_tp.name,
-            "dp_allreduce_seconds": ring_allreduce_seconds(grad_bytes, lay.dp, link_dp),
+            "dp_link": link_dp.name, "tp_link": link_tp.name, "ep_link": link_ep.name,
+            "dp_allreduce_seconds": (
+                ring_allreduce_seconds(dense * lay.dtype.grad_bytes, lay.dp, link_dp)
+                + ring_allreduce_seconds(experts * lay.dtype.grad_bytes, lay.expert_dp,
+                                         link_dp)),
+            "ep_alltoall_seconds": alltoall_seconds(ep_bytes, lay.ep, link_ep,
+                                                    _alltoall_calls(m, lay)),
         },
+        "moe": _moe(m, lay, a),
         "inference": {
             "kv_bytes_per_token": kv_bytes_per_token(m, bp), "bytes_per_value": bp,
             "batch": a.decode_batch, "context": context, "devices": devices,
@@ -187,9 +235,52 @@ def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
     }
 
 
-def _hardware(acc: Accelerator, policy: DtypePolicy) -> dict[str, Any]:
+def _alltoall_calls(m: ModelShape, lay: Layout) -> int:
+    """All-to-alls one rank runs per step: 2 per MoE layer and micro-batch, forward and
+    backward (and forward again under full recompute), on the busiest stage."""
+    if lay.ep == 1:
+        return 0
+    layers = max(moe_layers_per_rank(m, lay.pp, lay.virtual_stages))
+    return 2 * alltoall_passes(lay.recompute) * lay.microbatches * layers
+
+
+def _moe(m: ModelShape, lay: Layout, a: Assumptions) -> dict[str, Any] | None:
+    """The ``moe`` section: expert layout, routed tokens, capacity, activations, all-to-all
+    (:mod:`shardlab.estimate.expert`); None for a dense model."""
+    if m.moe is None:
+        return None
+    e = m.moe
+    tokens = layout_tokens(lay)
+    bp = lay.dtype.activation_bytes
+    return {
+        "experts": e.experts, "top_k": e.experts_per_token,
+        "shared_experts": e.shared_experts, "moe_layers": m.moe_layers,
+        "ep": lay.ep, "etp": lay.etp, "expert_dp": lay.expert_dp,
+        "experts_per_rank": e.experts // lay.ep,
+        "capacity_factor": lay.capacity_factor,
+        "capacity_per_expert": expert_capacity(m, tokens, lay.capacity_factor),
+        "routing_imbalance": a.routing_imbalance,
+        "routed_tokens_per_microbatch": tokens,
+        "routed_rows_per_microbatch": routed_rows(m, tokens, lay.ep, lay.capacity_factor,
+                                                  a.routing_imbalance),
+        "routed_activation_bytes_per_layer": (0.0 if lay.recompute == "full" else
+                                              routed_activation_bytes(
+            m, tokens, bp, ep=lay.ep, etp=lay.etp, capacity_factor=lay.capacity_factor,
+            imbalance=a.routing_imbalance)),
+        "alltoall_bytes_per_step": expert_alltoall_bytes(m, lay),
+        "alltoall_calls_per_step": _alltoall_calls(m, lay),
+    }
+
+
+def _hardware(acc: Accelerator, policy: DtypePolicy, share: float = 1.0) -> dict[str, Any]:
+    """The device: its peak in the compute dtype and, with fp8, the linear layers' fp8 peak,
+    their share of the FLOPs and the blended peak the MFU applies to."""
     return {"name": acc.name, "source": acc.source, "peak_flops": acc.peak(policy.compute),
-            "compute_dtype": policy.compute, "memory_bytes": acc.memory_bytes,
+            "compute_dtype": policy.compute, "linear_dtype": policy.linear_compute,
+            "linear_peak_flops": acc.peak(policy.linear_compute),
+            "linear_flop_share": share if policy.is_fp8 else None,
+            "effective_peak_flops": effective_peak(acc, policy, share),
+            "memory_bytes": acc.memory_bytes,
             "memory_bandwidth": acc.memory_bandwidth, "power_watts": acc.power_watts,
             "gpus_per_node": acc.gpus_per_node,
             "intra_link": asdict(acc.intra_link), "inter_link": asdict(acc.inter_link)}
@@ -208,7 +299,8 @@ def params_budget(n_params: float, acc: Accelerator, *, gpus: int, tp: int, pp: 
     per_rank = n_params / (tp * pp)
     states = zero_state_bytes(per_rank, policy, zero, dp)
     flops = train_flops_6nd(n_params, tokens)
-    peak = acc.peak(policy.compute)
+    # A bare count: 6ND counts only the weights' matmuls, all linear layers (fp8 with fp8).
+    peak = effective_peak(acc, policy, 1.0)
     t = train_time(flops, gpus, peak, a.mfu, a.price_per_gpu_hour, acc.power_watts)
     return {
         "layout": {"dp": dp, "tp": tp, "pp": pp, "zero": zero, "dtype": policy.name,

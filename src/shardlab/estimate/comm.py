@@ -33,6 +33,13 @@ parallel: each chunk boundary sends a b·s·h activation forward and its gradien
 back per micro-batch, divided by t when tensor-parallel ranks split it (Narayanan
 et al. 2021's scatter/gather optimisation).
 
+Expert parallel (GShard, Lepikhin et al. 2020): the all-to-alls that dispatch tokens
+to their experts and combine the outputs are their own kind, ``ep``
+(:func:`shardlab.estimate.expert.expert_alltoall_bytes`). With ep > 1 the data-parallel
+gradient traffic splits in two: the dense parameters over all dp ranks, the routed
+experts only over the expert_dp = dp/ep ranks holding the same experts
+(:func:`dp_bytes_split`; torchtitan, Megatron-LM's expert data-parallel group).
+
 Every function gives what one rank sends; the simulator counts the same bytes per
 virtual device and ``shardlab simulate`` checks them for equality.
 """
@@ -68,6 +75,14 @@ def ring_gather_seconds(nbytes: float, p: int, link: Link) -> float:
     if p <= 1:
         return 0.0
     return (p - 1) * link.latency + ring_gather_bytes(nbytes, p) / link.bandwidth
+
+
+def alltoall_seconds(nbytes: float, p: int, link: Link, calls: int = 1) -> float:
+    """Alpha-beta time of ``calls`` all-to-alls in which one rank sends ``nbytes`` in all
+    to its p - 1 peers (pairwise exchange, Thakur et al. 2005): calls·(p-1)·α + n·β."""
+    if p <= 1:
+        return 0.0
+    return calls * (p - 1) * link.latency + nbytes / link.bandwidth
 
 
 # ---------------------------------------------------------------------------
@@ -169,6 +184,15 @@ def dp_bytes_per_step(params: float, policy: DtypePolicy, zero: int, dp: int,
     if zero in (1, 2):
         return ring_gather_bytes(g + w, dp)
     return ring_gather_bytes(2 * microbatches * w + g, dp)
+
+
+def dp_bytes_split(dense: float, experts: float, policy: DtypePolicy, zero: int, dp: int,
+                   expert_dp: int, microbatches: int = 1) -> float:
+    """Bytes one rank sends per step for data parallel / ZeRO when ``dense`` parameters are
+    replicated over ``dp`` ranks and ``experts`` over ``expert_dp`` (module docstring): the
+    mean :func:`dp_bytes_per_step` of each over its own group."""
+    return (dp_bytes_per_step(dense, policy, zero, dp, microbatches)
+            + dp_bytes_per_step(experts, policy, zero, expert_dp, microbatches))
 
 
 def _tensor_rows(m: ModelShape, tp: int, vocab_parallel: bool

@@ -1,17 +1,15 @@
 """Memory per device for a layout: weights, gradients, optimizer state, activations.
 
-Model states follow the ZeRO paper (Rajbhandari et al. 2020, Sec. 5.1) for Ψ
-parameters on a model-parallel rank, data-parallel degree N_d and the dtype
-policy's bytes w (weight), g (gradient), o (optimizer):
+Model states follow the ZeRO paper (Rajbhandari et al. 2020, Sec. 5.1), see
+:mod:`shardlab.estimate.states`, for the Ψ parameters of each (tensor, pipeline)
+rank (:mod:`shardlab.estimate.partition`); a mixture-of-experts rank shards its
+routed experts over expert_dp = dp/ep and the rest over dp
+(:func:`shardlab.estimate.expert.rank_state_bytes`). With the fp8 policy the weights
+add the linear layers' fp8 copies and scales under ZeRO 0-2
+(:func:`shardlab.estimate.fp8.rank_state_bytes`).
 
-  stage 0: (w + g + o)·Ψ          stage 2: w·Ψ + (g + o)·Ψ/N_d
-  stage 1: (w + g)·Ψ + o·Ψ/N_d    stage 3: (w + g + o)·Ψ/N_d
-
-which for bf16 with fp32 master Adam (2 + 2 + 12) is the paper's 16Ψ, 4Ψ + 12Ψ/N_d,
-2Ψ + 14Ψ/N_d and 16Ψ/N_d. Ψ is the parameter count on the most loaded
-(tensor, pipeline) rank, see :mod:`shardlab.estimate.partition`.
-
-Activations: :mod:`shardlab.estimate.activations` per layer, times the layer
+Activations: :mod:`shardlab.estimate.activations` per layer (MoE layers with the
+layout's ep, etp, capacity factor and a routing imbalance), times the layer
 micro-batches each pipeline rank holds at its peak. Rank r of p holds, in units
 of its own layers' micro-batches (capped by the m micro-batches of the step):
 
@@ -37,38 +35,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardlab.config.dtypes import DtypePolicy
 from shardlab.config.layout import Layout
 from shardlab.config.model import ModelShape
+from shardlab.estimate import fp8
 from shardlab.estimate.activations import (
     first_stage_extra_bytes,
     last_stage_extra_bytes,
     layer_activation_bytes,
 )
-from shardlab.estimate.partition import chunk_layers, stage_params
+from shardlab.estimate.expert import rank_params_split, rank_state_bytes
+from shardlab.estimate.partition import chunk_layers
+from shardlab.estimate.states import StateBytes, zero_state_bytes
 
-
-@dataclass(frozen=True)
-class StateBytes:
-    """Bytes of weights, gradients and optimizer state on one device."""
-
-    weights: float
-    gradients: float
-    optimizer: float
-
-    @property
-    def total(self) -> float:
-        """Sum of the three."""
-        return self.weights + self.gradients + self.optimizer
-
-
-def zero_state_bytes(params: float, policy: DtypePolicy, zero: int, dp: int) -> StateBytes:
-    """Model-state bytes per device under ZeRO ``zero`` over ``dp`` devices (module docstring)."""
-    w = params * policy.weight_bytes
-    g = params * policy.grad_bytes
-    o = params * policy.optimizer_bytes
-    return StateBytes(w / dp if zero >= 3 else w, g / dp if zero >= 2 else g,
-                      o / dp if zero >= 1 else o)
+__all__ = ["StageMemory", "StateBytes", "inflight_microbatches", "peak_stage", "stage_memory",
+           "zero_state_bytes"]
 
 
 def inflight_microbatches(schedule: str, pp: int, rank: int, microbatches: int,
@@ -113,12 +93,14 @@ class StageMemory:
 
 
 def stage_memory(m: ModelShape, layout: Layout, dropout: bool,
-                 flash: bool = False) -> list[StageMemory]:
-    """Per pipeline stage: model states under ZeRO and peak activations."""
+                 flash: bool = False, imbalance: float = 1.0) -> list[StageMemory]:
+    """Per pipeline stage: model states under ZeRO and peak activations (``imbalance``:
+    the router's max/mean expert load, 1 for balanced routing)."""
     lay = layout
     e = lay.dtype.activation_bytes
     kw = {"tp": lay.tp, "sp": lay.sp, "recompute": lay.recompute, "dropout": dropout,
-          "flash": flash}
+          "flash": flash, "ep": lay.ep, "etp": lay.etp,
+          "capacity_factor": lay.capacity_factor, "imbalance": imbalance}
     per_layer = [layer_activation_bytes(m, lay.micro_batch, lay.seq, e,
                                         moe_layer=i >= m.dense_layers, **kw)
                  for i in range(m.layers)]
@@ -129,7 +111,11 @@ def stage_memory(m: ModelShape, layout: Layout, dropout: bool,
     for c, n in enumerate(sizes):
         rank_act[c % lay.pp] += sum(per_layer[start:start + n])
         start += n
-    params = stage_params(m, lay.tp, lay.pp, lay.virtual_stages)
+    params = [d + x for d, x in rank_params_split(m, lay)]
+    # fp8: the linear weights' fp8 copies and scales count as weights (ZeRO 0-2).
+    states = [s + StateBytes(f, 0.0, 0.0)
+              for s, f in zip(rank_state_bytes(m, lay), fp8.rank_state_bytes(m, lay),
+                              strict=True)]
     out = []
     for r in range(lay.pp):
         k = inflight_microbatches(lay.schedule, lay.pp, r, lay.microbatches, lay.virtual_stages)
@@ -142,8 +128,7 @@ def stage_memory(m: ModelShape, layout: Layout, dropout: bool,
             last_k = k if lay.schedule == "gpipe" else 1.0
             act += last_k * last_stage_extra_bytes(m, lay.micro_batch, lay.seq, e,
                                                    tp=lay.tp, sp=lay.sp)
-        out.append(StageMemory(r, params[r], zero_state_bytes(params[r], lay.dtype, lay.zero,
-                                                              lay.dp), act, k))
+        out.append(StageMemory(r, params[r], states[r], act, k))
     return out
 
 

@@ -6,8 +6,8 @@ Per layer (d = d_model, q = heads*head_dim, k = kv_heads*head_dim, f = d_ff):
   q + 2k + d, ``qkv_bias`` adds q + 2k.
 * dense MLP: gpt 2*d*f + f + d (GELU, biases); llama 3*d*f (SwiGLU, no biases).
 * norms: two per layer plus a final one; LayerNorm 2d each, RMSNorm d each.
-* MoE layer: ``experts`` routed + ``shared_experts`` MLPs of their widths, and a
-  router d*experts (+ experts with ``router_bias``).
+* MoE layer: ``experts`` routed MLPs of width expert_d_ff, one shared MLP of width
+  shared_experts x shared_d_ff, and a router d*experts (+ experts with ``router_bias``).
 * embedding V*d; gpt style adds learned positions context*d; an untied head
   adds V*d.
 
@@ -51,6 +51,15 @@ def router_params(m: ModelShape) -> int:
     if m.moe is None:
         return 0
     return m.d_model * m.moe.experts + (m.moe.experts if m.moe.router_bias else 0)
+
+
+def shared_expert_params(m: ModelShape) -> int:
+    """Parameters of one MoE layer's shared experts: one MLP of width shared_experts x
+    shared_d_ff, the same function as the separate experts summed, as DeepSeek-V2's code
+    and shardlab's model build them (one down-projection bias with biases); 0 without."""
+    if m.moe is None or not m.moe.shared_experts:
+        return 0
+    return mlp_params(m, m.moe.shared_experts * m.moe.shared_d_ff)
 
 
 @dataclass(frozen=True)
@@ -97,7 +106,7 @@ def count_params(m: ModelShape) -> ParamCount:
     experts = active = 0
     if m.moe is not None:
         e = m.moe
-        shared = e.shared_experts * mlp_params(m, e.shared_d_ff)
+        shared = shared_expert_params(m)
         experts = m.moe_layers * (e.experts * mlp_params(m, e.expert_d_ff) + shared)
         active = m.moe_layers * (e.experts_per_token * mlp_params(m, e.expert_d_ff) + shared)
     return ParamCount(

@@ -7,12 +7,24 @@ are split over the vocabulary; learned positions are replicated. The first
 pipeline stage holds the embedding (and positions), the last the final norm and
 the head; with a tied head and pp > 1 the last stage keeps its own copy of the
 embedding, as Megatron does. Vocabulary padding to a multiple of tp is ignored.
+
+Mixture-of-experts layers: the routed experts are split over the ep expert-parallel
+ranks (experts/ep whole experts each, GShard, Lepikhin et al. 2020) and each expert's
+width over etp (1: whole experts; tp: split as the dense MLP is, Megatron-LM's
+``--expert-tensor-parallel-size``); the router stays whole on every rank and the
+shared experts are split over tp like the dense MLP (torchtitan, Megatron-LM).
 """
 
 from __future__ import annotations
 
 from shardlab.config.model import ModelShape
-from shardlab.estimate.params import attention_params, mlp_params, norm_params, router_params
+from shardlab.estimate.params import (
+    attention_params,
+    mlp_params,
+    norm_params,
+    router_params,
+    shared_expert_params,
+)
 
 
 def chunk_layers(layers: int, pp: int, virtual_stages: int = 1) -> list[int]:
@@ -36,19 +48,48 @@ def _split(total: int, replicated: int, tp: int) -> int:
     return (total - replicated) // tp + replicated
 
 
-def layer_params_per_tp_rank(m: ModelShape, tp: int, moe_layer: bool) -> int:
-    """Parameters of one layer on one tensor-parallel rank."""
+def expert_layer_params(m: ModelShape, ep: int = 1, etp: int = 1) -> int:
+    """Routed-expert parameters of one MoE layer on one rank: experts/ep experts, each
+    split over etp (its row-parallel output bias replicated); 0 for a dense model."""
+    if m.moe is None:
+        return 0
+    local = m.moe.experts // ep
+    bias = m.d_model if m.biases else 0
+    return _split(local * mlp_params(m, m.moe.expert_d_ff), bias * local, etp)
+
+
+def layer_params_per_tp_rank(m: ModelShape, tp: int, moe_layer: bool, ep: int = 1,
+                             etp: int | None = None) -> int:
+    """Parameters of one layer on one tensor-parallel rank (routed experts: one ep rank's
+    share, each split over ``etp``, default tp)."""
     bias = m.d_model if m.biases else 0  # row-parallel output bias: replicated
     n = _split(attention_params(m), bias, tp) + 2 * norm_params(m)
     if moe_layer and m.moe is not None:
         e = m.moe
-        experts = e.experts * mlp_params(m, e.expert_d_ff)
-        shared = e.shared_experts * mlp_params(m, e.shared_d_ff)
-        n += _split(experts + shared, bias * (e.experts + e.shared_experts), tp)
-        n += router_params(m)
+        n += _split(shared_expert_params(m), bias if e.shared_experts else 0, tp)
+        n += expert_layer_params(m, ep, tp if etp is None else etp) + router_params(m)
     else:
         n += _split(mlp_params(m, m.d_ff), bias, tp)
     return n
+
+
+def moe_layers_per_rank(m: ModelShape, pp: int, virtual_stages: int = 1) -> list[int]:
+    """MoE layers each pipeline rank holds: the model's first ``dense_layers`` layers are
+    dense (DeepSeek-style), chunk c of :func:`chunk_layers` lives on rank c mod pp."""
+    out = [0] * pp
+    start = 0
+    for c, n in enumerate(chunk_layers(m.layers, pp, virtual_stages)):
+        out[c % pp] += n - max(0, min(n, m.dense_layers - start))
+        start += n
+    return out
+
+
+def stage_expert_params(m: ModelShape, pp: int, virtual_stages: int = 1, ep: int = 1,
+                        etp: int = 1) -> list[int]:
+    """Routed-expert parameters on one rank of each pipeline rank (what ZeRO shards over
+    expert_dp = dp/ep rather than dp); all zeros for a dense model."""
+    per_layer = expert_layer_params(m, ep, etp)
+    return [n * per_layer for n in moe_layers_per_rank(m, pp, virtual_stages)]
 
 
 def layer_replicated_params(m: ModelShape) -> int:
@@ -60,11 +101,13 @@ def layer_replicated_params(m: ModelShape) -> int:
 
 
 def stage_params(m: ModelShape, tp: int, pp: int, virtual_stages: int = 1,
-                 vocab_parallel: bool = True) -> list[int]:
+                 vocab_parallel: bool = True, ep: int = 1, etp: int | None = None
+                 ) -> list[int]:
     """Parameters on one tensor-parallel rank of each pipeline rank (what ZeRO then shards).
 
     ``vocab_parallel=False`` keeps the embedding and head whole on every tensor-parallel
-    rank (as shardlab's simulator does) instead of splitting the vocabulary.
+    rank (as shardlab's simulator does) instead of splitting the vocabulary. ``ep`` and
+    ``etp`` (default tp) split the routed experts (module docstring).
     """
     vocab_shard = (-(-m.vocab // tp) if vocab_parallel else m.vocab) * m.d_model
     out = []
@@ -75,14 +118,10 @@ def stage_params(m: ModelShape, tp: int, pp: int, virtual_stages: int = 1,
     if not m.moe_layers:
         per_rank = [n * dense_params for n in rank_layers(m.layers, pp, virtual_stages)]
     else:
-        moe_params = layer_params_per_tp_rank(m, tp, moe_layer=True)
-        dense_left = m.dense_layers
-        per_rank = [0] * pp
-        start = 0
-        for c, n in enumerate(chunk_layers(m.layers, pp, virtual_stages)):
-            dense = max(0, min(n, dense_left - start))
-            per_rank[c % pp] += dense * dense_params + (n - dense) * moe_params
-            start += n
+        moe_params = layer_params_per_tp_rank(m, tp, True, ep, etp)
+        per_rank = [(n - k) * dense_params + k * moe_params
+                    for n, k in zip(rank_layers(m.layers, pp, virtual_stages),
+                                    moe_layers_per_rank(m, pp, virtual_stages), strict=True)]
     for r in range(pp):
         n = per_rank[r]
         if r == 0:

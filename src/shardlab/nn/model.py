@@ -3,13 +3,17 @@
 ``gpt`` style: LayerNorm, biases on every linear layer, GELU MLP, learned positions,
 head tied to the embedding. ``llama`` style: RMSNorm, no biases (q/k/v biases with
 ``qkv_bias``, as Qwen2), SwiGLU MLP, rotary positions (Su et al. 2021), grouped-query
-attention, untied head. ``numel`` equals :func:`shardlab.estimate.params.count_params`
-exactly (tested over many shapes).
+attention, untied head. With ``shape.moe``, blocks from ``moe.dense_layers`` on carry a
+mixture-of-experts layer (:class:`shardlab.nn.moe.MoEFeedForward`) as their ``mlp``.
+``numel`` equals :func:`shardlab.estimate.params.count_params` exactly (tested over many
+shapes, MoE ones included).
 
 The layout suits sharding: blocks in ``blocks`` (a ModuleList), linear layers named
 ``attn.{q,k,v,o}_proj`` and ``mlp.{gate,up,down}_proj`` so a tensor-parallel plan can
 address them (column-parallel q/k/v/gate/up, row-parallel o/down), and ``embed``,
-``pos``, ``final_norm``, ``lm_head`` that pipeline stages can own.
+``pos``, ``final_norm``, ``lm_head`` that pipeline stages can own. A MoE block's ``mlp``
+holds ``router``, ``experts.{w_gate,w_up,w_down}`` (grouped [E, ...] weights, ``b_up``,
+``b_down`` in gpt style) and ``shared.{gate,up,down}_proj``.
 
 Attention is causal and padding-aware: a key that is padding is never attended to.
 Batches are right-padded, so every real query sees at least itself.
@@ -24,6 +28,8 @@ from torch.utils.checkpoint import checkpoint
 
 from shardlab.config.model import LN_EPS, RMS_EPS, ROPE_THETA, ModelShape
 from shardlab.errors import SpecError
+from shardlab.nn.mlp import MLP
+from shardlab.nn.moe import MoEFeedForward, MoEOptions
 
 
 def rope_tables(seq: int, head_dim: int, dtype: torch.dtype,
@@ -103,34 +109,24 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_dim: int,
     return out.transpose(1, 2).reshape(b, s, -1)
 
 
-class MLP(nn.Module):
-    """GELU MLP (up, down) for gpt style; SwiGLU (gate, up, down) for llama style."""
-
-    def __init__(self, shape: ModelShape, dtype: torch.dtype) -> None:
-        super().__init__()
-        d, f = shape.d_model, shape.d_ff
-        self.swiglu = shape.style == "llama"
-        if self.swiglu:
-            self.gate_proj = nn.Linear(d, f, bias=False, dtype=dtype)
-        self.up_proj = nn.Linear(d, f, bias=shape.biases, dtype=dtype)
-        self.down_proj = nn.Linear(f, d, bias=shape.biases, dtype=dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [b, s, d] -> [b, s, d]."""
-        if self.swiglu:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
-
-
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(norm(x)), then + mlp(norm(.))."""
+    """Pre-norm transformer block: x + attn(norm(x)), then + mlp(norm(.)).
 
-    def __init__(self, shape: ModelShape, dtype: torch.dtype) -> None:
+    ``moe``: the block's ``mlp`` is a :class:`MoEFeedForward` with ``moe_options``
+    (the shape must have ``moe``), else the dense :class:`MLP`.
+    """
+
+    def __init__(self, shape: ModelShape, dtype: torch.dtype, moe: bool = False,
+                 moe_options: MoEOptions | None = None) -> None:
         super().__init__()
         self.attn_norm = make_norm(shape, dtype)
         self.attn = Attention(shape, dtype)
         self.mlp_norm = make_norm(shape, dtype)
-        self.mlp = MLP(shape, dtype)
+        options = moe_options or MoEOptions()
+        self.mlp: nn.Module = (
+            MoEFeedForward(shape, dtype, aux_coef=options.aux_coef, z_coef=options.z_coef,
+                           capacity_factor=options.capacity_factor)
+            if moe else MLP(shape, dtype))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -140,19 +136,22 @@ class Block(nn.Module):
 
 
 class TransformerLM(nn.Module):
-    """The LM of a ModelShape: embed -> blocks -> final norm -> head (logits)."""
+    """The LM of a ModelShape: embed -> blocks -> final norm -> head (logits).
+
+    ``moe_options`` (aux-loss and z-loss coefficients, capacity factor) apply to every MoE
+    layer; they change no parameter.
+    """
 
     def __init__(self, shape: ModelShape, dtype: torch.dtype = torch.float32,
-                 seed: int = 0) -> None:
+                 seed: int = 0, moe_options: MoEOptions | None = None) -> None:
         super().__init__()
-        if shape.moe is not None:
-            raise SpecError("model", shape.name, "mixture-of-experts layers are not built "
-                            "in torch by shardlab yet (the cost model covers them)")
         self.shape = shape
         self.embed = nn.Embedding(shape.vocab, shape.d_model, dtype=dtype)
         self.pos = (nn.Embedding(shape.context, shape.d_model, dtype=dtype)
                     if shape.style == "gpt" else None)
-        self.blocks = nn.ModuleList(Block(shape, dtype) for _ in range(shape.layers))
+        first_moe = shape.layers - shape.moe_layers  # = moe.dense_layers
+        self.blocks = nn.ModuleList(Block(shape, dtype, i >= first_moe, moe_options)
+                                    for i in range(shape.layers))
         self.final_norm = make_norm(shape, dtype)
         self.lm_head = nn.Linear(shape.d_model, shape.vocab, bias=False, dtype=dtype)
         if shape.tied:
@@ -161,11 +160,12 @@ class TransformerLM(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, seed: int) -> None:
-        """GPT-2's init (Radford et al. 2019): N(0, 0.02) weights, zero biases, unit norms;
+        """GPT-2's init (Radford et al. 2019): N(0, 0.02) weights (routers and 3-D expert
+        weights too), zero biases (experts' ``b_up``, ``b_down`` too), unit norms;
         deterministic from ``seed`` and independent of the global RNG."""
         gen = torch.Generator().manual_seed(seed)
         for name, p in self.named_parameters():
-            if name.endswith("bias"):
+            if name.rsplit(".", 1)[-1] in ("bias", "b_up", "b_down"):
                 p.zero_()
             elif "norm" in name:
                 p.fill_(1.0)

@@ -25,7 +25,12 @@ global batch and the sequence length):
 * ``tp=2t dp=d/2``: twice the tensor parallelism within a node, half the data parallelism;
 * ``pp=2p dp=d/2``: twice the pipeline stages (same schedule and virtual stages), half
   the data parallelism;
-* ``sp=1``: sequence parallelism, when tp > 1.
+* ``sp=1``: sequence parallelism, when tp > 1;
+* ``ep=2e``: twice the expert parallelism (mixture of experts; same devices, the
+  experts spread over more of the data-parallel ranks).
+
+Expert parallelism is kept through the others: ep stays (a halved dp must still hold
+it), etp follows tp when it was tp, and the capacity factor is the job's.
 
 A change the model or device count rules out (tp not dividing the heads, more stages
 than layers, an odd dp to halve, tp beyond a node, a rule of :func:`make_layout`
@@ -56,7 +61,8 @@ from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
 from shardlab.estimate.memory import peak_stage, stage_memory
 from shardlab.plan.memory import MemoryOptions, memory_arrays
-from shardlab.plan.search import device_of, is_this_machine
+from shardlab.plan.overlap import framework as overlap_framework
+from shardlab.plan.search import device_of, is_this_machine, layout_flag
 from shardlab.plan.space import REASONS, TRAIN_ZERO, Candidates, Space, check_rules
 from shardlab.plan.step_time import StepOptions, step_seconds
 
@@ -64,8 +70,8 @@ CATEGORIES: tuple[str, ...] = ("weights", "gradients", "optimizer", "activations
 PAIRS_KEPT = 5
 """Pairs of changes :func:`explain_fit` keeps, fastest first (all of them would be up to a
 few dozen rows that say the same)."""
-KINDS: tuple[str, ...] = ("zero", "recompute", "micro_batch", "tp", "pp", "sp")
-REPEATABLE: frozenset[str] = frozenset({"micro_batch", "tp", "pp"})
+KINDS: tuple[str, ...] = ("zero", "recompute", "micro_batch", "tp", "pp", "sp", "ep")
+REPEATABLE: frozenset[str] = frozenset({"micro_batch", "tp", "pp", "ep"})
 """Kinds a pair may apply twice (micro-batch / 4, tp x 4, pp x 4); a ZeRO stage or a
 recompute mode is already tried at every level."""
 
@@ -83,12 +89,16 @@ class Knobs:
     sp: bool
     recompute: str
     micro_batch: int
+    ep: int = 1
+    etp: int = 1
 
     def label(self, base: Knobs) -> str:
         """What differs from ``base``, as ``--layout`` writes it: ``tp=2 dp=4``."""
-        keys = ("zero", "recompute", "micro_batch", "tp", "pp", "sp", "dp")
+        keys = ("zero", "recompute", "micro_batch", "tp", "pp", "sp", "ep", "etp", "dp")
+        # etp is named only when it is not tp (its default), as Layout.describe does.
         return " ".join(f"{k}={int(v) if k == 'sp' else v}" for k in keys
-                        if (v := getattr(self, k)) != getattr(base, k))
+                        if (v := getattr(self, k)) != getattr(base, k)
+                        and (k != "etp" or v != self.tp))
 
 
 @dataclass(frozen=True)
@@ -149,19 +159,39 @@ class FitAdvice:
                 "skipped": [{"change": c, "reason": r} for c, r in self.skipped]}
 
 
-def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True) -> StepOptions:
-    """The step-time options ``shardlab plan`` prices ``acc`` with: on this machine the
-    ranks' cores also move the bytes (no overlap), and ``shardlab train`` is eager torch
-    (gradients accumulate in their own pass)."""
+def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
+                     framework: str | None = None,
+                     overrides: dict[str, str] | None = None) -> StepOptions:
+    """The step-time options ``shardlab plan`` prices ``acc`` with: ``framework``'s defaults
+    (:data:`shardlab.plan.overlap.FRAMEWORKS`; None: the planner's own), then the
+    ``--layout`` keys of ``overrides`` (:data:`shardlab.plan.search.STEP_KEYS`);
+    ``overlap_dp=False`` (``--no-overlap-dp``) turns data-parallel overlap off. On this
+    machine the ranks' cores also move the bytes (no overlap), and ``shardlab train`` is
+    eager torch (gradients accumulate in their own pass). SpecError for an unknown
+    framework or a bad value."""
     here = is_this_machine(acc)
-    return StepOptions(flash=flash, overlap_dp=overlap_dp and not here,
-                       fused_accumulation=not here)
+    fw = overlap_framework(framework)
+    opts = fw.options()
+    for key, value in (overrides or {}).items():
+        opts[key] = value
+        if key == "fused_norm":
+            opts[key] = layout_flag(key, value)
+        elif key == "overlap_tp" and value.lower() not in ("forward",):
+            # overlap_tp=1 is the framework's kind of tensor-parallel overlap.
+            opts[key] = fw.tp_overlap_kind if layout_flag(key, value) else "off"
+    if not overlap_dp:
+        opts["overlap_dp"] = "off"
+    if here:
+        opts.update(overlap_dp="off", overlap_tp="off", overlap_pp="off",
+                    fused_accumulation=False)
+    return StepOptions(flash=flash, **opts)  # type: ignore[arg-type]
 
 
-def _moves(k: Knobs, gpus_per_node: int, train_only: bool
+def _moves(k: Knobs, gpus_per_node: int, train_only: bool, experts: int = 0
            ) -> list[tuple[str, Knobs | None, str]]:
     """(kind, changed knobs or None, why not) of every one-knob change from ``k``; values
-    that are no change (a ZeRO stage at or below the current one) are left out."""
+    that are no change (a ZeRO stage at or below the current one) are left out.
+    ``experts``: the model's routed experts (0: dense, no ep change)."""
     out: list[tuple[str, Knobs | None, str]] = []
     for z in range(k.zero + 1, 4):
         if k.dp == 1:
@@ -181,7 +211,8 @@ def _moves(k: Knobs, gpus_per_node: int, train_only: bool
     elif k.dp % 2:
         out.append(("tp", None, f"dp={k.dp} cannot be halved to keep the device count"))
     else:
-        out.append(("tp", dataclasses.replace(k, tp=2 * k.tp, dp=k.dp // 2), ""))
+        out.append(("tp", dataclasses.replace(k, tp=2 * k.tp, dp=k.dp // 2,
+                                              etp=2 * k.tp if k.etp == k.tp else 1), ""))
     if k.dp % 2:
         out.append(("pp", None, f"dp={k.dp} cannot be halved to keep the device count"))
     else:
@@ -189,10 +220,16 @@ def _moves(k: Knobs, gpus_per_node: int, train_only: bool
     if not k.sp:
         out.append(("sp", dataclasses.replace(k, sp=True) if k.tp > 1 else None,
                     "" if k.tp > 1 else "sequence parallelism needs tp > 1"))
+    if experts:
+        e = 2 * k.ep
+        why = ("" if k.dp % e == 0 and experts % e == 0 else
+               f"ep={e} must divide dp ({k.dp}) and the experts ({experts})")
+        out.append(("ep", None if why else dataclasses.replace(k, ep=e), why))
     return out
 
 
-def _candidates(states: list[Knobs], global_batch: int) -> Candidates:
+def _candidates(states: list[Knobs], global_batch: int, capacity_factor: float = 0.0
+                ) -> Candidates:
     """``states`` as the planner's :class:`Candidates` (reason -1: checked afterwards)."""
     def col(values: list[int]) -> np.ndarray:
         return np.array(values, dtype=np.int64)
@@ -204,12 +241,14 @@ def _candidates(states: list[Knobs], global_batch: int) -> Candidates:
                       col([RECOMPUTE.index(s.recompute) for s in states]),
                       col([s.micro_batch for s in states]),
                       col([global_batch // (s.dp * s.micro_batch) for s in states]),
-                      np.full(len(states), -1, dtype=np.int64))
+                      np.full(len(states), -1, dtype=np.int64), col([s.ep for s in states]),
+                      col([s.etp for s in states]), np.full(len(states), capacity_factor))
 
 
 def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity: float,
                 dropout: bool | None = None, options: StepOptions | None = None,
-                gpus_per_node: int | None = None, train_only: bool = False) -> FitAdvice:
+                gpus_per_node: int | None = None, train_only: bool = False,
+                imbalance: float = 1.0) -> FitAdvice:
     """Memory by category, binding category and priced changes of ``layout`` (module
     docstring).
 
@@ -219,7 +258,8 @@ def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity
     step-time model's options (default :func:`step_options_for` with flash attention);
     its ``flash`` also sets the activation convention. ``gpus_per_node``: how far tp may
     grow (default the accelerator's). ``train_only``: only what ``shardlab train`` runs
-    (as ``plan`` on this machine). Raises SpecError for a capacity that is not > 0.
+    (as ``plan`` on this machine). ``imbalance``: the router's max/mean tokens per
+    expert (MoE activations). Raises SpecError for a capacity that is not > 0.
     """
     if not (capacity > 0 and math.isfinite(capacity)):
         raise SpecError("capacity", capacity, "must be a finite number of bytes > 0")
@@ -228,7 +268,7 @@ def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity
     node = gpus_per_node or acc.gpus_per_node
     lay = layout
 
-    stages = stage_memory(model, lay, dropout, options.flash)
+    stages = stage_memory(model, lay, dropout, options.flash, imbalance)
     peak = peak_stage(stages)
     rank_bytes = [{"weights": s.states.weights, "gradients": s.states.gradients,
                    "optimizer": s.states.optimizer, "activations": s.activations}
@@ -239,21 +279,24 @@ def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity
     binding = min(CATEGORIES, key=lambda c: (without[c], -now[c]))
 
     base = Knobs(lay.dp, lay.tp, lay.pp, lay.virtual_stages, lay.schedule, lay.zero, lay.sp,
-                 lay.recompute, lay.micro_batch)
+                 lay.recompute, lay.micro_batch, lay.ep, lay.etp)
     space = Space(gpus=lay.gpus, global_batch=lay.global_batch, seq=lay.seq,
-                  gpus_per_node=node, train_only=train_only)
-    singles = _moves(base, node, train_only)
+                  gpus_per_node=node, train_only=train_only,
+                  capacity_factor=lay.capacity_factor)
+    experts = model.moe.experts if model.moe is not None else 0
+    singles = _moves(base, node, train_only, experts)
     skipped = [(_would_be(kind, base), why) for kind, k, why in singles if k is None]
     tried = [k for _, k, _ in singles if k is not None]
     valid, rejected = _check(model, space, tried)
     skipped += [(k.label(base), why) for k, why in rejected]
 
-    step_now, priced = _price(model, lay, acc, base, valid, capacity, dropout, options)
+    mem_opt = MemoryOptions(dropout, options.flash, imbalance)
+    step_now, priced = _price(model, lay, acc, base, valid, capacity, mem_opt, options)
     changes = _ordered(priced)
     pairs: list[FitChange] = []
     if not any(c.fits for c in changes):
         pairs = _pairs(model, lay, acc, base, singles, {base, *tried}, space, capacity,
-                       dropout, options, node, train_only)
+                       mem_opt, options, node, train_only)
     return FitAdvice(float(peak.total), now, peak.stage, capacity, peak.total <= capacity,
                      binding, without, step_now, changes, pairs, skipped)
 
@@ -261,7 +304,8 @@ def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity
 def _would_be(kind: str, base: Knobs) -> str:
     """How a change that was ruled out before it had values is named in ``skipped``."""
     return {"zero": f"zero={base.zero + 1}..3", "micro_batch": "halve micro_batch",
-            "tp": f"tp={2 * base.tp}", "pp": f"pp={2 * base.pp}", "sp": "sp=1"}[kind]
+            "tp": f"tp={2 * base.tp}", "pp": f"pp={2 * base.pp}", "sp": "sp=1",
+            "ep": f"ep={2 * base.ep}"}[kind]
 
 
 def _check(model: ModelShape, space: Space, states: list[Knobs]
@@ -269,7 +313,7 @@ def _check(model: ModelShape, space: Space, states: list[Knobs]
     """``states`` split by the planner's rules: (valid, [(invalid, the rule it breaks)])."""
     if not states:
         return [], []
-    c = _candidates(states, space.global_batch)
+    c = _candidates(states, space.global_batch, space.capacity_factor)
     check_rules(model, space, c)
     valid = [s for s, r in zip(states, c.reason.tolist(), strict=True) if r < 0]
     bad = [(s, REASONS[r]) for s, r in zip(states, c.reason.tolist(), strict=True) if r >= 0]
@@ -277,12 +321,12 @@ def _check(model: ModelShape, space: Space, states: list[Knobs]
 
 
 def _price(model: ModelShape, lay: Layout, acc: Accelerator, base: Knobs, states: list[Knobs],
-           capacity: float, dropout: bool, options: StepOptions
+           capacity: float, mem_opt: MemoryOptions, options: StepOptions
            ) -> tuple[float, list[FitChange]]:
     """The current step (seconds) and each of ``states`` priced, all in one pass of the
     planner's memory and step-time arrays (the current layout first)."""
-    c = _candidates([base, *states], lay.global_batch)
-    mem = memory_arrays(model, c, lay.seq, lay.dtype, MemoryOptions(dropout, options.flash))
+    c = _candidates([base, *states], lay.global_batch, lay.capacity_factor)
+    mem = memory_arrays(model, c, lay.seq, lay.dtype, mem_opt)
     dev, _ = device_of(acc, lay.dtype, lay.gpus)
     step = step_seconds(model, c, mem, lay.seq, lay.global_batch, lay.dtype, dev,
                         options)["step"]
@@ -304,7 +348,7 @@ def _ordered(changes: list[FitChange]) -> list[FitChange]:
 
 def _pairs(model: ModelShape, lay: Layout, acc: Accelerator, base: Knobs,
            singles: list[tuple[str, Knobs | None, str]], seen: set[Knobs], space: Space,
-           capacity: float, dropout: bool, options: StepOptions, node: int,
+           capacity: float, mem_opt: MemoryOptions, options: StepOptions, node: int,
            train_only: bool) -> list[FitChange]:
     """Two changes applied one after the other (FitAdvice's ``pairs``): kinds in
     :data:`KINDS` order, so each pair is built once, and the same kind twice only for
@@ -314,14 +358,15 @@ def _pairs(model: ModelShape, lay: Layout, acc: Accelerator, base: Knobs,
     for kind, first, _ in singles:
         if first is None:
             continue
-        for kind2, second, _ in _moves(first, node, train_only):
+        for kind2, second, _ in _moves(first, node, train_only,
+                                       model.moe.experts if model.moe is not None else 0):
             later = KINDS.index(kind2) > KINDS.index(kind)
             if second is not None and second not in seen and (
                     later or (kind2 == kind and kind in REPEATABLE)):
                 seen.add(second)
                 two.append(second)
     valid, _ = _check(model, space, two)
-    _, priced = _price(model, lay, acc, base, valid, capacity, dropout, options)
+    _, priced = _price(model, lay, acc, base, valid, capacity, mem_opt, options)
     fitting = _ordered([c for c in priced if c.fits])
     if fitting:
         return fitting[:PAIRS_KEPT]

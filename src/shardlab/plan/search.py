@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from shardlab.config.dtypes import DtypePolicy
-from shardlab.config.hardware import Accelerator
+from shardlab.config.hardware import Accelerator, matmul_peaks
 from shardlab.config.layout import RECOMPUTE, SCHEDULES, make_layout
 from shardlab.config.measured import NAME
 from shardlab.config.model import ModelShape
@@ -41,6 +41,7 @@ from shardlab.plan.space import (
     enumerate_space,
 )
 from shardlab.plan.step_time import (
+    HIDDEN,
     PARTS,
     Device,
     StepOptions,
@@ -61,7 +62,7 @@ def is_this_machine(acc: Accelerator) -> bool:
 
 def device_of(acc: Accelerator, policy: DtypePolicy, gpus: int) -> tuple[Device, float]:
     """The step-time model's device and its memory in bytes (shared out on this machine)."""
-    peak = acc.peak(policy.compute)
+    peak, linear_peak = matmul_peaks(acc, policy.compute, policy.linear_compute)
     memory = acc.memory_bytes
     bandwidth = acc.memory_bandwidth
     eff = efficiency_of(acc)
@@ -85,7 +86,8 @@ def device_of(acc: Accelerator, policy: DtypePolicy, gpus: int) -> tuple[Device,
             eff = replace(eff, op_overhead=0.0, source=eff.source + "; the per-operator cost "
                           "is charged within the runtime's measured fixed costs instead")
     dev = Device(peak, bandwidth, acc.intra_link, acc.inter_link, acc.gpus_per_node, eff,
-                 acc.runtime if is_this_machine(acc) else None)
+                 acc.runtime if is_this_machine(acc) else None,
+                 linear_peak=linear_peak if policy.is_fp8 else 0.0)
     if one_thread and acc.layer_probe is not None:
         # One-thread ranks: memory-bound operators at the rate the measured layer shows,
         # no faster than this rank's share of the memory bandwidth.
@@ -123,6 +125,8 @@ def _entries(c: Candidates, idx: np.ndarray, times: dict[str, np.ndarray], mem: 
             "memory_per_device": float(mem.total[i]),
             "fits": bool(mem.total[i] <= usable),
             "breakdown": {k: float(times[k][i]) for k in PARTS},
+            # Communication overlapped with compute (not in step_seconds), per part.
+            "hidden": {k: float(times[f"hidden_{k}"][i]) for k in HIDDEN},
             "memory_breakdown": {"weights": float(mem.weights[i]),
                                  "gradients": float(mem.gradients[i]),
                                  "optimizer": float(mem.optimizer[i]),
@@ -141,7 +145,9 @@ def _entries(c: Candidates, idx: np.ndarray, times: dict[str, np.ndarray], mem: 
 def train_command(prefix: str, lay: dict[str, Any], global_batch: int, seq: int,
                   dtype: str) -> str:
     """``shardlab train`` flags for a layout (ZeRO 0/2/3 as ddp/fsdp-zero2/fsdp; dp = 1 as
-    fsdp, which then shards nothing and works with tp > 1)."""
+    fsdp, which then shards nothing and works with tp > 1; ``--ep`` and
+    ``--capacity-factor`` only where they differ from a dense layout's; train builds whole
+    experts, its default ``--etp 1``, the only etp a train-only space keeps)."""
     mode = "fsdp" if lay["dp"] == 1 else DP_MODE_OF_ZERO[lay["zero"]]
     parts = [prefix, f"--seq {seq}", f"--dp {lay['dp']}", f"--tp {lay['tp']}",
              f"--pp {lay['pp']}"]
@@ -155,14 +161,19 @@ def train_command(prefix: str, lay: dict[str, Any], global_batch: int, seq: int,
         parts.append(f"--schedule {lay['schedule']}")
     parts += [f"--global-batch {global_batch}", f"--micro-batch {lay['micro_batch']}",
               f"--dtype {dtype}"]
+    if lay.get("ep", 1) > 1:
+        parts.append(f"--ep {lay['ep']}")
+    if lay.get("capacity_factor"):
+        parts.append(f"--capacity-factor {lay['capacity_factor']:g}")
     return " ".join(parts)
 
 
 def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy, *,
          top: int = 10, options: StepOptions | None = None, dropout: bool = False,
          train_prefix: str | None = None, train_dtype: str = "fp32",
-         only: Candidates | None = None) -> Plan:
+         only: Candidates | None = None, imbalance: float = 1.0) -> Plan:
     """Search ``space`` (or evaluate the layouts ``only``) and rank what fits by step time.
+    ``imbalance``: the router's max/mean tokens per expert, for a MoE's routed activations.
 
     Raises SpecError when no layout is valid for the device count, or none fits in memory
     (naming the smallest memory per device any layout needs).
@@ -182,7 +193,7 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
                         f"{space.gpus} devices (most fail: {first})")
     v = c.take(valid)
     mem = memory_arrays(model, v, space.seq, policy,
-                        MemoryOptions(dropout=dropout, flash=options.flash))
+                        MemoryOptions(dropout=dropout, flash=options.flash, imbalance=imbalance))
     fits = mem.total <= usable
     reason = c.reason.copy()
     reason[np.flatnonzero(valid)[~fits]] = REASONS.index(R_MEMORY)
@@ -198,7 +209,8 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
     keep = np.ones(len(v), bool) if only is not None else fits
     f = v.take(keep)
     fmem = type(mem)(*(getattr(mem, k)[keep] for k in ("weights", "gradients", "optimizer",
-                                                       "activations", "params", "stage")))
+                                                       "activations", "params", "stage",
+                                                       "expert_params")))
     times = step_seconds(model, f, fmem, space.seq, space.global_batch, policy, dev, options)
     order = np.lexsort((fmem.total, times["step"]))[:top]
     best = _entries(f, order, times, fmem, usable, space.global_batch, space.seq,
@@ -208,7 +220,10 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
 
 
 LAYOUT_KEYS = ("dp", "tp", "pp", "virtual", "micro_batch", "zero", "sp", "recompute",
-               "schedule")
+               "schedule", "ep", "etp", "capacity_factor")
+STEP_KEYS = ("overlap_dp", "overlap_tp", "overlap_pp", "fused_norm")
+"""``--layout`` keys of ``shardlab plan`` that set step-time options, not the layout
+(:class:`~shardlab.plan.step_time.StepOptions`, :mod:`shardlab.plan.overlap`)."""
 
 
 SP_VALUES: dict[str, bool] = {"0": False, "1": True, "false": False, "true": True,
@@ -216,16 +231,18 @@ SP_VALUES: dict[str, bool] = {"0": False, "1": True, "false": False, "true": Tru
 """What ``sp=`` reads in ``--layout`` (any case); anything else is refused, not read as off."""
 
 
-def parse_layout(text: str) -> dict[str, str]:
-    """``"dp=1 tp=8 pp=8 ..."`` as a dict; SpecError on an unknown key, a bad pair or a key
-    given twice (``dp=8 dp=4`` is refused: which one was meant?)."""
+def parse_layout(text: str, extra: tuple[str, ...] = ()) -> dict[str, str]:
+    """``"dp=1 tp=8 pp=8 ..."`` as a dict; SpecError on an unknown key (``extra`` keys are
+    allowed besides :data:`LAYOUT_KEYS`), a bad pair or a key given twice (``dp=8 dp=4``
+    is refused: which one was meant?)."""
     out: dict[str, str] = {}
+    known = LAYOUT_KEYS + extra
     for item in text.replace(",", " ").split():
         key, sep, value = item.partition("=")
         if not sep or not value:
             raise SpecError("layout", item, "must be key=value")
-        if key not in LAYOUT_KEYS:
-            raise SpecError("layout", key, f"must be one of {', '.join(LAYOUT_KEYS)}")
+        if key not in known:
+            raise SpecError("layout", key, f"must be one of {', '.join(known)}")
         if key in out:
             raise SpecError(key, value, f"is given twice in --layout ({key}={out[key]} "
                             f"first): give each key once")
@@ -233,18 +250,42 @@ def parse_layout(text: str) -> dict[str, str]:
     return out
 
 
-def layout_sp(raw: dict[str, str]) -> bool:
-    """The ``sp=`` of a parsed ``--layout`` (absent: off); SpecError for a value that is not
-    one of :data:`SP_VALUES`."""
-    value = raw.get("sp", "0")
+def layout_flag(key: str, value: str) -> bool:
+    """A 0/1 ``--layout`` value (any of :data:`SP_VALUES`); SpecError naming ``key`` else."""
     if value.lower() not in SP_VALUES:
-        raise SpecError("sp", value, "must be 0 or 1 (or true/false, yes/no, on/off)")
+        raise SpecError(key, value, "must be 0 or 1 (or true/false, yes/no, on/off)")
     return SP_VALUES[value.lower()]
 
 
+def layout_sp(raw: dict[str, str]) -> bool:
+    """The ``sp=`` of a parsed ``--layout`` (absent: off); SpecError for a value that is not
+    one of :data:`SP_VALUES`."""
+    return layout_flag("sp", raw.get("sp", "0"))
+
+
+def layout_step_keys(text: str | None) -> dict[str, str]:
+    """The :data:`STEP_KEYS` of ``--layout`` text (empty for none), as given."""
+    if not text:
+        return {}
+    return {k: v for k, v in parse_layout(text, STEP_KEYS).items() if k in STEP_KEYS}
+
+
+def layout_capacity_factor(raw: dict[str, str], default: float = 0.0) -> float:
+    """The ``capacity_factor=`` of a parsed ``--layout`` (absent: ``default``); SpecError
+    for a value that is not a number (make_layout checks its range)."""
+    if "capacity_factor" not in raw:
+        return default
+    try:
+        return float(raw["capacity_factor"])
+    except ValueError:
+        raise SpecError("capacity_factor", raw["capacity_factor"], "must be a number "
+                        "(0 = dropless)") from None
+
+
 def layout_candidates(model: ModelShape, space: Space, text: str) -> Candidates:
-    """One layout from ``--layout`` text as :class:`Candidates`, checked by make_layout."""
-    raw = parse_layout(text)
+    """One layout from ``--layout`` text as :class:`Candidates`, checked by make_layout (the
+    step-time keys, :data:`STEP_KEYS`, are read by :func:`layout_step_keys`)."""
+    raw = parse_layout(text, STEP_KEYS)
 
     def integer(key: str, default: int) -> int:
         try:
@@ -258,12 +299,15 @@ def layout_candidates(model: ModelShape, space: Space, text: str) -> Candidates:
     lay = make_layout(model, gpus=space.gpus, dp=dp, tp=tp, pp=pp, virtual_stages=virtual,
                       zero=integer("zero", 0), sp=sp, micro_batch=integer("micro_batch", 1),
                       global_batch=space.global_batch, seq=space.seq,
-                      recompute=raw.get("recompute", "none"), schedule=raw.get("schedule"))
+                      recompute=raw.get("recompute", "none"), schedule=raw.get("schedule"),
+                      ep=integer("ep", 1), etp=integer("etp", tp),
+                      capacity_factor=layout_capacity_factor(raw, space.capacity_factor))
     one = lambda x: np.array([x], dtype=np.int64)  # noqa: E731
     c = Candidates(one(lay.dp), one(lay.tp), one(lay.pp), one(lay.virtual_stages),
                    one(SCHEDULES.index(lay.schedule)), one(lay.zero), np.array([lay.sp]),
                    one(RECOMPUTE.index(lay.recompute)), one(lay.micro_batch),
-                   one(lay.microbatches), one(-1))
+                   one(lay.microbatches), one(-1), one(lay.ep), one(lay.etp),
+                   np.array([lay.capacity_factor]))
     if space.train_only:
         if lay.dp > 1 and lay.zero not in TRAIN_ZERO:
             raise SpecError("zero", lay.zero, "shardlab train runs ZeRO 0 (ddp), 2 "

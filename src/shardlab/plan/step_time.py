@@ -8,7 +8,10 @@ tokens (T = b·s tokens each), on devices of dense peak P (:class:`Device`):
   backward = 2 x forward (Narayanan et al. 2021). Each matmul [T, K] x [K, N/t] is
   timed at P times the accelerator's efficiency curve at its own shape
   (:mod:`shardlab.plan.efficiency`); the attention core 4·T·s·q/t FLOPs (the full
-  s x s, Megatron's convention) at the shape [s, head_dim] x [head_dim, s]; plus a
+  s x s, Megatron's convention) at the shape [s, head_dim] x [head_dim, s], or with a
+  fused (flash) kernel, which keeps the scores on chip, at intensity s/2 (Q, K, V, O
+  read and written once: Dao et al. 2022), no faster than its authors' measured share of
+  the peak (``flash_kernel``: FlashAttention-2 35% of an H100, FlashAttention-3 75%); plus a
   fixed cost per operator launch (12 per layer forward, twice that backward).
 * **memory-bound operators** (part of compute): the norms, residual adds, rotary
   embedding, activation and (without a fused attention kernel) the softmax over the
@@ -32,19 +35,33 @@ tokens (T = b·s tokens each), on devices of dense peak P (:class:`Device`):
   (Megatron runs them synchronously).
 * **pp_comm**: 2·v·m point-to-point messages of T·h/t activations per rank
   (Narayanan et al. 2021's scatter/gather), on the critical path.
+* **ep_comm** (mixture of experts, ep > 1): per MoE layer and micro-batch a dispatch
+  and a combine all-to-all forward, both again backward (and forward again under full
+  recompute), each rank sending (ep-1)/ep of its T·k kept rows of h activations
+  (:func:`shardlab.estimate.expert.expert_alltoall_bytes`; GShard, Lepikhin et al.
+  2020), each call (ep-1)·α + bytes/B (pairwise exchange, Thakur et al. 2005), on the
+  critical path (Megatron-LM's all-to-all dispatcher waits for it). The ep group spans
+  ep·etp consecutive ranks (expert tensor innermost, then ep; with etp = 1 the tensor
+  ranks are part of the ep group, as Megatron-LM's expert mesh and torchtitan place them):
+  inside a node while ep·etp <= devices per node, else on the inter-node link. The
+  routed experts' matmuls are those of the rank's experts/ep experts, each on the rows
+  it receives (ep·T·k/E balanced, capped by the capacity factor), at width f/etp.
 * **bubble**: the schedule's idle ratio (:mod:`shardlab.plan.bubble`) times the
-  rank's busy time per step (compute + recompute + tp_comm).
+  rank's busy time per step (compute + recompute + tp_comm + ep_comm).
 * **dp_comm** (exposed part only): ZeRO-0 all-reduces the gradients, ZeRO-1/2
   reduce-scatter them and all-gather the updated weights, ZeRO-3 all-gathers the
   weights in every micro-batch's forward and backward and reduce-scatters the
   gradients (ZeRO paper, Rajbhandari et al. 2020; bytes as
-  :func:`shardlab.estimate.comm.dp_bytes_per_step`), one gather per layer, so each
+  :func:`shardlab.estimate.comm.dp_bytes_per_step`; a MoE rank's routed experts over
+  expert_dp = dp/ep ranks, the rest over dp: :func:`~shardlab.estimate.comm.dp_bytes_split`),
+  one gather per layer, so each
   layer adds the ring's latency (FSDP wraps every block). With ``overlap_dp`` the gradient
   reduction hides behind the last micro-batch's backward and the weight gather behind
   the first micro-batch's forward (Megatron's overlap-grad-reduce and
   overlap-param-gather; FSDP's prefetch); what is longer than that window is exposed.
 * **optimizer**: Adam reads and writes the rank's weights, gradients and optimizer
-  state (its ZeRO shard): 2·(w + g + o)·Ψ/N bytes at the memory bandwidth.
+  state (its ZeRO shard): 2·(w + g + o)·Ψ/N bytes at the memory bandwidth (experts'
+  shard over expert_dp).
 * **overhead** (this machine only, 0 for a catalog accelerator): what the runtime costs
   besides arithmetic and bytes, measured by ``shardlab hardware --measure``
   (:mod:`shardlab.calibrate.runtime`): the eager base (``ddp``'s fit) plus, for each
@@ -54,136 +71,100 @@ tokens (T = b·s tokens each), on devices of dense peak P (:class:`Device`):
   (all-reduce, all-gather, reduce-scatter, send) without its latency, which the tiny
   runs already hold, and the per-operator launch cost above is not charged again.
 
-Step = the sum of the eight; MFU = model FLOPs of the step (3 x forward, logits
+Step = the sum of the nine; MFU = model FLOPs of the step (3 x forward, logits
 counted, full s x s attention) / (step x devices x P) (PaLM, Chowdhery et al. 2022).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
 from shardlab.config.dtypes import DtypePolicy
-from shardlab.config.hardware import OPS_PER_LAYER_FORWARD, Efficiency, Link
+from shardlab.config.hardware import OPS_PER_LAYER_FORWARD
 from shardlab.config.layout import RECOMPUTE
 from shardlab.config.model import ModelShape
 from shardlab.config.runtime import Runtime
 from shardlab.estimate.flops import flops_per_token
 from shardlab.plan.bubble import bubble_ratios
-from shardlab.plan.comm_time import allreduce_seconds, gather_seconds, pick_link, send_seconds
-from shardlab.plan.efficiency import matmul_seconds
+from shardlab.plan.comm_time import allreduce_seconds, gather_seconds, send_seconds
+from shardlab.plan.efficiency import fraction_of_peak, matmul_seconds
+from shardlab.plan.expert_time import alltoall_layer_seconds, kept_rows, routed_tokens
 from shardlab.plan.memory import MemoryArrays
+from shardlab.plan.memory_bound import fp8_cast_seconds, layer_elementwise_elements
+from shardlab.plan.overlap import (
+    dp_on,
+    hidden_behind,
+    pp_exposed,
+    pp_on,
+    tp_exposed,
+)
 from shardlab.plan.space import Candidates
+from shardlab.plan.step_inputs import Device, StepOptions
 
-PARTS: tuple[str, ...] = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble",
-                          "optimizer", "overhead")
-
-
-@dataclass(frozen=True)
-class Device:
-    """One device as the step-time model sees it: dense peak (FLOP/s) in the compute dtype,
-    memory bandwidth (bytes/s), links, devices per node, the efficiency curve and, for this
-    machine, its measured runtime (collective rates and fixed costs per parallel style)."""
-
-    peak: float
-    memory_bandwidth: float
-    intra: Link
-    inter: Link
-    gpus_per_node: int
-    eff: Efficiency
-    runtime: Runtime | None = None
-    elementwise_bandwidth: float = 0.0
-    """Bytes/s at which the memory-bound operators' counted bytes move; 0: the memory
-    bandwidth. This machine's comes from its measured layer
-    (:func:`probe_elementwise_bandwidth`)."""
-
-    def link(self, collective: str, inside: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(latency s, bandwidth bytes/s) of ``collective`` per layout: the measured gloo fit
-        without its latency when there is one (the runtime's fixed costs hold it), else
-        the intra-node link where ``inside`` and the inter-node one elsewhere."""
-        if self.runtime is not None:
-            bandwidth = self.runtime.collectives[collective][1]
-            return np.zeros(len(inside)), np.full(len(inside), bandwidth)
-        return pick_link(inside, self.intra, self.inter, self.eff.link_fraction)
-
-
-@dataclass(frozen=True)
-class StepOptions:
-    """``flash``: a fused attention kernel (its backward recomputes half the core);
-    ``overlap_dp``: data-parallel communication overlaps backward/forward where it can;
-    ``fused_accumulation``: the weight-gradient matmul adds into the held gradient
-    (Megatron's gradient-accumulation fusion), else eager torch adds each micro-batch's
-    gradients in a separate pass."""
-
-    flash: bool = True
-    overlap_dp: bool = True
-    fused_accumulation: bool = True
+PARTS: tuple[str, ...] = ("compute", "recompute", "tp_comm", "pp_comm", "ep_comm", "dp_comm",
+                          "bubble", "optimizer", "overhead")
+HIDDEN: tuple[str, ...] = ("tp_comm", "pp_comm", "dp_comm")
+"""The communication parts that overlap may hide: ``hidden_<part>`` seconds beside each."""
+DEFAULT_OPTIONS = StepOptions()
+"""The step-time model's options when none are given (a fused kernel, dp overlap)."""
 
 
 def _layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, dev: Device,
-                   moe_layer: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(matmul seconds, attention-core seconds) of one layer's forward on one tp rank."""
+                   moe_layer: bool, c: Candidates | None = None, flash: bool = False,
+                   kernel: str = "fa3") -> tuple[np.ndarray, np.ndarray]:
+    """(matmul seconds, attention-core seconds) of one layer's forward on one tp rank
+    (a MoE layer's experts as ``c``'s ep, etp and capacity factor place them); the linear
+    layers at ``linear_peak``, the router and the core at ``peak``."""
     m = model
     t = tp.astype(float)
     tokens = (mb * seq).astype(float)
     h, q, kv = m.d_model, m.q_dim, m.kv_dim
     mm = m.mlp_matrices
+    lin = dev.linear_peak or dev.peak
+    lin_eff = (replace(dev.eff, peak_fraction=dev.eff.fp8_peak_fraction)
+               if dev.linear_peak and dev.eff.fp8_peak_fraction else dev.eff)
 
-    def mat(rows: np.ndarray | float, k: np.ndarray | float, n: np.ndarray | float
-            ) -> np.ndarray:
-        return matmul_seconds(2.0 * rows * k * n, rows, k, n, dev.peak, dev.eff)
+    def mat(rows: np.ndarray | float, k: np.ndarray | float, n: np.ndarray | float,
+            linear: bool = True) -> np.ndarray:
+        return matmul_seconds(2.0 * rows * k * n, rows, k, n, lin if linear else dev.peak,
+                              lin_eff if linear else dev.eff)
 
     secs = mat(tokens, h, (q + 2 * kv) / t) + mat(tokens, q / t, h)
     if moe_layer and m.moe is not None:
+        assert c is not None
         e = m.moe
-        # Routed experts: each sees T·k/E tokens on average (no expert parallelism modelled).
-        per_expert = tokens * e.experts_per_token / e.experts
-        secs = secs + e.experts * (mat(per_expert, h, (mm - 1) * e.expert_d_ff / t)
-                                   + mat(per_expert, e.expert_d_ff / t, h))
+        # Routed experts: the rank's E/ep experts, each on the ep·T·k/E rows it receives
+        # (balanced, capped by capacity), at width f/etp.
+        ep, etp = c.ep.astype(float), c.etp.astype(float)
+        per_expert = ep * kept_rows(m, routed_tokens(c, seq), c.capacity_factor) / e.experts
+        f = e.expert_d_ff / etp
+        secs = secs + e.experts / ep * (mat(per_expert, h, (mm - 1) * f)
+                                        + mat(per_expert, f, h))
         if e.shared_experts:
             width = e.shared_experts * e.shared_d_ff
             secs = secs + mat(tokens, h, (mm - 1) * width / t) + mat(tokens, width / t, h)
-        secs = secs + mat(tokens, h, float(e.experts))
+        secs = secs + mat(tokens, h, float(e.experts), linear=False)
     else:
         secs = secs + mat(tokens, h, (mm - 1) * m.d_ff / t) + mat(tokens, m.d_ff / t, h)
-    # Attention core: Q·Kᵀ and scores·V per sequence and head, [s, hd] x [hd, s].
+    # Attention core: Q·Kᵀ and scores·V per sequence and head, [s, hd] x [hd, s]; a fused
+    # (flash) kernel keeps the s x s scores on chip, so it moves only Q, K, V and O:
+    # 4·s²·hd FLOPs over 4·s·hd 2-byte elements, an intensity of s/2.
     core_flops = 4.0 * tokens * seq * q / t
-    core = matmul_seconds(core_flops, seq, m.head_dim, seq, dev.peak, dev.eff)
+    if flash:
+        cap = dict(dev.eff.flash_fractions).get(kernel, 1.0)
+        core = core_flops / (dev.peak * np.minimum(fraction_of_peak(seq / 2, dev.eff), cap))
+    else:
+        core = matmul_seconds(core_flops, seq, m.head_dim, seq, dev.peak, dev.eff)
     secs = secs + OPS_PER_LAYER_FORWARD * dev.eff.op_overhead
     return secs, core
 
 
-def layer_elementwise_elements(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray,
-                               sp: np.ndarray, flash: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Elements one layer's memory-bound forward operators read plus write on one tp rank:
-    (all of them, the softmax's share). Per operator as
-    :func:`shardlab.estimate.operators.layer_operators` counts them (T = b·s tokens): two
-    norms 2·T·h each and two residual adds 3·T·h each (divided by t with sequence
-    parallelism, else replicated), rotary 2·T·(q + kv)/t (llama style), softmax
-    2·b·heads·s²/t (none with a fused attention kernel), activation 3·T·f/t (SwiGLU) or
-    2·T·f/t (GELU), f the MLP width (a MoE layer: its top-k experts' and shared widths)."""
-    m = model
-    t = tp.astype(float)
-    tokens = (mb * seq).astype(float)
-    rep = tokens * m.d_model / np.where(sp, t, 1.0)
-    llama = m.style == "llama"
-    if m.moe is not None and m.moe_layers:
-        e = m.moe
-        width = e.experts_per_token * e.expert_d_ff + e.shared_experts * e.shared_d_ff
-        f = (m.moe_layers * width + (m.layers - m.moe_layers) * m.d_ff) / m.layers
-    else:
-        f = m.d_ff
-    soft = 0.0 if flash else 2.0 * mb * m.heads * seq * seq / t
-    rotary = 2.0 * tokens * (m.q_dim + m.kv_dim) / t if llama else 0.0
-    act = (3.0 if llama else 2.0) * tokens * f / t
-    total = 4.0 * rep + 6.0 * rep + rotary + soft + act
-    return np.asarray(total, float), np.asarray(soft + 0.0 * t, float)
-
-
 def _rank_layers(layers: int, pp: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Layers on pipeline rank 0 and on the last rank (chunk c on rank c mod pp, the first
-    ``layers mod (pp·v)`` chunks one layer larger: :func:`estimate.partition.chunk_layers`)."""
+    ``layers mod (pp·v)`` chunks one larger: :func:`estimate.partition.chunk_layers`)."""
     chunks = pp * v
     base, extra = np.divmod(layers, chunks)
     first = v * base + -(-extra // pp)
@@ -193,102 +174,144 @@ def _rank_layers(layers: int, pp: np.ndarray, v: np.ndarray) -> tuple[np.ndarray
 
 def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
                  global_batch: int, policy: DtypePolicy, dev: Device,
-                 opt: StepOptions = StepOptions()) -> dict[str, np.ndarray]:
+                 opt: StepOptions = DEFAULT_OPTIONS) -> dict[str, np.ndarray]:
     """Seconds per step of every layout in ``c``, by part (module docstring), with ``step``,
-    ``mfu`` and ``stage`` (the rank timed)."""
+    ``mfu``, ``stage`` (the rank timed) and ``hidden_<part>`` for each part of
+    :data:`HIDDEN` (communication seconds overlapped with compute, not in ``step``)."""
     m = model
     tp, pp, dp, v, mb = c.tp, c.pp, c.dp, c.virtual, c.micro_batch
     micro = c.microbatches.astype(float)
     rc = c.recompute
+    full = rc == RECOMPUTE.index("full")
     # One layer's forward, averaged over dense and MoE layers (dense ones first in the model).
-    mat_d, core_d = _layer_forward(m, seq, tp, mb, dev, moe_layer=False)
+    mat_d, core_d = _layer_forward(m, seq, tp, mb, dev, moe_layer=False, flash=opt.flash,
+                                   kernel=opt.flash_kernel)
     if m.moe_layers:
-        mat_m, core_m = _layer_forward(m, seq, tp, mb, dev, moe_layer=True)
+        mat_m, core_m = _layer_forward(m, seq, tp, mb, dev, moe_layer=True, c=c,
+                                       flash=opt.flash, kernel=opt.flash_kernel)
         w_moe = m.moe_layers / m.layers
         mat_l, core_l = (1 - w_moe) * mat_d + w_moe * mat_m, (1 - w_moe) * core_d + w_moe * core_m
     else:
         mat_l, core_l = mat_d, core_d
     # Memory-bound operators at the memory bandwidth (bytes = elements x activation bytes).
-    ew_elems, soft_elems = layer_elementwise_elements(m, seq, tp, mb, c.sp, opt.flash)
+    ew_elems, soft_elems = layer_elementwise_elements(m, seq, tp, mb, c.sp, opt.flash,
+                                                      opt.fused_norm)
     ew_bw = dev.elementwise_bandwidth or dev.memory_bandwidth
     ew_l = ew_elems * policy.activation_bytes / ew_bw
     soft_l = soft_elems * policy.activation_bytes / ew_bw
     fwd_layer = mat_l + core_l + ew_l
+    # fp8: each layer's casts, forward (again under full recompute) and backward.
+    cast_f, cast_b = (fp8_cast_seconds(m, c, seq, ew_bw, opt.fp8_cast_bytes) if policy.is_fp8
+                      else (np.zeros(len(c)), np.zeros(len(c))))
     tokens = (mb * seq).astype(float)
     head = matmul_seconds(2.0 * tokens * m.d_model * m.vocab / tp, tokens, m.d_model,
                           m.vocab / tp, dev.peak, dev.eff)
     # Hardware FLOPs beyond the model's, per layer forward (flops_per_token's cases).
-    extra_layer = np.select([rc == RECOMPUTE.index("selective"), rc == RECOMPUTE.index("full")],
-                            [core_l + soft_l, fwd_layer], core_l / 2 if opt.flash else 0.0)
+    extra_layer = np.select([rc == RECOMPUTE.index("selective"), full],
+                            [core_l + soft_l, fwd_layer + cast_f],
+                            core_l / 2 if opt.flash else 0.0)
 
-    # Tensor-parallel all-reduces of T·h activations: 4 per layer (6 with full recompute).
+    # Tensor-parallel all-reduces of T·h activations: 2 per layer forward, 2 backward and 2
+    # more with full recompute; exposed as overlap_tp leaves them (overlap module).
     act_bytes = tokens * m.d_model * policy.activation_bytes
     lat, bw = dev.link("all_reduce", tp <= dev.gpus_per_node)
     one_ar = allreduce_seconds(act_bytes, tp, lat, bw)
-    per_layer_ar = np.where(rc == RECOMPUTE.index("full"), 6.0, 4.0) * one_ar
+    tp_all = np.where(full, 6.0, 4.0) * one_ar
+    tp_shown = (tp_exposed(2 * one_ar, 2 * one_ar, mat_l, tp, opt.overlap_tp)
+                + np.where(full, tp_exposed(2 * one_ar, 0.0, mat_l, tp, opt.overlap_tp), 0.0))
+
+    # Expert-parallel all-to-alls per layer (averaged over dense and MoE layers, as above):
+    # dispatch + combine, forward, backward and the recomputed forward.
+    per_layer_a2a = alltoall_layer_seconds(m, c, seq, policy, *dev.link(
+        "all_to_all", c.ep * c.etp <= dev.gpus_per_node))
 
     first_layers, last_layers = _rank_layers(m.layers, pp, v)
     ends_first = np.where(pp == 1, 2.0, 1.0)  # embedding (and head when pp = 1)
 
     def rank_time(layers: np.ndarray, with_head: np.ndarray, ends: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        comp = 3 * (layers * fwd_layer + with_head * head)
+                  ) -> tuple[np.ndarray, ...]:
+        comp = 3 * (layers * fwd_layer + with_head * head) + layers * (cast_f + cast_b)
         rec = layers * extra_layer
-        tpc = layers * per_layer_ar + ends * one_ar
-        return comp, rec, tpc
+        tpc = layers * tp_shown + ends * one_ar
+        return comp, rec, tpc, layers * per_layer_a2a, layers * tp_all + ends * one_ar
 
     c0 = rank_time(first_layers, (pp == 1).astype(float), ends_first)
     cl = rank_time(last_layers, np.ones(len(c)), np.ones(len(c)))
-    slow_last = sum(cl) > sum(c0)
-    comp_mb, rec_mb, tp_mb = (np.where(slow_last, b, a) for a, b in zip(c0, cl, strict=True))
-    busy_mb = comp_mb + rec_mb + tp_mb
+    slow_last = sum(cl[:4]) > sum(c0[:4])
+    comp_mb, rec_mb, tp_mb, ep_mb, tp_all_mb = (np.where(slow_last, b, a)
+                                                for a, b in zip(c0, cl, strict=True))
+    busy_mb = comp_mb + rec_mb + tp_mb + ep_mb
 
     # Gradient accumulation in eager torch: every micro-batch after the first adds its
     # gradients into the held ones (read both, write one: 3 x the rank's gradient bytes).
     accumulate = 0.0 if opt.fused_accumulation else (
         (micro - 1) * 3 * mem.params * policy.grad_bytes / dev.memory_bandwidth)
     compute, recompute, tp_comm = micro * comp_mb + accumulate, micro * rec_mb, micro * tp_mb
+    ep_comm = micro * ep_mb
     bubble = bubble_ratios(c.schedule, pp, c.microbatches, v) * micro * busy_mb
 
     # Point-to-point: 2·v messages per micro-batch of T·h/t activations.
     lat_p, bw_p = dev.link("send", dp * tp * pp <= dev.gpus_per_node)
-    pp_comm = np.where(pp > 1, 2 * v * micro * send_seconds(act_bytes / tp, lat_p, bw_p), 0.0)
+    message = send_seconds(act_bytes / tp, lat_p, bw_p)
+    messages = np.where(pp > 1, 2 * v * micro, 0.0)
+    pp_comm = pp_exposed(message, messages, comp_mb / (3 * v), pp_on(opt.overlap_pp, v))
 
     # Data parallel / ZeRO: exposed beyond the windows it can hide behind.
+    # Dense parameters over dp, routed experts over expert_dp = dp/ep (the expert_dp group
+    # strides over the ep group, inside the same dp·tp span).
     inside_d = tp * dp <= dev.gpus_per_node
-    grads = mem.params * policy.grad_bytes
-    weights = mem.params * policy.weight_bytes
-    on = 1.0 if opt.overlap_dp else 0.0
-    fwd_window = on * comp_mb / 3
-    bwd_window = on * (2 * comp_mb / 3 + rec_mb)
+    dense = mem.params - mem.expert_params
+    edp = dp // c.ep
+    on = dp_on(opt.overlap_dp, c.zero)
+    fwd_window = comp_mb / 3
+    bwd_window = 2 * comp_mb / 3 + rec_mb
     z = c.zero
-    ar = allreduce_seconds(grads, dp, *dev.link("all_reduce", inside_d))
-    rs = gather_seconds(grads, dp, *dev.link("reduce_scatter", inside_d))
-    lat_d, bw_d = dev.link("all_gather", inside_d)
-    ag = gather_seconds(weights, dp, lat_d, bw_d)
-    # ZeRO-3/FSDP gathers layer by layer (one unit per block): each pays the latency.
+
+    def both(collective: str, fn: Callable[..., np.ndarray], nbytes: float) -> np.ndarray:
+        link = dev.link(collective, inside_d)
+        return (fn(dense * nbytes, dp, *link)
+                + fn(mem.expert_params * nbytes, edp, *link))
+
+    reduce_bytes = (opt.grad_reduce_bytes if opt.grad_reduce_bytes and policy.compute == "bf16"
+                    else policy.grad_bytes)
+    ar = both("all_reduce", allreduce_seconds, reduce_bytes)
+    rs = both("reduce_scatter", gather_seconds, reduce_bytes)
+    lat_d, _ = dev.link("all_gather", inside_d)
+    ag = both("all_gather", gather_seconds, policy.weight_bytes)
+    # ZeRO-3/FSDP gathers layer by layer (one unit per block): each pays the latency; fp8
+    # gathers the linear weights in fp8 (gather_bytes).
     rank_layers_max = np.maximum(first_layers, last_layers)
-    ag3 = ag + np.where(dp > 1, rank_layers_max * (dp - 1) * lat_d, 0.0)
-    pos = lambda x: np.maximum(x, 0.0)  # noqa: E731 - the exposed part of a hidden transfer
+    ag3 = (both("all_gather", gather_seconds, policy.gather_bytes or policy.weight_bytes)
+           + np.where(dp > 1, rank_layers_max * (dp - 1) * lat_d, 0.0))
+    units = rank_layers_max
+
+    def hide(comm: np.ndarray, window: np.ndarray) -> np.ndarray:
+        return hidden_behind(comm, window, units, on)
+
     dp_comm = np.select(
         [z == 0, z <= 2],
-        [pos(ar - bwd_window), pos(rs - bwd_window) + pos(ag - fwd_window)],
-        micro * (pos(ag3 - fwd_window) + pos(ag3 - bwd_window)) + pos(rs - bwd_window))
+        [hide(ar, bwd_window), hide(rs, bwd_window) + hide(ag, fwd_window)],
+        micro * (hide(ag3, fwd_window) + hide(ag3, bwd_window)) + hide(rs, bwd_window))
+    dp_all = np.select([z == 0, z <= 2], [ar, rs + ag], 2 * micro * ag3 + rs)
 
     shard = np.where(z >= 1, dp, 1).astype(float)
-    optimizer = 2.0 * mem.params * policy.state_bytes / shard / dev.memory_bandwidth
+    expert_shard = np.where(z >= 1, edp, 1).astype(float)
+    optimizer = 2.0 * policy.state_bytes * (dense / shard + mem.expert_params / expert_shard
+                                            ) / dev.memory_bandwidth
 
     overhead = (runtime_overhead(dev.runtime, c, micro, rank_layers_max)
                 if dev.runtime is not None else np.zeros(len(c)))
 
     parts = {"compute": compute, "recompute": recompute, "tp_comm": tp_comm,
-             "pp_comm": pp_comm, "dp_comm": dp_comm, "bubble": bubble, "optimizer": optimizer,
-             "overhead": overhead}
+             "pp_comm": pp_comm, "ep_comm": ep_comm, "dp_comm": dp_comm, "bubble": bubble,
+             "optimizer": optimizer, "overhead": overhead}
     step = sum(parts.values())
     model_flops = flops_per_token(m, seq).train * global_batch * seq
     gpus = (dp * tp * pp).astype(float)
     return {**parts, "step": step, "mfu": model_flops / (step * gpus * dev.peak),
-            "stage": np.where(slow_last, pp - 1, 0)}
+            "stage": np.where(slow_last, pp - 1, 0),
+            "hidden_tp_comm": micro * tp_all_mb - tp_comm,
+            "hidden_pp_comm": messages * message - pp_comm, "hidden_dp_comm": dp_all - dp_comm}
 
 
 def runtime_overhead(rt: Runtime, c: Candidates, micro: np.ndarray, layers: np.ndarray

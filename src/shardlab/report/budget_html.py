@@ -75,7 +75,10 @@ def _overview(b: dict[str, Any], prefix: str) -> Section:
         ("source", m["source"]),
         ("layout", lay["describe"]),
         ("hardware", f"{lay['gpus']} x {hw['name']}, {human(hw['peak_flops'], 'FLOP/s')} dense "
-                     f"{hw['compute_dtype']}, {human_bytes(hw['memory_bytes'])}, "
+                     f"{hw['compute_dtype']}"
+                     + (f" (linear layers fp8, {human(hw['linear_peak_flops'], 'FLOP/s')})"
+                        if hw.get("linear_dtype") == "fp8" else "")
+                     + f", {human_bytes(hw['memory_bytes'])}, "
                      f"{human(hw['memory_bandwidth'], 'B/s')}"),
         ("parameters", f"{b['params']['total']:,.0f} ({human(b['params']['total'])})"),
         ("memory per device", f"{human(mem['per_device']['total'], 'B')} of "
@@ -172,6 +175,9 @@ def _flops(b: dict[str, Any], prefix: str) -> Section:
         ("data-parallel bytes sent per step", human(c["dp_bytes_per_step"], "B")),
         ("tensor-parallel bytes sent per step", human(c["tp_bytes_per_step"], "B")),
         ("pipeline bytes sent per step", human(c["pp_bytes_per_step"], "B")),
+        *([("expert-parallel all-to-all bytes sent per step", human(c["ep_bytes_per_step"], "B")),
+           (f"all-to-alls of one step ({c['ep_link']})", human_seconds(c["ep_alltoall_seconds"]))]
+          if c.get("ep_bytes_per_step") else []),
         (f"one gradient all-reduce ({c['dp_link']})", human_seconds(c["dp_allreduce_seconds"])),
     ]))
     return s

@@ -29,9 +29,17 @@ def print_budget(b: dict[str, Any]) -> None:
     show(f"[bold]hardware[/bold]: {lay['gpus']} x {hw['name']}, "
          f"{human(hw['peak_flops'], 'FLOP/s')} dense {hw['compute_dtype']}, "
          f"{human_bytes(hw['memory_bytes'])}, {human(hw['memory_bandwidth'], 'B/s')}")
+    if hw.get("linear_dtype") == "fp8":
+        share = hw.get("linear_flop_share") or 1.0
+        show(f"[bold]fp8[/bold]: linear layers ({share:.0%} of the FLOPs) at "
+             f"{human(hw['linear_peak_flops'], 'FLOP/s')} fp8, attention core, head and router "
+             f"in {hw['compute_dtype']}: MFU applies to the blended "
+             f"{human(hw['effective_peak_flops'], 'FLOP/s')}; fp8 runs on CUDA GPUs only")
     _params(b)
     _flops(b)
     _memory(b)
+    if b.get("moe"):
+        _moe(b)
     if b.get("fit"):
         print_fit(b["fit"])
     _time(b)
@@ -54,6 +62,9 @@ def _params(b: dict[str, Any]) -> None:
         rows.append(("active per token", f"{p['active_per_token']:,.0f}",
                      human(p["active_per_token"])))
     rows.append(("per device (busiest rank)", f"{p['per_device']:,.0f}", human(p["per_device"])))
+    if p.get("per_device_experts"):
+        rows.append(("  of which routed experts", f"{p['per_device_experts']:,.0f}",
+                     human(p["per_device_experts"])))
     show(table("Parameters", ("part", "count", "share"), rows))
 
 
@@ -115,13 +126,37 @@ def _time(b: dict[str, Any]) -> None:
 def _comm(b: dict[str, Any]) -> None:
     c = b["comm"]
     rows = [(f"{k} per step", human(c[f"{k}_bytes_per_step"], "B"))
-            for k in ("dp", "tp", "pp") if f"{k}_bytes_per_step" in c]
+            for k in ("dp", "tp", "pp", "ep") if c.get(f"{k}_bytes_per_step") is not None
+            and (k != "ep" or c[f"{k}_bytes_per_step"])]
     rows += [(f"dp with ZeRO-{z}", human(v, "B"))
              for z, v in c["dp_bytes_per_step_by_zero"].items()]
     if "dp_allreduce_seconds" in c:
         rows.append((f"one gradient all-reduce ({c['dp_link']})",
                      human_seconds(c["dp_allreduce_seconds"])))
+    if c.get("ep_alltoall_seconds"):
+        rows.append((f"all-to-alls of one step ({c['ep_link']})",
+                     human_seconds(c["ep_alltoall_seconds"])))
     show(table("Communication sent per device (decimal bytes)", ("what", "value"), rows))
+
+
+def _moe(b: dict[str, Any]) -> None:
+    e = b["moe"]
+    cap = e["capacity_per_expert"]
+    rows = [("experts (routed, top-k, shared)",
+             f"{e['experts']}, top-{e['top_k']}, {e['shared_experts']} shared"),
+            ("expert parallel ep / etp / expert dp", f"{e['ep']} / {e['etp']} / {e['expert_dp']}"),
+            ("experts per rank", f"{e['experts_per_rank']}"),
+            ("capacity per expert per source rank",
+             "dropless" if cap is None else f"{cap:,} tokens (factor {e['capacity_factor']:g})"),
+            ("tokens routed per rank per micro-batch", f"{e['routed_tokens_per_microbatch']:,}"),
+            (f"rows the busiest rank's experts take (imbalance {e['routing_imbalance']:g})",
+             f"{e['routed_rows_per_microbatch']:,.0f}"),
+            ("routed activations per MoE layer per micro-batch",
+             human_bytes(e["routed_activation_bytes_per_layer"])),
+            ("all-to-all sent per step (dispatch + combine, fwd + bwd)",
+             human_bytes(e["alltoall_bytes_per_step"])),
+            ("all-to-all calls per step", f"{e['alltoall_calls_per_step']:,}")]
+    show(table("Mixture of experts (per rank)", ("what", "value"), rows))
 
 
 def inference_rows(i: dict[str, Any]) -> list[tuple[str, str]]:

@@ -19,14 +19,16 @@ from shardlab.schedules.generators import build
 from shardlab.schedules.simulate import Durations, simulate
 from shardlab.units import human, human_bytes, human_seconds
 
-STEP_PARTS = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "bubble", "optimizer",
-              "overhead")
+STEP_PARTS = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "ep_comm", "bubble",
+              "optimizer", "overhead")
 
 
 def layout_label(b: dict[str, Any]) -> str:
-    """``dp2 tp1 pp1 v1 z3 mb4x1 none``: one ranked layout in a line."""
+    """``dp2 tp1 pp1 v1 z3 mb4x1 none``: one ranked layout in a line (``ep8 etp1`` after
+    pp where the layout splits experts)."""
     sched = f" {b['schedule']}" if b["pp"] > 1 else ""
-    return (f"dp{b['dp']} tp{b['tp']} pp{b['pp']} v{b['virtual_stages']} z{b['zero']}"
+    moe = f" ep{b['ep']} etp{b['etp']}" if b.get("ep", 1) > 1 else ""
+    return (f"dp{b['dp']} tp{b['tp']} pp{b['pp']}{moe} v{b['virtual_stages']} z{b['zero']}"
             f"{' sp' if b['sp'] else ''} mb{b['micro_batch']}x{b['microbatches']} "
             f"{b['recompute']}{sched}")
 
@@ -70,14 +72,26 @@ def _ranked(doc: dict[str, Any], prefix: str) -> Section:
         [f"#{i} {layout_label(b)}" for i, b in enumerate(best, 1)],
         {k: [b["breakdown"].get(k, 0.0) for b in best] for k in parts}, horizontal=True,
         scale=scale, unit=f"step time ({unit})", highlight=0))
+    hidden = [k for k in ("tp_comm", "pp_comm", "dp_comm")
+              if any(b.get("hidden", {}).get(k, 0.0) > 5e-4 for b in best)]
+    if hidden:
+        s.add(table_html(("#", *(f"{k} exposed" for k in hidden),
+                              *(f"{k} hidden" for k in hidden)),
+                         [(i, *(human_seconds(b["breakdown"][k]) for k in hidden),
+                           *(human_seconds(b["hidden"][k]) for k in hidden))
+                          for i, b in enumerate(best, 1)]))
+        s.add(para("Hidden: communication that overlaps compute (the framework's overlap "
+                   "options and the --layout keys overlap_dp, overlap_tp, overlap_pp); it "
+                   "is not in the step time.", "note"))
+    moe = bool(doc.get("moe"))
     s.add(table_html(
-        ("#", "dp·tp·pp", "v", "schedule", "zero", "sp", "recompute", "mb x m", "step",
-         "tokens/s", "MFU", "memory/device"),
-        [(i, f"{b['dp']}·{b['tp']}·{b['pp']}", b["virtual_stages"],
-          b["schedule"] if b["pp"] > 1 else "-", b["zero"], int(b["sp"]), b["recompute"],
-          f"{b['micro_batch']}x{b['microbatches']}", human_seconds(b["step_seconds"]),
-          f"{b['tokens_per_second']:,.0f}", f"{b['mfu']:.1%}",
-          human(b["memory_per_device"], "B")) for i, b in enumerate(best, 1)], left=8))
+        ("#", "dp·tp·pp", *(["ep·etp"] if moe else []), "v", "schedule", "zero", "sp",
+         "recompute", "mb x m", "step", "tokens/s", "MFU", "memory/device"),
+        [(i, f"{b['dp']}·{b['tp']}·{b['pp']}", *([f"{b['ep']}·{b['etp']}"] if moe else []),
+          b["virtual_stages"], b["schedule"] if b["pp"] > 1 else "-", b["zero"], int(b["sp"]),
+          b["recompute"], f"{b['micro_batch']}x{b['microbatches']}",
+          human_seconds(b["step_seconds"]), f"{b['tokens_per_second']:,.0f}", f"{b['mfu']:.1%}",
+          human(b["memory_per_device"], "B")) for i, b in enumerate(best, 1)], left=8 + moe))
     return s
 
 

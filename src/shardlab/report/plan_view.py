@@ -9,17 +9,20 @@ from shardlab.report.tables import show, table
 from shardlab.units import human, human_bytes
 
 _SHORT = {"compute": "compute", "recompute": "recomp", "tp_comm": "tp", "pp_comm": "pp",
-          "dp_comm": "dp", "bubble": "bubble", "optimizer": "optim", "overhead": "fixed"}
+          "ep_comm": "ep", "dp_comm": "dp", "bubble": "bubble", "optimizer": "optim",
+          "overhead": "fixed"}
 
 
 _SCHED = {"interleaved-1f1b": "interleaved", "dualpipev": "dualpipev"}
 
 
-def _mesh(b: dict[str, Any]) -> list[str]:
-    """Short layout cells: dp·tp·pp, v, schedule, zero, sp, recompute, micro-batch x count."""
+def _mesh(b: dict[str, Any], moe: bool) -> list[str]:
+    """Short layout cells: dp·tp·pp, (MoE: ep·etp,) v, schedule, zero, sp, recompute,
+    micro-batch x count."""
     sched = _SCHED.get(b["schedule"], b["schedule"]) if b["pp"] > 1 else "-"
-    return [f"{b['dp']}·{b['tp']}·{b['pp']}", str(b["virtual_stages"]), sched, str(b["zero"]),
-            str(int(b["sp"])), b["recompute"], f"{b['micro_batch']}x{b['microbatches']}"]
+    return [f"{b['dp']}·{b['tp']}·{b['pp']}", *([f"{b['ep']}·{b['etp']}"] if moe else []),
+            str(b["virtual_stages"]), sched, str(b["zero"]), str(int(b["sp"])), b["recompute"],
+            f"{b['micro_batch']}x{b['microbatches']}"]
 
 
 def _dry_cell(dry: dict[str, Any] | None) -> str:
@@ -31,13 +34,36 @@ def _dry_cell(dry: dict[str, Any] | None) -> str:
     return human_bytes(dry["peak_bytes"]).split(" (")[0] + (" ok" if dry["fits"] else " NO")
 
 
+def _cap(doc: dict[str, Any]) -> str:
+    """The stated cluster facts that differ from the catalog (a power cap, the NICs)."""
+    link = doc.get("inter_node_link") or {}
+    nics = f", {link['name']} between nodes" if "per node" in link.get("name", "") else ""
+    return (f" at {doc['power_watts']:g} W" if "capped" in doc.get("gpu_source", "")
+            else "") + nics
+
+
+def _options_line(doc: dict[str, Any]) -> str:
+    """The step-time options priced, and the framework whose defaults they start from."""
+    o = doc.get("step_options") or {}
+    if not o:
+        return ""
+    fw = doc.get("framework") or "none given"
+    return (f"step options ({fw}; --layout keys override): overlap_dp {o['overlap_dp']}, "
+            f"overlap_tp {o['overlap_tp']}, overlap_pp {o['overlap_pp']}, fused_norm "
+            f"{int(o['fused_norm'])}, attention {o['flash_kernel'] if o['flash'] else 'eager'}"
+            + (f", gradients reduced in {8 * o['grad_reduce_bytes']}-bit"
+               if o.get("grad_reduce_bytes") else ""))
+
+
 def print_plan(doc: dict[str, Any]) -> None:
     """Print the plan document: header, the top layouts, rejections, the train command."""
     e = doc["efficiency"]
     lines = [
         f"{doc['model']}: {doc['model_shape']}",
         f"cluster: {doc['gpus']} x {doc['gpu']} ({doc['gpus_per_node']} per node), "
-        f"{human(doc['peak_flops_per_device'], 'FLOP/s')} dense {doc['dtype']} each, "
+        f"{human(doc['peak_flops_per_device'], 'FLOP/s')} dense "
+        + (f"bf16 (linear layers fp8: {human(doc['linear_peak_flops_per_device'], 'FLOP/s')})"
+           if doc["dtype"] == "fp8" else doc["dtype"]) + f" each{_cap(doc)}, "
         f"{human_bytes(doc['usable_memory_per_device'])} usable",
         f"job: global batch {doc['global_batch']} x seq {doc['seq']} = "
         f"{doc['global_batch'] * doc['seq']:,} tokens per step",
@@ -48,21 +74,32 @@ def print_plan(doc: dict[str, Any]) -> None:
     ]
     show(*lines)
     rows, parts = [], []
-    # The runtime's fixed costs are measured for this machine only: no column elsewhere.
+    # The runtime's fixed costs are measured for this machine only: no column elsewhere;
+    # the all-to-alls of expert parallelism for a mixture-of-experts model only.
+    moe = bool(doc.get("moe"))
     short = {k: v for k, v in _SHORT.items()
-             if k != "overhead" or any(b["breakdown"].get(k) for b in doc["best"])}
+             if (k != "overhead" or any(b["breakdown"].get(k) for b in doc["best"]))
+             and (k != "ep_comm" or moe)}
     dry = bool(doc.get("dry_run_top"))
+    # Communication overlapped with compute: a "hidden" column beside each part that has any.
+    hidden = [k for k in ("tp_comm", "pp_comm", "dp_comm")
+              if any(b.get("hidden", {}).get(k, 0.0) > 5e-4 for b in doc["best"])]
     for i, b in enumerate(doc["best"], 1):
         mem = human_bytes(b["memory_per_device"]).split(" (")[0]
-        rows.append([i, *_mesh(b), f"{b['step_seconds']:.4g}", f"{b['tokens_per_second']:,.0f}",
-                     f"{b['mfu']:.1%}", mem + ("" if b["fits"] else " (does not fit)")]
+        rows.append([i, *_mesh(b, moe), f"{b['step_seconds']:.4g}",
+                     f"{b['tokens_per_second']:,.0f}", f"{b['mfu']:.1%}",
+                     mem + ("" if b["fits"] else " (does not fit)")]
                     + ([_dry_cell(b.get("dry_run"))] if dry else []))
-        parts.append([i, *(f"{b['breakdown'][k]:.3f}" for k in short)])
-    show(table("Fastest layouts", ["#", "dp·tp·pp", "v", "schedule", "zero", "sp", "recompute",
-                                   "mb x m", "step s", "tokens/s", "MFU", "memory/device"]
-               + (["dry run peak"] if dry else []), rows, left=8),
-         table("Where the step goes (seconds; communication and bubble: the exposed part)",
-               ["#", *short.values()], parts),
+        parts.append([i, *(f"{b['breakdown'][k]:.3f}" for k in short),
+                      *(f"{b['hidden'][k]:.3f}" for k in hidden)])
+    show(table("Fastest layouts", ["#", "dp·tp·pp", *(["ep·etp"] if moe else []), "v",
+                                   "schedule", "zero", "sp", "recompute", "mb x m", "step s",
+                                   "tokens/s", "MFU", "memory/device"]
+               + (["dry run peak"] if dry else []), rows, left=8 + moe),
+         table("Where the step goes (seconds; communication and bubble: the exposed part; "
+               "'hidden': communication overlapped with compute, not in the step)",
+               ["#", *short.values(), *(f"{_SHORT[k]} hidden" for k in hidden)], parts),
+         _options_line(doc),
          f"matmul efficiency: {e['peak_fraction']:.3f} x peak x I/(I + "
          f"{e['half_intensity']:.0f}) at intensity I; {e['op_overhead'] * 1e6:.2g} µs per "
          f"operator; {e['link_fraction']:.0%} of link bandwidth ({e['source']})",

@@ -55,3 +55,24 @@ def print_train(doc: dict[str, Any]) -> None:
         show(f"largest relative loss difference from one process: {doc['max_loss_diff']:.2e} "
              f"(tolerance {doc['parity_tolerance']:g}): "
              + ("[green]pass[/green]" if ok else "[red]FAIL[/red]"))
+
+
+def print_moe(doc: dict[str, Any]) -> None:
+    """A mixture of experts' part of the human view: the expert-parallel bytes per rank
+    (``ep``: the all-to-alls; ``edp``: FSDP over the experts' replicas) beside the cost
+    model's, and what the routers did in the measured step. Nothing for a dense model."""
+    routing = doc.get("routing")
+    if not routing:
+        return
+    rows = [(row["rank"], dim, f"{row[dim]['measured']:,.0f}", f"{row[dim]['predicted']:,.0f}",
+             f"{row[dim]['measured'] / row[dim]['predicted']:.3f}"
+             if row[dim]["predicted"] else "-")
+            for row in doc["comm_bytes_per_step"] for dim in ("ep", "edp") if dim in row]
+    step = doc.get("measured_step")
+    if rows:
+        show(table(f"Expert-parallel bytes sent in step {step}: measured vs cost model",
+                   ("rank", "dim", "measured", "predicted", "ratio"), rows))
+    layers = ", ".join(f"layer {k} {v['imbalance']:.2f}" for k, v in routing["per_layer"].items())
+    show(f"routing in step {step}: imbalance (max / mean expert load) {routing['imbalance']:.2f} "
+         f"({layers}); {routing['dropped']:,} of {routing['assignments']:,} assignments "
+         f"dropped by capacity ({routing['dropped_share']:.1%})")

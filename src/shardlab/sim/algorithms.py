@@ -28,8 +28,12 @@ least data any all-reduce can).
   the last sends n once), time (p-1)·alpha + n/bandwidth (the pipeline fills once,
   then streams at one link's rate); ``"tree"`` a binomial tree rooted at src, time
   ceil(log2 p)·(alpha + n/bandwidth).
-* All-to-all: pairwise exchange, p-1 messages per member (blocks to itself are
-  not sent). Time (p-1)·alpha + busiest/bandwidth.
+* All-to-all: pairwise exchange (Thakur et al. 2005, MPICH's algorithm for long
+  messages: at step k = 1..p-1 member r sends its block for r+k and receives the
+  block of r-k; time (p-1)·alpha + (p-1)/p·n/bandwidth for equal blocks), p-1 messages per
+  member; a member's block to itself is copied locally, not sent. With uneven blocks
+  (``all_to_all_single``'s splits) member i sends sum over j != i of b_ij bytes.
+  Time (p-1)·alpha + busiest/bandwidth.
 * Send: one message, alpha + n/bandwidth.
 
 A message is one send by one member. An empty chunk (a buffer of fewer than p
@@ -135,6 +139,16 @@ def chain_broadcast_plan(nbytes: int, p: int, src: int) -> TrafficPlan:
         recv.append(nbytes if v > 0 else 0)
         msgs.append(int(v < p - 1))
     return TrafficPlan(sent, recv, msgs)
+
+
+def pairwise_exchange_plan(block_bytes: list[list[int]]) -> TrafficPlan:
+    """All-to-all by pairwise exchange: ``block_bytes[i][j]`` bytes go from member i to
+    member j. Member i sends every block but its own, receives every block addressed to
+    it but its own, in p-1 messages (an empty block still takes its step)."""
+    p = len(block_bytes)
+    sent = [sum(block_bytes[i]) - block_bytes[i][i] for i in range(p)]
+    recv = [sum(block_bytes[i][j] for i in range(p)) - block_bytes[j][j] for j in range(p)]
+    return TrafficPlan(sent, recv, [p - 1] * p)
 
 
 def alpha_beta(link: Link | None, messages: int, nbytes: float) -> float:

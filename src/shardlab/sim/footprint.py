@@ -5,8 +5,9 @@ its memory is the sum over devices, and its time grows with their number.
 
 * each virtual device: its stage's weights and gradients whole (ZeRO-3 gathers the
   weights per replica for every forward and backward, and every device accumulates whole
-  gradients before the reduce-scatter), AdamW's two moments (sharded over dp under ZeRO
-  1-3, plus the flat weight and gradient shards), and the activations
+  gradients before the reduce-scatter; a MoE model's routed experts divided by ep),
+  AdamW's two moments (sharded over dp under ZeRO 1-3, routed experts over dp/ep, plus
+  the flat weight and gradient shards), and the activations
   :func:`~shardlab.estimate.memory.stage_memory` gives its pipeline stage;
 * the one-device reference: the whole model's states, and the activations of the whole
   global batch in one micro-batch;
@@ -20,8 +21,8 @@ from __future__ import annotations
 
 from shardlab.config.layout import Layout, make_layout
 from shardlab.config.model import ModelShape
+from shardlab.estimate.expert import rank_params_split
 from shardlab.estimate.memory import stage_memory
-from shardlab.estimate.partition import stage_params
 
 MAX_DEVICES = 256
 """Most virtual devices (dp x tp x pp) one run may have. Time grows with them: one step of
@@ -36,13 +37,15 @@ torch and shardlab, measured at 280-300 MiB (torch 2.x on Linux)."""
 def device_peak_bytes(shape: ModelShape, lay: Layout) -> list[float]:
     """Bytes one virtual device of each pipeline stage holds at its peak (module docstring)."""
     p = lay.dtype
-    params = stage_params(shape, lay.tp, lay.pp, vocab_parallel=False)
+    params = rank_params_split(shape, lay, vocab_parallel=False)
     stages = stage_memory(shape, lay, dropout=False)
     out = []
-    for n, st in zip(params, stages, strict=True):
+    for (dense, experts), st in zip(params, stages, strict=True):
+        n = dense + experts
         whole = n * (p.weight_bytes + p.grad_bytes)
         if lay.zero:  # the optimizer's moments on a flat shard, and the shards themselves
-            sharded = n / lay.dp * (p.optimizer_bytes + p.weight_bytes + p.grad_bytes)
+            sharded = ((dense / lay.dp + experts / lay.expert_dp)
+                       * (p.optimizer_bytes + p.weight_bytes + p.grad_bytes))
         else:
             sharded = n * p.optimizer_bytes
         out.append(whole + sharded + st.activations)

@@ -28,8 +28,20 @@ def split_dim(name: str) -> int | None:
     return None
 
 
-def shard(name: str, full: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
-    """Rank ``rank``'s slice of parameter ``name`` (a fresh tensor; whole if replicated)."""
+EXPERTS = ".mlp.experts."
+
+
+def is_expert(name: str) -> bool:
+    """A routed expert's grouped parameter (sharded over ep, its state over expert_dp)."""
+    return EXPERTS in name
+
+
+def shard(name: str, full: torch.Tensor, rank: int, tp: int, ep_rank: int = 0,
+          ep: int = 1) -> torch.Tensor:
+    """Tensor rank ``rank``'s (and for a routed expert, ep rank ``ep_rank``'s) slice of
+    parameter ``name``: a fresh tensor, whole if replicated."""
+    if is_expert(name):
+        return full.detach().chunk(ep, dim=0)[ep_rank].clone()
     dim = split_dim(name)
     if dim is None or tp == 1:
         return full.detach().clone()
@@ -37,8 +49,9 @@ def shard(name: str, full: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
 
 
 def unshard(name: str, parts: list[torch.Tensor]) -> torch.Tensor:
-    """The full parameter from every rank's slice (the first rank's copy if replicated)."""
-    dim = split_dim(name)
+    """The full parameter from every tensor rank's slice (the first rank's copy if
+    replicated); a routed expert's ``parts`` are its ep ranks' slices instead."""
+    dim = 0 if is_expert(name) else split_dim(name)
     if dim is None or len(parts) == 1:
         return parts[0].detach().clone()
     return torch.cat([p.detach() for p in parts], dim=dim)

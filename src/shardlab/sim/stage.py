@@ -6,6 +6,10 @@ simulator can hold each virtual device's parameters itself, re-gather them (ZeRO
 and put Megatron's collectives between the column- and row-parallel halves of every
 block (:mod:`.tp_ops`). Tensors are [batch, seq, hidden]; with sequence parallelism
 the activations between blocks are [batch, seq / tp, hidden].
+
+A stage runs for the replicas of one expert-parallel group at once (one replica without
+expert parallelism): their MoE layers exchange tokens (:mod:`.moe`), the rest of each
+block is every replica's own.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch.nn.functional as F
 from shardlab.config.model import ModelShape
 from shardlab.nn.loss import lm_loss_sum
 from shardlab.nn.model import attend, attention_mask, rope_tables
+from shardlab.sim.moe import ExpertGroups, routed_experts
 from shardlab.sim.tp_ops import (
     copy_to_tp,
     gather_seq,
@@ -80,14 +85,16 @@ class Context:
     sp: bool
     mask: torch.Tensor
     rope: tuple[torch.Tensor, torch.Tensor] | None
+    experts: ExpertGroups | None = None
 
 
 def make_context(shape: ModelShape, tp: VirtualGroup, sp: bool, pad_mask: torch.Tensor,
-                 dtype: torch.dtype) -> Context:
-    """Attention mask and rotary tables for a micro-batch."""
+                 dtype: torch.dtype, experts: ExpertGroups | None = None) -> Context:
+    """Attention mask and rotary tables for a micro-batch (and a MoE model's ep groups)."""
     seq = pad_mask.shape[1]
     rope = rope_tables(seq, shape.head_dim, dtype) if shape.style == "llama" else None
-    return Context(shape, tp, sp, attention_mask(pad_mask, seq, pad_mask.device), rope)
+    return Context(shape, tp, sp, attention_mask(pad_mask, seq, pad_mask.device), rope,
+                   experts)
 
 
 def _norm(c: Context, x: torch.Tensor, p: Params, name: str) -> torch.Tensor:
@@ -109,9 +116,9 @@ def _leave(c: Context, xs: Tensors) -> Tensors:
     return reduce_scatter_seq(c.tp, xs) if c.sp else reduce_from_tp(c.tp, xs)
 
 
-def block(c: Context, i: int, ps: list[Params], xs: Tensors) -> Tensors:
-    """Block i on every tensor-parallel rank: each rank computes its heads and its slice of
-    the MLP; one collective enters and one leaves each half (Megatron's f and g)."""
+def attention_half(c: Context, i: int, ps: list[Params], xs: Tensors) -> Tensors:
+    """Block i's attention on every tensor-parallel rank: each rank computes its heads; one
+    collective enters and one leaves (Megatron's f and g)."""
     pre = f"blocks.{i}."
     hs = _enter(c, [_norm(c, x, p, pre + "attn_norm") for x, p in zip(xs, ps, strict=True)])
     att = [F.linear(attend(_linear(h, p, pre + "attn.q_proj"), _linear(h, p, pre + "attn.k_proj"),
@@ -119,19 +126,59 @@ def block(c: Context, i: int, ps: list[Params], xs: Tensors) -> Tensors:
                            c.rope), p[pre + "attn.o_proj.weight"])
            for h, p in zip(hs, ps, strict=True)]
     att = _leave(c, att)  # row-parallel bias is added once, after the sum
-    xs = [x + (a + p[pre + "attn.o_proj.bias"] if c.shape.biases else a)
-          for x, a, p in zip(xs, att, ps, strict=True)]
-    hs = _enter(c, [_norm(c, x, p, pre + "mlp_norm") for x, p in zip(xs, ps, strict=True)])
+    return [x + (a + p[pre + "attn.o_proj.bias"] if c.shape.biases else a)
+            for x, a, p in zip(xs, att, ps, strict=True)]
+
+
+def _mlp(c: Context, pre: str, ps: list[Params], hs: Tensors) -> Tensors:
+    """The MLP ``pre`` (``blocks.{i}.mlp.`` or a MoE layer's ``...mlp.shared.``) on every
+    tensor rank's slice of its width, entered and left through f and g."""
+    hs = _enter(c, hs)
     ups = []
     for h, p in zip(hs, ps, strict=True):
         if c.shape.style == "llama":
-            u = F.silu(_linear(h, p, pre + "mlp.gate_proj")) * _linear(h, p, pre + "mlp.up_proj")
+            u = F.silu(_linear(h, p, pre + "gate_proj")) * _linear(h, p, pre + "up_proj")
         else:
-            u = F.gelu(_linear(h, p, pre + "mlp.up_proj"), approximate="tanh")
-        ups.append(F.linear(u, p[pre + "mlp.down_proj.weight"]))
+            u = F.gelu(_linear(h, p, pre + "up_proj"), approximate="tanh")
+        ups.append(F.linear(u, p[pre + "down_proj.weight"]))
     ups = _leave(c, ups)
-    return [x + (u + p[pre + "mlp.down_proj.bias"] if c.shape.biases else u)
-            for x, u, p in zip(xs, ups, ps, strict=True)]
+    return [u + p[pre + "down_proj.bias"] if c.shape.biases else u
+            for u, p in zip(ups, ps, strict=True)]
+
+
+def mlp_half(c: Context, i: int, ps: list[Params], xs: Tensors) -> Tensors:
+    """Block i's dense MLP on every tensor-parallel rank (column- then row-parallel)."""
+    hs = [_norm(c, x, p, f"blocks.{i}.mlp_norm") for x, p in zip(xs, ps, strict=True)]
+    return [x + u for x, u in zip(xs, _mlp(c, f"blocks.{i}.mlp.", ps, hs), strict=True)]
+
+
+def moe_half(cs: list[Context], i: int, pss: list[list[Params]], xss: list[Tensors]
+             ) -> list[Tensors]:
+    """Block i's MoE layer on every replica of an ep group (cs, pss, xss: one entry per
+    replica, each a list over tensor ranks). The routed experts are whole on every tensor
+    rank, which exchanges tokens with the same tensor rank of the other replicas; the
+    shared experts are split over tp as the dense MLP is."""
+    ex, shape = cs[0].experts, cs[0].shape
+    assert ex is not None and shape.moe is not None
+    pre = f"blocks.{i}.mlp."
+    hss = [[_norm(c, x, p, f"blocks.{i}.mlp_norm") for x, p in zip(xs, ps, strict=True)]
+           for c, ps, xs in zip(cs, pss, xss, strict=True)]
+    routed = [routed_experts(shape, ex.options, group, [hs[t] for hs in hss],
+                             [ps[t] for ps in pss], pre,
+                             ex.logs[t] if ex.logs is not None else None)
+              for t, group in enumerate(ex.groups)]
+    out = []
+    for r, (c, ps, xs, hs) in enumerate(zip(cs, pss, xss, hss, strict=True)):
+        ys = [routed[t][r] for t in range(len(xs))]
+        if shape.moe.shared_experts:
+            ys = [y + s for y, s in zip(ys, _mlp(c, pre + "shared.", ps, hs), strict=True)]
+        out.append([x + y for x, y in zip(xs, ys, strict=True)])
+    return out
+
+
+def is_moe_layer(shape: ModelShape, i: int) -> bool:
+    """Layer i carries a MoE layer: the model has experts and i is past its dense layers."""
+    return shape.moe is not None and i >= shape.layers - shape.moe_layers
 
 
 def embed(c: Context, ps: list[Params], ids: torch.Tensor) -> Tensors:
@@ -160,11 +207,21 @@ def head_loss(c: Context, ps: list[Params], xs: Tensors, targets: torch.Tensor,
     return out
 
 
-def stage_forward(c: Context, stage: Stage, ps: list[Params], inputs: Tensors | torch.Tensor,
-                  targets: torch.Tensor, loss_mask: torch.Tensor) -> Tensors:
-    """The stage on every tensor-parallel rank: ids (first stage) or hidden states in;
-    hidden states out, or the summed loss of each rank on the last stage."""
-    xs = embed(c, ps, inputs) if stage.is_first else list(inputs)
+def stage_forward(cs: list[Context], stage: Stage, pss: list[list[Params]],
+                  inputs: list[Tensors | torch.Tensor], targets: list[torch.Tensor],
+                  loss_masks: list[torch.Tensor]) -> list[Tensors]:
+    """The stage on every tensor-parallel rank of each replica of one ep group (one entry
+    per replica in every list): ids (first stage) or hidden states in; hidden states
+    out, or the summed loss of each rank on the last stage."""
+    xss = [embed(c, ps, x) if stage.is_first else list(x)
+           for c, ps, x in zip(cs, pss, inputs, strict=True)]
     for i in range(stage.first_layer, stage.last_layer):
-        xs = block(c, i, ps, xs)
-    return head_loss(c, ps, xs, targets, loss_mask) if stage.is_last else xs
+        xss = [attention_half(c, i, ps, xs) for c, ps, xs in zip(cs, pss, xss, strict=True)]
+        if is_moe_layer(cs[0].shape, i):
+            xss = moe_half(cs, i, pss, xss)
+        else:
+            xss = [mlp_half(c, i, ps, xs) for c, ps, xs in zip(cs, pss, xss, strict=True)]
+    if not stage.is_last:
+        return xss
+    return [head_loss(c, ps, xs, t, m)
+            for c, ps, xs, t, m in zip(cs, pss, xss, targets, loss_masks, strict=True)]

@@ -32,6 +32,7 @@ from shardlab.sim.algorithms import (
     TrafficPlan,
     alpha_beta,
     chain_broadcast_plan,
+    pairwise_exchange_plan,
     ring_all_reduce_plan,
     ring_pass,
     split_sizes,
@@ -249,12 +250,38 @@ class VirtualGroup:
             raise ValueError(f"{op}: every block must have one dtype ({dtype} first)")
         out = [[xs[i][j].clone() for i in range(p)] for j in range(p)]
         if p > 1:
-            sizes = [[nbytes(x) for x in row] for row in xs]
-            sent = [sum(sizes[i]) - sizes[i][i] for i in range(p)]
-            recv = [sum(sizes[i][j] for i in range(p)) - sizes[j][j] for j in range(p)]
-            plan = TrafficPlan(sent, recv, [p - 1] * p)
-            self.record(op, plan, alpha_beta(self.link, p - 1, max(sent)))
+            plan = pairwise_exchange_plan([[nbytes(x) for x in row] for row in xs])
+            self.record(op, plan, alpha_beta(self.link, p - 1, max(plan.sent)))
         return out
+
+    def all_to_all_single(self, xs: list[Tensor], splits: list[list[int]]) -> list[Tensor]:
+        """torch's ``all_to_all_single`` with uneven splits: member i sends rows
+        ``splits[i][j]`` of its tensor, in order j = 0..p-1, to member j; member j gets
+        ``torch.cat`` over i of the rows i sent it (in member order).
+
+        Each ``xs[i]`` has ``sum(splits[i])`` rows; rows beyond dim 0 and the dtype are
+        alike. Bytes as :meth:`all_to_all`: rows to every other member times the row's
+        bytes; a member's rows to itself stay local and are not counted. The reverse
+        exchange (what a combine, or the backward, runs) is the same call with the
+        transposed splits, ``[[splits[j][i] for j] for i]``.
+        """
+        op = "all_to_all"
+        p = self.size
+        self.check_members(xs, op)
+        self.check_members(splits, op)
+        check_tensors(xs, op)
+        _check_has_rows(xs[0], op)
+        check_alike(xs, op, from_dim=1)
+        for i, (x, row) in enumerate(zip(xs, splits, strict=True)):
+            if (len(row) != p or any(isinstance(k, bool) or not isinstance(k, int) or k < 0
+                                     for k in row)):
+                raise ValueError(f"{op}: member {i} gave splits {row}; it needs {p} "
+                                 "row counts >= 0")
+            if sum(row) != x.shape[0]:
+                raise ValueError(f"{op}: member {i}'s splits {row} sum to {sum(row)}, "
+                                 f"its tensor has {x.shape[0]} rows")
+        blocks = [list(x.split(row)) for x, row in zip(xs, splits, strict=True)]
+        return [torch.cat(col) for col in self.all_to_all(blocks)]
 
     def send(self, x: Tensor, src: int, dst: int) -> Tensor:
         """Point-to-point: member ``src`` sends ``x`` to member ``dst``; returns dst's copy."""

@@ -6,6 +6,7 @@ choices and refuse a bad run from these without importing torch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from shardlab.config.layout import make_layout
@@ -15,6 +16,10 @@ from shardlab.errors import SpecError
 DP_MODES = ("fsdp", "fsdp-zero2", "ddp")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 FAIL_HOW = ("raise", "kill", "kill-in-save")
+AUX_COEF = 0.01
+"""The load-balancing loss's default weight: Switch Transformer's alpha = 1e-2 (Fedus et al.
+2021, sec. 2.2), on the same normalisation (1 when routing is uniform); Mixtral's HF
+config has 0.02 on a form k times larger, i.e. a smaller weight for top-2."""
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,14 @@ class TrainConfig:
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    # Mixture of experts (shardlab.distributed.expert_parallel): ep ranks drawn from dp
+    # each hold experts/ep of every MoE layer; etp 1 keeps experts whole on each tp rank,
+    # etp = tp splits each expert's width over tp as the dense MLP's.
+    ep: int = 1
+    etp: int = 1
+    capacity_factor: float = 0.0  # 0: dropless
+    aux_coef: float = AUX_COEF
+    z_coef: float = 0.0
     virtual_stages: int = 1
     dp_mode: str = "fsdp"
     sp: bool = False
@@ -43,6 +56,8 @@ class TrainConfig:
     dtype: str = "fp32"
     seed: int = 0
     log_dir: str = ""
+    tensorboard: str = ""  # rank 0 writes TensorBoard event files here (train/tensorboard.py)
+    peak_flops: float = 0.0  # the job's dense peak FLOP/s, for MFU (0: unknown)
     # Fault injection (tests): rank ``fail_rank`` fails once ``fail_at_step`` steps are
     # done, by raising, by SIGKILL, or by SIGKILL in the middle of that step's save; only
     # on the first attempt, so a restarted job (``--max-restarts``) gets past it.
@@ -93,9 +108,7 @@ def auto_micro_batch(global_batch: int, dp: int, pp: int, schedule: str) -> int:
 
 def check_config(cfg: TrainConfig) -> None:
     """Every constraint the mesh and the model impose, as one-line SpecErrors."""
-    if cfg.shape.moe is not None:
-        raise SpecError("model", cfg.shape.name, "mixture-of-experts layers are not built in "
-                        "torch by shardlab yet (the cost model covers them: shardlab budget)")
+    check_moe(cfg)
     if cfg.dp_mode not in DP_MODES:
         raise SpecError("dp_mode", cfg.dp_mode, f"must be one of {', '.join(DP_MODES)}")
     if cfg.pp > 1 and cfg.schedule not in PP_SCHEDULES:
@@ -146,4 +159,27 @@ def check_config(cfg: TrainConfig) -> None:
                 sp=cfg.sp, micro_batch=cfg.micro_batch or share, global_batch=cfg.global_batch,
                 seq=cfg.seq, recompute=cfg.recompute,
                 dtype="amp-bf16" if cfg.dtype == "bf16" else "fp32",
-                schedule=cfg.schedule if cfg.pp > 1 else None)
+                schedule=cfg.schedule if cfg.pp > 1 else None, ep=cfg.ep, etp=cfg.etp,
+                capacity_factor=cfg.capacity_factor)
+
+
+def check_moe(cfg: TrainConfig) -> None:
+    """What the real runs of a mixture-of-experts model cannot do yet, as one-line
+    SpecErrors (the layout's own expert checks follow in :func:`check_config`)."""
+    for name, value in (("aux_coef", cfg.aux_coef), ("z_coef", cfg.z_coef)):
+        if not 0 <= value < math.inf:
+            raise SpecError(name, value, "must be a finite number >= 0")
+    if cfg.shape.moe is None:
+        if cfg.etp != 1:
+            raise SpecError("etp", cfg.etp, "needs a mixture-of-experts model")
+        return  # make_layout refuses ep > 1 or a capacity factor for a dense model
+    if cfg.ep > 1 and cfg.dp_mode == "ddp":
+        raise SpecError("dp_mode", "ddp", "cannot hold expert-parallel experts (DDP would "
+                        "average different experts over dp); use fsdp with --ep")
+    if cfg.sp:
+        raise SpecError("sp", True, "is not built for mixture-of-experts models (the MoE "
+                        "layer routes whole sequences); leave out --sp")
+    shared = cfg.shape.moe.shared_experts * cfg.shape.moe.shared_d_ff
+    if shared % cfg.tp:
+        raise SpecError("tp", cfg.tp, f"must divide the shared experts' width ({shared}): "
+                        "they split over tp as the dense MLP does")

@@ -2,8 +2,9 @@
 
 One rank's loop, top to bottom: build the LM from its ModelShape with a fixed seed
 (every rank the same), lay it out on a ``(pp, dp, tp)`` device mesh (pipeline stages,
-then tensor parallel, activation checkpointing and FSDP2 or DDP, in torchtitan's
-order), and per step: take this data-parallel rank's share of the global batch,
+then tensor parallel, a mixture of experts' expert parallel over ``ep`` ranks drawn
+from dp, activation checkpointing and FSDP2 or DDP, in torchtitan's order), and per
+step: take this data-parallel rank's share of the global batch,
 run its micro-batches (gradient accumulation, or the pipeline schedule), clip the
 gradient norm over the whole sharded model, AdamW with warm-up and cosine decay.
 Each rank's summed token loss is divided by the real tokens of the *whole* global
@@ -33,11 +34,13 @@ import torch.distributed as dist
 
 from shardlab.distributed.checkpoint import Checkpointer
 from shardlab.distributed.checkpoint_manifest import read_manifest, shape_record
+from shardlab.distributed.expert_parallel import RoutingRecorder
 from shardlab.distributed.measure import CommMeter, flop_counter, state_bytes
 from shardlab.hf.weights import read_weights
 from shardlab.nn.data import batches
 from shardlab.train.config import TrainConfig
 from shardlab.train.rank import bf16_autocast, build_rank, fsdp_mixed_precision, train_step
+from shardlab.train.tensorboard import RunBoard
 
 
 def load_initial_weights(model: Any, path: str) -> None:
@@ -88,7 +91,8 @@ def _checkpointing(ctx: Any, cfg: TrainConfig, modules: list[Any], opt: Any, sch
     meta = {"shape": shape_record(cfg.shape),
             "layout": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp,
                        "virtual_stages": cfg.virtual_stages, "dp_mode": cfg.dp_mode,
-                       "sp": cfg.sp, "schedule": cfg.schedule, "dtype": cfg.dtype},
+                       "sp": cfg.sp, "schedule": cfg.schedule, "dtype": cfg.dtype,
+                       "ep": cfg.ep, "etp": cfg.etp, "capacity_factor": cfg.capacity_factor},
             "data": {"fingerprint": cfg.data_id, "seed": cfg.seed,
                      "global_batch": cfg.global_batch, "seq": cfg.seq}}
     ckpt = Checkpointer(cfg.checkpoint_dir or cfg.resume_from, modules, opt, sched,
@@ -114,10 +118,13 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     dp_rank, pp_rank = program.dp_rank, program.pp_rank
     stream = batches(cfg.docs, cfg.global_batch, cfg.seq, seed=cfg.seed)
     log = Path(cfg.log_dir, "train.jsonl") if cfg.log_dir and ctx.rank == 0 else None
+    board = (RunBoard(cfg.tensorboard, cfg.shape, cfg.seq, cfg.peak_flops or None)
+             if cfg.tensorboard and ctx.rank == 0 else None)
     losses, norms, seconds = [], [], []
     flops: dict[str, int] = {}
     comm: dict[str, Any] = {}
     activation_bytes = None
+    routing: list[dict[str, Any]] = []
     dims = program.dims()
     autocast = bf16_autocast(cfg) if not fsdp_mixed_precision(cfg) else None
     ckpt, first_step = _checkpointing(ctx, cfg, modules, opt, sched, losses, norms)
@@ -133,6 +140,7 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
         share = batch.split(cfg.dp)[dp_rank]
         counter = flop_counter() if step == probe else contextlib.nullcontext()
         meter = CommMeter(dims) if step == probe else contextlib.nullcontext()
+        recorder = RoutingRecorder().attach(modules) if step == probe else None
         dist.barrier()
         start = time.perf_counter()
         with counter, meter, (autocast or contextlib.nullcontext()):
@@ -145,6 +153,8 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
             activation_bytes = result.activation_bytes
             flops = {str(op): int(n) for op, n in counter.get_flop_counts()["Global"].items()}
             comm = meter.summary()
+        if recorder is not None:
+            routing = recorder.detach()
         norm = float(result.grad_norm)
         total = result.local_loss.reshape(1).clone()
         dist.all_reduce(total, group=mesh["dp"].get_group())
@@ -157,6 +167,9 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
         if log is not None:
             _log(log, StepLog(step, loss_value, norm, sched.get_last_lr()[0], elapsed,
                               cfg.global_batch * cfg.seq, batch.real_tokens))
+        if board is not None:
+            board.step(step, loss_value, norm, sched.get_last_lr()[0], elapsed,
+                       cfg.global_batch * cfg.seq)
         if not (math.isfinite(loss_value) and math.isfinite(norm)):
             # Both are global (all-reduced, or the same on every rank), so every rank stops
             # here together: no collective is left waiting, and no checkpoint of a
@@ -169,9 +182,12 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
                       kill_before_rename=_maybe_fail(ctx, cfg, step + 1, "save"))
     if ckpt is not None:
         ckpt.finish()
+    if board is not None:
+        board.close()
     return {"rank": ctx.rank, "dp_rank": dp_rank, "pp_rank": pp_rank,
             "resumed_at": first_step, "checkpoint_seconds": ckpt.seconds if ckpt else [],
-            "tp_rank": mesh["tp"].get_local_rank(), "losses": losses, "grad_norms": norms,
+            "tp_rank": mesh["tp"].get_local_rank(), "ep_rank": program.ep_rank,
+            "routing": routing, "losses": losses, "grad_norms": norms,
             "step_seconds": seconds, "flops_by_op": flops,
             "activation_bytes": activation_bytes, "comm_step": comm, "measured_step": probe,
             "cuda_peak_allocated": (torch.cuda.max_memory_allocated()

@@ -1,7 +1,9 @@
 """One rank's program, shared by ``shardlab train`` and ``shardlab dryrun``.
 
-:func:`build_rank` lays the model out for this rank of a ``(pp, dp, tp)`` mesh: the
-pipeline stage cut, then tensor parallel, activation checkpointing and FSDP2 or DDP
+:func:`build_rank` lays the model out for this rank of a ``(pp, dp, tp)`` mesh (``(pp,
+edp, ep, tp)`` with expert parallelism, :mod:`shardlab.distributed.mesh`): the
+pipeline stage cut, then tensor parallel, expert parallel, activation checkpointing
+and FSDP2 or DDP
 (torchtitan's order, :func:`shardlab.distributed.parallelize.parallelize`), the AdamW
 optimizer and, in a pipeline, the schedule. :func:`train_step` runs one optimizer step
 on this rank's share of a batch: its micro-batches (gradient accumulation, or the
@@ -25,11 +27,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.tensor.parallel import loss_parallel
 
-from shardlab.distributed.measure import SavedBytesMeter, saved_activation_bytes
+from shardlab.distributed.mesh import RunMesh, make_mesh
 from shardlab.distributed.parallelize import parallelize
 from shardlab.distributed.pipeline import (
     build_schedule,
@@ -38,9 +39,11 @@ from shardlab.distributed.pipeline import (
     stage_io_meta,
     sync_tied_grads,
 )
+from shardlab.distributed.saved import SavedBytesMeter, saved_activation_bytes
 from shardlab.distributed.tensor_parallel import lm_loss_sum_any
 from shardlab.nn.data import Batch
 from shardlab.nn.model import TransformerLM
+from shardlab.nn.moe import MoEOptions
 from shardlab.train.config import TrainConfig
 from shardlab.train.optimizer import clip_grad_norm, make_optimizer
 
@@ -65,7 +68,7 @@ class RankProgram:
     schedule (None without a pipeline), and the flags a step needs."""
 
     cfg: TrainConfig
-    mesh: DeviceMesh
+    mesh: RunMesh
     modules: list[Any]
     params: list[Any]
     copies: tuple[Any, ...]
@@ -86,10 +89,29 @@ class RankProgram:
         """This rank's pipeline rank."""
         return self.mesh["pp"].get_local_rank()
 
+    @property
+    def ep_rank(self) -> int:
+        """This rank's index in its expert-parallel group (0 without one)."""
+        return self.mesh["ep"].get_local_rank() if self.cfg.ep > 1 else 0
+
     def dims(self) -> dict[str, tuple[int, ...]]:
         """Global ranks of each mesh dim with more than one rank (the comm meter's names)."""
+        names = ("dp", "tp", "pp") + (("ep", "edp") if self.cfg.ep > 1 else ())
         return {name: tuple(dist.get_process_group_ranks(self.mesh[name].get_group()))
-                for name in ("dp", "tp", "pp") if self.mesh[name].size() > 1}
+                for name in names if self.mesh[name].size() > 1}
+
+
+def moe_options(cfg: TrainConfig, groups: int) -> MoEOptions:
+    """The MoE layers' options for a model whose every forward sees one of ``groups`` equal
+    token groups of a step: the auxiliary losses' weights divided by ``groups``, so the
+    objective is the LM loss plus the mean over the step's forwards of each forward's
+    auxiliary loss (Megatron-LM scales them by 1/micro-batches and averages over dp).
+
+    A rank's forwards are its micro-batches (``groups = microbatches``); FSDP's average
+    over dp divides by dp. The one-process reference runs all dp x microbatches groups
+    (:mod:`shardlab.train.reference`)."""
+    return MoEOptions(aux_coef=cfg.aux_coef / groups, z_coef=cfg.z_coef / groups,
+                      capacity_factor=cfg.capacity_factor)
 
 
 def build_rank(cfg: TrainConfig, device: str, *, meta: bool = False,
@@ -107,11 +129,11 @@ def build_rank(cfg: TrainConfig, device: str, *, meta: bool = False,
     laid out (``--init-from``).
     """
     device_type = "cuda" if device.startswith("cuda") else "cpu"
-    mesh = init_device_mesh(device_type, (cfg.pp, cfg.dp, cfg.tp),
-                            mesh_dim_names=("pp", "dp", "tp"))
+    mesh = make_mesh(device_type, cfg.pp, cfg.dp, cfg.tp, cfg.ep, experts=cfg.etp > 1)
     torch.manual_seed(cfg.seed)
     with torch.device("meta") if meta else contextlib.nullcontext():
-        model = TransformerLM(cfg.shape, seed=cfg.seed)
+        model = TransformerLM(cfg.shape, seed=cfg.seed,
+                              moe_options=moe_options(cfg, cfg.microbatches))
     if weights is not None:  # before any layout: every rank loads the same whole model
         weights(model)
     fsdp_bf16 = fsdp_mixed_precision(cfg)
@@ -121,7 +143,8 @@ def build_rank(cfg: TrainConfig, device: str, *, meta: bool = False,
     dp_mode = "fsdp-zero2" if cfg.pp > 1 and cfg.dp_mode == "fsdp" else cfg.dp_mode
     options = {"tp": cfg.tp, "dp": cfg.dp, "dp_mode": dp_mode, "sp": cfg.sp,
                "loss_parallel": cfg.loss_parallel and cfg.pp == 1, "ac": cfg.recompute,
-               "param_dtype": torch.bfloat16 if fsdp_bf16 else None, "force_sum": force_sum}
+               "param_dtype": torch.bfloat16 if fsdp_bf16 else None, "force_sum": force_sum,
+               "ep": cfg.ep, "etp": cfg.etp}
     if cfg.pp == 1:
         parallelize(model, mesh, **options)
         if materialize is not None:

@@ -22,9 +22,23 @@ from shardlab.estimate.comm import (
     ring_allreduce_bytes,
 )
 from shardlab.estimate.comm_dtensor import tp_bytes_dtensor
+from shardlab.estimate.expert import rank_state_bytes
 from shardlab.estimate.flops import flops_per_token
 from shardlab.estimate.memory import StateBytes, inflight_microbatches, zero_state_bytes
 from shardlab.estimate.partition import rank_layers, stage_params
+from shardlab.train.report_moe import (
+    ep_groups,
+    expert_tp_bytes,
+    has_aux,
+    moe_flops_correction,
+    moe_padded_params,
+    moe_tp_bytes,
+    predicted_ep_bytes,
+    rank_loads,
+    routing_summary,
+    run_layout,
+    stage_layer_ids,
+)
 
 
 def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
@@ -34,11 +48,17 @@ def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
     losses = r0["losses"]
     tokens = cfg.global_batch * cfg.seq
     step_s = statistics.median(r0["step_seconds"][1:] or r0["step_seconds"])
-    fpt = flops_per_token(cfg.shape, cfg.seq, cfg.recompute)
+    # The CPU attention kernel is fused (flash): its backward recomputes the scores.
+    fpt = flops_per_token(cfg.shape, cfg.seq, cfg.recompute, flash=True)
+    routing = routing_summary(cfg, ranks)
     # What the ranks compute together: the model's FLOPs (with recompute), plus the tied head
-    # that each tensor-parallel rank computes whole.
+    # that each tensor-parallel rank computes whole (and a MoE's router and experts).
+    # (flops_per_token adds the fused kernel's backward recompute of the scores, half the
+    # attention core's forward, only without recompute; it happens with it too.)
+    flash = fpt.attention / 2 * tokens if cfg.recompute != "none" else 0.0
     predicted_flops = (fpt.hardware_train * tokens + replicated_head_flops(cfg, tokens)
-                       - early_stop_flops(cfg, tokens))
+                       - early_stop_flops(cfg, tokens) + flash
+                       + moe_flops_correction(cfg, tokens, routing))
     measured_flops = measured_step_flops(ranks)
     act_rows = activation_table(cfg, ranks)
     act = act_rows[0]
@@ -55,10 +75,13 @@ def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
                                        "predicted": a["predicted"] * held},
                        "cuda_peak_allocated": r.get("cuda_peak_allocated")})
     comm_rows = comm_table(cfg, ranks)
+    moe = (f" ep={cfg.ep} etp={cfg.etp} capacity_factor={cfg.capacity_factor:g}"
+           f" aux_coef={cfg.aux_coef:g} z_coef={cfg.z_coef:g}"
+           if cfg.shape.moe is not None else "")
     doc: dict[str, Any] = {
         "model": cfg.shape.describe(),
         "layout": f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} {cfg.dp_mode} sp={int(cfg.sp)} "
-                  f"recompute={cfg.recompute} schedule={cfg.schedule} dtype={cfg.dtype}",
+                  f"recompute={cfg.recompute} schedule={cfg.schedule} dtype={cfg.dtype}{moe}",
         "world_size": len(ranks), "steps": cfg.steps, "log_dir": log_dir,
         "measured_step": r0.get("measured_step"),
         "losses": losses, "grad_norms": r0["grad_norms"],
@@ -69,6 +92,8 @@ def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
         "peak_flops": peak,
         "memory_per_rank": memory,
         "comm_bytes_per_step": comm_rows,
+        "routing": routing,
+        "routing_imbalance": routing["imbalance"] if routing else None,
         "predicted_vs_measured": {
             "flops_per_step": {"predicted": predicted_flops, "measured": measured_flops,
                                "ratio": measured_flops / predicted_flops},
@@ -94,17 +119,23 @@ def activation_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, An
     kernel is fused, keeping only softmax statistics), plus the embedding's and the head's
     extras on the ranks holding the first and last chunk."""
     rows = []
+    groups = ep_groups(cfg, ranks) if cfg.ep > 1 else {}
     for r in ranks:
-        predicted = predicted_activation_bytes(cfg, r["pp_rank"])
+        loads = (rank_loads(cfg, run_layout(cfg), r, groups[r["rank"]])
+                 if r["rank"] in groups and r.get("routing") else None)
+        predicted = predicted_activation_bytes(cfg, r["pp_rank"], loads)
         measured = r.get("activation_bytes")
         rows.append({"rank": r["rank"], "predicted": predicted, "measured": measured,
                      "ratio": measured / predicted if measured else None})
     return rows
 
 
-def predicted_activation_bytes(cfg: Any, pp_rank: int) -> float:
+def predicted_activation_bytes(cfg: Any, pp_rank: int,
+                               loads: dict[int, float] | None = None) -> float:
     """Bytes pipeline rank ``pp_rank`` keeps for backward for one micro-batch, as the cost
-    model predicts them for shardlab's eager LM (see :func:`activation_table`)."""
+    model predicts them for shardlab's eager LM (see :func:`activation_table`).
+    ``loads``: per MoE layer, the routing imbalance the rank's experts saw
+    (:func:`~shardlab.train.report_moe.rank_loads`; balanced without)."""
     e = 2 if cfg.dtype == "bf16" else 4
     mb = cfg.micro_batch or cfg.global_batch // cfg.dp
     kw = {"tp": cfg.tp, "sp": cfg.sp}
@@ -141,6 +172,14 @@ def predicted_activation_bytes(cfg: Any, pp_rank: int) -> float:
     mask_dtype = ((e - 4) * mb * cfg.seq * cfg.seq
                   if cfg.recompute not in ("selective", "full") else 0)
     p = pp_rank
+    if cfg.shape.moe is not None:  # dense and MoE layers differ: each of this rank's own
+        lay = run_layout(cfg)
+        moe_kw = {"ep": lay.ep, "etp": lay.etp, "capacity_factor": lay.capacity_factor}
+        first_moe = cfg.shape.dense_layers
+        per_layer = sum(layer_activation_bytes(
+            cfg.shape, mb, cfg.seq, e, recompute=cfg.recompute, dropout=False, flash=True,
+            eager=True, moe_layer=i >= first_moe, imbalance=(loads or {}).get(i, 1.0),
+            **kw, **moe_kw) for i in stage_layer_ids(cfg, p)) / layers[p]
     return (layers[p] * (per_layer + gathered + 2 * norm + mask_dtype) + mask + ids * (p == 0)
             + (targets + head + logits + norm) * (p == cfg.pp - 1)
             + (first_stage_extra_bytes(cfg.shape, mb, cfg.seq, dropout=False, **kw)
@@ -152,10 +191,14 @@ def predicted_activation_bytes(cfg: Any, pp_rank: int) -> float:
 def predicted_state_bytes(cfg: Any, pp_rank: int) -> StateBytes:
     """Weights, gradients and AdamW moments (bytes) a rank of pipeline stage ``pp_rank``
     holds: its parameters under ZeRO-3 over dp (FSDP) or replicated (DDP, dp=1)."""
+    # A tied embedding and head stay whole on every tensor-parallel rank (tensor_parallel.py).
+    vocab_parallel = cfg.tp > 1 and not cfg.shape.tied
+    if cfg.shape.moe is not None:  # experts sharded over expert_dp, the rest over dp
+        return rank_state_bytes(cfg.shape, run_layout(cfg), vocab_parallel)[pp_rank]
     policy = get_policy("amp-bf16" if cfg.dtype == "bf16" else "fp32")
     zero = 0 if cfg.dp == 1 or cfg.dp_mode == "ddp" else 3
     psi = stage_params(cfg.shape, cfg.tp, cfg.pp, cfg.virtual_stages,
-                       vocab_parallel=cfg.tp > 1)
+                       vocab_parallel=vocab_parallel)
     return zero_state_bytes(psi[pp_rank], policy, zero, cfg.dp)
 
 
@@ -184,10 +227,18 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     * ``dp``: :func:`_dp_bytes`;
     * ``tp``: torch's DTensor plan (:mod:`shardlab.estimate.comm_dtensor`: one backward
-      all-reduce per column-parallel linear, not Megatron's one per block half);
+      all-reduce per column-parallel linear, not Megatron's one per block half; a MoE
+      layer's MLP sends only for its shared experts, and under full recompute with an
+      auxiliary loss re-runs their output all-reduce: :func:`~shardlab.train.report_moe.
+      moe_tp_bytes`; experts split over tp: :func:`~shardlab.train.report_moe.
+      expert_tp_bytes`);
     * ``pp``: activations forward and gradients back at every chunk boundary, each with
       its micro-batch's int64 padding mask (b x s x 8 bytes) on the way forward, and a
       tied embedding's gradient exchanged between the first and last stage;
+    * ``ep`` (mixture of experts): the dispatch and combine all-to-alls, predicted from the
+      count matrices the routers produced (:mod:`shardlab.train.report_moe`), measured
+      from the real split sizes; ``edp``: FSDP's collectives of the experts over
+      expert_dp (:func:`_dp_bytes` of their padded shards) when it has more than one rank;
 
     The gradient-norm scalars of clipping (``grad_norm``, 8 bytes each) are listed under
     ``measured`` only.
@@ -201,8 +252,13 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
                       schedule=cfg.schedule if cfg.pp > 1 else None)
     psi = stage_params(cfg.shape, cfg.tp, cfg.pp, cfg.virtual_stages,
                        vocab_parallel=cfg.tp > 1 and not cfg.shape.tied)
-    padded = fsdp2_padded_params(cfg.shape, cfg.tp, cfg.pp, cfg.dp, cfg.virtual_stages,
-                                 vocab_parallel=cfg.tp > 1 and not cfg.shape.tied)
+    if cfg.shape.moe is None:
+        padded = fsdp2_padded_params(cfg.shape, cfg.tp, cfg.pp, cfg.dp, cfg.virtual_stages,
+                                     vocab_parallel=cfg.tp > 1 and not cfg.shape.tied)
+        expert_padded = [0] * cfg.pp
+    else:  # FSDP shards the dense parameters over dp, the experts over expert_dp
+        padded, expert_padded = map(list, zip(*moe_padded_params(cfg), strict=True))
+    groups = ep_groups(cfg, ranks) if cfg.shape.moe is not None else {}
     # Each activation travels with its micro-batch's int64 padding mask (b x s x 8 bytes).
     mask = (cfg.micro_batch or share) * cfg.seq * 8
     forward_sends = [sum(1 for c in range(lay.pp * lay.virtual_stages - 1) if c % lay.pp == r)
@@ -223,8 +279,10 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     pp_pred = [b + f * lay.microbatches * mask for b, f in
                zip(pp_bytes_per_rank(cfg.shape, lay, split_by_tp=cfg.sp), forward_sends,
                    strict=True)]
-    tp_pred = tp_bytes_dtensor(cfg.shape, lay, loss_parallel=cfg.loss_parallel and cfg.pp == 1,
-                               fsdp=cfg.dp > 1 and cfg.dp_mode != "ddp")
+    tp_pred = [b + u for b, u in zip(
+        tp_bytes_dtensor(cfg.shape, lay, loss_parallel=cfg.loss_parallel and cfg.pp == 1,
+                         fsdp=cfg.dp > 1 and cfg.dp_mode != "ddp"),
+        moe_tp_bytes(cfg, lay), strict=True)]
     zero = {"fsdp": 3, "fsdp-zero2": 2, "ddp": 0}[cfg.dp_mode]
     rows = []
     for r in ranks:
@@ -239,8 +297,19 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["dp"] = {"predicted": _dp_bytes(psi[r["pp_rank"]], padded[r["pp_rank"]],
                                                 policy, zero, cfg),
                          "measured": sent("dp")}
+        if cfg.ep > 1:
+            row["ep"] = {"predicted": predicted_ep_bytes(cfg, run_layout(cfg), r,
+                                                         groups[r["rank"]]),
+                         "measured": sent("ep")}
+        if cfg.ep > 1 and cfg.dp > cfg.ep:
+            row["edp"] = {"predicted": _dp_bytes(0, expert_padded[r["pp_rank"]], policy, zero,
+                                                 cfg, cfg.dp // cfg.ep),
+                          "measured": sent("edp")}
         if cfg.tp > 1:
-            row["tp"] = {"predicted": tp_pred[r["pp_rank"]], "measured": sent("tp")}
+            experts_tp = (expert_tp_bytes(cfg, run_layout(cfg), r, groups[r["rank"]])
+                          if r["rank"] in groups else 0.0)
+            row["tp"] = {"predicted": tp_pred[r["pp_rank"]] + experts_tp,
+                         "measured": sent("tp")}
         if cfg.pp > 1:
             row["pp"] = {"predicted": pp_pred[r["pp_rank"]]
                          + (sync_share(r["dp_rank"]) if ends[r["pp_rank"]] else 0.0),
@@ -249,7 +318,8 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _dp_bytes(params: float, padded: int, policy: Any, zero: int, cfg: Any) -> float:
+def _dp_bytes(params: float, padded: int, policy: Any, zero: int, cfg: Any,
+              n: int | None = None) -> float:
     """Bytes one rank sends per step for data parallelism, as torch runs it.
 
     DDP all-reduces the gradients once, after the last micro-batch (ZeRO paper's 2Ψ):
@@ -263,16 +333,17 @@ def _dp_bytes(params: float, padded: int, policy: Any, zero: int, cfg: Any) -> f
     after backward to the last micro-batch). FSDP2 pads every parameter's dim 0 to a
     multiple of dp (``padded`` elements: :func:`~shardlab.estimate.comm.fsdp2_padded_params`),
     so every rank sends exactly (dp-1) padded shards per collective, whether or not dp
-    divides the model.
+    divides the model. ``n``: the group's ranks (dp; expert_dp for a MoE's experts).
     """
+    n = cfg.dp if n is None else n
     # Under bf16 FSDP2's MixedPrecisionPolicy casts the shards before gathering them (2 bytes)
     # and reduces gradients in fp32.
     gathered = 2 if cfg.dtype == "bf16" else policy.weight_bytes
     if zero == 0:
-        return ring_allreduce_bytes(params * policy.grad_bytes, cfg.dp)
+        return ring_allreduce_bytes(params * policy.grad_bytes, n)
     m = cfg.microbatches
     k = 1 if cfg.pp > 1 else (2 * m if zero == 3 else m)
-    return float((cfg.dp - 1) * (padded // cfg.dp) * (k * gathered + policy.grad_bytes))
+    return float((n - 1) * (padded // n) * (k * gathered + policy.grad_bytes))
 
 
 def measured_step_flops(ranks: list[dict[str, Any]]) -> int:
@@ -284,10 +355,18 @@ def measured_step_flops(ranks: list[dict[str, Any]]) -> int:
 def early_stop_flops(cfg: Any, tokens: int) -> float:
     """Recompute FLOPs torch's checkpoint skips under full recompute: non-reentrant
     ``checkpoint`` stops re-running a block once the last tensor backward needs is back, so
-    each block's MLP output projection (2·d_ff·d per token) is not recomputed."""
+    each block's MLP output projection (2·d_ff·d per token; a MoE block's shared experts'
+    when no auxiliary loss follows them) is not recomputed."""
     if cfg.recompute != "full":
         return 0.0
-    return cfg.shape.layers * 2 * cfg.shape.d_ff * cfg.shape.d_model * tokens
+    m = cfg.shape
+    if m.moe is None:
+        return m.layers * 2 * m.d_ff * m.d_model * tokens
+    # A MoE block's last matmul is its shared experts' output projection (the routed
+    # experts' outputs are kept by the gate-weighted combine, so they are recomputed),
+    # unless an auxiliary loss is attached after it: its saved input comes later.
+    shared = 0 if has_aux(cfg) else m.moe.shared_experts * m.moe.shared_d_ff
+    return (m.dense_layers * m.d_ff + m.moe_layers * shared) * 2 * m.d_model * tokens
 
 
 def replicated_head_flops(cfg: Any, tokens: int) -> float:

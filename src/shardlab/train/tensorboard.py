@@ -23,6 +23,7 @@ per-step file and the launcher's end-of-run file carry different suffixes (``.st
 
 from __future__ import annotations
 
+import struct
 import time
 from pathlib import Path
 from typing import Any
@@ -94,3 +95,23 @@ class RunBoard:
     def close(self) -> None:
         """Close the event file (everything is already on disk)."""
         self.writer.close()
+
+
+def read_scalars(directory: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of every event file in ``directory``, by tag: [(step, value)] in file
+    order. TFRecord framing (length u64, its CRC u32, the Event bytes, their CRC u32)
+    around ``Event`` protocol buffers; the CRCs are not checked (a reader for tests and
+    scripts, not a replacement for TensorBoard's)."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(Path(directory).glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        i = 0
+        while i + 12 <= len(data):
+            (n,) = struct.unpack("<Q", data[i:i + 8])
+            event = Event()
+            event.ParseFromString(data[i + 12:i + 12 + n])
+            i += 12 + n + 4
+            for v in event.summary.value:
+                out.setdefault(v.tag, []).append((event.step, v.simple_value))
+    return out
+

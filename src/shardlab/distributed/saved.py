@@ -1,0 +1,90 @@
+"""What a rank keeps for backward, measured with saved-tensor hooks (seed 002's method).
+
+:func:`saved_activation_bytes` counts what one call (a forward) makes autograd save,
+:class:`SavedBytesMeter` what every forward of some modules saves (pipeline stages,
+whose forwards the schedule calls). Each distinct storage counts once; parameters (and
+views of them, such as the ``weight.t()`` a linear keeps) are left out, so the figure
+compares with the cost model's activations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+
+def _packer(seen: dict[int, int]) -> Any:
+    """A saved-tensor pack hook that records each distinct non-parameter storage's bytes."""
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        # Weights (FSDP's unsharded ones too) and views of them: a linear saves weight.t(),
+        # a plain tensor whose base is the Parameter.
+        if isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter):
+            return t
+        local = t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this rank's part
+        try:
+            # Keyed by the storage's identity (its StorageImpl), not its data pointer: a
+            # fake tensor (the dry run) has none.
+            storage = local.untyped_storage()
+            if storage.nbytes():
+                seen[storage._cdata] = storage.nbytes()
+        except (RuntimeError, NotImplementedError):  # a tensor without storage
+            pass
+        return t
+
+    return pack
+
+
+def saved_activation_bytes(fn: Any) -> tuple[Any, int]:
+    """Run ``fn()`` and return (its result, bytes of distinct storages autograd saved for
+    backward, parameters left out): the saved-tensor-hooks measurement of seed 002."""
+    seen: dict[int, int] = {}
+    with torch.autograd.graph.saved_tensors_hooks(_packer(seen), lambda t: t):
+        out = fn()
+    return out, sum(seen.values())
+
+
+class SavedBytesMeter:
+    """Saved-for-backward bytes of every forward of some modules (pipeline stages, whose
+    forwards the schedule calls): each forward's distinct storages are counted on their
+    own (nothing saved is freed inside one forward; between forwards of different
+    micro-batches a freed storage's address may come back), and summed."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.forwards = 0
+        self._open: list[Any] = []
+        self._handles: list[Any] = []
+
+    @contextlib.contextmanager
+    def count(self) -> Iterator[None]:
+        """Count what autograd saves inside the block (e.g. the loss after a stage)."""
+        seen: dict[int, int] = {}
+        with torch.autograd.graph.saved_tensors_hooks(_packer(seen), lambda t: t):
+            yield
+        self.total += sum(seen.values())
+
+    def attach(self, modules: list[torch.nn.Module]) -> SavedBytesMeter:
+        """Count every forward of ``modules`` until :meth:`detach`."""
+        def enter(module: Any, args: Any) -> None:
+            ctx = self.count()
+            ctx.__enter__()
+            self._open.append(ctx)
+            self.forwards += 1
+
+        def leave(module: Any, args: Any, out: Any) -> None:
+            self._open.pop().__exit__(None, None, None)
+
+        for m in modules:
+            self._handles += [m.register_forward_pre_hook(enter),
+                              m.register_forward_hook(leave)]
+        return self
+
+    def detach(self) -> None:
+        """Remove the hooks."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()

@@ -1,0 +1,134 @@
+"""fp8 training: which matmuls run in fp8, what the casts move, what the fp8 copies hold.
+
+The split (the ``fp8`` policy of :mod:`shardlab.config.dtypes`) is Transformer Engine's
+and torchao's float8 training: every linear layer of the attention projections (Q, K, V,
+output), the MLP and the experts (routed and shared) multiplies in fp8, forward (E4M3)
+and backward (E5M2 gradients); the attention core (Q·Kᵀ, scores·V), the output head
+(torchtitan's float8 converter skips ``output``), the MoE router and the norms stay in
+bf16. The DeepSeek-V3 report (arXiv 2412.19437, Sec. 3.3.1) states the same: "the
+embedding module, the output head, MoE gating modules, normalization operators, and
+attention operators" keep their precision, the three GEMMs of each linear run in fp8.
+
+**Casts** (memory-bound, at the memory bandwidth, per layer and micro-batch): each
+bf16 operand of an fp8 GEMM is scanned for its absolute maximum (read 2 B per element:
+dynamic/current scaling, torchao's tensorwise default), cast (read 2 B, write 1 B) and,
+for the transposed operand Hopper's fp8 GEMM needs in backward, transposed (read 1 B,
+write 1 B): :data:`ACTIVATION_CAST_BYTES` = 7 B per element of every linear's input
+(forward) and of every linear's output gradient (backward), torchao's separate kernels.
+Transformer Engine fuses the cast into the kernel that produces the operand (its
+LayerNormLinear and LayerNormMLP modules; delayed scaling takes the amax in the same
+pass), leaving the write of the fp8 copy and the transpose: 3 B (the framework's
+``fp8_cast_bytes``, :mod:`shardlab.plan.overlap`). Weights are cast without
+the amax pass (their scale is precomputed: torchao ``precompute_float8_dynamic_scale_for_
+fsdp``, Transformer Engine's cached weight): :data:`WEIGHT_CAST_BYTES` = 5 B per weight
+element per micro-batch. With sequence parallelism the column-parallel inputs are cast
+before their all-gather (torchao ``Float8ColwiseParallel``, Transformer Engine's fp8
+all-gather), on T·h/t elements. Not modelled: the halved bytes of those fp8 all-gathers.
+
+**Memory**: a rank that holds whole weights (ZeRO 0-2) keeps an fp8 copy of each linear
+weight and its transpose (``fp8_copy_bytes`` = 2 per element) and, per linear module,
+the fp32 scale, inverse scale and amax of its three operands (input, weight, output
+gradient; amax history 1, Megatron-LM's ``--fp8-amax-history-len`` default):
+:data:`SCALE_BYTES_PER_LINEAR` = 36 B. Under ZeRO-3 the weights are gathered in fp8 layer
+by layer and freed, as FSDP's bf16 copies are (not counted, like them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shardlab.config.dtypes import DtypePolicy
+from shardlab.config.layout import Layout
+from shardlab.config.model import ModelShape
+from shardlab.estimate.flops import flops_per_token
+from shardlab.estimate.partition import moe_layers_per_rank, rank_layers
+
+ACTIVATION_CAST_BYTES = 7
+WEIGHT_CAST_BYTES = 5
+SCALE_BYTES_PER_LINEAR = 36
+
+
+def linear_weights(m: ModelShape, tp: int, moe_layer: bool, ep: int = 1,
+                   etp: int | None = None) -> int:
+    """Linear-layer weight elements of one layer on one tensor-parallel rank: Q, K, V and
+    output over tp, the MLP over tp, or (MoE) the shared experts over tp and the rank's
+    experts/ep routed experts over etp (default tp). No router, no biases, no norms."""
+    h = m.d_model
+    n = (h * (m.q_dim + 2 * m.kv_dim) + m.q_dim * h) // tp
+    if moe_layer and m.moe is not None:
+        e = m.moe
+        n += m.mlp_matrices * h * e.shared_experts * e.shared_d_ff // tp
+        n += e.experts // ep * m.mlp_matrices * h * e.expert_d_ff // (tp if etp is None else etp)
+    else:
+        n += m.mlp_matrices * h * m.d_ff // tp
+    return n
+
+
+def linear_modules(m: ModelShape, moe_layer: bool, ep: int = 1) -> int:
+    """Linear modules of one layer on one rank: fused QKV, output, and two per MLP (the
+    gate and up projections fused, then down) and per routed expert the rank holds."""
+    if moe_layer and m.moe is not None:
+        return 2 + 2 * (1 if m.moe.shared_experts else 0) + 2 * (m.moe.experts // ep)
+    return 4
+
+
+def layer_state_bytes(m: ModelShape, policy: DtypePolicy, tp: int, moe_layer: bool,
+                      ep: int = 1, etp: int | None = None) -> float:
+    """Bytes one layer's fp8 copies and scales hold on one rank whose weights are whole
+    (ZeRO 0-2; module docstring); 0 for a policy without fp8."""
+    if not policy.is_fp8:
+        return 0.0
+    return float(policy.fp8_copy_bytes * linear_weights(m, tp, moe_layer, ep, etp)
+                 + SCALE_BYTES_PER_LINEAR * linear_modules(m, moe_layer, ep))
+
+
+def rank_state_bytes(m: ModelShape, lay: Layout) -> list[float]:
+    """fp8 copy and scale bytes on each pipeline rank (0 under ZeRO-3 or without fp8)."""
+    if not lay.dtype.is_fp8 or lay.zero >= 3:
+        return [0.0] * lay.pp
+    dense = layer_state_bytes(m, lay.dtype, lay.tp, False)
+    moe = layer_state_bytes(m, lay.dtype, lay.tp, True, lay.ep, lay.etp)
+    return [(n - k) * dense + k * moe
+            for n, k in zip(rank_layers(m.layers, lay.pp, lay.virtual_stages),
+                            moe_layers_per_rank(m, lay.pp, lay.virtual_stages), strict=True)]
+
+
+def mean_width(m: ModelShape) -> float:
+    """MLP width a token passes through, averaged over the layers (MoE: top-k experts and
+    the shared ones)."""
+    if m.moe is None or not m.moe_layers:
+        return float(m.d_ff)
+    e = m.moe
+    width = e.experts_per_token * e.expert_d_ff + e.shared_experts * e.shared_d_ff
+    return (m.moe_layers * width + m.dense_layers * m.d_ff) / m.layers
+
+
+def cast_bytes(m: ModelShape, tokens: np.ndarray | float, tp: np.ndarray | float,
+               sp: np.ndarray | bool, weights: np.ndarray | float,
+               per_element: int = ACTIVATION_CAST_BYTES) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) bytes one layer's fp8 casts move on one rank per micro-batch of
+    ``tokens`` tokens (module docstring), ``weights`` its linear weight elements.
+    Forward: the inputs of QKV and the MLP's first linear (T·h, T·h/t with sequence
+    parallelism) and of the output and down projections (T·q/t, T·f/t), plus the weights;
+    backward: the gradients of the four outputs (T·(q+2kv)/t, T·h, T·(mm-1)·f/t, T·h)."""
+    t = np.asarray(tp, float)
+    tok = np.asarray(tokens, float)
+    h, f = m.d_model, mean_width(m)
+    inputs = tok * (2 * h / np.where(sp, t, 1.0) + (m.q_dim + f) / t)
+    grads = tok * ((m.q_dim + 2 * m.kv_dim + (m.mlp_matrices - 1) * f) / t + 2 * h)
+    return (per_element * inputs + WEIGHT_CAST_BYTES * np.asarray(weights, float),
+            per_element * grads)
+
+
+def linear_flop_share(m: ModelShape, seq: int) -> float:
+    """Share of the model's training FLOPs that run in the linear layers (the rest: the
+    attention core, the head, the router)."""
+    f = flops_per_token(m, seq)
+    router = 2.0 * m.moe_layers * m.d_model * (m.moe.experts if m.moe is not None else 0)
+    return (f.forward - f.attention - f.logits - router) / f.forward
+
+
+def blended_peak(bf16_peak: float, fp8_peak: float, share: float) -> float:
+    """The dense peak a step reaches with ``share`` of its FLOPs at ``fp8_peak`` and the rest
+    at ``bf16_peak`` (harmonic: times add): 1 / (share/fp8 + (1 - share)/bf16)."""
+    return 1.0 / (share / fp8_peak + (1.0 - share) / bf16_peak)

@@ -1,0 +1,58 @@
+"""The memory-bound work of one layer in the step-time model
+(:mod:`shardlab.plan.step_time`): the elementwise operators' bytes and the fp8 casts'
+seconds, vectorised over layouts. Both move bytes, not FLOPs, and are timed at the
+memory bandwidth (roofline: Williams et al. 2009).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shardlab.config.model import ModelShape
+from shardlab.estimate import fp8
+from shardlab.estimate.fp8 import mean_width
+from shardlab.plan.space import Candidates
+
+EAGER_NORM_PASSES = 9
+"""An eager torch RMSNorm moves 9x a fused kernel's bytes: x.float() (read 2 B, write 4),
+pow (4 + 4), mean (4), x·rsqrt (4 + 4), type_as (4 + 2), ·weight (2 + 2) = 36 B per element
+against 4 (read 2, write 2). LayerNorm is one native kernel in eager torch already."""
+
+
+def layer_elementwise_elements(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray,
+                               sp: np.ndarray, flash: bool, fused_norm: bool = True
+                               ) -> tuple[np.ndarray, np.ndarray]:
+    """Elements one layer's memory-bound forward operators read plus write on one tp rank:
+    (all of them, the softmax's share). Per operator as
+    :func:`shardlab.estimate.operators.layer_operators` counts them (T = b·s tokens): two
+    norms 2·T·h each (RMSNorm in eager torch: :data:`EAGER_NORM_PASSES` x that) and two
+    residual adds 3·T·h each (divided by t with sequence parallelism, else replicated),
+    rotary 2·T·(q + kv)/t (llama style), softmax 2·b·heads·s²/t (none with a fused
+    attention kernel), activation 3·T·f/t (SwiGLU) or 2·T·f/t (GELU), f the MLP width (a
+    MoE layer: its top-k experts' and shared widths)."""
+    m = model
+    t = tp.astype(float)
+    tokens = (mb * seq).astype(float)
+    rep = tokens * m.d_model / np.where(sp, t, 1.0)
+    llama = m.style == "llama"
+    f = mean_width(m)
+    soft = 0.0 if flash else 2.0 * mb * m.heads * seq * seq / t
+    rotary = 2.0 * tokens * (m.q_dim + m.kv_dim) / t if llama else 0.0
+    act = (3.0 if llama else 2.0) * tokens * f / t
+    norms = 4.0 * rep * (EAGER_NORM_PASSES if llama and not fused_norm else 1)
+    total = norms + 6.0 * rep + rotary + soft + act
+    return np.asarray(total, float), np.asarray(soft + 0.0 * t, float)
+
+
+def fp8_cast_seconds(m: ModelShape, c: Candidates, seq: int, bandwidth: float,
+                      per_element: int) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of one layer's fp8 casts per micro-batch at ``bandwidth``
+    (:func:`shardlab.estimate.fp8.cast_bytes`, dense and MoE layers averaged)."""
+    w = np.array([fp8.linear_weights(m, int(t), False) for t in c.tp], float)
+    if m.moe_layers:
+        w_moe = np.array([fp8.linear_weights(m, int(t), True, int(e), int(et))
+                          for t, e, et in zip(c.tp, c.ep, c.etp, strict=True)], float)
+        w = ((m.layers - m.moe_layers) * w + m.moe_layers * w_moe) / m.layers
+    fwd, bwd = fp8.cast_bytes(m, (c.micro_batch * seq).astype(float), c.tp, c.sp, w,
+                              per_element)
+    return fwd / bandwidth, bwd / bandwidth

@@ -1,0 +1,191 @@
+"""Communication overlap in the step-time model: what each option hides, and each
+framework's defaults.
+
+Three options (``--layout`` keys of ``shardlab plan``; :class:`~shardlab.plan.step_time.
+StepOptions` fields), each ``off``, ``on`` or the narrower case a framework enables:
+
+* **overlap_dp**: data-parallel gradient reduction (all-reduce or reduce-scatter) runs
+  bucket by bucket during the last micro-batch's backward, and the parameter
+  all-gather (ZeRO 1-2 after the optimizer, ZeRO-3 before each layer) during the
+  forward (Megatron-LM's ``--overlap-grad-reduce`` / ``--overlap-param-gather``;
+  FSDP2's prefetch of the next layer's all-gather and reduce-scatter on a side stream;
+  DeepSpeed's ``overlap_comm``). Exposed: what is longer than the window it hides
+  behind, and never less than one unit's share (the last bucket or layer cannot start
+  before the backward ends, the first gather before the forward starts): per unit
+  max(comm - window, comm/units), units = the rank's layers. ``zero3``: on for ZeRO-3
+  only (DeepSpeed).
+* **overlap_tp**: each tensor-parallel all-gather or reduce-scatter is split into t
+  chunks that ride alongside the matmul it feeds or drains (Wang et al. 2023, "Overlap
+  communication with dependent computation via decomposition"). With t chunks the
+  first chunk's matmul has nothing to hide: a pass exposes max(0, comm - g·(t-1)/t) for
+  its linear matmuls' time g (2g backward). ``on``: forward and backward (Megatron-LM's
+  ``--tp-comm-overlap``, Transformer Engine's userbuffers overlap fprop, dgrad and wgrad);
+  ``forward``: the forward passes only, the recomputed one included (torch's async TP,
+  torchtitan's ``enable_async_tensor_parallel``, fuses the all-gather-matmul and
+  matmul-reduce-scatter patterns of the forward graph: its authors report "up to ~20%
+  forward pass speedup and ~8% E2E speedup in Llama3 70B", PyTorch dev-discuss, Aug
+  2024). ``overlap_tp=1`` means the framework's kind. The embedding's and head's
+  collectives stay exposed.
+* **overlap_pp**: pipeline sends and receives of one chunk run while the next chunk
+  computes (Megatron-LM's ``overlap_p2p_comm``, used by its interleaved schedule). The
+  first receive and the last send have nothing to run beside them: exposed
+  2 x one message, plus any part of each message longer than a chunk's forward.
+  ``interleaved``: on for interleaved schedules only (Megatron-LM).
+
+:data:`FRAMEWORKS` gives each framework's defaults (``--framework``), each with where it
+comes from; a ``--layout`` key overrides one. Without ``--framework`` the planner keeps
+its own defaults (:data:`DEFAULTS`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardlab.errors import SpecError
+
+DP_MODES: tuple[str, ...] = ("off", "on", "zero3")
+TP_MODES: tuple[str, ...] = ("off", "on", "forward")
+PP_MODES: tuple[str, ...] = ("off", "on", "interleaved")
+
+
+@dataclass(frozen=True)
+class Framework:
+    """A training framework's defaults for the step-time options, and their sources."""
+
+    name: str
+    overlap_dp: str
+    overlap_tp: str
+    overlap_pp: str
+    fused_norm: bool
+    fused_accumulation: bool
+    source: str
+    tp_overlap_kind: str = "on"
+    """What ``overlap_tp=1`` turns on in this framework: ``on`` (forward and backward) or
+    ``forward``."""
+    grad_reduce_bytes: int = 0
+    """Bytes per gradient element its data-parallel reduction moves when the compute dtype is
+    bf16 (0: the dtype policy's): Megatron-LM "bfloat16 requires gradient accumulation and
+    all-reduce to be done in fp32" (arguments.py, unless --grad-reduce-in-bf16); FSDP's
+    mixed precision reduces in fp32 in torchtitan (``mixed_precision_reduce = "float32"``)
+    and Composer's DEFAULT policy."""
+    flash_kernel: str = "fa3"
+    """The fused attention kernel it calls: ``fa2`` (FlashAttention-2, torch SDPA's flash
+    backend) or ``fa3`` (FlashAttention-3 or cuDNN's fused attention, as Transformer Engine
+    calls it on Hopper)."""
+    fp8_cast_bytes: int = 7
+    """Bytes an fp8 operand's cast moves per element (:mod:`shardlab.estimate.fp8`): 7 for
+    torchao's separate amax, cast and transpose kernels; 3 where Transformer Engine fuses the
+    cast into the kernel that produces the operand (LayerNormLinear, LayerNormMLP, delayed
+    scaling's amax taken in the same pass) and only the transposed copy is a pass of its own."""
+
+    def options(self) -> dict[str, object]:
+        """The options as StepOptions keywords."""
+        return {"overlap_dp": self.overlap_dp, "overlap_tp": self.overlap_tp,
+                "overlap_pp": self.overlap_pp, "fused_norm": self.fused_norm,
+                "fused_accumulation": self.fused_accumulation,
+                "fp8_cast_bytes": self.fp8_cast_bytes, "flash_kernel": self.flash_kernel,
+                "grad_reduce_bytes": self.grad_reduce_bytes}
+
+
+FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
+    Framework(
+        "megatron", "off", "off", "interleaved", True, True, fp8_cast_bytes=3,
+        grad_reduce_bytes=4, source=
+        "Megatron-LM megatron/training/arguments.py: --overlap-grad-reduce and "
+        "--overlap-param-gather are store_true (default off), --tp-comm-overlap store_true "
+        "(off), --no-overlap-p2p-communication store_false into overlap_p2p_comm (on; the "
+        "interleaved schedule uses it), --no-gradient-accumulation-fusion store_false "
+        "(fusion on); norms are Transformer Engine / Apex fused kernels"),
+    Framework(
+        "torchtitan", "on", "off", "off", False, False, tp_overlap_kind="forward",
+        flash_kernel="fa2", grad_reduce_bytes=4, source=
+        "torchtitan: FSDP2 prefetches the next layer's all-gather and reduce-scatters on a "
+        "side stream (no flag); parallelism.enable_async_tensor_parallel defaults to False; "
+        "torch.distributed.pipelining posts a stage's receive just before its compute; "
+        "RMSNorm runs in eager torch unless compile.enable (default false); gradients of "
+        "micro-batches accumulate in a separate add"),
+    Framework(
+        "fsdp", "on", "off", "off", False, False, tp_overlap_kind="forward", fp8_cast_bytes=3,
+        flash_kernel="fa2", grad_reduce_bytes=4,
+        source=
+        "PyTorch FSDP outside torchtitan (Composer, fms-fsdp, Accelerate): as torchtitan, "
+        "FSDP's backward and forward prefetch overlap the all-gathers and reduce-scatters; "
+        "no tensor or pipeline parallelism of its own; eager norms unless compiled"),
+    Framework(
+        "deepspeed", "zero3", "off", "off", True, False, fp8_cast_bytes=3, flash_kernel="fa2",
+        source=
+        "DeepSpeed deepspeed/runtime/zero/config.py: overlap_comm left unset becomes "
+        "stage == 3 (on for ZeRO-3 only); tensor parallelism from Megatron-DeepSpeed runs "
+        "synchronously; the pipeline engine's sends and receives block; fused norms from "
+        "Megatron-DeepSpeed; gradients accumulate in DeepSpeed's own buffers"),
+)}
+
+DEFAULTS = Framework("none", "on", "off", "off", True, True, source=
+                     "shardlab's defaults without --framework: data-parallel communication "
+                     "overlapped, tensor- and pipeline-parallel on the critical path, fused "
+                     "norms and gradient accumulation")
+
+
+def framework(name: str | None) -> Framework:
+    """The framework ``name`` (None: :data:`DEFAULTS`); one-line SpecError naming the
+    known ones otherwise."""
+    if name is None:
+        return DEFAULTS
+    key = name.lower()
+    if key not in FRAMEWORKS:
+        raise SpecError("framework", name, f"must be one of {', '.join(FRAMEWORKS)}")
+    return FRAMEWORKS[key]
+
+
+_WORDS: dict[str, str] = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off",
+                          "no": "off"}
+
+
+def mode(field: str, value: object, allowed: tuple[str, ...]) -> str:
+    """An overlap option as one of ``allowed``: True, 1, yes -> "on"; False, 0, no -> "off";
+    a mode by name as it is. SpecError otherwise."""
+    text = str(value).lower()
+    text = _WORDS.get(text, text)
+    if text not in allowed:
+        raise SpecError(field, value, f"must be 0 or 1 (or {', '.join(allowed)})")
+    return text
+
+
+def dp_on(value: str, zero: np.ndarray) -> np.ndarray:
+    """Per layout: whether overlap_dp ``value`` overlaps at this ZeRO stage."""
+    return np.full(len(zero), value == "on") | ((value == "zero3") & (zero == 3))
+
+
+def pp_on(value: str, virtual: np.ndarray) -> np.ndarray:
+    """Per layout: whether overlap_pp ``value`` overlaps (``interleaved``: v > 1)."""
+    return np.full(len(virtual), value == "on") | ((value == "interleaved") & (virtual > 1))
+
+
+def hidden_behind(comm: np.ndarray, window: np.ndarray, units: np.ndarray,
+                  on: np.ndarray) -> np.ndarray:
+    """Exposed seconds of ``comm`` overlapped (where ``on``) with ``window`` seconds of
+    compute, in ``units`` pieces of which the last cannot overlap:
+    max(comm - window, comm/units); all of it where not ``on``."""
+    exposed = np.maximum(comm - window, comm / np.maximum(units, 1.0))
+    return np.where(on & (comm > 0), exposed, comm)
+
+
+def tp_exposed(comm_fwd: np.ndarray, comm_bwd: np.ndarray, gemm_fwd: np.ndarray,
+               tp: np.ndarray, kind: str) -> np.ndarray:
+    """Exposed tensor-parallel seconds of one layer (forward + backward) with its linear
+    matmuls taking ``gemm_fwd`` forward and twice that backward, under overlap ``kind``
+    (off, on, forward: module docstring)."""
+    share = (tp - 1.0) / tp
+    fwd = comm_fwd if kind == "off" else np.maximum(comm_fwd - gemm_fwd * share, 0.0)
+    bwd = comm_bwd if kind != "on" else np.maximum(comm_bwd - 2.0 * gemm_fwd * share, 0.0)
+    return fwd + bwd
+
+
+def pp_exposed(message: np.ndarray, messages: np.ndarray, chunk_fwd: np.ndarray,
+               on: np.ndarray) -> np.ndarray:
+    """Exposed point-to-point seconds: all ``messages`` x ``message`` where not ``on``,
+    else 2 messages plus what each message exceeds a chunk's forward by."""
+    overlapped = 2.0 * message + messages * np.maximum(message - chunk_fwd, 0.0)
+    return np.where(on, np.minimum(overlapped, messages * message), messages * message)

@@ -1,0 +1,179 @@
+"""Published runs from NVIDIA's Megatron-LM, NeMo and Megatron-Bridge tables (H100).
+
+* MW: the Megatron-LM README, "Training Speed and Scalability" (commit f2e5db40, July
+  2024; the table is the image ``images/model_table.png``, Megatron-Core r0.8.0): GPT
+  models 1.7B-462B, vocabulary 131,072, sequence 4096, "fine-grained overlapping of
+  data-parallel (``--overlap-grad-reduce --overlap-param-gather``), tensor-parallel
+  (``--tp-comm-overlap``) and pipeline-parallel communication (enabled by default)".
+  Per-GPU TFLOP/s, turned into seconds by Megatron's FLOP formula.
+* NM: NVIDIA/NeMo ``docs/source/performance/performance_summary.md`` (commit e2de75c1,
+  NeMo 24.07, DGX-H100): pre-training at fp8, tokens/s per GPU with TP, PP, VP, MBS, GBS.
+* MB: NVIDIA-NeMo/Megatron-Bridge ``docs/performance-summary-archive.md`` (25.11
+  DGX-H100 rows with their precision column "FP8-CS"; 25.09 MoE rows).
+* ZQ: yanring/Megatron-MoE-ModelZoo ``best_practice/qwen3/readme.md`` (commit 798dfb50):
+  Qwen3-235B-A22B on 256 H100 ("NVLink 4th Generation, InfiniBand 8x50 GB/s"), bf16,
+  printed step times.
+"""
+
+from __future__ import annotations
+
+from shardlab.config.catalog import get_model
+from shardlab.config.model import ModelShape, MoE
+from shardlab.plan.published_run import PublishedRun, megatron_flops, tokens_step
+
+_DGX = ("DGX H100: 8 H100 SXM per node, NVLink 4, 8 x 400 Gb/s NDR NICs (the tables say "
+        "only DGX-H100)",)
+
+
+def _mw_model(name: str, heads: int, hidden: int, layers: int) -> ModelShape:
+    return ModelShape(f"gpt-{name}", layers, hidden, heads, vocab=131072, context=4096,
+                      style="gpt", tied=False, source="Megatron-LM README model table "
+                      "(heads, hidden, layers); vocabulary 131,072 and sequence 4096 from its text")
+
+
+def _mw(name: str, heads: int, hidden: int, layers: int, tp: int, pp: int, gpus: int,
+        batch: int, tflops: float, mfu: int, role: str = "validation") -> PublishedRun:
+    step = megatron_flops(batch, 4096, layers, hidden, 131072) / (gpus * tflops * 1e12)
+    return PublishedRun(
+        f"MW {name}", "Megatron-LM README, weak-scaling table (Megatron-Core r0.8.0)",
+        _mw_model(name, heads, hidden, layers), "H100 SXM", gpus, tp, pp, batch, 4096, step,
+        role, f"{tflops:g} TFLOP/s per GPU, MFU {mfu}% (Megatron's FLOP formula)",
+        recompute="none", sp=tp > 1, zero=1, flash=True,
+        options="overlap_dp=1 overlap_tp=1 overlap_pp=1",
+        assumed=("bf16 (the MFU against 989 TFLOP/s says so)", "micro-batch 1",
+                 "no recompute, non-interleaved 1F1B (Megatron's defaults)",
+                 "distributed optimizer (ZeRO-1: --overlap-param-gather needs it)",
+                 "sequence parallel with tp > 1", "GELU MLP of 4h, MHA, untied "
+                 "embeddings (the parameter counts of the model-size column)", *_DGX),
+        checked="cells of images/model_table.png read from the image at commit f2e5db40 "
+        "(model size, heads, hidden, layers, TP, PP, DP, GPUs, batch, TFLOP/s, MFU); MFU x "
+        "989 TFLOP/s gives each TFLOP/s cell")
+
+
+MW_RUNS: tuple[PublishedRun, ...] = (
+    _mw("1.7B", 16, 2048, 24, 1, 1, 48, 192, 408.8, 41),
+    _mw("7.1B", 32, 4096, 30, 2, 1, 96, 192, 465.9, 47),
+    _mw("16B", 48, 6144, 32, 4, 1, 192, 192, 489.1, 49, "calibration"),
+    _mw("32B", 56, 7168, 48, 8, 1, 384, 192, 459.6, 46),
+    _mw("70B", 64, 8192, 84, 8, 2, 768, 384, 419.7, 42),
+    _mw("119B", 80, 10240, 92, 8, 4, 1536, 768, 420.5, 43),
+    _mw("177B", 96, 12288, 96, 8, 6, 2304, 1152, 432.8, 44),
+    _mw("314B", 128, 16384, 96, 8, 8, 3072, 1536, 474.4, 48),
+    _mw("462B", 144, 18432, 112, 8, 16, 6144, 3072, 459.9, 47),
+)
+
+
+def _nemo_gpt(name: str, layers: int, hidden: int, heads: int) -> ModelShape:
+    return ModelShape(name, layers, hidden, heads, vocab=50257, context=2048, style="gpt",
+                      tied=True, source="NeMo GPTConfig (layers, hidden, heads); GPT-2 BPE "
+                      "vocabulary assumed")
+
+
+_NEMOTRON_340B = ModelShape(
+    "nemotron-4-340b", 96, 18432, 96, vocab=256000, context=4096, kv_heads=8, d_ff=73728,
+    style="gpt", tied=False, source="NeMo Nemotron4Config340B: 96 layers, 18432, 96 heads, 8 "
+    "query groups, FFN 73728 (squared ReLU, two matrices), vocabulary 256,000")
+
+
+def _nm(key: str, model: ModelShape, gpus: int, gbs: int, mbs: int, seq: int, tp: int,
+        pp: int, vp: int, tokens: float, role: str = "validation") -> PublishedRun:
+    return PublishedRun(
+        f"NM {key}", "NVIDIA NeMo 24.07 performance summary (fp8, DGX-H100)", model,
+        "H100 SXM", gpus, tp, pp, gbs, seq, tokens_step(gbs, seq, gpus, tokens), role,
+        f"{tokens:g} tokens/s per GPU", recompute="none", sp=tp > 1, zero=1,
+        micro_batch=mbs, virtual=vp, flash=True, dtype="fp8",
+        options="overlap_dp=1 overlap_tp=1",
+        assumed=("fp8 with Transformer Engine (the table's title: 'pre-training ... at FP8 "
+                 "precision')", "no recompute", "distributed optimizer with overlapped "
+                 "gradient reduce and parameter gather, tensor-parallel communication "
+                 "overlap (NeMo's performance recipes)", "sequence parallel with tp > 1",
+                 *_DGX),
+        checked="rows of performance_summary.md at NeMo commit e2de75c1: GPUs, GBS, MBS, "
+        "sequence, TP, PP, CP 1, VP and tokens/s per GPU as quoted")
+
+
+NM_RUNS: tuple[PublishedRun, ...] = (
+    _nm("GPT3-5B", _nemo_gpt("gpt3-5b", 24, 4096, 32), 64, 2048, 4, 2048, 1, 1, 1, 23406),
+    _nm("GPT3-20B", _nemo_gpt("gpt3-20b", 44, 6144, 48), 64, 256, 2, 2048, 2, 1, 1, 5851),
+    _nm("GPT3-175B 128", _nemo_gpt("gpt3-175b", 96, 12288, 96), 128, 256, 1, 2048, 4, 8, 6,
+        716),
+    _nm("GPT3-175B 512", _nemo_gpt("gpt3-175b", 96, 12288, 96), 512, 2048, 2, 2048, 4, 8,
+        6, 825),
+    _nm("Llama2-7B", get_model("llama-2-7b"), 8, 128, 1, 4096, 1, 1, 1, 16934,
+        "calibration"),
+    _nm("Llama2-13B", get_model("llama-2-13b"), 16, 128, 1, 4096, 1, 4, 10, 8715),
+    _nm("Llama2-70B", get_model("llama-2-70b"), 64, 128, 1, 4096, 4, 4, 20, 1728),
+    _nm("Nemotron-340B", _NEMOTRON_340B, 128, 32, 1, 4096, 8, 8, 12, 326),
+)
+
+
+def _qwen3(name: str, layers: int, hidden: int, heads: int, experts_ff: int, d_ff: int
+           ) -> ModelShape:
+    return ModelShape(name, layers, hidden, heads, vocab=151936, context=4096, kv_heads=4,
+                      head_dim=128, d_ff=d_ff, style="llama", tied=False,
+                      moe=MoE(experts=128, experts_per_token=8, expert_d_ff=experts_ff),
+                      source="Megatron-MoE-ModelZoo model_configs/benchmarking YAML "
+                      "(layers, hidden, heads, 4 query groups, 128 experts top-8, "
+                      "expert FFN); vocabulary 151,936")
+
+
+QWEN3_30B = _qwen3("qwen3-30b-a3b", 48, 2048, 32, 768, 6144)
+QWEN3_235B = _qwen3("qwen3-235b-a22b", 94, 4096, 64, 1536, 12288)
+
+MB_RUNS: tuple[PublishedRun, ...] = (
+    PublishedRun(
+        "MB Llama3-8B FSDP8", "Megatron-Bridge performance summary, 25.11 DGX-H100",
+        get_model("llama-3-8b"), "H100 SXM", 8, 1, 1, 128, 8192,
+        tokens_step(128, 8192, 8, 14451), "validation", "14,451 tokens/s per GPU",
+        recompute="none", zero=3, flash=True, dtype="fp8", options="overlap_dp=1",
+        assumed=("Megatron-FSDP as ZeRO-3 with overlapped gathers", "no recompute",
+                 "weights gathered in fp8", *_DGX),
+        checked="row 'LLAMA3_8B | 8 | FP8-CS | 128 | 1 | 8192 | 8 | 1 | 1 | 1 | n/a | 1 | 16 | "
+        "14451 | 744' (GPUs, precision, GBS, MBS, seq, FSDP, TP, PP, CP, VP, EP, GA)"),
+    PublishedRun(
+        "MB Llama3-70B", "Megatron-Bridge performance summary, 25.11 DGX-H100",
+        get_model("llama-3-70b"), "H100 SXM", 64, 4, 8, 128, 8192,
+        tokens_step(128, 8192, 64, 1602), "validation", "1,602 tokens/s per GPU",
+        recompute="none", sp=True, zero=1, virtual=5, flash=True, dtype="fp8",
+        options="overlap_dp=1 overlap_tp=1",
+        assumed=("distributed optimizer, overlapped data- and tensor-parallel "
+                 "communication (the perf recipes)", "no recompute", *_DGX),
+        checked="row 'LLAMA3_70B | 64 | FP8-CS | 128 | 1 | 8192 | 0 | 4 | 8 | 1 | 5 | 1 | 64 | "
+        "1602 | 719'"),
+    PublishedRun(
+        "MB Qwen3-30B-A3B", "Megatron-Bridge performance summary, 25.09 DGX-H100",
+        QWEN3_30B, "H100 SXM", 16, 1, 2, 512, 4096, tokens_step(512, 4096, 16, 10494),
+        "validation", "10,494 tokens/s per GPU", recompute="none", zero=1, micro_batch=2,
+        virtual=24, flash=True, dtype="fp8", ep=8, etp=1, capacity_factor=1.0,
+        options="overlap_dp=1",
+        assumed=("fp8 (inferred: the 25.09 H100 table has no precision column; the 25.11 "
+                 "FP8-CS rows of the same layouts are within 3%)", "'tokendrop': capacity "
+                 "factor 1.0, balanced routing", "no recompute", *_DGX),
+        checked="row 'Qwen3_30B_a3B (tokendrop) | 16 | 512 | 2 | 4096 | 0 | 1 | 2 | 1 | 24 | "
+        "8 | 32 | 10494 | 241'"),
+)
+
+
+def _zq(key: str, tp: int, pp: int, vp: int, ep: int, zero: int, mbs: int, recompute: str,
+        step: float, tflops: int) -> PublishedRun:
+    return PublishedRun(
+        f"ZQ Qwen3-235B {key}", "Megatron-MoE-ModelZoo, best_practice/qwen3/readme.md",
+        QWEN3_235B, "H100 SXM", 256, tp, pp, 2048, 4096, step, "validation",
+        f"step time {step} s ({tflops} TFLOP/s per GPU)", recompute=recompute, sp=True,
+        zero=zero, micro_batch=mbs, virtual=vp, flash=True, ep=ep, etp=1,
+        options="overlap_dp=1",
+        assumed=("balanced routing, dropless", "the norm/activation recompute of the rows "
+                 "not modelled (memory-bound operators)", "DeepEP's dispatch priced as an "
+                 "all-to-all"),
+        checked="the README's table rows (dispatcher, system, precision BF16, GPUs 256, seq "
+        "4096, TP, CP, EP, PP, EDP, ETP 1, VPP, DP, FSDP, MBS, GBS 2048, GA, recompute, "
+        "step time, TFLOP/s) and the YAML's --use-distributed-optimizer, "
+        "--overlap-grad-reduce, --overlap-param-gather, --sequence-parallel")
+
+
+ZQ_RUNS: tuple[PublishedRun, ...] = (
+    _zq("FSDP EP8", 2, 1, 1, 8, 3, 4, "full", 17.6, 276),
+    _zq("TP4 PP8 EP8", 4, 8, 4, 8, 1, 1, "none", 29.0, 167),
+)
+
+NVIDIA_RUNS = MW_RUNS + NM_RUNS + MB_RUNS + ZQ_RUNS

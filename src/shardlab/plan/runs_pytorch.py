@@ -1,0 +1,224 @@
+"""Published runs from PyTorch-native stacks: torchtitan, MosaicML's llm-foundry (Composer
++ FSDP), IBM's fms-fsdp, NeMo AutoModel.
+
+* TT: pytorch/torchtitan ``benchmarks/llama3_h100_202412_torchtitan.md`` (torchtitan
+  9dec370, Dec 2024): Llama 3.1 8B/70B/405B, "Each H100 GPU is equipped with 96GB HBM2e
+  with 2.4 TB/sec peak memory bandwidth", "400 Gb/s per GPU", "We used the default 500W
+  power limit"; tokens/s per GPU at the 90th iteration.
+* TA: pytorch/torchtitan ``benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md`` (June
+  2025, same hosts): vanilla against async TP, bf16 against fp8 tensorwise.
+* TH: pytorch/torchtitan ``benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md``:
+  Llama 3.1 8B on 32 and 64 H200, fp8 with fp8 FSDP all-gathers.
+* MPT: mosaicml/llm-foundry ``scripts/train/benchmarking/README.md`` (commit 49521837):
+  MPT models on A100 40/80GB and H100 with FSDP, tokens/s per GPU.
+* IBM: foundation-model-stack/fms-fsdp ``README.md`` (commit ed74fd5d): Llama 2 with FSDP
+  and torch.compile on 128 A100 ("400Gbps") and 96 H100 ("800 Gbps").
+* AM: NVIDIA-NeMo/Automodel ``docs/performance-summary.mdx`` (FSDP2 backend, bf16).
+"""
+
+from __future__ import annotations
+
+from shardlab.config.catalog import get_model
+from shardlab.config.model import ModelShape
+from shardlab.estimate.params import count_params
+from shardlab.plan.published_run import PublishedRun, tokens_step
+from shardlab.plan.runs_nvidia import QWEN3_30B
+
+_TT_HW = (("memory_bytes", 96e9), ("memory_bandwidth", 2.4e12))
+_TT_ASSUMED = ("H100 SXM peaks under the stated 500 W cap (the file: 'the actual peak "
+               "TFLOPs number is between SXM and NVL')", "sequence 8192 (the train_configs "
+               "at the benchmark commit)", "global batch = local batch x data-parallel degree",
+               "sequence parallel with tp > 1 (torchtitan always)", "one 400 Gb/s NIC per "
+               "GPU (stated)", "fp8: tensorwise dynamic scaling with fp8 FSDP all-gathers",
+               "per-op selective activation checkpointing priced as selective recompute")
+_TT_CHECKED = ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (commit "
+               "820504e2), table row and caption quoted in the run's measured_from")
+
+
+def _tt(key: str, model: str, gpus: int, tp: int, pp: int, local: int, mb: int,
+        recompute: str, tokens: float, row: str, dtype: str = "bf16", compiled: bool = True,
+        options: str = "", virtual: int = 1, role: str = "validation",
+        source: str = "torchtitan Llama 3.1 H100 benchmarks, Dec 2024",
+        checked: str = _TT_CHECKED) -> PublishedRun:
+    dp = gpus // (tp * pp)
+    gbs = local * dp
+    return PublishedRun(
+        f"{key}", source, get_model(model), "H100 SXM", gpus, tp, pp, gbs, 8192,
+        tokens_step(gbs, 8192, gpus, tokens), role, f"{tokens:g} tokens/s per GPU ({row})",
+        recompute=recompute, sp=tp > 1, zero=3, micro_batch=mb, virtual=virtual, flash=True,
+        dtype=dtype, framework="torchtitan",
+        options=f"fused_norm={int(compiled)} {options}".strip(),
+        hardware=_TT_HW, power_cap_w=500, assumed=_TT_ASSUMED, checked=checked)
+
+
+_TA = ("torchtitan async-TP benchmark, June 2025",
+       "pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (commit "
+       "2887250b): 'Llama3 70b on 256 H100s with FSDP=32, TP=8, torch.compile, full AC, "
+       "local batch size 16' / 'Llama3 8b on 64 H100s with FSDP=8, TP=8, torch.compile, per "
+       "op SAC, local batch size 12' and their bfloat16 / float8 tensorwise rows")
+
+
+def _ta(key: str, model: str, gpus: int, local: int, recompute: str, tokens: float,
+        dtype: str, async_tp: bool, role: str = "validation") -> PublishedRun:
+    return _tt(key, model, gpus, 8, 1, local, local, recompute, tokens,
+               f"{dtype}, {'async' if async_tp else 'vanilla'} TP", dtype=dtype,
+               options=f"overlap_tp={int(async_tp)}", role=role, source=_TA[0],
+               checked=_TA[1])
+
+
+TT_RUNS: tuple[PublishedRun, ...] = (
+    _tt("TT-1 8B FSDP8 eager", "llama-3-8b", 8, 1, 1, 2, 2, "selective", 5762,
+        "Table 1 'FSDP | 5,762'", compiled=False),
+    _tt("TT-2 8B FSDP8", "llama-3-8b", 8, 1, 1, 2, 2, "selective", 6667,
+        "Table 1 'FSDP + torch.compile | 6,667'", role="calibration"),
+    _tt("TT-3 8B FSDP8 fp8", "llama-3-8b", 8, 1, 1, 2, 2, "selective", 8532,
+        "Table 1 'FSDP + torch.compile + Float8 | 8,532'", dtype="fp8", role="calibration"),
+    _tt("TT-4 8B FSDP128 eager", "llama-3-8b", 128, 1, 1, 2, 2, "selective", 5605,
+        "Table 3 'FSDP | 5,605'", compiled=False),
+    _tt("TT-5 8B FSDP128", "llama-3-8b", 128, 1, 1, 2, 2, "selective", 6514,
+        "Table 3 'FSDP + torch.compile | 6,514'"),
+    _tt("TT-6 8B FSDP128 fp8", "llama-3-8b", 128, 1, 1, 2, 2, "selective", 8380,
+        "Table 3 'FSDP + torch.compile + Float8 | 8,380'", dtype="fp8"),
+    _tt("TT-7 70B FSDP32 TP8 fp8", "llama-3-70b", 256, 8, 1, 16, 16, "full", 829,
+        "Table 4 '2D | 829'", dtype="fp8", options="overlap_tp=0"),
+    _tt("TT-8 70B FSDP32 TP8 fp8 async", "llama-3-70b", 256, 8, 1, 16, 16, "full", 876,
+        "Table 4 '2D + AsyncTP | 876'", dtype="fp8", options="overlap_tp=1"),
+    _tt("TT-9 405B 3D 1F1B fp8", "llama-3.1-405b", 512, 8, 8, 32, 4, "full", 100,
+        "Table 5 '1F1B | 100'", dtype="fp8", options="overlap_tp=1"),
+    _tt("TT-10 405B 3D interleaved fp8", "llama-3.1-405b", 512, 8, 8, 32, 4, "full", 128,
+        "Table 5 'Interleaved 1F1B | 128' (2 chunks per rank assumed)", dtype="fp8",
+        options="overlap_tp=1", virtual=2),
+    _ta("TA-1 70B bf16", "llama-3-70b", 256, 16, "full", 597.3, "bf16", False),
+    _ta("TA-2 70B bf16 async", "llama-3-70b", 256, 16, "full", 652.4, "bf16", True),
+    _ta("TA-3 70B fp8", "llama-3-70b", 256, 16, "full", 809.8, "fp8", False),
+    _ta("TA-4 70B fp8 async", "llama-3-70b", 256, 16, "full", 942.4, "fp8", True),
+    _ta("TA-5 8B bf16", "llama-3-8b", 64, 12, "selective", 4378, "bf16", False),
+    _ta("TA-6 8B bf16 async", "llama-3-8b", 64, 12, "selective", 4809.4, "bf16", True),
+    _ta("TA-7 8B fp8", "llama-3-8b", 64, 12, "selective", 5078.1, "fp8", False),
+    _ta("TA-8 8B fp8 async", "llama-3-8b", 64, 12, "selective", 5570.1, "fp8", True),
+)
+
+
+def _th(gpus: int, tokens: float) -> PublishedRun:
+    return PublishedRun(
+        f"TH 8B FSDP{gpus} H200 fp8", "torchtitan community benchmark, Trainy on WhiteFiber",
+        get_model("llama-3-8b"), "H200 SXM", gpus, 1, 1, 2 * gpus, 8192,
+        tokens_step(2 * gpus, 8192, gpus, tokens), "validation",
+        f"{tokens:g} tokens/s per GPU at the 100th iteration", recompute="selective", zero=3,
+        micro_batch=2, flash=True, dtype="fp8", framework="torchtitan", options="fused_norm=1",
+        assumed=("H200 SXM at 700 W (not stated)", "sequence 8192 and per-op selective "
+                 "checkpointing from the 8B train config", "one 400 Gb/s NIC per GPU "
+                 "(stated: 'Mellanox CX-7 per GPU')"),
+        checked="pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md "
+        "(commit 4a61bd87): rows '| 4 | 10938 | 47.96 |', '| 8 | 10753 | 46.97 |' (nodes, TPS "
+        "per GPU, memory) and the command line (local batch 2, compile, float8 with fp8 FSDP "
+        "all-gather)")
+
+
+def _mpt_model(size: str, layers: int, hidden: int, heads: int) -> ModelShape:
+    return ModelShape(f"mpt-{size}", layers, hidden, heads, vocab=50368, context=2048,
+                      style="gpt", tied=True, source=f"llm-foundry yamls/pretrain/mpt-{size}"
+                      ".yaml (d_model, heads, layers, expansion 4, vocab 50368)")
+
+
+_MPT = {"1b": _mpt_model("1b", 24, 2048, 16), "3b": _mpt_model("3b", 32, 2560, 20),
+        "7b": _mpt_model("7b", 32, 4096, 32), "13b": _mpt_model("13b", 40, 5120, 40),
+        "30b": _mpt_model("30b", 48, 7168, 56), "70b": _mpt_model("70b", 80, 8192, 64)}
+
+
+def _mpt(key: str, size: str, gpus: int, gpu: str, mb: int, gbs: int, tokens: float,
+         ckpt: bool, zero: int = 3, dtype: str = "bf16",
+         role: str = "validation") -> PublishedRun:
+    return PublishedRun(
+        f"MPT-{key} {size}", "MosaicML llm-foundry benchmarking README", _MPT[size], gpu,
+        gpus, 1, 1, gbs, 2048, tokens_step(gbs, 2048, gpus, tokens), role,
+        f"{tokens:g} tokens/s per GPU", recompute="full" if ckpt else "none", zero=zero,
+        micro_batch=mb, flash=True, dtype=dtype, framework="fsdp",
+        assumed=("ALiBi and no biases priced as gpt style's learned positions and biases",
+                 "Composer's FSDP: overlapped gathers and reduce-scatters, gradients reduced "
+                 "in bf16", "activation checkpointing = full recompute of every block",
+                 "8 GPUs per node, one 200 Gb/s (A100: '1600 Gbps node-node') or 400 Gb/s "
+                 "(H100, not stated) NIC per GPU")
+        + (("fp8 through Transformer Engine ('amp_fp8'); its FSDP gathers bf16 weights, "
+            "priced as fp8",) if dtype == "fp8" else ()),
+        checked="README rows (model, seq 2048, GPUs, GPU type, MFU, HFU, micro-batch, grad "
+        "accumulation, global batch, tokens/s per GPU, precision, sharding, activation "
+        "checkpointing) at llm-foundry commit 49521837")
+
+
+MPT_RUNS: tuple[PublishedRun, ...] = (
+    _mpt("1", "70b", 512, "H100 SXM", 8, 4096, 1007, True),
+    _mpt("2", "70b", 256, "H100 SXM", 8, 2048, 1035, True),
+    _mpt("3", "70b", 128, "H100 SXM", 8, 1024, 1058, True),
+    _mpt("4", "30b", 128, "H100 SXM", 8, 1024, 2199, True),
+    _mpt("5", "7b", 512, "H100 SXM", 6, 3072, 9670, False),
+    _mpt("6", "7b", 128, "H100 SXM", 6, 768, 10475, False, role="calibration"),
+    _mpt("7", "1b", 512, "H100 SXM", 12, 6144, 39837, False, zero=2),
+    _mpt("8", "7b", 8, "H100 SXM", 6, 48, 10643, False),
+    _mpt("9", "13b", 8, "H100 SXM", 2, 16, 4792, False),
+    _mpt("10", "70b", 64, "H100 SXM", 8, 2048, 1039, True),
+    _mpt("11", "3b", 8, "H100 SXM", 10, 480, 30586, False, dtype="fp8"),
+    _mpt("12", "70b", 64, "A100 SXM 80GB", 8, 2048, 410, True),
+    _mpt("13", "13b", 8, "A100 SXM 80GB", 2, 48, 2262, False),
+    _mpt("14", "7b", 8, "A100 SXM 80GB", 6, 96, 4641, False),
+    _mpt("15", "70b", 128, "A100 SXM 40GB", 4, 512, 376, True),
+    _mpt("16", "7b", 128, "A100 SXM 40GB", 18, 2304, 3623, True),
+    _mpt("17", "7b", 8, "A100 SXM 40GB", 12, 384, 3679, True),
+    _mpt("18", "1b", 8, "A100 SXM 40GB", 8, 512, 19271, False),
+)
+
+_LLAMA2_34B = ModelShape("llama-2-34b", 48, 8192, 64, vocab=32000, context=4096, kv_heads=8,
+                         d_ff=22016, style="llama", tied=False,
+                         source="fms-fsdp fms_fsdp/utils/config_utils.py llama2_34b")
+
+
+def _ibm(model: ModelShape, gpus: int, gpu: str, tokens: float, gbps: float) -> PublishedRun:
+    size = model.name.split("-")[-1]
+    step = tokens_step(2 * gpus, 4096, gpus, tokens)
+    # ZeRO-3 moves 2 gathers and a reduce-scatter of the bf16 weights per step, (p-1)/p of
+    # them through each GPU: a bound on time from the bytes and the stated network alone.
+    moved = 3 * 2 * count_params(model).total * (gpus - 1) / gpus
+    floor = moved / (gbps * 1e9 / 8 / 8)
+    return PublishedRun(
+        f"IBM {size} {gpus} {gpu.split()[0]}", "IBM fms-fsdp README", model, gpu, gpus, 1, 1,
+        2 * gpus, 4096, step, "validation",
+        f"{tokens:g} tokens/s per GPU", recompute="full", zero=3, micro_batch=2, flash=True,
+        framework="fsdp", options="fused_norm=1", nics_per_node=2, nic_gbps=gbps / 2,
+        assumed=(f"{gbps:g} Gb/s per node as 2 NICs of {gbps / 2:g} (the count is not "
+                 "stated; only the total enters the model)", "'Selective AC' with fms-fsdp's "
+                 "default selective_checkpointing = 1 (every block): full recompute",
+                 "global batch = 2 x GPUs (no gradient accumulation)", "sequence 4096, "
+                 "vocabulary 32,000 (training.py defaults)"),
+        checked="README table rows '13b | FSDP | Y | Selective AC | 2 | 2150 | 4850', '34b "
+        "... | 820 | 1830', '70b ... | 410 | 890' (A100 80G 128 GPUs with 400Gbps; H100 96 "
+        "GPUs with 800 Gbps) at fms-fsdp commit ed74fd5d",
+        excluded=f"the stated network cannot carry the stated layout in the measured time: "
+        f"FSDP moves {moved / 1e9:.0f} GB through each GPU per step, {floor:.1f} s at "
+        f"{gbps:g} Gb/s per node shared by 8 GPUs, against {step:.2f} s measured (the "
+        f"network figure or the sharding is not what the README's words say)")
+
+
+IBM_RUNS: tuple[PublishedRun, ...] = (
+    _ibm(get_model("llama-2-13b"), 128, "A100 SXM 80GB", 2150, 400),
+    _ibm(_LLAMA2_34B, 128, "A100 SXM 80GB", 820, 400),
+    _ibm(get_model("llama-2-70b"), 128, "A100 SXM 80GB", 410, 400),
+    _ibm(get_model("llama-2-13b"), 96, "H100 SXM", 4850, 800),
+    _ibm(_LLAMA2_34B, 96, "H100 SXM", 1830, 800),
+    _ibm(get_model("llama-2-70b"), 96, "H100 SXM", 890, 800),
+)
+
+AM_RUNS: tuple[PublishedRun, ...] = (
+    PublishedRun(
+        "AM Qwen3-30B-A3B FSDP8 EP8", "NeMo AutoModel performance summary, DGX-H100 BF16",
+        QWEN3_30B, "H100 SXM", 8, 1, 1, 512, 4096, 21.773, "validation",
+        "time per global step 21.773 s (12,040 tokens/s per GPU)", recompute="none", zero=3,
+        micro_batch=4, flash=True, ep=8, etp=1, framework="fsdp", options="fused_norm=1",
+        assumed=("no recompute (not stated)", "'Fake balanced gate': balanced, dropless "
+                 "routing", "TE kernels: fused norms", "DeepEP's dispatch priced as an "
+                 "all-to-all"),
+        checked="row 'Qwen3 MoE 30B | 8 | 512 | 4 | 4 | 16 | 4096 | 1 | 1 | 1 | 8 | - | 8 | TE "
+        "+ DeepEP | 21.773 | 277 | 12,040' (GPUs, GBS, MBS, LBS, GA, seq, TP, PP, CP, EP, VP, "
+        "FSDP); 512 x 4096 / (8 x 21.773) = 12,040 tokens/s"),
+)
+
+PYTORCH_RUNS = (*TT_RUNS, _th(32, 10938), _th(64, 10753), *MPT_RUNS, *IBM_RUNS, *AM_RUNS)

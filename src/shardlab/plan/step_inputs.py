@@ -1,0 +1,84 @@
+"""What the step-time model takes besides the layouts: the device and the options.
+
+:class:`Device` is one accelerator as :mod:`shardlab.plan.step_time` sees it (peaks,
+bandwidths, links, the efficiency curve, this machine's measured runtime);
+:class:`StepOptions` are the framework's choices that change time (a fused attention
+kernel, communication overlap, fused norms and gradient accumulation, fp8 casts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardlab.config.hardware import Efficiency, Link
+from shardlab.config.runtime import Runtime
+from shardlab.estimate import fp8
+from shardlab.plan.comm_time import pick_link
+from shardlab.plan.overlap import DP_MODES, PP_MODES, TP_MODES, mode
+
+MEASURED_AS: dict[str, str] = {"all_to_all": "all_gather"}
+"""Collectives this machine's runtime does not time, and the measured one whose rate they
+take: an all-to-all moves (p-1)/p of each rank's buffer, as an all-gather does."""
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device as the step-time model sees it: dense peak (FLOP/s) in the compute dtype
+    and in the linear layers' dtype (``linear_peak``, fp8; 0: the same), memory bandwidth
+    (bytes/s), links, devices per node, the efficiency curve and, for this machine, its
+    measured runtime (collective rates and fixed costs per parallel style)."""
+
+    peak: float
+    memory_bandwidth: float
+    intra: Link
+    inter: Link
+    gpus_per_node: int
+    eff: Efficiency
+    runtime: Runtime | None = None
+    elementwise_bandwidth: float = 0.0
+    """Bytes/s at which the memory-bound operators' counted bytes move; 0: the memory
+    bandwidth. This machine's comes from its measured layer
+    (:func:`probe_elementwise_bandwidth`)."""
+    linear_peak: float = 0.0
+
+    def link(self, collective: str, inside: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(latency s, bandwidth bytes/s) of ``collective`` per layout: the measured gloo fit
+        without its latency when there is one (the runtime's fixed costs hold it), else
+        the intra-node link where ``inside`` and the inter-node one elsewhere."""
+        if self.runtime is not None:
+            bandwidth = self.runtime.collectives[MEASURED_AS.get(collective, collective)][1]
+            return np.zeros(len(inside)), np.full(len(inside), bandwidth)
+        return pick_link(inside, self.intra, self.inter, self.eff.link_fraction)
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """``flash``: a fused attention kernel (its backward recomputes half the core);
+    ``overlap_dp`` (off, on, zero3), ``overlap_tp`` (off, on, forward), ``overlap_pp``
+    (off, on, interleaved): what communication hides behind compute
+    (:mod:`shardlab.plan.overlap`; True/False read as on/off); ``fused_norm``: RMSNorm in
+    one fused kernel, else eager torch's passes; ``fused_accumulation``: the
+    weight-gradient matmul adds into the held gradient (Megatron's gradient-accumulation
+    fusion), else each micro-batch's gradients are added in a separate pass."""
+
+    flash: bool = True
+    overlap_dp: bool | str = True
+    fused_accumulation: bool = True
+    overlap_tp: bool | str = False
+    overlap_pp: bool | str = False
+    fused_norm: bool = True
+    fp8_cast_bytes: int = fp8.ACTIVATION_CAST_BYTES
+    """Bytes an fp8 operand's cast moves per element (the framework's; 7: torchao)."""
+    flash_kernel: str = "fa3"
+    """The fused attention kernel (fa2, fa3): the most of the peak it reaches is the
+    accelerator's :attr:`~shardlab.config.hardware.Efficiency.flash_fractions`."""
+    grad_reduce_bytes: int = 0
+    """Bytes per gradient element the data-parallel reduction moves with bf16 compute (the
+    framework's: fp32 reduction is 4); 0: the policy's gradient bytes."""
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("overlap_dp", DP_MODES), ("overlap_tp", TP_MODES),
+                              ("overlap_pp", PP_MODES)):
+            object.__setattr__(self, name, mode(name, getattr(self, name), allowed))

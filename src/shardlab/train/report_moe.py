@@ -1,0 +1,236 @@
+"""A mixture-of-experts run's document: what the routers did, and the expert-parallel
+figures of the cost model computed from it (:mod:`shardlab.estimate.expert`).
+
+Every rank records, in its measured step, each MoE forward's assignments per global
+expert before dropping and the assignments capacity dropped
+(:class:`~shardlab.distributed.expert_parallel.RoutingRecorder`). The ranks of one
+expert-parallel group run the same forwards in the same order, so the i-th records of
+its ep ranks form the ``[ep][experts]`` count matrix of one all-to-all; from those the
+cost model predicts each rank's all-to-all bytes, which the comm meter counts from the
+real split sizes (they must be equal). Tensor-parallel ranks route the same tokens
+(experts whole on each, etp = 1), so only tensor rank 0's records are counted once.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from shardlab.config.layout import Layout, make_layout
+from shardlab.estimate.comm import _tensor_rows, ring_allreduce_bytes
+from shardlab.estimate.comm_dtensor import column_linears
+from shardlab.estimate.expert import (
+    dispatch_rows,
+    expert_alltoall_bytes,
+    expert_capacity,
+    layout_tokens,
+)
+from shardlab.estimate.partition import chunk_layers
+
+
+def run_layout(cfg: Any) -> Layout:
+    """The run's :class:`Layout` (ZeRO-3 under FSDP with dp > 1, the dtype policy, ep)."""
+    share = cfg.global_batch // cfg.dp
+    zero = 0 if cfg.dp == 1 or cfg.dp_mode == "ddp" else 3
+    return make_layout(cfg.shape, dp=cfg.dp, tp=cfg.tp, pp=cfg.pp,
+                       virtual_stages=cfg.virtual_stages, sp=cfg.sp, zero=zero,
+                       micro_batch=cfg.micro_batch or share, global_batch=cfg.global_batch,
+                       seq=cfg.seq, recompute=cfg.recompute,
+                       dtype="amp-bf16" if cfg.dtype == "bf16" else "fp32",
+                       schedule=cfg.schedule if cfg.pp > 1 else None, ep=cfg.ep,
+                       etp=cfg.etp, capacity_factor=cfg.capacity_factor)
+
+
+def _routing_ranks(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in ranks if r.get("tp_rank", 0) == 0 and r.get("routing")]
+
+
+def routing_summary(cfg: Any, ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The measured step's routing: per MoE layer the assignments per expert summed over
+    every rank and micro-batch, its imbalance (max / mean expert load; 1 is balanced),
+    and the assignments capacity dropped; None for a dense model."""
+    if cfg.shape.moe is None:
+        return None
+    loads: dict[str, list[int]] = {}
+    dropped: dict[str, int] = defaultdict(int)
+    for r in _routing_ranks(ranks):
+        for rec in r["routing"]:
+            old = loads.setdefault(rec["layer"], [0] * len(rec["counts"]))
+            loads[rec["layer"]] = [a + b for a, b in zip(old, rec["counts"], strict=True)]
+            dropped[rec["layer"]] += rec["dropped"]
+    layers = {key: {"load": load, "imbalance": max(load) / (sum(load) / len(load)),
+                    "dropped": dropped[key], "assignments": sum(load)}
+              for key, load in sorted(loads.items(), key=lambda kv: int(kv[0]))}
+    total = sum(v["assignments"] for v in layers.values())
+    return {"imbalance": max((v["imbalance"] for v in layers.values()), default=1.0),
+            "dropped": sum(dropped.values()), "assignments": total,
+            "dropped_share": sum(dropped.values()) / total if total else 0.0,
+            "per_layer": layers}
+
+
+def ep_groups(cfg: Any, ranks: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    """Each rank's expert-parallel group, by global rank: its ep ranks in ep order."""
+    groups: dict[tuple[int, int, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in ranks:
+        groups[r["pp_rank"], r["tp_rank"], r["dp_rank"] // cfg.ep].append(r)
+    out = {}
+    for members in groups.values():
+        members.sort(key=lambda r: r["ep_rank"])
+        for r in members:
+            out[r["rank"]] = members
+    return out
+
+
+def predicted_ep_bytes(cfg: Any, layout: Layout, rank: dict[str, Any],
+                       group: list[dict[str, Any]]) -> float:
+    """The cost model's all-to-all bytes of ``rank`` in the measured step, from the count
+    matrices its ep group's routers produced (:func:`~shardlab.estimate.expert.
+    expert_alltoall_bytes` with ``routed``)."""
+    records = [r["routing"] for r in group]
+    routed = [[recs[i]["counts"] for recs in records] for i in range(len(records[0]))]
+    return expert_alltoall_bytes(cfg.shape, layout, routed, ep_rank=rank["ep_rank"])
+
+
+def moe_flops_correction(cfg: Any, tokens: int, summary: dict[str, Any] | None) -> float:
+    """FLOPs the cost model's per-token figure misses or counts in a MoE step: each
+    tensor-parallel rank runs the router whole, and the routed experts whole too with
+    etp = 1 (tp - 1 more copies of them); assignments dropped by capacity are never
+    computed. Forward 2, backward 4 FLOPs per weight a row passes (Kaplan et al. 2020's
+    6N; 8N when full recompute runs the forward again)."""
+    m = cfg.shape
+    if m.moe is None or summary is None:
+        return 0.0
+    copies = cfg.tp if cfg.etp == 1 else 1  # of each routed expert's FLOPs
+    expert = m.mlp_matrices * m.d_model * m.moe.expert_d_ff
+    router = m.moe_layers * tokens * m.d_model * m.moe.experts
+    routed = m.moe_layers * m.moe.experts_per_token * tokens * expert
+    per_weight = 8.0 if cfg.recompute == "full" else 6.0  # full recompute: forward twice
+    return per_weight * ((cfg.tp - 1) * router + (copies - 1) * routed
+                         - copies * summary["dropped"] * expert)
+
+
+def moe_padded_params(cfg: Any) -> list[tuple[int, int]]:
+    """(dense, expert) elements FSDP2 gathers and reduce-scatters on one rank of each
+    pipeline rank: the dense parameters with dim 0 padded to a multiple of dp, the
+    routed experts' local [E/ep, ...] shards padded to a multiple of expert_dp
+    (:func:`~shardlab.estimate.comm.fsdp2_padded_params`'s rule, per group); without
+    expert parallelism the experts are dense ones (padded over dp)."""
+    m, dp, edp, tp = cfg.shape, cfg.dp, cfg.dp // cfg.ep, cfg.tp
+    assert m.moe is not None
+    e = m.moe
+    block, first, last = _tensor_rows(m, tp, not m.tied and tp > 1)
+    f, d, fs = e.expert_d_ff, m.d_model, e.shared_experts * e.shared_d_ff // tp
+    q, kv = m.q_dim // tp, m.kv_dim // tp
+    norm = [(d, 1)] * (2 if m.style == "gpt" else 1)
+    attention = [*norm, (q, d), (kv, d), (kv, d), (d, q), *norm]
+    if m.biases or m.qkv_bias:
+        attention += [(q, 1), (kv, 1), (kv, 1)]
+    if m.biases:
+        attention.append((d, 1))  # o_proj's
+    shared = [(fs, d)] * (m.mlp_matrices - 1) + [(d, fs)] if fs else []
+    if fs and m.biases:
+        shared += [(fs, 1), (d, 1)]
+    router = [(e.experts, d)] + ([(e.experts, 1)] if e.router_bias else [])
+    local, fl = e.experts // cfg.ep, f // cfg.etp  # experts whole, or their width over tp
+    experts = [(local, d * fl)] * m.mlp_matrices + ([(local, fl), (local, d)]
+                                                     if m.biases else [])
+
+    def padded(tensors: list[tuple[int, int]], n: int) -> int:
+        return sum(-(-rows // n) * n * width for rows, width in tensors)
+
+    out = []
+    moe_block = padded(attention + shared + router, dp)
+    for r in range(cfg.pp):
+        ids = stage_layer_ids(cfg, r)
+        moe_here = sum(1 for i in ids if i >= e.dense_layers)
+        n = moe_here * moe_block + (len(ids) - moe_here) * padded(block, dp)
+        if r == 0:
+            n += padded(first, dp)
+        if r == cfg.pp - 1:
+            n += padded(last[:-1] if m.tied and cfg.pp == 1 else last, dp)
+        if cfg.ep == 1:  # no expert parallelism: the experts are FSDP's like the rest
+            out.append((n + moe_here * padded(experts, dp), 0))
+        else:
+            out.append((n, moe_here * padded(experts, edp)))
+    return out
+
+
+def stage_layer_ids(cfg: Any, pp_rank: int) -> list[int]:
+    """Layer indices pipeline rank ``pp_rank`` holds: chunk c of
+    :func:`~shardlab.estimate.partition.chunk_layers` lives on rank c mod pp."""
+    ids, start = [], 0
+    for c, n in enumerate(chunk_layers(cfg.shape.layers, cfg.pp, cfg.virtual_stages)):
+        if c % cfg.pp == pp_rank:
+            ids += range(start, start + n)
+        start += n
+    return ids
+
+
+def rank_loads(cfg: Any, layout: Layout, rank: dict[str, Any],
+               group: list[dict[str, Any]]) -> dict[int, float]:
+    """Per MoE layer of ``rank``, the rows its experts took in the measured micro-batches
+    over the T·k a balanced router sends them, at least 1 (the cost model's ``imbalance``
+    of the busiest rank; an underloaded rank is predicted as a balanced one). Without a
+    pipeline the activations are measured on the step's first micro-batch, so that one's
+    rows; in a pipeline the mean over the step's micro-batches."""
+    m = cfg.shape
+    assert m.moe is not None
+    tokens = layout_tokens(layout)
+    cap = expert_capacity(m, tokens, layout.capacity_factor)
+    rows: dict[int, list[int]] = defaultdict(list)
+    for i, rec in enumerate(rank["routing"]):
+        counts = [member["routing"][i]["counts"] for member in group]
+        rows[int(rec["layer"])].append(
+            sum(dispatch_rows(c, cfg.ep, cap)[rank["ep_rank"]] for c in counts))
+    used = {key: got[:1] if cfg.pp == 1 else got for key, got in rows.items()}
+    return {key: max(1.0, sum(got) / len(got) / (tokens * m.moe.experts_per_token))
+            for key, got in used.items()}
+
+
+def expert_tp_bytes(cfg: Any, layout: Layout, rank: dict[str, Any],
+                    group: list[dict[str, Any]]) -> float:
+    """Tensor-parallel bytes of ``rank``'s experts in the measured step with etp = tp: per
+    MoE forward the partial outputs of the R rows its experts took are all-reduced over
+    tp, and in backward their input gradients (Megatron-LM's g and f), R·d elements of
+    the activation dtype each (ring all-reduce); full recompute re-runs the forward one."""
+    m = cfg.shape
+    if m.moe is None or cfg.etp == 1 or cfg.tp == 1 or not rank.get("routing"):
+        return 0.0
+    cap = expert_capacity(m, layout_tokens(layout), layout.capacity_factor)
+    rows = sum(sum(dispatch_rows(member["routing"][i]["counts"], cfg.ep, cap)[rank["ep_rank"]]
+                   for member in group) for i in range(len(rank["routing"])))
+    passes = 3 if cfg.recompute == "full" else 2
+    return passes * ring_allreduce_bytes(rows * m.d_model * layout.dtype.activation_bytes,
+                                         cfg.tp)
+
+
+def moe_tp_bytes(cfg: Any, layout: Layout) -> list[float]:
+    """What a MoE layer's MLP changes in :func:`~shardlab.estimate.comm_dtensor.
+    tp_bytes_dtensor`'s dense count, per pipeline rank (bytes, signed), with etp's experts
+    apart (:func:`expert_tp_bytes`):
+
+    * without shared experts its MLP is the router and the experts, which send nothing
+      over tp: less the dense MLP's 1 + column-parallel linears all-reduces;
+    * with them, under full recompute with an auxiliary loss attached after the shared
+      experts, torch's checkpoint cannot stop before their output projection (the
+      auxiliary loss's input is saved after it), so it re-runs that all-reduce too: one
+      more than a dense block.
+
+    Per micro-batch and MoE layer of the rank, ring all-reduces of b·s·d."""
+    m = cfg.shape
+    if m.moe is None or cfg.tp == 1:
+        return [0.0] * cfg.pp
+    act = layout.micro_batch * layout.seq * m.d_model * layout.dtype.activation_bytes
+    ar = ring_allreduce_bytes(act, cfg.tp)
+    if not m.moe.shared_experts:
+        per_layer = -(1 + column_linears(m) - 3) * ar
+    else:
+        per_layer = ar if cfg.recompute == "full" and has_aux(cfg) else 0.0
+    return [layout.microbatches * per_layer
+            * sum(1 for i in stage_layer_ids(cfg, r) if i >= m.moe.dense_layers)
+            for r in range(cfg.pp)]
+
+
+def has_aux(cfg: Any) -> bool:
+    """Whether the MoE layers attach an auxiliary loss (a load-balancing or z-loss weight)."""
+    return cfg.aux_coef > 0 or cfg.z_coef > 0

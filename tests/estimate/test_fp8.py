@@ -1,0 +1,54 @@
+"""fp8: which matmuls, the share of FLOPs they carry, the copies and scales they hold."""
+
+import pytest
+
+from shardlab.config.catalog import get_model
+from shardlab.config.dtypes import get_policy
+from shardlab.config.layout import make_layout
+from shardlab.estimate import fp8
+from shardlab.estimate.flops import flops_per_token
+from shardlab.estimate.memory import stage_memory
+from shardlab.estimate.params import attention_params, mlp_params
+
+
+def test_linear_weights_are_the_attention_and_mlp_matrices() -> None:
+    m = get_model("llama-3-8b")  # no biases: every attention and MLP weight is linear
+    assert fp8.linear_weights(m, 1, False) == attention_params(m) + mlp_params(m, m.d_ff)
+    assert fp8.linear_weights(m, 8, False) * 8 == fp8.linear_weights(m, 1, False)
+    mix = get_model("mixtral-8x7b")
+    routed = 8 * 3 * 4096 * 14336
+    assert fp8.linear_weights(mix, 1, True, ep=2, etp=1) == attention_params(mix) + routed // 2
+
+
+def test_linear_share_leaves_the_core_head_and_router_in_bf16() -> None:
+    m = get_model("llama-3-70b")
+    f = flops_per_token(m, 8192)
+    share = fp8.linear_flop_share(m, 8192)
+    assert share == pytest.approx((f.forward - f.attention - f.logits) / f.forward)
+    assert 0.8 < share < 0.9
+    assert fp8.blended_peak(989e12, 1979e12, 1.0) == pytest.approx(1979e12)
+    assert 989e12 < fp8.blended_peak(989e12, 1979e12, share) < 1979e12
+
+
+def test_copies_and_scales_on_each_rank_under_zero_0_to_2_only() -> None:
+    m = get_model("llama-3-8b")
+    policy = get_policy("fp8")
+    assert policy.is_fp8 and policy.compute == "bf16" and policy.gather_bytes == 1
+    for zero, held in ((1, True), (3, False)):
+        lay = make_layout(m, gpus=16, dp=2, tp=2, pp=4, zero=zero, dtype="fp8", seq=1024)
+        base = make_layout(m, gpus=16, dp=2, tp=2, pp=4, zero=zero, dtype="bf16", seq=1024)
+        extra = [a.states.weights - b.states.weights
+                 for a, b in zip(stage_memory(m, lay, False, True),
+                                 stage_memory(m, base, False, True), strict=True)]
+        per_layer = 2 * fp8.linear_weights(m, 2, False) + 36 * 4
+        assert extra == pytest.approx([8 * per_layer if held else 0.0] * 4)
+
+
+def test_casts_count_inputs_forward_and_output_gradients_backward() -> None:
+    m = get_model("llama-3-8b")
+    t, h, f = 4096.0, 4096, 14336
+    fwd, bwd = fp8.cast_bytes(m, t, 1, False, 0.0)
+    assert float(fwd) == pytest.approx(7 * t * (2 * h + m.q_dim + f))
+    assert float(bwd) == pytest.approx(7 * t * (m.q_dim + 2 * m.kv_dim + 2 * f + 2 * h))
+    fused, _ = fp8.cast_bytes(m, t, 1, False, 0.0, per_element=3)
+    assert float(fused) == pytest.approx(3 / 7 * float(fwd))

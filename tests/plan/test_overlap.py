@@ -1,0 +1,61 @@
+"""The overlap formulas of the step-time model, by hand, and the frameworks' defaults."""
+
+import numpy as np
+import pytest
+
+from shardlab.errors import SpecError
+from shardlab.plan.overlap import (
+    FRAMEWORKS,
+    dp_on,
+    framework,
+    hidden_behind,
+    mode,
+    pp_exposed,
+    pp_on,
+    tp_exposed,
+)
+from shardlab.plan.step_time import StepOptions
+
+
+def test_hidden_behind_keeps_one_unit_and_the_excess_exposed() -> None:
+    comm, window, units = np.array([8.0, 8.0, 8.0]), np.array([2.0, 10.0, 10.0]), 4.0
+    on = np.array([True, True, False])
+    # 8 s behind 2 s: 6 exposed; behind 10 s: the last of 4 units (2 s); off: all 8.
+    assert hidden_behind(comm, window, np.full(3, units), on).tolist() == [6.0, 2.0, 8.0]
+
+
+def test_tp_overlap_hides_all_but_the_first_chunk_s_share() -> None:
+    t = np.array([8.0])
+    comm, gemm = np.array([1.0]), np.array([1.0])
+    assert tp_exposed(comm, comm, gemm, t, "off") == pytest.approx(2.0)
+    # Forward: 1 - 7/8 = 1/8 exposed; backward hides behind 2 x 7/8 entirely.
+    assert tp_exposed(comm, comm, gemm, t, "on") == pytest.approx(0.125)
+    # torch async TP: the forward only.
+    assert tp_exposed(comm, comm, gemm, t, "forward") == pytest.approx(1.125)
+
+
+def test_pp_overlap_leaves_the_first_and_last_message() -> None:
+    msg, n = np.array([0.1, 0.5]), np.array([16.0, 16.0])
+    chunk = np.array([0.3, 0.3])
+    exposed = pp_exposed(msg, n, chunk, np.array([True, True]))
+    assert exposed.tolist() == pytest.approx([0.2, 1.0 + 16 * 0.2])
+    assert pp_exposed(msg, n, chunk, np.array([False, False])).tolist() == pytest.approx(
+        [1.6, 8.0])
+
+
+def test_modes_that_depend_on_the_layout() -> None:
+    assert dp_on("zero3", np.array([0, 2, 3])).tolist() == [False, False, True]
+    assert pp_on("interleaved", np.array([1, 2])).tolist() == [False, True]
+    assert StepOptions(overlap_dp=True, overlap_tp=False).overlap_dp == "on"
+    assert mode("overlap_pp", "1", ("off", "on")) == "on"
+    with pytest.raises(SpecError, match="overlap_tp"):
+        StepOptions(overlap_tp="sometimes")
+
+
+def test_frameworks_are_known_and_sourced() -> None:
+    assert set(FRAMEWORKS) == {"megatron", "torchtitan", "fsdp", "deepspeed"}
+    for f in FRAMEWORKS.values():
+        assert f.source and f.overlap_dp in ("off", "on", "zero3")
+    assert framework("Megatron").name == "megatron" and framework(None).name == "none"
+    with pytest.raises(SpecError, match="megatron, torchtitan, fsdp, deepspeed"):
+        framework("jax")
