@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from shardlab.cli.args import nonneg_float, positive_float, positive_int
 from shardlab.cli.output import Vouched, print_json
+from shardlab.config.layout import parse_stage_layers
 from shardlab.errors import SpecError
 from shardlab.report.schedule_view import print_comparison, print_schedule
 from shardlab.schedules.closed_forms import (
@@ -93,19 +93,6 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true",
                    help="print one JSON document: the summary (every action with --actions)")
     p.set_defaults(run=run)
-
-
-def stage_layers_flag(text: str | None) -> tuple[int, ...]:
-    """``--stage-layers``' counts, ``3,1`` or the layout key's ``3+1``; () when not given;
-    SpecError naming stage_layers for anything but whole numbers (the layout, or
-    :func:`_check_layers`, checks the counts)."""
-    if text is None:
-        return ()
-    parts = [p.strip() for p in text.replace("+", ",").split(",")]
-    if not all(re.fullmatch(r"[0-9]{1,9}", p) for p in parts):
-        raise SpecError("stage_layers", text, "must be whole layer counts below 10^9, one per "
-                        "stage, separated by , or + (e.g. 3,1)")
-    return tuple(int(p) for p in parts)
 
 
 def _check_layers(layers: tuple[int, ...], kind: str, p: int, v: int | None) -> None:
@@ -285,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("actions", True, "only with --json (it adds every action to the JSON "
                         "document); --actions-out FILE writes them to a file")
     d = Durations(args.t_fwd, args.t_bwd, args.t_w, args.p2p, _scale(args.stage_scale))
-    layers = stage_layers_flag(args.stage_layers)
+    layers = parse_stage_layers(args.stage_layers)
     if args.kind == "all":
         return _run_all(args, d, layers, KINDS)
     files = _outputs(args)

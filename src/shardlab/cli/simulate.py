@@ -23,8 +23,8 @@ from shardlab.cli.args import (
 )
 from shardlab.cli.guard import check_host_memory
 from shardlab.cli.output import print_json
-from shardlab.cli.schedule import stage_layers_flag
 from shardlab.config.hardware import LINKS
+from shardlab.config.layout import parse_stage_layers
 from shardlab.config.lookup import find
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_documents, garden_vocab
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
                         "every tensor-parallel device")
     par = Parallel(dp=args.dp, tp=args.tp, pp=args.pp, zero=args.zero, sp=args.sp,
                    microbatches=args.microbatches, schedule=args.schedule, ep=args.ep,
-                   cp=args.cp, stage_layers=stage_layers_flag(args.stage_layers),
+                   cp=args.cp, stage_layers=parse_stage_layers(args.stage_layers),
                    dp_replicate=args.dp_replicate)
     moe = None
     if shape.moe is not None:
