@@ -26,7 +26,8 @@ def _changed(model: ModelShape, base: Layout, c: FitChange) -> Layout:
     return make_layout(model, gpus=base.gpus, dp=k.dp, tp=k.tp, pp=k.pp,
                        virtual_stages=k.virtual_stages, zero=k.zero, sp=k.sp,
                        micro_batch=k.micro_batch, global_batch=base.global_batch, seq=base.seq,
-                       recompute=k.recompute, dtype=base.dtype.name, schedule=k.schedule)
+                       recompute=k.recompute, dtype=base.dtype.name, schedule=k.schedule,
+                       cp=k.cp, stage_layers=k.stage_layers, dp_replicate=k.dp_replicate)
 
 
 def _layout_text(c: FitChange) -> str:
@@ -34,7 +35,8 @@ def _layout_text(c: FitChange) -> str:
     k = c.knobs
     return (f"dp={k.dp} tp={k.tp} pp={k.pp} virtual={k.virtual_stages} zero={k.zero} "
             f"sp={int(k.sp)} micro_batch={k.micro_batch} recompute={k.recompute} "
-            f"schedule={k.schedule}")
+            f"schedule={k.schedule} cp={k.cp} dp_replicate={k.dp_replicate}"
+            + (" stage_layers=" + "+".join(map(str, k.stage_layers)) if k.stage_layers else ""))
 
 
 def test_llama3_8b_at_8192_names_activations_and_the_pair_that_fits() -> None:
@@ -50,7 +52,7 @@ def test_llama3_8b_at_8192_names_activations_and_the_pair_that_fits() -> None:
     assert not any(c.fits for c in a.changes)
     assert {c.change for c in a.changes} == {
         "zero=1", "zero=2", "zero=3", "recompute=selective", "recompute=full",
-        "micro_batch=4", "tp=2 dp=4", "pp=2 dp=4"}
+        "micro_batch=4", "tp=2 dp=4", "pp=2 dp=4", "cp=2 dp=4"}
     memory = [c.memory_bytes for c in a.changes]
     assert memory == sorted(memory)  # none fits: smallest first
     assert a.skipped == [("sp=1", "sequence parallelism needs tp > 1")]

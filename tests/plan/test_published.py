@@ -20,7 +20,7 @@ def test_runs_are_named_split_and_consistent() -> None:
     for r in RUNS:
         assert r.role in ("calibration", "validation", "unverified")
         assert r.source and r.measured_from and r.checked
-        assert r.dp * r.tp * r.pp == r.gpus and r.measured_step > 0
+        assert r.dp * r.cp * r.tp * r.pp == r.gpus and r.measured_step > 0
         # Only checked figures are fitted or averaged; an excluded run says why.
         assert (r.role == "unverified") == r.checked.startswith("NOT")
         assert not r.excluded or r.role == "validation"
