@@ -18,14 +18,9 @@ from shardlab.estimate.memory import peak_stage, stage_memory
 from shardlab.plan import space
 from shardlab.plan.choices import fewer_at_ends, fewer_at_ends_ks
 from shardlab.plan.memory import MemoryOptions, memory_arrays
+from shardlab.plan.rules import R_HSDP, REASONS
 from shardlab.plan.search import layout_candidates, plan
-from shardlab.plan.space import (
-    R_HSDP,
-    REASONS,
-    Space,
-    enumerate_search,
-    enumerate_space,
-)
+from shardlab.plan.space import Space, enumerate_search, enumerate_space
 from shardlab.plan.stages import timed_ranks
 
 H100 = get_accelerator("h100")

@@ -9,19 +9,9 @@ from shardlab.config.catalog import get_model
 from shardlab.config.layout import RECOMPUTE, SCHEDULES, make_layout
 from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
-from shardlab.plan.choices import divisors, split_choices
-from shardlab.plan.space import (
-    R_DUALPIPE,
-    R_MEMORY,
-    R_TRAIN,
-    REASONS,
-    TRAIN_SCHEDULES,
-    Space,
-    _meshes,
-    enumerate_space,
-    expert_choices,
-    unique_rows,
-)
+from shardlab.plan.choices import divisors, expert_choices, split_choices
+from shardlab.plan.rules import R_DUALPIPE, R_MEMORY, R_TRAIN, REASONS
+from shardlab.plan.space import TRAIN_SCHEDULES, Space, _meshes, enumerate_space, unique_rows
 from shardlab.schedules.generators import build
 
 

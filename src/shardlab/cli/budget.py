@@ -24,7 +24,8 @@ from shardlab.config.model import ModelShape
 from shardlab.config.resolve import load_model
 from shardlab.errors import SpecError, require_int_at_most
 from shardlab.estimate.budget import Assumptions, model_budget, params_budget
-from shardlab.plan.fit import explain_fit, step_options_for
+from shardlab.plan.fit import explain_fit
+from shardlab.plan.options import step_options_for
 from shardlab.report.budget_view import print_budget
 
 

@@ -27,7 +27,8 @@ from shardlab.config.measured import accelerator_or_measured, slow_dtype_note
 from shardlab.config.resolve import load_model
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_vocab
-from shardlab.plan.fit import explain_fit, step_options_for
+from shardlab.plan.fit import explain_fit
+from shardlab.plan.options import step_options_for
 from shardlab.plan.overlap import framework as overlap_framework
 from shardlab.plan.search import (
     STEP_KEYS,

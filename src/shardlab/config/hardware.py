@@ -7,20 +7,9 @@ here are stated assumptions of the usual order of a small NCCL message, and a
 user file can replace them.
 
 A user TOML file adds entries, never replaces one: a name the catalog (or an alias, or an
-earlier entry) already has is refused, as are unknown keys and dtypes (see
-``docs/guide/hardware.md`` and :func:`load_hardware_file`)::
-
-    [[accelerator]]
-    name = "My GPU"
-    peak_flops = { bf16 = 1.0e15, fp32 = 6.0e13 }
-    memory_bytes = 96e9
-    memory_bandwidth = 3.0e12
-    power_watts = 600
-    gpus_per_node = 8
-    intra_link = "NVLink 4"                      # a link by name, or a table
-    inter_link = { name = "IB NDR", bandwidth = 50e9, latency = 5e-6 }
-    nics_per_node = 4                            # optional: the node's NICs and their
-    nic_gbps = 100                               # speed replace inter_link's bandwidth
+earlier entry) already has is refused, as are unknown keys and dtypes (the file's form,
+``[[accelerator]]`` and ``[[link]]`` tables, with an example: ``docs/guide/hardware.md``;
+the reader: :func:`load_hardware_file`).
 
 fp8 peaks are the datasheets' dense Tensor Core figures, half the "with sparsity" ones:
 H100 SXM 3,958 -> 1,979 TFLOP/s (2x its bf16 989), H100 PCIe 3,026 -> 1,513, H200 SXM

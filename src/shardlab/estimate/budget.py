@@ -26,6 +26,7 @@ from shardlab.config.hardware import Accelerator, matmul_peaks
 from shardlab.config.layout import Layout
 from shardlab.config.model import ModelShape
 from shardlab.estimate import fp8
+from shardlab.estimate.budget_sections import alltoall_calls, cp_seconds, cp_section, moe_section
 from shardlab.estimate.comm import (
     alltoall_seconds,
     dp_bytes_per_step,
@@ -36,26 +37,12 @@ from shardlab.estimate.comm import (
     tp_bytes_per_stage,
 )
 from shardlab.estimate.context import (
-    causal_imbalance,
-    chunk_tokens,
-    cp_attention_flops,
     cp_bytes_per_step,
-    cp_passes,
-    gathered_kv_bytes,
-    kv_gather_bytes,
-    kv_grad_bytes,
-    zigzag_chunks,
 )
 from shardlab.estimate.expert import (
-    alltoall_passes,
     expert_alltoall_bytes,
-    expert_capacity,
-    layout_moe_layers,
-    layout_tokens,
     moe_flops_per_token,
     rank_params_split,
-    routed_activation_bytes,
-    routed_rows,
 )
 from shardlab.estimate.flops import flops_per_token, train_flops_6nd
 from shardlab.estimate.inference import (
@@ -259,11 +246,11 @@ def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
                 + grad_allreduce(experts / groups.experts, groups.expert_replicas,
                                  link_replica)),
             "ep_alltoall_seconds": alltoall_seconds(ep_bytes, lay.ep, link_ep,
-                                                    _alltoall_calls(m, lay)),
-            "cp_seconds": _cp_seconds(m, lay, link_cp),
+                                                    alltoall_calls(m, lay)),
+            "cp_seconds": cp_seconds(m, lay, link_cp),
         },
-        "cp": _cp(m, lay, link_cp.name),
-        "moe": _moe(m, lay, a),
+        "cp": cp_section(m, lay, link_cp.name),
+        "moe": moe_section(m, lay, a.routing_imbalance),
         "inference": {
             "kv_bytes_per_token": kv_bytes_per_token(m, bp), "bytes_per_value": bp,
             "batch": a.decode_batch, "context": context, "devices": devices,
@@ -275,85 +262,6 @@ def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
         },
         "operators": {"train": ops(lay.micro_batch, lay.seq // lay.cp, lay.seq),
                       "decode": ops(a.decode_batch, 1, context)},
-    }
-
-
-def _alltoall_calls(m: ModelShape, lay: Layout) -> int:
-    """All-to-alls one rank runs per step: 2 per MoE layer and micro-batch, forward and
-    backward (and forward again under full recompute), on the busiest stage."""
-    if lay.ep == 1:
-        return 0
-    layers = max(layout_moe_layers(m, lay))
-    return 2 * alltoall_passes(lay.recompute) * lay.microbatches * layers
-
-
-def _cp_calls(m: ModelShape, lay: Layout) -> int:
-    """K/V collectives one rank of the busiest stage runs per step: per layer and
-    micro-batch the forward all-gathers (twice under full recompute) and the backward
-    reduce-scatter."""
-    if lay.cp == 1:
-        return 0
-    return (cp_passes(lay.recompute) + 1) * lay.microbatches * max(layout_rank_layers(m, lay))
-
-
-def _cp_seconds(m: ModelShape, lay: Layout, link: Any) -> float:
-    """Alpha-beta seconds of a step's K/V collectives on the cp group's link: each call
-    (cp-1)·α, and the bytes of :func:`~shardlab.estimate.context.cp_bytes_per_step` at the
-    link's bandwidth (all on the critical path: attention waits for its keys)."""
-    calls = _cp_calls(m, lay)
-    if not calls:
-        return 0.0
-    return calls * (lay.cp - 1) * link.latency + cp_bytes_per_step(m, lay) / link.bandwidth
-
-
-def _cp(m: ModelShape, lay: Layout, link: str) -> dict[str, Any] | None:
-    """The ``cp`` section (:mod:`shardlab.estimate.context`); None without context
-    parallelism."""
-    if lay.cp == 1:
-        return None
-    return {
-        "cp": lay.cp, "chunks": 2 * lay.cp, "chunk_tokens": chunk_tokens(lay.seq, lay.cp),
-        "tokens_per_rank": lay.seq // lay.cp, "rank0_chunks": list(zigzag_chunks(lay.cp, 0)),
-        "kv_gather_bytes_per_layer": kv_gather_bytes(m, lay),
-        "kv_grad_bytes_per_layer": kv_grad_bytes(m, lay),
-        "gathers_per_layer": cp_passes(lay.recompute),
-        "gathered_kv_bytes_per_layer": (0 if lay.recompute == "full"
-                                        else gathered_kv_bytes(m, lay)),
-        "bytes_per_step": cp_bytes_per_step(m, lay), "calls_per_step": _cp_calls(m, lay),
-        "link": link,
-        "causal_imbalance": causal_imbalance(lay.seq, lay.cp),
-        "causal_imbalance_contiguous": causal_imbalance(lay.seq, lay.cp, zigzag=False),
-        "attention_flops_per_layer_rank0": cp_attention_flops(m, lay),
-        "not_divided": "the K and V gathered from the other cp ranks (kept for backward); "
-        "model states (divided only by ZeRO's shard group, dp_shard x cp)",
-    }
-
-
-def _moe(m: ModelShape, lay: Layout, a: Assumptions) -> dict[str, Any] | None:
-    """The ``moe`` section: expert layout, routed tokens, capacity, activations, all-to-all
-    (:mod:`shardlab.estimate.expert`); None for a dense model."""
-    if m.moe is None:
-        return None
-    e = m.moe
-    tokens = layout_tokens(lay)
-    bp = lay.dtype.activation_bytes
-    return {
-        "experts": e.experts, "top_k": e.experts_per_token,
-        "shared_experts": e.shared_experts, "moe_layers": m.moe_layers,
-        "ep": lay.ep, "etp": lay.etp, "expert_dp": lay.expert_dp,
-        "experts_per_rank": e.experts // lay.ep,
-        "capacity_factor": lay.capacity_factor,
-        "capacity_per_expert": expert_capacity(m, tokens, lay.capacity_factor),
-        "routing_imbalance": a.routing_imbalance,
-        "routed_tokens_per_microbatch": tokens,
-        "routed_rows_per_microbatch": routed_rows(m, tokens, lay.ep, lay.capacity_factor,
-                                                  a.routing_imbalance),
-        "routed_activation_bytes_per_layer": (0.0 if lay.recompute == "full" else
-                                              routed_activation_bytes(
-            m, tokens, bp, ep=lay.ep, etp=lay.etp, capacity_factor=lay.capacity_factor,
-            imbalance=a.routing_imbalance)),
-        "alltoall_bytes_per_step": expert_alltoall_bytes(m, lay),
-        "alltoall_calls_per_step": _alltoall_calls(m, lay),
     }
 
 

@@ -13,6 +13,9 @@ gpus in each node"): R = dp / s for the largest s dividing dp with s·cp·tp <= 
 per node, when that leaves both a shard group of more than one rank and more than one
 replica (:func:`replica_choices`).
 
+**Expert parallel** (mixture of experts): every ep dividing dp and the experts, with the
+experts split over tp (etp = tp) or whole (etp = 1) (:func:`expert_choices`).
+
 **Uneven pipeline stages**: beside the even split, the first and the last model chunk k
 layers fewer (:func:`fewer_at_ends`, torchtitan's ``first/last_stage_less_layers`` rule,
 Megatron-LM's ``--account-for-embedding/loss-in-pipeline-split`` at k = 1; Llama 3 405B's
@@ -25,6 +28,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+from shardlab.config.model import ModelShape
 from shardlab.estimate.partition import chunk_layers
 
 CP_MIN_TOKENS = 4096
@@ -113,3 +117,15 @@ def split_choices(layers: int, pp: int, v: int, fixed: tuple[int, ...] = (),
         return [()]
     return [(), *(fewer_at_ends(layers, chunks, k)  # type: ignore[misc]
                   for k in fewer_at_ends_ks(layers, chunks, ks))]
+
+
+def expert_choices(model: ModelShape, dp: int, tp: int, eps: tuple[int, ...] | None = None
+                   ) -> list[tuple[int, int]]:
+    """(ep, etp) pairs a mesh of ``dp`` x ``tp`` allows (module docstring): (1, tp) for a
+    dense model; else each ep dividing dp and the experts (of ``eps`` when given) with
+    etp = tp, then etp = 1 when tp > 1."""
+    if model.moe is None:
+        return [(1, tp)]
+    experts = model.moe.experts
+    out = [(e, tp) for e in divisors(dp) if experts % e == 0 and (eps is None or e in eps)]
+    return out + ([(e, 1) for e, _ in out] if tp > 1 else [])

@@ -65,9 +65,10 @@ from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
 from shardlab.estimate.memory import peak_stage, stage_memory
 from shardlab.plan.memory import MemoryOptions, memory_arrays
-from shardlab.plan.overlap import framework as overlap_framework
-from shardlab.plan.search import device_of, is_this_machine, layout_flag
-from shardlab.plan.space import REASONS, TRAIN_ZERO, Candidates, Space, check_rules
+from shardlab.plan.options import step_options_for
+from shardlab.plan.rules import REASONS, check_rules
+from shardlab.plan.search import device_of
+from shardlab.plan.space import TRAIN_ZERO, Candidates, Space
 from shardlab.plan.step_time import StepOptions, step_seconds
 
 CATEGORIES: tuple[str, ...] = ("weights", "gradients", "optimizer", "activations")
@@ -174,34 +175,6 @@ class FitAdvice:
                 "changes": [c.as_dict() for c in self.changes],
                 "pairs": [c.as_dict() for c in self.pairs],
                 "skipped": [{"change": c, "reason": r} for c, r in self.skipped]}
-
-
-def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
-                     framework: str | None = None,
-                     overrides: dict[str, str] | None = None) -> StepOptions:
-    """The step-time options ``shardlab plan`` prices ``acc`` with: ``framework``'s defaults
-    (:data:`shardlab.plan.overlap.FRAMEWORKS`; None: the planner's own), then the
-    ``--layout`` keys of ``overrides`` (:data:`shardlab.plan.search.STEP_KEYS`);
-    ``overlap_dp=False`` (``--no-overlap-dp``) turns data-parallel overlap off. On this
-    machine the ranks' cores also move the bytes (no overlap), and ``shardlab train`` is
-    eager torch (gradients accumulate in their own pass). SpecError for an unknown
-    framework or a bad value."""
-    here = is_this_machine(acc)
-    fw = overlap_framework(framework)
-    opts = fw.options()
-    for key, value in (overrides or {}).items():
-        opts[key] = value
-        if key == "fused_norm":
-            opts[key] = layout_flag(key, value)
-        elif key == "overlap_tp" and value.lower() not in ("forward",):
-            # overlap_tp=1 is the framework's kind of tensor-parallel overlap.
-            opts[key] = fw.tp_overlap_kind if layout_flag(key, value) else "off"
-    if not overlap_dp:
-        opts["overlap_dp"] = "off"
-    if here:
-        opts.update(overlap_dp="off", overlap_tp="off", overlap_pp="off",
-                    fused_accumulation=False)
-    return StepOptions(flash=flash, **opts)  # type: ignore[arg-type]
 
 
 def _moves(k: Knobs, gpus_per_node: int, train_only: bool, experts: int = 0, seq: int = 0

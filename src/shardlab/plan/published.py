@@ -26,7 +26,7 @@ import numpy as np
 
 from shardlab.config.dtypes import get_policy
 from shardlab.config.hardware import Efficiency, get_accelerator
-from shardlab.plan.fit import step_options_for
+from shardlab.plan.options import step_options_for
 from shardlab.plan.published_run import PublishedRun
 from shardlab.plan.runs_nvidia import NVIDIA_RUNS
 from shardlab.plan.runs_papers import PAPER_RUNS

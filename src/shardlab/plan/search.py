@@ -29,15 +29,13 @@ from shardlab.config.resolve import model_field, model_label
 from shardlab.errors import SpecError
 from shardlab.plan.efficiency import efficiency_of
 from shardlab.plan.memory import MemoryOptions, memory_arrays
+from shardlab.plan.rules import R_MEMORY, REASONS, check_rules
 from shardlab.plan.space import (
     DP_MODE_OF_ZERO,
-    R_MEMORY,
-    REASONS,
     TRAIN_SCHEDULES,
     TRAIN_ZERO,
     Candidates,
     Space,
-    check_rules,
     enumerate_search,
 )
 from shardlab.plan.step_time import (

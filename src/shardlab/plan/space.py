@@ -40,26 +40,20 @@ from shardlab.config.layout import RECOMPUTE, SCHEDULES, V_SCHEDULES
 from shardlab.config.limits import MAX_BATCH, MAX_CANDIDATES, MAX_CONTEXT, MAX_GPUS, MAX_LAYERS
 from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError, require_int_at_most, require_positive_int
-from shardlab.plan.choices import cp_choices, divisors, replica_choices, split_choices
+from shardlab.plan.choices import (
+    cp_choices,
+    divisors,
+    expert_choices,
+    replica_choices,
+    split_choices,
+)
+from shardlab.plan.rules import check_rules
 
 TRAIN_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b")
 TRAIN_ZERO: tuple[int, ...] = (0, 2, 3)
 DP_MODE_OF_ZERO: dict[int, str] = {0: "ddp", 2: "fsdp-zero2", 3: "fsdp"}
 
 # Rejection reasons, in the order they are checked (a layout counts under its first).
-R_TP = "tp does not divide heads, kv heads or d_ff"
-R_EP = "ep does not divide dp or the experts"
-R_CHUNKS = "pp x virtual stages exceeds the layers"
-R_BATCH = "global batch not a multiple of dp x micro-batch"
-R_CP = "cp does not cut seq into 2 x cp equal chunks"
-R_SP = "seq / cp not divisible by tp (sequence parallel)"
-R_HSDP = "dp_replicate > 1 (HSDP) needs ZeRO >= 1"
-R_INTERLEAVED = "interleaved-1f1b needs micro-batches in multiples of pp"
-R_DUALPIPE = "dualpipev needs at least 2 x pp micro-batches"
-R_TRAIN = "not supported by shardlab train"
-R_MEMORY = "out of memory"
-REASONS: tuple[str, ...] = (R_TP, R_EP, R_CHUNKS, R_BATCH, R_CP, R_SP, R_HSDP, R_INTERLEAVED,
-                            R_DUALPIPE, R_TRAIN, R_MEMORY)
 
 
 @dataclass(frozen=True)
@@ -215,18 +209,6 @@ def unique_rows(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return uniq, inv.ravel()
 
 
-def expert_choices(model: ModelShape, dp: int, tp: int, eps: tuple[int, ...] | None = None
-                   ) -> list[tuple[int, int]]:
-    """(ep, etp) pairs a mesh of ``dp`` x ``tp`` allows (module docstring): (1, tp) for a
-    dense model; else each ep dividing dp and the experts (of ``eps`` when given) with
-    etp = tp, then etp = 1 when tp > 1."""
-    if model.moe is None:
-        return [(1, tp)]
-    experts = model.moe.experts
-    out = [(e, tp) for e in divisors(dp) if experts % e == 0 and (eps is None or e in eps)]
-    return out + ([(e, 1) for e, _ in out] if tp > 1 else [])
-
-
 def _splits(model: ModelShape, sp: Space, pp: int, v: int) -> list[tuple[int, ...]]:
     """:func:`~shardlab.plan.choices.split_choices` of the space (train_only: even)."""
     if sp.train_only and not sp.stage_layers:
@@ -379,38 +361,3 @@ def enumerate_search(model: ModelShape, sp: Space) -> tuple[Candidates, str | No
         return c, (f"uneven pipeline splits not searched: with them the space has "
                    f"{e.value:,} layouts, more than {MAX_CANDIDATES:,}; give one with "
                    "--stage-layers or narrow the search")
-
-
-def _mark(c: Candidates, bad: np.ndarray, reason: str) -> None:
-    c.reason[(c.reason < 0) & bad] = REASONS.index(reason)
-
-
-def check_rules(model: ModelShape, sp: Space, c: Candidates) -> None:
-    """Set ``c.reason`` for every layout that :func:`make_layout` (or train) would refuse."""
-    bad_tp = (model.heads % c.tp != 0) | (model.kv_heads % c.tp != 0) | (model.d_ff % c.tp != 0)
-    if model.moe is not None:
-        bad_tp |= (c.etp > 1) & (model.moe.expert_d_ff % c.tp != 0)
-    _mark(c, bad_tp, R_TP)
-    experts = model.moe.experts if model.moe is not None else 1
-    _mark(c, (c.dp % c.ep != 0) | (experts % c.ep != 0), R_EP)
-    _mark(c, c.pp * c.virtual > model.layers, R_CHUNKS)
-    _mark(c, sp.global_batch % (c.dp * c.micro_batch) != 0, R_BATCH)
-    _mark(c, (c.cp > 1) & (sp.seq % (2 * c.cp) != 0), R_CP)
-    _mark(c, c.sp & ((sp.seq % c.cp != 0) | ((sp.seq // c.cp) % c.tp != 0)), R_SP)
-    _mark(c, (c.dp_replicate > 1) & (c.zero == 0), R_HSDP)
-    inter = c.schedule == SCHEDULES.index("interleaved-1f1b")
-    _mark(c, inter & (c.microbatches % c.pp != 0), R_INTERLEAVED)
-    _mark(c, (c.schedule == SCHEDULES.index("dualpipev")) & (c.microbatches < 2 * c.pp),
-          R_DUALPIPE)
-    if sp.train_only:
-        # shardlab train (train.config.check_config): no tied head split over stages with
-        # tp > 1; DDP holds no DTensors and runs in no pipeline; torch's 1F1B needs at
-        # least pp micro-batches.
-        bad = (c.tp > 1) & (c.pp > 1) & model.tied
-        bad |= (c.zero == 0) & (c.dp > 1) & ((c.tp > 1) | (c.pp > 1))
-        bad |= (c.pp > 1) & (c.schedule == SCHEDULES.index("1f1b")) & (c.microbatches < c.pp)
-        if model.moe is not None:
-            bad |= c.etp != 1  # train builds whole experts on every tp rank (etp = 1)
-        # Not yet in train: context parallelism, HSDP, uneven stages.
-        bad |= (c.cp > 1) | (c.dp_replicate > 1) | (c.split > 0)
-        _mark(c, bad, R_TRAIN)
