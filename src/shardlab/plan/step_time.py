@@ -67,16 +67,17 @@ context-parallel rank), on devices of dense peak P (:class:`Device`):
   gradients (ZeRO paper, Rajbhandari et al. 2020; bytes as
   :func:`shardlab.estimate.comm.dp_bytes_per_step`; a MoE rank's routed experts over
   expert_dp = dp/ep ranks, the rest over dp: :func:`~shardlab.estimate.comm.layout_dp_bytes`),
-  one gather per layer, so each
-  layer adds the ring's latency (FSDP wraps every block). ZeRO shards over dp_shard x cp
-  (the cp ranks hold the same weights; torchtitan's ``dp_shard_cp``), gradients are
+  one gather per layer, so each layer adds the ring's latency (FSDP wraps every block). A
+  ring with k members per node leaves it over k NICs
+  (:func:`~shardlab.plan.comm_time.members_per_node`; cp's too). ZeRO shards over dp_shard
+  x cp (the cp ranks hold the same weights; torchtitan's ``dp_shard_cp``), gradients are
   summed over dp x cp; HSDP (dp_replicate R > 1) reduce-scatters and gathers inside the
   shard group (its link: dp_shard·cp·t consecutive ranks) and all-reduces each rank's
   shard of the gradients across the R replicas (the link of dp·cp·t ranks), behind the
-  same backward window. With ``overlap_dp`` the gradient
-  reduction hides behind the last micro-batch's backward and the weight gather behind
-  the first micro-batch's forward (Megatron's overlap-grad-reduce and
-  overlap-param-gather; FSDP's prefetch); what is longer than that window is exposed.
+  same backward window. With ``overlap_dp`` the gradient reduction hides behind the last
+  micro-batch's backward and the weight gather behind the first micro-batch's forward
+  (Megatron's overlap-grad-reduce and overlap-param-gather; FSDP's prefetch); what is
+  longer than that window is exposed.
 * **optimizer**: Adam reads and writes the rank's weights, gradients and optimizer
   state (its ZeRO shard): 2·(w + g + o)·Ψ/N bytes at the memory bandwidth (N the shard
   group, dp_shard x cp; experts' shard over theirs).
@@ -105,11 +106,15 @@ from shardlab.config.dtypes import DtypePolicy
 from shardlab.config.hardware import OPS_PER_LAYER_FORWARD
 from shardlab.config.layout import RECOMPUTE
 from shardlab.config.model import ModelShape
-from shardlab.config.runtime import Runtime
 from shardlab.estimate.context import causal_imbalance
 from shardlab.estimate.flops import flops_per_token
 from shardlab.plan.bubble import bubble_ratios
-from shardlab.plan.comm_time import allreduce_seconds, gather_seconds, send_seconds
+from shardlab.plan.comm_time import (
+    allreduce_seconds,
+    gather_seconds,
+    members_per_node,
+    send_seconds,
+)
 from shardlab.plan.efficiency import fraction_of_peak, matmul_seconds
 from shardlab.plan.expert_time import alltoall_layer_seconds, kept_rows, routed_tokens
 from shardlab.plan.memory import MemoryArrays, zero_group_arrays
@@ -123,7 +128,7 @@ from shardlab.plan.overlap import (
 )
 from shardlab.plan.space import Candidates
 from shardlab.plan.stages import timed_ranks
-from shardlab.plan.step_inputs import Device, StepOptions
+from shardlab.plan.step_inputs import Device, StepOptions, runtime_overhead
 
 PARTS: tuple[str, ...] = ("compute", "recompute", "tp_comm", "pp_comm", "ep_comm", "cp_comm",
                           "dp_comm", "bubble", "optimizer", "overhead")
@@ -241,7 +246,8 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     # Tensor-parallel all-reduces of T·h activations: 2 per layer forward, 2 backward and 2
     # more with full recompute; exposed as overlap_tp leaves them (overlap module).
     act_bytes = tokens * m.d_model * policy.activation_bytes
-    lat, bw = dev.link("all_reduce", tp <= dev.gpus_per_node)
+    gpn = dev.gpus_per_node
+    lat, bw = dev.link("all_reduce", tp <= gpn, members_per_node(tp, 1, gpn))
     one_ar = allreduce_seconds(act_bytes, tp, lat, bw)
     tp_all = np.where(full, 6.0, 4.0) * one_ar
     tp_shown = (tp_exposed(2 * one_ar, 2 * one_ar, mat_l, tp, opt.overlap_tp)
@@ -257,7 +263,8 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     # full recompute) and the reduce-scatter of their gradients backward, each of the
     # whole b·s·2·kv_dim/t K and V: (cp-1)α + (cp-1)/cp·n/B.
     kv_bytes = mb * seq * 2.0 * m.kv_dim / tp * policy.activation_bytes
-    one_kv = gather_seconds(kv_bytes, cp, *dev.link("all_gather", cp * tp <= dev.gpus_per_node))
+    one_kv = gather_seconds(kv_bytes, cp, *dev.link("all_gather", cp * tp <= gpn,
+                                                    members_per_node(cp, tp, gpn)))
     per_layer_cp = np.where(full, 3.0, 2.0) * one_kv
 
     # The ranks that can be the busiest: their layers, embedding and head.
@@ -306,21 +313,28 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     reduce_bytes = (opt.grad_reduce_bytes if opt.grad_reduce_bytes and policy.compute == "bf16"
                     else policy.grad_bytes)
 
+    # A ring leaves each node through the NICs of the group's members there (comm_time):
+    # dense groups stride t (HSDP's replicas t·dp_shard·cp), expert groups ep·etp.
+    estride = c.ep * c.etp * cp
+
     def over(collective: str, fn: Callable[..., np.ndarray], nbytes: float,
              ranks: np.ndarray, expert_ranks: np.ndarray, inside: np.ndarray,
-             per: tuple[np.ndarray, np.ndarray] = (np.ones(1), np.ones(1))) -> np.ndarray:
+             per: tuple[np.ndarray, np.ndarray] = (np.ones(1), np.ones(1)),
+             stride: np.ndarray = tp) -> np.ndarray:
         """``fn`` of the dense and the expert parameters' ``nbytes`` per element (divided by
         ``per``) over their groups of ``ranks`` and ``expert_ranks``."""
-        link = dev.link(collective, inside)
+        link = dev.link(collective, inside, members_per_node(ranks, stride, gpn))
+        elink = dev.link(collective, inside, members_per_node(
+            expert_ranks, stride * estride // np.maximum(tp, 1), gpn))
         return (fn(dense * nbytes / per[0], ranks, *link)
-                + fn(mem.expert_params * nbytes / per[1], expert_ranks, *link))
+                + fn(mem.expert_params * nbytes / per[1], expert_ranks, *elink))
 
     ar = over("all_reduce", allreduce_seconds, reduce_bytes, group * reps, egroup * ereps,
               inside_r)
     rs = over("reduce_scatter", gather_seconds, reduce_bytes, group, egroup, inside_d)
     # HSDP: each rank's shard of the gradients all-reduced across the replicas.
     ar_rep = over("all_reduce", allreduce_seconds, reduce_bytes, reps, ereps, inside_r,
-                  (group.astype(float), egroup.astype(float)))
+                  (group.astype(float), egroup.astype(float)), tp * group)
     lat_d, _ = dev.link("all_gather", inside_d)
     ag = over("all_gather", gather_seconds, policy.weight_bytes, group, egroup, inside_d)
     # ZeRO-3/FSDP gathers layer by layer (one unit per block): each pays the latency; fp8
@@ -358,20 +372,6 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
             "stage": rank[rows, pick],
             "hidden_tp_comm": micro * tp_all_mb - tp_comm,
             "hidden_pp_comm": messages * message - pp_comm, "hidden_dp_comm": dp_all - dp_comm}
-
-
-def runtime_overhead(rt: Runtime, c: Candidates, micro: np.ndarray, layers: np.ndarray
-                     ) -> np.ndarray:
-    """Seconds per step of the measured runtime's fixed costs (module docstring, "overhead"):
-    the eager base plus what each parallel style in use adds to it, at the rank's
-    ``layers`` and ``micro`` micro-batches."""
-    base = rt.overheads["ddp"].seconds(micro, layers)
-    total = base.copy()
-    for style, used in (("fsdp", (c.dp * c.cp > 1) & (c.zero >= 1)), ("tp", c.tp > 1),
-                        ("pp", c.pp > 1)):
-        extra = np.maximum(rt.overheads[style].seconds(micro, layers) - base, 0.0)
-        total = total + np.where(used, extra, 0.0)
-    return total
 
 
 def probe_elementwise_bandwidth(probe: dict[str, float], dev: Device, flash: bool = True
