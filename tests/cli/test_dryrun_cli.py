@@ -35,7 +35,7 @@ def shardlab(*argv: str) -> subprocess.CompletedProcess[str]:
     (["llama-3-8b", "--gpus", "64", "--seq", "100000"], "seq"),
     (["llama-3-8b", "--gpus", "64", "--global-batch", "100"], "global_batch"),
     (["llama-3-8b", "--gpus", "8", "--layers", "4"], "layers"),
-    (["mixtral-8x7b", "--gpus", "8"], "mixture-of-experts"),
+    (["mixtral-8x7b", "--gpus", "8"], "mixture of experts"),
 ])
 def test_bad_input_is_one_line_before_anything_runs(argv: list[str], field: str,
                                                     capsys: pytest.CaptureFixture[str]

@@ -49,9 +49,9 @@ def test_plan_page(tmp_path: Path) -> None:
     (["budget", "gpt2", "-o", "{tmp}/b.html", "--figures", "{tmp}/file"], "a file is there"),
     (["plan", "gpt2", "--gpus", "8", "--global-batch", "8", "--gpu", "nope", "-o",
       "{tmp}/p.html"], "gpu="),
-    (["run", "{tmp}"], "no report.json"),
-    (["run", "{tmp}/missing"], "no such folder"),
-    (["run", "{tmp}/file"], "it is a file, not a folder"),
+    (["run", "{tmp}"], "no report.json and no step records"),
+    (["run", "{tmp}/missing"], "no such file or folder"),
+    (["run", "{tmp}/file"], "file line 1 is not a step record"),
 ])
 def test_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
                    message: str) -> None:

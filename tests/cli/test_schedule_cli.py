@@ -126,6 +126,22 @@ def test_human_view_and_files(capsys: pytest.CaptureFixture[str], tmp_path: Path
     assert json.loads(trace.read_text())["traceEvents"]
 
 
+def test_uneven_stages_take_their_layers_time(capsys: pytest.CaptureFixture[str]) -> None:
+    # 3 + 1 layers at one unit a layer (tests/schedules/test_simulate.py has the timeline):
+    # 1F1B 36 and GPipe 39, against 30 for the even split at the same total work.
+    base = ("schedule", "--stages", "2", "--microbatches", "4", "--json")
+    code, out, _ = run(capsys, *base, "--kind", "1f1b", "--stage-layers", "3,1")
+    doc = json.loads(out)
+    assert code == 0 and doc["makespan"] == 36 and doc["bubble"] == pytest.approx(1 / 3)
+    assert doc["stage_layers"] == [3, 1] and doc["stage_backward"] == [6, 2]
+    assert doc["closed_form"] == {}  # 1F1B: no closed form for unequal stages
+    code, out, _ = run(capsys, *base, "--kind", "gpipe", "--stage-layers", "3+1")
+    doc = json.loads(out)
+    assert doc["makespan"] == doc["closed_form"]["makespan"] == 39
+    code, out, _ = run(capsys, *base, "--kind", "1f1b", "--stage-layers", "2,2")
+    assert json.loads(out)["makespan"] == 30
+
+
 @pytest.mark.parametrize(("argv", "words"), [
     (["--kind", "ring", "--stages", "4", "--microbatches", "8"], "kind='ring'"),
     (["--kind", "1f1b", "--stages", "0", "--microbatches", "8"], "--stages"),
@@ -144,6 +160,12 @@ def test_human_view_and_files(capsys: pytest.CaptureFixture[str], tmp_path: Path
      "stage-scale='1,0': every factor must be a number in (0, 1e+06]"),
     (["--kind", "1f1b", "--stages", "2", "--microbatches", "2", "--stage-scale", "1e300,1"],
      "stage-scale='1e300,1': every factor must be a number in (0, 1e+06]"),
+    (["--kind", "1f1b", "--stages", "2", "--microbatches", "2", "--stage-layers", "3,0"],
+     "stage_layers='3,0': every stage needs at least one layer"),
+    (["--kind", "1f1b", "--stages", "2", "--microbatches", "2", "--stage-layers", "3,x"],
+     "stage_layers='3,x': must be whole layer counts"),
+    (["--kind", "zb-v", "--stages", "2", "--microbatches", "4", "--stage-layers", "3+1"],
+     "stage_layers='3,1': gives 2 counts; zb-v on 2 stages x 2 chunk(s) per rank has 4"),
     (["--kind", "1f1b", "--stages", "2", "--microbatches", "2", "--t-bwd", "1e308", "--t-w",
       "1e308"], "t-bwd=1e+308: must be <= 1e+15"),
     (["--kind", "1f1b", "--stages", "2", "--microbatches", "2", "--width", "1e9"],

@@ -69,6 +69,20 @@ def test_moe_with_expert_parallelism_equals_one_device(
     assert {c["name"]: c["tolerance"] for c in doc["checks"]}["comm.ep"] == 0
 
 
+def test_context_parallel_uneven_stages_and_hsdp_flags(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "simulate", "--cp", "2", "--pp", "2", "--stage-layers", "2+1",
+                       "--dp", "2", "--zero", "2", "--dp-replicate", "2", "--layers", "3",
+                       "--d-model", "16", "--heads", "2", "--seq", "16", "--steps", "1",
+                       "--dtype", "float64", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["passed"] and doc["devices"] == 8
+    assert "cp=2 stage_layers=2+1 dp_replicate=2" in doc["layout"]
+    cp = doc["comm"]["cp"]
+    assert cp["counted_bytes"] == cp["predicted_bytes"] and all(cp["counted_bytes"])
+    assert {c["name"]: c["tolerance"] for c in doc["checks"]}["comm.cp"] == 0
+
+
 def test_human_view_and_gpt_model(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "simulate", "--style", "gpt", "--dp", "2", "--pp", "2",
                        "--schedule", "gpipe", "--steps", "1")
@@ -102,6 +116,12 @@ def test_exit_1_when_a_check_fails(capsys: pytest.CaptureFixture[str],
     (["--ep", "2"], "ep=2"),
     (["--capacity-factor", "1"], "capacity_factor=1.0"),
     ([*MOE, "--aux-loss-coef", "nan"], "--aux-loss-coef"),
+    (["--cp", "3"], "cp=3: must split seq (32) into 2*cp=6 equal chunks"),
+    (["--pp", "2", "--stage-layers", "3,2"], "stage_layers='3+2': must sum to the model's 4"),
+    (["--pp", "2", "--stage-layers", "4,0"], "stage_layers='4+0': must give every stage at"),
+    (["--pp", "2", "--stage-layers", "4,x"], "stage_layers='4,x'"),
+    (["--dp", "2", "--zero", "1", "--dp-replicate", "3"], "dp_replicate=3: must divide dp (2)"),
+    ([*MOE, "--cp", "2"], "cp=2: the simulator runs context parallel on dense models only"),
 ])
 def test_bad_input_is_one_line_before_work(capsys: pytest.CaptureFixture[str], argv: list[str],
                                            words: str) -> None:

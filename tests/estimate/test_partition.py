@@ -3,12 +3,15 @@
 import pytest
 
 from shardlab.config.catalog import MODELS, get_model
+from shardlab.config.layout import make_layout
 from shardlab.config.model import ModelShape, MoE
 from shardlab.estimate import partition
 from shardlab.estimate.params import count_params
 from shardlab.estimate.partition import (
     chunk_layers,
     layer_params_per_tp_rank,
+    layout_params_split,
+    layout_stage_params,
     rank_layers,
     stage_params,
 )
@@ -76,3 +79,46 @@ def test_mixed_dense_and_moe_stages_equal_the_layer_by_layer_sum(pp: int, v: int
     want[-1] += 256 + 500 * 256  # the final RMSNorm and the untied head's shard
     assert stage_params(m, 2, pp, v) == want
     assert rank_layers(12, pp, v) == [sum(sizes[r::pp]) for r in range(pp)]
+
+
+def test_stage_layers_place_uneven_chunks_in_a_loop_or_a_v() -> None:
+    assert chunk_layers(4, 2, 1, (3, 1)) == [3, 1]
+    assert rank_layers(4, 2, 1, (3, 1)) == [3, 1]
+    assert rank_layers(12, 2, 2, (1, 4, 4, 3)) == [5, 7]  # chunks 0, 2 on rank 0
+    assert rank_layers(12, 2, 2, (1, 4, 4, 3), v_shape=True) == [4, 8]  # chunks 0, 3
+    assert rank_layers(10, 2, 2, v_shape=True) == [5, 5]  # even chunks [3, 3, 2, 2] in a V
+    with pytest.raises(ValueError, match="summing to 4"):
+        chunk_layers(4, 2, 1, (3, 2))
+
+
+def test_llama_405b_layout_first_and_last_stage_one_layer_fewer() -> None:
+    # Llama 3 (Dubey et al. 2024, Sec. 3.3.2): 126 layers on 16 stages, the first and the
+    # last one layer fewer than the others so the embedding and the head balance them.
+    m = get_model("llama-3.1-405b")
+    layers = (7, *[8] * 14, 7)
+    lay = make_layout(m, gpus=16 * 8, tp=8, pp=16, stage_layers=layers)
+    per_layer = layer_params_per_tp_rank(m, 8, False)
+    vocab = -(-m.vocab // 8) * m.d_model
+    got = layout_stage_params(m, lay)
+    assert got[0] == 7 * per_layer + vocab
+    assert got[1:15] == [8 * per_layer] * 14
+    assert got[15] == 7 * per_layer + vocab + m.d_model  # head and final RMSNorm
+    assert sum(stage_params(m, 1, 16, stage_layers=layers)) == count_params(m).total
+    assert layout_params_split(m, lay) == [(n, 0) for n in got]
+
+
+@pytest.mark.parametrize("layers", [(1, 2, 4, 5), (5, 4, 2, 1), (3, 3, 3, 3)])
+def test_uneven_mixed_stages_equal_the_layer_by_layer_sum(layers: tuple[int, ...]) -> None:
+    m = ModelShape("mixed", 12, 256, 4, vocab=1000, context=512, style="llama", tied=True,
+                   moe=MoE(experts=8, experts_per_token=2, expert_d_ff=512, dense_layers=5))
+    want = [0] * 2
+    layer = 0
+    for c, n in enumerate(layers):
+        for _ in range(n):
+            want[c % 2] += layer_params_per_tp_rank(m, 1, moe_layer=layer >= 5)
+            layer += 1
+    want[0] += 1000 * 256
+    want[1] += 256 + 1000 * 256  # the final norm and the tied head's own copy
+    assert stage_params(m, 1, 2, 2, stage_layers=layers) == want
+    v_want = stage_params(m, 1, 2, 2, stage_layers=layers, v_shape=True)
+    assert sum(v_want) == sum(want) - 1000 * 256  # in a V the head shares rank 0's embedding

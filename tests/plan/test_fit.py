@@ -12,6 +12,7 @@ from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
 from shardlab.estimate.budget import Assumptions, model_budget
 from shardlab.estimate.memory import stage_memory
+from shardlab.plan import fit as fit_module
 from shardlab.plan.fit import CATEGORIES, PAIRS_KEPT, FitChange, explain_fit
 from shardlab.plan.search import USABLE_MEMORY, layout_candidates, plan
 from shardlab.plan.space import Space
@@ -26,7 +27,8 @@ def _changed(model: ModelShape, base: Layout, c: FitChange) -> Layout:
     return make_layout(model, gpus=base.gpus, dp=k.dp, tp=k.tp, pp=k.pp,
                        virtual_stages=k.virtual_stages, zero=k.zero, sp=k.sp,
                        micro_batch=k.micro_batch, global_batch=base.global_batch, seq=base.seq,
-                       recompute=k.recompute, dtype=base.dtype.name, schedule=k.schedule)
+                       recompute=k.recompute, dtype=base.dtype.name, schedule=k.schedule,
+                       cp=k.cp, stage_layers=k.stage_layers, dp_replicate=k.dp_replicate)
 
 
 def _layout_text(c: FitChange) -> str:
@@ -34,7 +36,8 @@ def _layout_text(c: FitChange) -> str:
     k = c.knobs
     return (f"dp={k.dp} tp={k.tp} pp={k.pp} virtual={k.virtual_stages} zero={k.zero} "
             f"sp={int(k.sp)} micro_batch={k.micro_batch} recompute={k.recompute} "
-            f"schedule={k.schedule}")
+            f"schedule={k.schedule} cp={k.cp} dp_replicate={k.dp_replicate}"
+            + (" stage_layers=" + "+".join(map(str, k.stage_layers)) if k.stage_layers else ""))
 
 
 def test_llama3_8b_at_8192_names_activations_and_the_pair_that_fits() -> None:
@@ -50,7 +53,7 @@ def test_llama3_8b_at_8192_names_activations_and_the_pair_that_fits() -> None:
     assert not any(c.fits for c in a.changes)
     assert {c.change for c in a.changes} == {
         "zero=1", "zero=2", "zero=3", "recompute=selective", "recompute=full",
-        "micro_batch=4", "tp=2 dp=4", "pp=2 dp=4"}
+        "micro_batch=4", "tp=2 dp=4", "pp=2 dp=4", "cp=2 dp=4"}
     memory = [c.memory_bytes for c in a.changes]
     assert memory == sorted(memory)  # none fits: smallest first
     assert a.skipped == [("sp=1", "sequence parallelism needs tp > 1")]
@@ -84,7 +87,7 @@ def test_every_change_equals_a_fresh_budget_and_plan_of_the_changed_layout() -> 
         assert c.memory_bytes == pytest.approx(p["memory_per_device"], rel=1e-12)
 
 
-def test_pairs_are_the_fastest_few_that_fit() -> None:
+def test_pairs_are_the_fastest_few_that_fit(monkeypatch: pytest.MonkeyPatch) -> None:
     # Held to 180 GB, the same layout fits no single change but many pairs.
     lay = make_layout(LLAMA3_8B, gpus=8, zero=0, micro_batch=8, seq=8192)
     a = explain_fit(LLAMA3_8B, lay, H100, capacity=180e9)
@@ -92,7 +95,11 @@ def test_pairs_are_the_fastest_few_that_fit() -> None:
     assert len(a.pairs) == PAIRS_KEPT and all(c.fits for c in a.pairs)
     assert [c.step_seconds for c in a.pairs] == sorted(c.step_seconds for c in a.pairs)
     assert a.pairs[0].change == "zero=3 micro_batch=4"
-    assert "tp=4 dp=2" in {c.change for c in a.pairs}  # the same doubling twice
+    # The same doubling twice is among the pairs priced (kept when more are kept).
+    monkeypatch.setattr(fit_module, "PAIRS_KEPT", 10)
+    more = explain_fit(LLAMA3_8B, lay, H100, capacity=180e9).pairs
+    assert more[:PAIRS_KEPT] == a.pairs
+    assert "tp=4 dp=2" in {c.change for c in more}
 
 
 def test_what_fits_comes_fastest_first_then_the_rest_by_memory() -> None:

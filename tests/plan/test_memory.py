@@ -41,7 +41,9 @@ def test_memory_arrays_equal_stage_memory(name: str, gpus: int, batch: int, seq:
                              virtual_stages=lay["virtual_stages"], zero=lay["zero"],
                              sp=lay["sp"], micro_batch=lay["micro_batch"], global_batch=batch,
                              seq=seq, recompute=lay["recompute"], schedule=lay["schedule"],
-                             ep=lay["ep"], etp=lay["etp"], capacity_factor=cf, dtype=dtype)
+                             ep=lay["ep"], etp=lay["etp"], capacity_factor=cf, dtype=dtype,
+                             cp=lay["cp"], stage_layers=lay["stage_layers"],
+                             dp_replicate=lay["dp_replicate"])
         peak = peak_stage(stage_memory(model, layout, dropout, flash, imbalance))
         assert mem.total[i] == pytest.approx(peak.total, rel=1e-9)
         assert mem.weights[i] == pytest.approx(peak.states.weights, rel=1e-9)

@@ -24,12 +24,14 @@ def test_405b_on_16384_h100s_is_ranked() -> None:
     steps = [b["step_seconds"] for b in p.best]
     assert steps == sorted(steps)
     assert all(b["fits"] and b["memory_per_device"] <= 0.9 * 80e9 for b in p.best)
-    assert all(b["dp"] * b["tp"] * b["pp"] == 16384 for b in p.best)
+    assert all(b["dp"] * b["cp"] * b["tp"] * b["pp"] == 16384 for b in p.best)
     # The winner evaluated on its own gives the same numbers.
     w = p.best[0]
     text = " ".join(f"{k}={w[k if k != 'virtual' else 'virtual_stages']}" for k in
                     ("dp", "tp", "pp", "virtual", "micro_batch", "zero", "recompute",
-                     "schedule")) + f" sp={int(w['sp'])}"
+                     "schedule", "cp", "dp_replicate")) + f" sp={int(w['sp'])}"
+    if w["stage_layers"]:
+        text += " stage_layers=" + "+".join(map(str, w["stage_layers"]))
     alone = plan(m, H100, space, BF16, only=layout_candidates(m, space, text)).best[0]
     assert alone["step_seconds"] == pytest.approx(w["step_seconds"])
     assert alone["memory_per_device"] == pytest.approx(w["memory_per_device"])

@@ -9,19 +9,9 @@ from shardlab.config.catalog import get_model
 from shardlab.config.layout import RECOMPUTE, SCHEDULES, make_layout
 from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
-from shardlab.plan.space import (
-    R_DUALPIPE,
-    R_MEMORY,
-    R_TRAIN,
-    REASONS,
-    TRAIN_SCHEDULES,
-    Space,
-    _meshes,
-    divisors,
-    enumerate_space,
-    expert_choices,
-    unique_rows,
-)
+from shardlab.plan.choices import divisors, expert_choices, split_choices
+from shardlab.plan.rules import R_DUALPIPE, R_MEMORY, R_TRAIN, REASONS
+from shardlab.plan.space import TRAIN_SCHEDULES, Space, _meshes, enumerate_space, unique_rows
 from shardlab.schedules.generators import build
 
 
@@ -30,7 +20,9 @@ def _make(model: ModelShape, sp: Space, lay: dict) -> object:
                        virtual_stages=lay["virtual_stages"], zero=lay["zero"], sp=lay["sp"],
                        micro_batch=lay["micro_batch"], global_batch=sp.global_batch,
                        seq=sp.seq, recompute=lay["recompute"], schedule=lay["schedule"],
-                       ep=lay["ep"], etp=lay["etp"], capacity_factor=lay["capacity_factor"])
+                       ep=lay["ep"], etp=lay["etp"], capacity_factor=lay["capacity_factor"],
+                       cp=lay["cp"], stage_layers=lay["stage_layers"],
+                       dp_replicate=lay["dp_replicate"])
 
 
 @pytest.mark.parametrize(("name", "gpus", "batch", "seq"), [
@@ -102,13 +94,16 @@ def test_layouts_come_in_the_product_order_of_each_mesh(name: str, gpus: int) ->
     model = get_model(name)
     sp = Space(gpus=gpus, global_batch=48, seq=1024, zero=(0, 2, 3), micro_batches=(1, 3))
     c = enumerate_space(model, sp)
-    rows = [(dp, tp, pp, v, sched, e, et, z, s, RECOMPUTE.index(r), mb)
-            for dp, tp, pp, sched, vs, ex in _meshes(model, sp) for v in vs for e, et in ex
-            for z, s, r, mb in itertools.product(sp.zero if dp > 1 else (0,),
-                                                 sp.sp if tp > 1 else (False,),
-                                                 sp.recompute, sp.micro_batches)]
-    got = np.stack([c.dp, c.tp, c.pp, c.virtual, c.schedule, c.ep, c.etp, c.zero, c.sp,
-                    c.recompute, c.micro_batch], axis=1)
+    rows = [(dp, cp, tp, pp, v, sched, rep, c.splits.index(split), e, et, z, s,
+             RECOMPUTE.index(r), mb)
+            for dp, cp, tp, pp, sched, vs, ex, rep in _meshes(model, sp) for v in vs
+            for split in split_choices(model.layers, pp, v, ks=sp.fewer_at_ends)
+            for e, et in ex
+            for z, s, r, mb in itertools.product(
+                tuple(z for z in sp.zero if z) if rep > 1 else sp.zero if dp * cp > 1 else (0,),
+                sp.sp if tp > 1 else (False,), sp.recompute, sp.micro_batches)]
+    got = np.stack([c.dp, c.cp, c.tp, c.pp, c.virtual, c.schedule, c.dp_replicate, c.split,
+                    c.ep, c.etp, c.zero, c.sp, c.recompute, c.micro_batch], axis=1)
     assert got.tolist() == [list(map(int, r)) for r in rows]
 
 

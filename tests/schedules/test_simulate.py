@@ -13,12 +13,13 @@ from shardlab.schedules.actions import Action, Schedule
 from shardlab.schedules.closed_forms import (
     bubble_1f1b,
     bubble_interleaved,
+    gpipe_makespan,
     zb_h1_idle,
     zb_h2_idle,
     zb_overall_bubble,
 )
 from shardlab.schedules.generators import KINDS, build
-from shardlab.schedules.simulate import Durations, simulate
+from shardlab.schedules.simulate import Durations, simulate, stage_layer_scale
 
 SIZES = [(p, m) for p in (1, 2, 3, 4, 6, 8) for m in (1, 2, 3, 4, 7, 8, 16, 33)]
 TOL = {"rtol": 1e-12, "atol": 1e-12}
@@ -226,3 +227,39 @@ def test_the_first_broken_rule_in_rank_order_is_named() -> None:
         simulate(_one([[f0, Action("F", 5, 0), Action("X", 0, 0)], [f1, b1]]))
     with pytest.raises(SpecError, match=r"schedule='0F0': runs twice \(rank 0\)"):
         simulate(_one([[f0, b0, f0, f1], [f1, b1]]))
+
+
+def test_unequal_stages_by_hand() -> None:
+    # Two stages of 3 and 1 layers, one time unit per layer and pass (a full backward is
+    # t_b + t_w = 2 units a layer): stage 0's F takes 3 and B 6, stage 1's F 1 and B 2.
+    d = Durations(stage_scale=stage_layer_scale((3, 1)))
+    # GPipe, m = 4: the forwards end at 3 + 1 + 3·3 = 13, the backwards 6 + 2 + 3·6 = 26
+    # later: 39, against (m + p - 1)·(1 + 2)·2 = 30 for the even 2 + 2 split.
+    gpipe = simulate(build("gpipe", 2, 4), d)
+    assert gpipe.makespan == 39 == gpipe_makespan([3, 1], [6, 2], 4)
+    assert simulate(build("gpipe", 2, 4), Durations(stage_scale=(2, 2))).makespan == 30
+    # 1F1B, m = 4: rank 0 runs F0 0-3, F1 3-6, then waits for rank 1's B0 (F0 3-4, B0 4-6):
+    # B0 6-12, F2 12-15, B1 15-21, F3 21-24, B2 24-30, B3 30-36; rank 1 runs each F as
+    # rank 0's ends and its B right after. Busy 4·9 + 4·3 = 48 of 2 x 36.
+    one = simulate(build("1f1b", 2, 4), d)
+    assert one.makespan == 36 and one.bubble == pytest.approx(1 - 48 / 72)
+    starts = [(str(e.action), e.start) for e in one.events[0]]
+    assert starts == [("0F0", 0), ("0F1", 3), ("0B0", 6), ("0F2", 12), ("0B1", 15),
+                      ("0F3", 21), ("0B2", 24), ("0B3", 30)]
+    assert [e.start for e in one.events[1]] == [3, 4, 6, 7, 15, 16, 24, 25]
+
+
+def test_gpipe_closed_form_holds_for_any_stage_costs() -> None:
+    rng = random.Random(3)
+    for _ in range(50):
+        p, m = rng.randint(1, 6), rng.randint(1, 9)
+        layers = tuple(rng.randint(1, 6) for _ in range(p))
+        d = Durations(rng.choice([1, 2]), rng.choice([1, 3]), rng.choice([0, 1]),
+                      stage_scale=stage_layer_scale(layers, tuple(rng.choice([1, 1.5])
+                                                                  for _ in range(p))))
+        forward = [d.t_f * x for x in d.stage_scale]
+        backward = [(d.t_b + d.t_w) * x for x in d.stage_scale]
+        assert simulate(build("gpipe", p, m), d).makespan == pytest.approx(
+            gpipe_makespan(forward, backward, m), rel=1e-12)
+    with pytest.raises(SpecError, match="gives 1 factors for 2"):
+        stage_layer_scale((3, 1), (1.0,))

@@ -17,14 +17,15 @@ from shardlab.cli.args import (
 from shardlab.cli.output import print_json
 from shardlab.config.dtypes import get_policy
 from shardlab.config.hardware import Accelerator, matmul_peaks, power_capped, with_nics
-from shardlab.config.layout import RECOMPUTE, SCHEDULES, Layout, make_layout
+from shardlab.config.layout import RECOMPUTE, SCHEDULES, Layout, make_layout, parse_stage_layers
 from shardlab.config.limits import MAX_GPUS
 from shardlab.config.measured import NAME, accelerator_or_measured
 from shardlab.config.model import ModelShape
 from shardlab.config.resolve import load_model
 from shardlab.errors import SpecError, require_int_at_most
 from shardlab.estimate.budget import Assumptions, model_budget, params_budget
-from shardlab.plan.fit import explain_fit, step_options_for
+from shardlab.plan.fit import explain_fit
+from shardlab.plan.options import step_options_for
 from shardlab.report.budget_view import print_budget
 
 
@@ -58,6 +59,17 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--capacity-factor", type=nonneg_float, default=0.0,
                    help="MoE capacity factor: each expert takes at most ceil(F*tokens*top_k/"
                    "experts) tokens of each rank and drops the rest; 0 (default) is dropless")
+    g.add_argument("--cp", type=positive_int, default=1,
+                   help="context-parallel degree (its own mesh dim: devices = dp*cp*tp*pp): "
+                   "each sequence is cut into 2*cp chunks, rank i holding chunks i and "
+                   "2cp-1-i; K and V are all-gathered per layer (Llama 3); must split seq "
+                   "into 2*cp equal chunks")
+    g.add_argument("--stage-layers", metavar="N,N,...",
+                   help="layers of each pipeline stage (pp x virtual-stages counts, in order, "
+                   "each >= 1, summing to the layers), e.g. 7,8,8,7; default: the even split")
+    g.add_argument("--dp-replicate", type=positive_int, default=1,
+                   help="HSDP: dp = R replicas x dp/R shards (ZeRO/FSDP inside each replica, "
+                   "gradients all-reduced across replicas); must divide dp, needs --zero >= 1")
 
 
 def add_hardware_args(p: argparse.ArgumentParser) -> None:
@@ -165,12 +177,14 @@ def model_and_layout(args: argparse.Namespace) -> tuple[Any, Any]:
     """MODEL and the layout the flags of :func:`add_layout_args` give (SpecError if bad)."""
 
     model = load_model(args.model)
+    split = parse_stage_layers(args.stage_layers)
     layout = make_layout(model, gpus=args.gpus, dp=args.dp, tp=args.tp, pp=args.pp,
                          virtual_stages=args.virtual_stages, zero=args.zero, sp=args.sp,
                          micro_batch=args.micro_batch, global_batch=args.global_batch,
                          seq=args.seq, recompute=args.recompute, dtype=args.dtype,
                          schedule=args.schedule, ep=args.ep, etp=args.etp,
-                         capacity_factor=args.capacity_factor)
+                         capacity_factor=args.capacity_factor, cp=args.cp,
+                         stage_layers=split, dp_replicate=args.dp_replicate)
     return model, layout
 
 
@@ -205,6 +219,12 @@ def run(args: argparse.Namespace) -> int:
             if value != default:
                 raise SpecError(name, value, "needs a MODEL: a bare parameter count has no "
                                 "experts")
+        for name, value, default in (("cp", args.cp, 1), ("stage_layers", args.stage_layers,
+                                                          None),
+                                     ("dp_replicate", args.dp_replicate, 1)):
+            if value != default:
+                raise SpecError(name, value, "needs a MODEL: a bare parameter count has no "
+                                "layers or sequence to split")
         for name, value in (("gpus", args.gpus), ("dp", args.dp), ("tp", args.tp),
                             ("pp", args.pp)):
             if value is not None:

@@ -16,12 +16,19 @@ from shardlab.cli.output import print_json
 from shardlab.cli.plan_dryrun import dry_run_top
 from shardlab.config.dtypes import get_policy
 from shardlab.config.hardware import matmul_peaks
-from shardlab.config.layout import RECOMPUTE, SCHEDULES, make_layout
+from shardlab.config.layout import (
+    RECOMPUTE,
+    SCHEDULES,
+    check_stage_layers,
+    make_layout,
+    parse_stage_layers,
+)
 from shardlab.config.measured import accelerator_or_measured, slow_dtype_note
 from shardlab.config.resolve import load_model
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_vocab
-from shardlab.plan.fit import explain_fit, step_options_for
+from shardlab.plan.fit import explain_fit
+from shardlab.plan.options import step_options_for
 from shardlab.plan.overlap import framework as overlap_framework
 from shardlab.plan.search import (
     STEP_KEYS,
@@ -114,6 +121,17 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ep", type=_int_list,
                    help="expert-parallel degrees to try (MoE), e.g. 1,8 (default: every "
                    "divisor of dp that divides the experts; etp is searched over 1 and tp)")
+    g.add_argument("--cp", type=_int_list,
+                   help="context-parallel degrees to try, e.g. 1,2,4,8 (default: every one "
+                   "that cuts seq into 2*cp equal chunks of a rank's at least 4,096 tokens "
+                   "of it; none on this machine, where shardlab train has no cp yet)")
+    g.add_argument("--dp-replicate", type=_int_list,
+                   help="HSDP replica counts to try, e.g. 1,4 (default: 1 and the one that "
+                   "keeps each ZeRO shard group within a node; needs ZeRO >= 1)")
+    g.add_argument("--stage-layers", metavar="N,N,...",
+                   help="layers of each pipeline stage, in order (searches only the "
+                   "pp x virtual stages that make that many stages); default: the even "
+                   "split and the first and last stage 1 or 2 layers fewer")
     g.add_argument("--dry-run-top", type=positive_int, metavar="K",
                    help="dry-run the K fastest layouts that fit (every role of each, the "
                    "program `shardlab train` runs, on fake tensors: minutes at scale), mark "
@@ -121,8 +139,10 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    "keeps to what train runs (ZeRO 0/2/3; gpipe, 1f1b, interleaved-1f1b)")
     g.add_argument("--layout", help='evaluate one layout instead of searching, e.g. "dp=1 '
                    'tp=8 pp=8 virtual=3 micro_batch=1 zero=1 sp=1 recompute=selective '
-                   'schedule=1f1b", MoE: ep=8 etp=1 capacity_factor=1.25 (keys left out '
-                   'take their defaults; each key once; sp is 0 or 1). Step-time keys, 0 or '
+                   'schedule=1f1b", MoE: ep=8 etp=1 capacity_factor=1.25, context '
+                   'parallel cp=2, uneven stages stage_layers=7+9, HSDP dp_replicate=4 '
+                   '(keys left out take their defaults; each key once; sp is 0 or 1). '
+                   'Step-time keys, 0 or '
                    '1, override --framework: overlap_dp (gradient reduce-scatter/all-reduce '
                    'and parameter all-gather per bucket or layer behind backward/forward), '
                    'overlap_tp (tensor-parallel collectives split alongside their matmuls: '
@@ -135,11 +155,11 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
 def register(sub: Any) -> None:
     """Add the ``plan`` sub-command."""
     p = sub.add_parser("plan", help="search every layout; rank what fits by step time",
-                       description="Search every dp x tp x pp layout (virtual stages, "
-                       "schedule, ZeRO, sequence parallel, recompute, micro-batch) of MODEL "
-                       "on N devices, drop what does not fit, rank the rest by predicted "
-                       "step time. A search evaluates at most 2,000,000 layouts (the default "
-                       "space of any model on up to 2^20 devices stays below it).")
+                       description="Search every dp x cp x tp x pp layout (virtual "
+                       "stages, schedule, ZeRO, sequence parallel, recompute, micro-batch, "
+                       "HSDP, uneven pipeline stages; context parallel when sequences are "
+                       "long) of MODEL on N devices, drop what does not fit, rank the rest by "
+                       "predicted step time. A search evaluates at most 2,000,000 layouts.")
     add_plan_args(p)
     p.add_argument("--emit-config", metavar="FILE",
                    help="write the winner as a job file for `shardlab train --config FILE` "
@@ -205,8 +225,21 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         raise SpecError("ep", ",".join(map(str, args.ep)), dense)
     if model.moe is None and args.capacity_factor:
         raise SpecError("capacity_factor", args.capacity_factor, dense)
-    if args.ep is not None and 0 in args.ep:
-        raise SpecError("ep", 0, "must be a positive integer")
+    for name in ("ep", "cp", "dp_replicate"):
+        if 0 in (getattr(args, name) or ()):
+            raise SpecError(name, 0, "must be a positive integer")
+    split = parse_stage_layers(args.stage_layers)
+    if split:
+        check_stage_layers(model, len(split), split)
+    if train_only:
+        # shardlab train has no context parallelism, HSDP or uneven stages yet.
+        for name, value in (("cp", args.cp), ("dp_replicate", args.dp_replicate),
+                            ("stage_layers", args.stage_layers)):
+            if value not in (None, (1,)):
+                raise SpecError(name, value if isinstance(value, str) else
+                                ",".join(map(str, value)), "is not in shardlab train yet: "
+                                "a plan for this machine (or --emit-config) keeps to what "
+                                "train runs")
     space = Space(
         gpus=args.gpus, global_batch=args.global_batch, seq=seq,
         gpus_per_node=args.gpus_per_node or acc.gpus_per_node, max_tp=args.max_tp,
@@ -217,7 +250,8 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         recompute=args.recompute,
         schedules=tuple(s for s in args.schedules if not runnable or s in TRAIN_SCHEDULES)
         or ("1f1b",),
-        train_only=train_only, ep=args.ep, capacity_factor=args.capacity_factor)
+        train_only=train_only, ep=args.ep, capacity_factor=args.capacity_factor,
+        cp=args.cp, dp_replicate=args.dp_replicate, stage_layers=split)
     # A --layout of step-time keys alone sets options for the search.
     given = args.layout and set(parse_layout(args.layout, STEP_KEYS)) - set(step_keys)
     only = layout_candidates(model, space, args.layout) if given else None
@@ -238,7 +272,9 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
                              micro_batch=given["micro_batch"], global_batch=args.global_batch,
                              seq=seq, recompute=given["recompute"], dtype=policy.name,
                              schedule=given["schedule"], ep=given["ep"], etp=given["etp"],
-                             capacity_factor=given["capacity_factor"])
+                             capacity_factor=given["capacity_factor"], cp=given["cp"],
+                             stage_layers=given["stage_layers"],
+                             dp_replicate=given["dp_replicate"])
         fit = explain_fit(model, layout, acc, capacity=result.device_memory, dropout=dropout,
                           options=options, gpus_per_node=space.gpus_per_node,
                           train_only=train_only, imbalance=args.routing_imbalance).as_dict()
@@ -268,7 +304,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         "framework": None if args.framework is None else fw.name,
         "step_options": {**asdict(options), "framework_source": fw.source},
         # A dtype with no fast kernel on this measured CPU: priced at its measured slow rate.
-        "notes": notes + [n for n in (slow_dtype_note(acc, dtype),) if n],
+        "notes": notes + result.notes + [n for n in (slow_dtype_note(acc, dtype),) if n],
         "candidates_evaluated": result.candidates_evaluated, "feasible": result.feasible,
         "rejected": result.rejected, "seconds": result.seconds,
         "smallest_memory_per_device": result.smallest_memory, "best": result.best,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import tempfile
 from pathlib import Path
@@ -10,9 +11,16 @@ from typing import Any
 
 from shardlab.cli.args import nonneg_float, positive_float, positive_int
 from shardlab.cli.output import Vouched, print_json
+from shardlab.config.layout import parse_stage_layers
 from shardlab.errors import SpecError
 from shardlab.report.schedule_view import print_comparison, print_schedule
-from shardlab.schedules.closed_forms import bubble_1f1b, bubble_interleaved, zb_h1_idle, zb_h2_idle
+from shardlab.schedules.closed_forms import (
+    bubble_1f1b,
+    bubble_interleaved,
+    gpipe_makespan,
+    zb_h1_idle,
+    zb_h2_idle,
+)
 from shardlab.schedules.draw import MAX_DRAWN_ACTIONS, figure_bytes
 from shardlab.schedules.generators import (
     KINDS,
@@ -23,7 +31,7 @@ from shardlab.schedules.generators import (
     check_size,
     default_virtual,
 )
-from shardlab.schedules.simulate import Durations, Timing, simulate
+from shardlab.schedules.simulate import Durations, Timing, simulate, stage_layer_scale
 from shardlab.schedules.stream import FORMATS, timeline, write_actions
 
 KIND_CHOICES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "dualpipev",
@@ -63,6 +71,10 @@ def register(sub: Any) -> None:
                    help="latency added to every dependency between ranks")
     p.add_argument("--stage-scale", help="comma-separated time factor per model chunk "
                    "(imbalance), stages x chunks per rank of them, e.g. 1.2,1,1,1.3")
+    p.add_argument("--stage-layers", metavar="N,N,...",
+                   help="layers of each model chunk (uneven stages), e.g. 3,1 (or 3+1): a "
+                   "chunk's actions take its layers times --t-fwd/--t-bwd/--t-w, which are "
+                   "then the times of one layer (times --stage-scale where given)")
     p.add_argument("--activation-bytes", type=positive_float,
                    help="bytes of one micro-batch's activations in one chunk (peak memory)")
     p.add_argument("--width", type=positive_int, default=100, help="columns of the ASCII view")
@@ -81,6 +93,22 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true",
                    help="print one JSON document: the summary (every action with --actions)")
     p.set_defaults(run=run)
+
+
+def _check_layers(layers: tuple[int, ...], kind: str, p: int, v: int | None) -> None:
+    """One ``--stage-layers`` count >= 1 (at most :data:`MAX_SCALE`) per model chunk of
+    ``kind``: stages x chunks per rank."""
+    if not layers:
+        return
+    text = ",".join(map(str, layers))
+    if not all(1 <= n <= MAX_SCALE for n in layers):
+        raise SpecError("stage_layers", text, f"every stage needs at least one layer (and at "
+                        f"most {MAX_SCALE:g})")
+    v = default_virtual(kind) if v is None else v
+    if len(layers) != p * v:
+        raise SpecError("stage_layers", text, f"gives {len(layers)} counts; {kind} on {p} "
+                        f"stages x {v} chunk(s) per rank has {p * v} model chunks, one count "
+                        "each")
 
 
 def _scale(text: str | None) -> tuple[float, ...]:
@@ -184,30 +212,54 @@ def _stream_atomic(path: Path, timing: Timing, suffix: str) -> None:
         raise
 
 
-def summary(t: Timing, d: Durations, activation_bytes: float | None) -> dict[str, Any]:
+def summary(t: Timing, d: Durations, activation_bytes: float | None,
+            stage_layers: tuple[int, ...] = ()) -> dict[str, Any]:
     """The ``--json`` document without the action list: sizes, makespan, bubbles, peaks and
-    the papers' closed forms."""
+    the papers' closed forms (uniform stages; GPipe's also for unequal ones)."""
     s = t.schedule
     p, m, v = s.pp, s.microbatches, s.virtual_stages
+    scale = d.stage_scale or (1.0,) * s.stages
+    k = scale[0]  # every chunk's factor, where they are uniform
     closed: dict[str, float] = {}
-    if s.name in ("gpipe", "1f1b"):
-        closed["bubble"] = bubble_1f1b(p, m)
-    elif s.name == "interleaved-1f1b":
-        closed["bubble"] = bubble_interleaved(p, m, v)
-    elif s.name == "zb-h1":
-        closed["idle_first_rank"] = zb_h1_idle(p, d.t_f, d.t_b, d.t_w)
-    elif s.name == "zb-h2":
-        closed["idle_per_rank"] = zb_h2_idle(p, d.t_f, d.t_b, d.t_w)
-    doc = {"kind": s.name, "stages": p, "microbatches": m, "virtual": v,
-           "actions": s.num_actions, "messages": s.num_messages,
-           "makespan": t.makespan, "bubble": t.bubble, "bubble_per_rank": list(t.bubble_per_rank),
-           "peak_inflight": list(t.peak_inflight),
-           "closed_form": closed,
-           "note": "peak_inflight counts (chunk, micro-batch) activations held; "
-                   "closed forms assume uniform costs and no latency"}
+    if s.name == "gpipe" or (len(set(scale)) == 1 and s.name == "1f1b"):
+        forward = [d.t_f * x for x in scale]
+        backward = [(d.t_b + d.t_w) * x for x in scale]
+        makespan = gpipe_makespan(forward, backward, m)
+        if s.name == "gpipe":
+            closed["makespan"] = makespan
+            closed["bubble"] = 1 - m * (sum(forward) + sum(backward)) / (p * makespan) \
+                if makespan else 0.0
+        else:
+            closed["bubble"] = bubble_1f1b(p, m)
+    elif len(set(scale)) == 1:
+        if s.name == "interleaved-1f1b":
+            closed["bubble"] = bubble_interleaved(p, m, v)
+        elif s.name == "zb-h1":
+            closed["idle_first_rank"] = zb_h1_idle(p, k * d.t_f, k * d.t_b, k * d.t_w)
+        elif s.name == "zb-h2":
+            closed["idle_per_rank"] = zb_h2_idle(p, k * d.t_f, k * d.t_b, k * d.t_w)
+    doc: dict[str, Any] = {
+        "kind": s.name, "stages": p, "microbatches": m, "virtual": v,
+        "actions": s.num_actions, "messages": s.num_messages,
+        "makespan": t.makespan, "bubble": t.bubble, "bubble_per_rank": list(t.bubble_per_rank),
+        "peak_inflight": list(t.peak_inflight),
+        "closed_form": closed,
+        "note": "peak_inflight counts (chunk, micro-batch) activations held; closed forms "
+                "assume no latency, and uniform stages but for GPipe's"}
+    if stage_layers:
+        doc["stage_layers"] = list(stage_layers)
+        doc["stage_forward"] = [d.t_f * x for x in scale]
+        doc["stage_backward"] = [(d.t_b + d.t_w) * x for x in scale]
     if activation_bytes is not None:
-        doc["peak_activation_bytes"] = [k * activation_bytes for k in t.peak_inflight]
+        doc["peak_activation_bytes"] = [n * activation_bytes for n in t.peak_inflight]
     return doc
+
+
+def _durations(d: Durations, layers: tuple[int, ...]) -> Durations:
+    """``d`` with each chunk's time factor its layers (times its --stage-scale factor)."""
+    if not layers:
+        return d
+    return dataclasses.replace(d, stage_scale=stage_layer_scale(layers, d.stage_scale))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -220,8 +272,9 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("actions", True, "only with --json (it adds every action to the JSON "
                         "document); --actions-out FILE writes them to a file")
     d = Durations(args.t_fwd, args.t_bwd, args.t_w, args.p2p, _scale(args.stage_scale))
+    layers = parse_stage_layers(args.stage_layers)
     if args.kind == "all":
-        return _run_all(args, d, KINDS)
+        return _run_all(args, d, layers, KINDS)
     files = _outputs(args)
     n = check_size(args.kind, args.stages, args.microbatches, args.virtual)
     for flag in ("png", "svg"):
@@ -229,10 +282,12 @@ def run(args: argparse.Namespace) -> int:
             raise SpecError(flag, str(files[flag]), f"draws at most {MAX_DRAWN_ACTIONS:,} "
                             f"actions; this schedule has {n:,} (--trace has no such limit)")
     _check_scale(args.stage_scale, args.kind, args.stages, args.virtual)
+    _check_layers(layers, args.kind, args.stages, args.virtual)
+    d = _durations(d, layers)
     sched = build(args.kind, args.stages, args.microbatches, args.virtual)
     timing = simulate(sched, d)
     _write(files, timing)
-    doc = summary(timing, d, args.activation_bytes)
+    doc = summary(timing, d, args.activation_bytes, layers)
     if args.json:
         if args.actions:
             # Clean as it is: simulate refuses a timeline that is not finite, keys are str.
@@ -246,7 +301,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_all(args: argparse.Namespace, d: Any, kinds: tuple[str, ...]) -> int:
+def _run_all(args: argparse.Namespace, d: Durations, layers: tuple[int, ...],
+             kinds: tuple[str, ...]) -> int:
     if args.actions or any(getattr(args, f) is not None for f in FILE_FLAGS):
         raise SpecError("kind", "all", "draws no pictures and lists no actions; name one kind "
                         "with --png/--svg/--trace/--actions/--actions-out")
@@ -258,11 +314,13 @@ def _run_all(args: argparse.Namespace, d: Any, kinds: tuple[str, ...]) -> int:
         try:
             check_size(kind, args.stages, args.microbatches, virtual)
             _check_scale(args.stage_scale, kind, args.stages, virtual)
-            timing = simulate(build(kind, args.stages, args.microbatches, virtual), d)
+            _check_layers(layers, kind, args.stages, virtual)
+            kind_d = _durations(d, layers)
+            timing = simulate(build(kind, args.stages, args.microbatches, virtual), kind_d)
         except SpecError as e:
             rows.append({"kind": kind, "error": str(e)})
             continue
-        rows.append(summary(timing, d, args.activation_bytes))
+        rows.append(summary(timing, kind_d, args.activation_bytes, layers))
     if args.json:
         print_json({"stages": args.stages, "microbatches": args.microbatches, "schedules": rows})
         return 0

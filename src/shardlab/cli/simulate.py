@@ -24,6 +24,7 @@ from shardlab.cli.args import (
 from shardlab.cli.guard import check_host_memory
 from shardlab.cli.output import print_json
 from shardlab.config.hardware import LINKS
+from shardlab.config.layout import parse_stage_layers
 from shardlab.config.lookup import find
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_documents, garden_vocab
@@ -49,6 +50,14 @@ def register(sub: Any) -> None:
     g.add_argument("--dp", type=positive_int, default=2)
     g.add_argument("--tp", type=positive_int, default=1)
     g.add_argument("--pp", type=positive_int, default=1)
+    g.add_argument("--cp", type=positive_int, default=1,
+                   help="context-parallel devices per replica: each holds 2 of 2cp sequence "
+                   "chunks (i and 2cp-1-i) and all-gathers K and V in every layer")
+    g.add_argument("--stage-layers", metavar="N,N,...",
+                   help="layers of each pipeline stage, e.g. 3,1 (or 3+1; default: even)")
+    g.add_argument("--dp-replicate", type=positive_int, default=1,
+                   help="HSDP: dp = R replicas x dp/R shards; ZeRO shards inside a replica, "
+                   "gradient shards are all-reduced across replicas (needs --zero >= 1)")
     g.add_argument("--zero", type=nonneg_int, default=0, help="ZeRO stage 0-3")
     g.add_argument("--sp", action="store_true", help="sequence parallel (needs tp > 1)")
     g.add_argument("--microbatches", type=positive_int, default=2,
@@ -94,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
 
     from shardlab.nn.data import batches
     from shardlab.nn.moe import MoEOptions
-    from shardlab.sim.engine import AdamWConfig, Parallel
     from shardlab.sim.footprint import MAX_DEVICES, run_peak_bytes
+    from shardlab.sim.parallel import AdamWConfig, Parallel
     from shardlab.sim.run import layout_for, simulate_run
 
     vocab = garden_vocab().size
@@ -107,7 +116,9 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("etp", args.etp, "must be 1: the simulator keeps experts whole on "
                         "every tensor-parallel device")
     par = Parallel(dp=args.dp, tp=args.tp, pp=args.pp, zero=args.zero, sp=args.sp,
-                   microbatches=args.microbatches, schedule=args.schedule, ep=args.ep)
+                   microbatches=args.microbatches, schedule=args.schedule, ep=args.ep,
+                   cp=args.cp, stage_layers=parse_stage_layers(args.stage_layers),
+                   dp_replicate=args.dp_replicate)
     moe = None
     if shape.moe is not None:
         moe = MoEOptions(aux_coef=args.aux_loss_coef, z_coef=args.router_z_loss,
@@ -123,9 +134,9 @@ def run(args: argparse.Namespace) -> int:
     # Every layout check, before work (ep and the capacity factor of a dense model too).
     lay = layout_for(shape, par, global_batch, args.seq, dtype, args.capacity_factor)
     if lay.gpus > MAX_DEVICES:
-        raise SpecError("devices", lay.gpus, f"dp x tp x pp ({lay.dp} x {lay.tp} x {lay.pp}) "
-                        f"must be <= {MAX_DEVICES}: one process runs every virtual device in "
-                        "turn")
+        raise SpecError("devices", lay.gpus, f"dp x cp x tp x pp ({lay.dp} x {lay.cp} x "
+                        f"{lay.tp} x {lay.pp}) must be <= {MAX_DEVICES}: one process runs "
+                        "every virtual device in turn")
     check_host_memory(run_peak_bytes(shape, lay), 1, f"simulating {lay.gpus} virtual devices "
                       "and the one-device reference in this process", args.allow_oversubscribe)
 

@@ -7,20 +7,9 @@ here are stated assumptions of the usual order of a small NCCL message, and a
 user file can replace them.
 
 A user TOML file adds entries, never replaces one: a name the catalog (or an alias, or an
-earlier entry) already has is refused, as are unknown keys and dtypes (see
-``docs/guide/hardware.md`` and :func:`load_hardware_file`)::
-
-    [[accelerator]]
-    name = "My GPU"
-    peak_flops = { bf16 = 1.0e15, fp32 = 6.0e13 }
-    memory_bytes = 96e9
-    memory_bandwidth = 3.0e12
-    power_watts = 600
-    gpus_per_node = 8
-    intra_link = "NVLink 4"                      # a link by name, or a table
-    inter_link = { name = "IB NDR", bandwidth = 50e9, latency = 5e-6 }
-    nics_per_node = 4                            # optional: the node's NICs and their
-    nic_gbps = 100                               # speed replace inter_link's bandwidth
+earlier entry) already has is refused, as are unknown keys and dtypes (the file's form,
+``[[accelerator]]`` and ``[[link]]`` tables, with an example: ``docs/guide/hardware.md``;
+the reader: :func:`load_hardware_file`).
 
 fp8 peaks are the datasheets' dense Tensor Core figures, half the "with sparsity" ones:
 H100 SXM 3,958 -> 1,979 TFLOP/s (2x its bf16 989), H100 PCIe 3,026 -> 1,513, H200 SXM
@@ -210,18 +199,18 @@ def _gpu(name: str, flops: dict[str, float], mem: float, bw: float, watts: float
 _AMPERE_FLASH = (("fa2", 0.73), ("fa3", 0.73))
 _HOPPER_FLASH = (("fa2", 0.35), ("fa3", 0.75))
 A100_EFFICIENCY = Efficiency(
-    0.798, 160.0, 5e-6, 0.8,
+    0.858, 268.0, 5e-6, 0.8,
     "fitted on Narayanan et al. 2021 Table 1 (1.7B, 7.5B, 39.1B, 145.6B, 529.6B rows) and "
     "Korthikanti et al. 2022 Table 5 (22B and 530B, selective recompute + sequence "
     "parallelism), A100 80GB; memory-bound operators timed apart at the memory bandwidth",
     flash_fractions=_AMPERE_FLASH)
 H100_EFFICIENCY = Efficiency(
-    0.634, 160.0, 5e-6, 0.8,
+    0.656, 268.0, 5e-6, 0.8,
     "peak_fraction fitted on one bf16 calibration run per software stack: Llama 3 (Dubey et "
     "al. 2024) Table 4 8,192 GPUs, Megatron-Core 16B, torchtitan 8B FSDP8, MosaicML MPT-7B "
     "on 128 GPUs; fp8_peak_fraction on torchtitan 8B FSDP8 fp8 and NeMo Llama 2 7B fp8; "
     "half_intensity, op_overhead and link_fraction taken from the A100 fit",
-    fp8_peak_fraction=0.634,
+    fp8_peak_fraction=0.672,
     flash_fractions=_HOPPER_FLASH)
 
 

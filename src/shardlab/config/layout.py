@@ -29,6 +29,7 @@ is the even split. HSDP: ``dp_replicate`` replicas of ``dp / dp_replicate`` shar
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from shardlab.config.dtypes import DtypePolicy, get_policy
@@ -240,6 +241,19 @@ def make_layout(model: ModelShape, *, gpus: int | None = None, dp: int | None = 
     return Layout(dp, tp, pp, virtual_stages, zero, sp, micro_batch, global_batch, seq,
                   recompute, policy, schedule, ep, etp, float(capacity_factor), cp, stages,
                   dp_replicate)
+
+
+def parse_stage_layers(text: str | None) -> tuple[int, ...]:
+    """Per-stage layer counts as written: ``3,1`` (a flag) or ``3+1`` (a layout key); ()
+    when not given. SpecError naming stage_layers for anything but whole numbers below
+    10^9 (:func:`make_layout` checks the counts against the model)."""
+    if text is None:
+        return ()
+    parts = [p.strip() for p in str(text).replace("+", ",").split(",")]
+    if not all(re.fullmatch(r"[0-9]{1,9}", p) for p in parts):
+        raise SpecError("stage_layers", text, "must be whole layer counts, one per stage, "
+                        "separated by , or + (e.g. 3,1)")
+    return tuple(int(p) for p in parts)
 
 
 def check_stage_layers(model: ModelShape, chunks: int,

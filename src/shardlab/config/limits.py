@@ -48,8 +48,9 @@ MAX_CANDIDATES = 2_000_000
 """Layouts one ``plan`` search evaluates, counted before any is built: a few hundred bytes
 each through the cost model (the memory tables go in blocks, :mod:`shardlab.plan.memory`),
 so a search stays under about 1 GB and some seconds. The default space (8 devices per
-node) stays below it on up to 2^20 devices (at most 1.16 million layouts, 4,096 layers
-on 997,920 devices)."""
+node, the even pipeline split) stays below it on up to 2^20 devices (at most 1.57 million
+layouts, 4,096 layers on 997,920 devices, with context parallel and HSDP); the uneven
+splits are left out, with a note, where they would pass it."""
 
 MAX_FILE_BYTES = 2**20
 """Bytes of a file read as input (a model's config.json, a ``--hardware-file``): 1 MiB,

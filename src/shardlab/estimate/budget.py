@@ -4,7 +4,16 @@ Every figure is in base units (bytes, FLOPs, seconds, FLOP/s); the human view an
 the reports format them. Field names are shared with measured results, so a
 "predicted vs measured" table is a join on names. A mixture-of-experts model adds a
 ``moe`` section (expert parallelism, capacity, routed tokens and activations,
-all-to-all bytes: :mod:`shardlab.estimate.expert`) and ``comm.ep_bytes_per_step``.
+all-to-all bytes: :mod:`shardlab.estimate.expert`) and ``comm.ep_bytes_per_step``. A
+context-parallel layout (cp > 1) adds a ``cp`` section (chunks, K/V all-gather bytes
+forward and backward, gathered K/V kept, the causal load balance:
+:mod:`shardlab.estimate.context`) and ``comm.cp_bytes_per_step``, its own kind.
+
+Links follow the rank order tp (innermost), then cp, then dp (dp_shard, then
+dp_replicate under HSDP), then pp, as Megatron-LM and torchtitan build their meshes: a
+group stays inside a node while the span of consecutive ranks it covers does (tp: t;
+cp: cp·t; the ZeRO shard group: dp_shard·cp·t; HSDP's replicas and DDP's all-reduce:
+dp·cp·t).
 """
 
 from __future__ import annotations
@@ -17,25 +26,23 @@ from shardlab.config.hardware import Accelerator, matmul_peaks
 from shardlab.config.layout import Layout
 from shardlab.config.model import ModelShape
 from shardlab.estimate import fp8
-from shardlab.estimate.activations import layer_activation_bytes
+from shardlab.estimate.budget_sections import alltoall_calls, cp_seconds, cp_section, moe_section
 from shardlab.estimate.comm import (
     alltoall_seconds,
     dp_bytes_per_step,
-    dp_bytes_split,
     embedding_sync_bytes,
+    layout_dp_bytes,
     pp_bytes_per_rank,
     ring_allreduce_seconds,
     tp_bytes_per_stage,
 )
+from shardlab.estimate.context import (
+    cp_bytes_per_step,
+)
 from shardlab.estimate.expert import (
-    alltoall_passes,
     expert_alltoall_bytes,
-    expert_capacity,
-    layout_tokens,
     moe_flops_per_token,
     rank_params_split,
-    routed_activation_bytes,
-    routed_rows,
 )
 from shardlab.estimate.flops import flops_per_token, train_flops_6nd
 from shardlab.estimate.inference import (
@@ -44,12 +51,12 @@ from shardlab.estimate.inference import (
     max_decode_batch,
     prefill_step,
 )
-from shardlab.estimate.memory import peak_stage, stage_memory
+from shardlab.estimate.memory import layer_bytes, peak_stage, stage_memory
 from shardlab.estimate.operators import layer_operators
 from shardlab.estimate.params import count_params
-from shardlab.estimate.partition import moe_layers_per_rank, rank_layers
+from shardlab.estimate.partition import layout_chunk_layers, layout_rank_layers
 from shardlab.estimate.roofline import Roofline
-from shardlab.estimate.states import split_state_bytes, zero_state_bytes
+from shardlab.estimate.states import split_state_bytes, zero_groups, zero_state_bytes
 from shardlab.estimate.timing import train_time
 
 CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al. 2022: compute-optimal D ≈ 20 N
@@ -123,22 +130,29 @@ def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
     stages = stage_memory(m, lay, dropout, flash, a.routing_imbalance)
     peak = peak_stage(stages)
     capacity = acc.memory_bytes
-    per_layer = layer_activation_bytes(
-        m, lay.micro_batch, lay.seq, lay.dtype.activation_bytes, tp=lay.tp, sp=lay.sp,
-        recompute=lay.recompute, dropout=dropout, moe_layer=m.moe_layers == m.layers,
-        flash=flash, ep=lay.ep, etp=lay.etp, capacity_factor=lay.capacity_factor,
-        imbalance=a.routing_imbalance)
+    per_layer = layer_bytes(m, lay, m.moe_layers == m.layers, dropout, flash,
+                            a.routing_imbalance)
     max_params = max(s.params for s in stages)
     # (dense, routed-expert) parameters of the rank with the most: ZeRO and the gradient
-    # traffic shard them over dp and expert_dp.
+    # traffic shard them over their groups (zero_groups: dp_shard x cp, expert_dp x cp).
     dense, experts = max(rank_params_split(m, lay), key=sum)
+    groups = zero_groups(lay)
 
-    link_dp = acc.inter_link if lay.tp * lay.dp > acc.gpus_per_node else acc.intra_link
-    link_tp = acc.intra_link if lay.tp <= acc.gpus_per_node else acc.inter_link
+    def link(span: int) -> Any:
+        """The link of a group spanning ``span`` consecutive ranks (module docstring)."""
+        return acc.intra_link if span <= acc.gpus_per_node else acc.inter_link
+
+    link_tp = link(lay.tp)
+    link_cp = link(lay.cp * lay.tp)
+    link_dp = link(lay.dp_shard * lay.cp * lay.tp)
+    link_replica = link(lay.dp * lay.cp * lay.tp)
     # The ep group spans ep·etp consecutive ranks (etp innermost, then ep; with etp = 1 the
-    # tensor ranks join the ep group: Megatron-LM's expert mesh, torchtitan).
-    link_ep = acc.intra_link if lay.ep * lay.etp <= acc.gpus_per_node else acc.inter_link
+    # tensor ranks join the ep group: Megatron-LM's expert mesh, torchtitan), strided by
+    # the cp ranks between dp ranks when cp > 1.
+    link_ep = link(lay.ep * lay.etp * lay.cp)
     ep_bytes = expert_alltoall_bytes(m, lay)
+    cp_bytes = cp_bytes_per_step(m, lay)
+    dp_inside, dp_across = layout_dp_bytes(dense, experts, lay)
 
     context = a.decode_context or m.context
     bp = lay.dtype.activation_bytes
@@ -154,6 +168,9 @@ def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
         return [{"name": o.name, "kind": o.kind, **_roof(o.roofline)}
                 for o in layer_operators(m, acc, batch, q_len, kv_len, bp, lay.dtype.compute)]
 
+    def grad_allreduce(nbytes: float, ranks: int, lk: Any) -> float:
+        return ring_allreduce_seconds(nbytes * lay.dtype.grad_bytes, ranks, lk)
+
     per_step = fpt.train * lay.tokens_per_step
     return {
         "model": {"name": m.name, "source": m.source, "describe": m.describe(),
@@ -164,6 +181,9 @@ def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
                    "seq": lay.seq, "recompute": lay.recompute, "dtype": lay.dtype.name,
                    "schedule": lay.schedule, "gpus": lay.gpus, "ep": lay.ep, "etp": lay.etp,
                    "expert_dp": lay.expert_dp, "capacity_factor": lay.capacity_factor,
+                   "cp": lay.cp, "stage_layers": list(lay.stage_layers),
+                   "chunk_layers": layout_chunk_layers(m, lay),
+                   "dp_replicate": lay.dp_replicate, "dp_shard": lay.dp_shard,
                    "microbatches": lay.microbatches, "tokens_per_step": lay.tokens_per_step,
                    "describe": lay.describe()},
         "hardware": _hardware(acc, lay.dtype, fp8.linear_flop_share(m, lay.seq)),
@@ -194,33 +214,43 @@ def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
                            "gradients": s.states.gradients, "optimizer": s.states.optimizer,
                            "activations": s.activations, "inflight": s.inflight,
                            "layers": n, "total": s.total}
-                          for s, n in zip(stages, rank_layers(m.layers, lay.pp,
-                                                              lay.virtual_stages), strict=True)],
-            "by_zero_stage": _states(dense, lay.dtype, lay.dp, experts, lay.expert_dp),
+                          for s, n in zip(stages, layout_rank_layers(m, lay), strict=True)],
+            "by_zero_stage": _states(dense, lay.dtype, groups.dense, experts, groups.experts),
+            "zero_shard_group": groups.dense, "zero_replicas": groups.replicas,
         },
         "time": _time(fpt.train * tokens, lay.tokens_per_step, per_step, lay.gpus, acc,
                       lay.dtype, a, fpt.hardware_train / fpt.train,
                       fp8.linear_flop_share(m, lay.seq)),
         "comm": {
-            "dp_bytes_per_step": dp_bytes_split(dense, experts, lay.dtype, lay.zero, lay.dp,
-                                                lay.expert_dp, lay.microbatches),
+            "dp_bytes_per_step": dp_inside + dp_across,
+            # HSDP: inside the shard group (reduce-scatter, all-gather) and across replicas
+            # (all-reduce of each rank's shard); without HSDP all of it is inside.
+            "dp_shard_group_bytes_per_step": dp_inside,
+            "dp_replica_bytes_per_step": dp_across,
             "tp_bytes_per_step": max(tp_bytes_per_stage(m, lay)),
             "pp_bytes_per_step": max(pp_bytes_per_rank(m, lay)),
             "ep_bytes_per_step": ep_bytes,
+            "cp_bytes_per_step": cp_bytes,
             "embedding_sync_bytes_per_step": embedding_sync_bytes(m, lay),
             "dp_bytes_per_step_by_zero": {
-                str(z): dp_bytes_split(dense, experts, lay.dtype, z, lay.dp, lay.expert_dp,
-                                       lay.microbatches)
-                for z in range(4)},
-            "dp_link": link_dp.name, "tp_link": link_tp.name, "ep_link": link_ep.name,
+                str(z): sum(layout_dp_bytes(dense, experts, lay, z)) for z in range(4)},
+            "dp_link": link_dp.name, "dp_replica_link": link_replica.name,
+            "tp_link": link_tp.name, "ep_link": link_ep.name, "cp_link": link_cp.name,
+            # One all-reduce of the gradients over all dp x cp replicas (DDP's, ZeRO-0).
             "dp_allreduce_seconds": (
-                ring_allreduce_seconds(dense * lay.dtype.grad_bytes, lay.dp, link_dp)
-                + ring_allreduce_seconds(experts * lay.dtype.grad_bytes, lay.expert_dp,
-                                         link_dp)),
+                grad_allreduce(dense, groups.dense * groups.replicas, link_replica)
+                + grad_allreduce(experts, groups.experts * groups.expert_replicas,
+                                 link_replica)),
+            "dp_replica_allreduce_seconds": (
+                grad_allreduce(dense / groups.dense, groups.replicas, link_replica)
+                + grad_allreduce(experts / groups.experts, groups.expert_replicas,
+                                 link_replica)),
             "ep_alltoall_seconds": alltoall_seconds(ep_bytes, lay.ep, link_ep,
-                                                    _alltoall_calls(m, lay)),
+                                                    alltoall_calls(m, lay)),
+            "cp_seconds": cp_seconds(m, lay, link_cp),
         },
-        "moe": _moe(m, lay, a),
+        "cp": cp_section(m, lay, link_cp.name),
+        "moe": moe_section(m, lay, a.routing_imbalance),
         "inference": {
             "kv_bytes_per_token": kv_bytes_per_token(m, bp), "bytes_per_value": bp,
             "batch": a.decode_batch, "context": context, "devices": devices,
@@ -230,45 +260,8 @@ def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
             "prefill": {**_roof(prefill.roofline), "tokens_per_s": prefill.tokens_per_s},
             "decode": {**_roof(decode.roofline), "tokens_per_s": decode.tokens_per_s},
         },
-        "operators": {"train": ops(lay.micro_batch, lay.seq, lay.seq),
+        "operators": {"train": ops(lay.micro_batch, lay.seq // lay.cp, lay.seq),
                       "decode": ops(a.decode_batch, 1, context)},
-    }
-
-
-def _alltoall_calls(m: ModelShape, lay: Layout) -> int:
-    """All-to-alls one rank runs per step: 2 per MoE layer and micro-batch, forward and
-    backward (and forward again under full recompute), on the busiest stage."""
-    if lay.ep == 1:
-        return 0
-    layers = max(moe_layers_per_rank(m, lay.pp, lay.virtual_stages))
-    return 2 * alltoall_passes(lay.recompute) * lay.microbatches * layers
-
-
-def _moe(m: ModelShape, lay: Layout, a: Assumptions) -> dict[str, Any] | None:
-    """The ``moe`` section: expert layout, routed tokens, capacity, activations, all-to-all
-    (:mod:`shardlab.estimate.expert`); None for a dense model."""
-    if m.moe is None:
-        return None
-    e = m.moe
-    tokens = layout_tokens(lay)
-    bp = lay.dtype.activation_bytes
-    return {
-        "experts": e.experts, "top_k": e.experts_per_token,
-        "shared_experts": e.shared_experts, "moe_layers": m.moe_layers,
-        "ep": lay.ep, "etp": lay.etp, "expert_dp": lay.expert_dp,
-        "experts_per_rank": e.experts // lay.ep,
-        "capacity_factor": lay.capacity_factor,
-        "capacity_per_expert": expert_capacity(m, tokens, lay.capacity_factor),
-        "routing_imbalance": a.routing_imbalance,
-        "routed_tokens_per_microbatch": tokens,
-        "routed_rows_per_microbatch": routed_rows(m, tokens, lay.ep, lay.capacity_factor,
-                                                  a.routing_imbalance),
-        "routed_activation_bytes_per_layer": (0.0 if lay.recompute == "full" else
-                                              routed_activation_bytes(
-            m, tokens, bp, ep=lay.ep, etp=lay.etp, capacity_factor=lay.capacity_factor,
-            imbalance=a.routing_imbalance)),
-        "alltoall_bytes_per_step": expert_alltoall_bytes(m, lay),
-        "alltoall_calls_per_step": _alltoall_calls(m, lay),
     }
 
 

@@ -38,7 +38,20 @@ to their experts and combine the outputs are their own kind, ``ep``
 (:func:`shardlab.estimate.expert.expert_alltoall_bytes`). With ep > 1 the data-parallel
 gradient traffic splits in two: the dense parameters over all dp ranks, the routed
 experts only over the expert_dp = dp/ep ranks holding the same experts
-(:func:`dp_bytes_split`; torchtitan, Megatron-LM's expert data-parallel group).
+(:func:`layout_dp_bytes`; torchtitan, Megatron-LM's expert data-parallel group).
+
+Context parallel and HSDP (:func:`layout_dp_bytes`): gradients are summed over dp x cp
+(the cp ranks hold the same parameters); ZeRO shards over the shard group of
+:func:`shardlab.estimate.states.zero_groups` (dp_shard x cp) and, under HSDP, all-reduces
+each rank's 1/G shard of the gradients across the dp_replicate replicas (FSDP2 on a 2-D
+mesh: reduce-scatter inside the shard group, then all-reduce across replicas). The two
+parts run on different links, so they are given apart. Tensor- and pipeline-parallel
+bytes are per token: a cp rank sends those of its s/cp tokens. The K/V all-gathers of
+context parallelism are :mod:`shardlab.estimate.context`'s, their own kind ``cp``.
+
+Uneven pipeline stages (a Layout's ``stage_layers``) and the V placement of zb-v and
+dualpipev (the head back on rank 0) place layers as
+:func:`shardlab.estimate.partition.layout_rank_layers` does.
 
 Every function gives what one rank sends; the simulator counts the same bytes per
 virtual device and ``shardlab simulate`` checks them for equality.
@@ -46,11 +59,19 @@ virtual device and ``shardlab simulate`` checks them for equality.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from shardlab.config.dtypes import DtypePolicy
 from shardlab.config.hardware import Link
-from shardlab.config.layout import Layout
+from shardlab.config.layout import V_SCHEDULES, Layout
 from shardlab.config.model import ModelShape
-from shardlab.estimate.partition import layer_replicated_params, rank_layers
+from shardlab.estimate.partition import (
+    chunk_rank,
+    layer_replicated_params,
+    layout_rank_layers,
+    rank_layers,
+)
+from shardlab.estimate.states import zero_groups
 
 
 def ring_allreduce_bytes(nbytes: float, p: int) -> float:
@@ -186,13 +207,28 @@ def dp_bytes_per_step(params: float, policy: DtypePolicy, zero: int, dp: int,
     return ring_gather_bytes(2 * microbatches * w + g, dp)
 
 
-def dp_bytes_split(dense: float, experts: float, policy: DtypePolicy, zero: int, dp: int,
-                   expert_dp: int, microbatches: int = 1) -> float:
-    """Bytes one rank sends per step for data parallel / ZeRO when ``dense`` parameters are
-    replicated over ``dp`` ranks and ``experts`` over ``expert_dp`` (module docstring): the
-    mean :func:`dp_bytes_per_step` of each over its own group."""
-    return (dp_bytes_per_step(dense, policy, zero, dp, microbatches)
-            + dp_bytes_per_step(experts, policy, zero, expert_dp, microbatches))
+def layout_dp_bytes(dense: float, experts: float, layout: Layout, zero: int | None = None
+                    ) -> tuple[float, float]:
+    """(shard-group bytes, replica bytes) one rank sends per step to sum and shard the
+    gradients of ``dense`` and routed-expert ``experts`` parameters (module docstring),
+    ZeRO ``zero`` (default the layout's), the mean over the ranks.
+
+    ZeRO 0: a ring all-reduce over dp x cp (expert_dp x cp for the experts), all in the
+    first figure. ZeRO 1-3: :func:`dp_bytes_per_step` over the shard group G of
+    :func:`~shardlab.estimate.states.zero_groups`; with R > 1 replicas (HSDP) each rank
+    also all-reduces its G-th of the gradients across the R replicas: 2(R-1)/R·Ψ/G·g."""
+    lay = layout
+    z = lay.zero if zero is None else zero
+    g = zero_groups(lay)
+    p, m = lay.dtype, lay.microbatches
+    if z == 0:
+        return (dp_bytes_per_step(dense, p, 0, g.dense * g.replicas)
+                + dp_bytes_per_step(experts, p, 0, g.experts * g.expert_replicas), 0.0)
+    inside = (dp_bytes_per_step(dense, p, z, g.dense, m)
+              + dp_bytes_per_step(experts, p, z, g.experts, m))
+    across = (ring_allreduce_bytes(dense / g.dense * p.grad_bytes, g.replicas)
+              + ring_allreduce_bytes(experts / g.experts * p.grad_bytes, g.expert_replicas))
+    return inside, across
 
 
 def _tensor_rows(m: ModelShape, tp: int, vocab_parallel: bool
@@ -217,7 +253,8 @@ def _tensor_rows(m: ModelShape, tp: int, vocab_parallel: bool
 
 
 def fsdp2_padded_params(m: ModelShape, tp: int, pp: int, dp: int, virtual_stages: int = 1,
-                        vocab_parallel: bool = True) -> list[int]:
+                        vocab_parallel: bool = True, stage_layers: Sequence[int] = ()
+                        ) -> list[int]:
     """Elements torch's FSDP2 gathers and reduce-scatters for one tensor-parallel rank of
     each pipeline rank: :func:`~shardlab.estimate.partition.stage_params` with every
     parameter's dim 0 padded to a multiple of dp.
@@ -228,7 +265,9 @@ def fsdp2_padded_params(m: ModelShape, tp: int, pp: int, dp: int, virtual_stages
     chunks[0].size()``). Every all-gather input is one padded shard and every reduce-scatter
     input dp of them, so each rank sends exactly (dp-1)/dp of these elements per
     collective, the same on every rank: the per-rank figure is uniform, with no
-    chunk of unequal length. Dense models only (shardlab's LM builds no experts).
+    chunk of unequal length. Dense models only (shardlab's LM builds no experts). ``dp``
+    is the FSDP shard group (dp_shard x cp with context parallelism); ``stage_layers``
+    an uneven split (a Layout's).
     """
     if m.moe is not None:
         raise ValueError("fsdp2_padded_params: shardlab's LM builds no mixture-of-experts")
@@ -238,7 +277,7 @@ def fsdp2_padded_params(m: ModelShape, tp: int, pp: int, dp: int, virtual_stages
         return sum(-(-rows // dp) * dp * width for rows, width in tensors)
 
     out = []
-    for r, layers in enumerate(rank_layers(m.layers, pp, virtual_stages)):
+    for r, layers in enumerate(rank_layers(m.layers, pp, virtual_stages, stage_layers)):
         n = layers * padded(block)
         if r == 0:
             n += padded(first)
@@ -264,11 +303,14 @@ def tp_bytes_per_stage(m: ModelShape, layout: Layout, vocab_parallel: bool = Tru
 
     Without ``rank`` the mean over the tensor-parallel ranks; with it, what tensor rank
     ``rank`` sends exactly on the ring's chunks (the all-reduces cut the flattened
-    b·s·h activation, the sequence collectives cut the sequence).
+    b·s·h activation, the sequence collectives cut the sequence). With context
+    parallelism s is the rank's s/cp tokens; the layers of each rank follow uneven
+    stages, and the head sits with the last chunk (rank 0 in a V).
     """
     lay, t = layout, layout.tp
     if t == 1:
         return [0.0] * lay.pp
+    seq = lay.seq // lay.cp
     ab = lay.dtype.activation_bytes
     row = lay.micro_batch * m.d_model * ab  # one sequence position of the micro-batch
 
@@ -283,21 +325,22 @@ def tp_bytes_per_stage(m: ModelShape, layout: Layout, vocab_parallel: bool = Tru
         return ring_all_gather_sent(rows, t, rank, row_bytes)
 
     if lay.sp and rank is not None:  # exactly: an all-gather and a reduce-scatter
-        per_call: float = gather(lay.seq, row) + ring_reduce_scatter_sent(lay.seq, t, rank, row)
+        per_call: float = gather(seq, row) + ring_reduce_scatter_sent(seq, t, rank, row)
     else:
-        per_call = all_reduce(lay.micro_batch * lay.seq * m.d_model, ab)
+        per_call = all_reduce(lay.micro_batch * seq * m.d_model, ab)
     per_layer = 6 if lay.recompute == "full" else 4
+    head = chunk_rank(lay.pp * lay.virtual_stages - 1, lay.pp, lay.schedule in V_SCHEDULES)
     out = []
-    for r, layers in enumerate(rank_layers(m.layers, lay.pp, lay.virtual_stages)):
-        ends = (r == 0) + (r == lay.pp - 1)
+    for r, layers in enumerate(layout_rank_layers(m, lay)):
+        ends = (r == 0) + (r == head)
         nbytes = lay.microbatches * per_layer * layers * per_call
         if vocab_parallel:
             nbytes += lay.microbatches * ends * per_call
         elif lay.sp:
             # The embedding's split is gathered back in backward; the head's gather runs in
             # forward, twice when the whole stage is recomputed.
-            gathers = (r == 0) + (r == lay.pp - 1) * (2 if lay.recompute == "full" else 1)
-            nbytes += lay.microbatches * gathers * gather(lay.seq, row)
+            gathers = (r == 0) + (r == head) * (2 if lay.recompute == "full" else 1)
+            nbytes += lay.microbatches * gathers * gather(seq, row)
         if lay.sp:
             nbytes += all_reduce(layers * layer_replicated_params(m), lay.dtype.grad_bytes)
         out.append(nbytes)
@@ -318,10 +361,11 @@ def pp_bytes_per_rank(m: ModelShape, layout: Layout, split_by_tp: bool = True) -
     """Bytes each pipeline rank sends per step (activations forward, gradients back).
 
     Each tensor-parallel rank sends b·s·h/t (Megatron's scatter/gather, or sequence
-    parallel's natural shard); ``split_by_tp=False`` sends the whole b·s·h from each.
+    parallel's natural shard); ``split_by_tp=False`` sends the whole b·s·h from each. A
+    context-parallel rank sends its s/cp tokens' activations.
     """
     lay = layout
-    act = lay.micro_batch * lay.seq * m.d_model * lay.dtype.activation_bytes
+    act = lay.micro_batch * (lay.seq // lay.cp) * m.d_model * lay.dtype.activation_bytes
     if split_by_tp:
         act /= lay.tp
     return [n * lay.microbatches * act for n in pp_messages_per_rank(lay.pp, lay.virtual_stages)]

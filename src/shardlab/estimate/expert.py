@@ -41,10 +41,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from shardlab.config.layout import Layout
+from shardlab.config.layout import V_SCHEDULES, Layout
 from shardlab.config.model import ModelShape
-from shardlab.estimate.partition import moe_layers_per_rank, stage_expert_params, stage_params
-from shardlab.estimate.states import StateBytes, split_state_bytes
+from shardlab.estimate.partition import (
+    layout_stage_params,
+    moe_layers_per_rank,
+    stage_expert_params,
+)
+from shardlab.estimate.states import StateBytes, split_state_bytes, zero_groups
 
 
 def routed_tokens(micro_batch: int, seq: int, tp: int = 1, sp: bool = False,
@@ -56,9 +60,17 @@ def routed_tokens(micro_batch: int, seq: int, tp: int = 1, sp: bool = False,
 
 
 def layout_tokens(layout: Layout) -> int:
-    """:func:`routed_tokens` of a layout."""
+    """:func:`routed_tokens` of a layout: a context-parallel rank routes its s/cp tokens."""
     lay = layout
-    return routed_tokens(lay.micro_batch, lay.seq, lay.tp, lay.sp, lay.etp)
+    return routed_tokens(lay.micro_batch, lay.seq // lay.cp, lay.tp, lay.sp, lay.etp)
+
+
+def layout_moe_layers(m: ModelShape, layout: Layout) -> list[int]:
+    """:func:`~shardlab.estimate.partition.moe_layers_per_rank` of a Layout: its uneven
+    stages, and its chunks placed in a V for zb-v and dualpipev."""
+    lay = layout
+    return moe_layers_per_rank(m, lay.pp, lay.virtual_stages, lay.stage_layers,
+                               lay.schedule in V_SCHEDULES)
 
 
 def expert_capacity(m: ModelShape, tokens: int, capacity_factor: float) -> int | None:
@@ -126,7 +138,7 @@ def expert_alltoall_bytes(m: ModelShape, layout: Layout,
         ranks = range(lay.ep) if ep_rank is None else [ep_rank]
         return float(max(passes * sum(layer_alltoall_bytes(c, r, row_bytes, cap)
                                       for c in routed) for r in ranks))
-    layers = moe_layers_per_rank(m, lay.pp, lay.virtual_stages)
+    layers = layout_moe_layers(m, lay)
     n = max(layers) if stage is None else layers[stage]
     assignments = tokens * m.moe.experts_per_token
     kept = assignments if cap is None else min(assignments, cap * m.moe.experts)
@@ -193,20 +205,23 @@ def moe_flops_per_token(m: ModelShape) -> dict[str, float]:
 
 def rank_params_split(m: ModelShape, layout: Layout, vocab_parallel: bool = True
                       ) -> list[tuple[int, int]]:
-    """(dense, routed-expert) parameters on one rank of each pipeline rank, with ep and
-    etp (:func:`~shardlab.estimate.partition.stage_params`)."""
+    """(dense, routed-expert) parameters on one rank of each pipeline rank, with ep, etp,
+    uneven stages and the V placement
+    (:func:`~shardlab.estimate.partition.layout_stage_params`)."""
     lay = layout
-    total = stage_params(m, lay.tp, lay.pp, lay.virtual_stages, vocab_parallel, lay.ep,
-                         lay.etp)
-    experts = stage_expert_params(m, lay.pp, lay.virtual_stages, lay.ep, lay.etp)
+    total = layout_stage_params(m, lay, vocab_parallel)
+    experts = stage_expert_params(m, lay.pp, lay.virtual_stages, lay.ep, lay.etp,
+                                  lay.stage_layers, lay.schedule in V_SCHEDULES)
     return [(t - x, x) for t, x in zip(total, experts, strict=True)]
 
 
 def rank_state_bytes(m: ModelShape, layout: Layout, vocab_parallel: bool = True
                      ) -> list[StateBytes]:
     """Weights, gradients and optimizer bytes on one rank of each pipeline rank: dense
-    parameters under ZeRO over dp, routed experts under ZeRO over expert_dp = dp/ep
-    (:mod:`shardlab.estimate.states`)."""
+    parameters under ZeRO over their shard group (dp, times cp, over dp_shard under HSDP),
+    routed experts over theirs (expert_dp = dp/ep times cp):
+    :func:`~shardlab.estimate.states.zero_groups`, :mod:`shardlab.estimate.states`."""
     lay = layout
-    return [split_state_bytes(d, x, lay.dtype, lay.zero, lay.dp, lay.expert_dp)
+    g = zero_groups(lay)
+    return [split_state_bytes(d, x, lay.dtype, lay.zero, g.dense, g.experts)
             for d, x in rank_params_split(m, lay, vocab_parallel)]

@@ -40,8 +40,9 @@ import numpy as np
 from shardlab.config.dtypes import DtypePolicy
 from shardlab.config.layout import Layout
 from shardlab.config.model import ModelShape
+from shardlab.estimate.expert import layout_moe_layers
 from shardlab.estimate.flops import flops_per_token
-from shardlab.estimate.partition import moe_layers_per_rank, rank_layers
+from shardlab.estimate.partition import layout_rank_layers
 
 ACTIVATION_CAST_BYTES = 7
 WEIGHT_CAST_BYTES = 5
@@ -89,8 +90,8 @@ def rank_state_bytes(m: ModelShape, lay: Layout) -> list[float]:
     dense = layer_state_bytes(m, lay.dtype, lay.tp, False)
     moe = layer_state_bytes(m, lay.dtype, lay.tp, True, lay.ep, lay.etp)
     return [(n - k) * dense + k * moe
-            for n, k in zip(rank_layers(m.layers, lay.pp, lay.virtual_stages),
-                            moe_layers_per_rank(m, lay.pp, lay.virtual_stages), strict=True)]
+            for n, k in zip(layout_rank_layers(m, lay), layout_moe_layers(m, lay),
+                            strict=True)]
 
 
 def mean_width(m: ModelShape) -> float:

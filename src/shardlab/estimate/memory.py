@@ -27,6 +27,21 @@ of its own layers' micro-batches (capped by the m micro-batches of the step):
 Every count is the peak that :mod:`shardlab.schedules.simulate` measures on the
 generated schedule (``tests/schedules`` checks that they agree).
 
+Each rank holds the layers of its model chunks: a Layout's ``stage_layers`` when it gives
+them (uneven stages), else the even split, chunk c on rank c mod pp or in a V (zb-v,
+dualpipev: the last chunk, with the head and its logits, back on rank 0):
+:mod:`shardlab.estimate.partition`.
+
+Context parallel (cp > 1): a rank keeps the activations of its s/cp tokens
+(:func:`layer_bytes`: :func:`shardlab.estimate.context.cp_layer_activation_bytes`), so
+every per-token term divides by cp (norm and projection inputs, Q, K, V, MLP hidden,
+softmax statistics, the layer input under full recompute, the embedding's mask, the
+head's input and the fp32 logits). What does not divide by cp: the K and V gathered
+from the other cp ranks, (cp-1)/cp·b·s·2·kv_dim/t·e per layer, kept for backward by the
+attention kernel; and, without a fused kernel, the scores of the rank's s/cp queries
+against all s keys (divided by cp, not cp²). Model states divide by cp only through
+ZeRO's shard group (dp_shard x cp, :func:`shardlab.estimate.states.zero_groups`).
+
 Not modelled: allocator fragmentation, communication buffers, FSDP's transient
 unsharded parameters, CUDA context and workspace (budget a few GB for them).
 """
@@ -35,7 +50,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardlab.config.layout import Layout
+from shardlab.config.layout import V_SCHEDULES, Layout
 from shardlab.config.model import ModelShape
 from shardlab.estimate import fp8
 from shardlab.estimate.activations import (
@@ -43,12 +58,13 @@ from shardlab.estimate.activations import (
     last_stage_extra_bytes,
     layer_activation_bytes,
 )
+from shardlab.estimate.context import cp_layer_activation_bytes
 from shardlab.estimate.expert import rank_params_split, rank_state_bytes
-from shardlab.estimate.partition import chunk_layers
+from shardlab.estimate.partition import chunk_rank, layout_chunk_layers
 from shardlab.estimate.states import StateBytes, zero_state_bytes
 
-__all__ = ["StageMemory", "StateBytes", "inflight_microbatches", "peak_stage", "stage_memory",
-           "zero_state_bytes"]
+__all__ = ["StageMemory", "StateBytes", "head_rank", "inflight_microbatches", "layer_bytes",
+           "peak_stage", "stage_memory", "zero_state_bytes"]
 
 
 def inflight_microbatches(schedule: str, pp: int, rank: int, microbatches: int,
@@ -92,24 +108,48 @@ class StageMemory:
         return self.states.total + self.activations
 
 
+def layer_bytes(m: ModelShape, layout: Layout, moe_layer: bool, dropout: bool,
+                flash: bool = False, imbalance: float = 1.0) -> float:
+    """Bytes one layer saves for backward per micro-batch on one rank of ``layout``:
+    :func:`~shardlab.estimate.context.cp_layer_activation_bytes` (the rank's s/cp tokens,
+    their queries against all s keys, the gathered K and V; the one-rank figure of
+    :func:`~shardlab.estimate.activations.layer_activation_bytes` when cp = 1), plus what
+    a router ``imbalance`` above 1 adds to a MoE layer's routed part."""
+    lay = layout
+    out = cp_layer_activation_bytes(m, lay, dropout=dropout, moe_layer=moe_layer, flash=flash)
+    if moe_layer and imbalance != 1.0 and lay.recompute != "full":
+        kw = {"tp": lay.tp, "sp": lay.sp, "recompute": lay.recompute, "dropout": dropout,
+              "moe_layer": True, "flash": flash, "ep": lay.ep, "etp": lay.etp,
+              "capacity_factor": lay.capacity_factor}
+        local = (m, lay.micro_batch, lay.seq // lay.cp, lay.dtype.activation_bytes)
+        out += (layer_activation_bytes(*local, imbalance=imbalance, **kw)
+                - layer_activation_bytes(*local, **kw))
+    return out
+
+
+def head_rank(layout: Layout) -> int:
+    """The pipeline rank of the last model chunk, with the final norm, the head and the
+    logits: pp - 1, or rank 0 when zb-v or dualpipev place the chunks in a V."""
+    lay = layout
+    return chunk_rank(lay.pp * lay.virtual_stages - 1, lay.pp, lay.schedule in V_SCHEDULES)
+
+
 def stage_memory(m: ModelShape, layout: Layout, dropout: bool,
                  flash: bool = False, imbalance: float = 1.0) -> list[StageMemory]:
     """Per pipeline stage: model states under ZeRO and peak activations (``imbalance``:
     the router's max/mean expert load, 1 for balanced routing)."""
     lay = layout
     e = lay.dtype.activation_bytes
-    kw = {"tp": lay.tp, "sp": lay.sp, "recompute": lay.recompute, "dropout": dropout,
-          "flash": flash, "ep": lay.ep, "etp": lay.etp,
-          "capacity_factor": lay.capacity_factor, "imbalance": imbalance}
-    per_layer = [layer_activation_bytes(m, lay.micro_batch, lay.seq, e,
-                                        moe_layer=i >= m.dense_layers, **kw)
-                 for i in range(m.layers)]
-    # Sum the layers of each rank's chunks (chunk c on rank c mod pp).
-    sizes = chunk_layers(m.layers, lay.pp, lay.virtual_stages)
+    dense_bytes, moe_bytes = (layer_bytes(m, lay, moe, dropout, flash, imbalance)
+                              for moe in (False, True))
+    # Sum the layers of each rank's chunks (dense layers first; chunk c on its rank).
+    v_shape = lay.schedule in V_SCHEDULES
     rank_act = [0.0] * lay.pp
     start = 0
-    for c, n in enumerate(sizes):
-        rank_act[c % lay.pp] += sum(per_layer[start:start + n])
+    for c, n in enumerate(layout_chunk_layers(m, lay)):
+        dense = max(0, min(n, m.dense_layers - start))
+        rank_act[chunk_rank(c, lay.pp, v_shape)] += (dense * dense_bytes
+                                                     + (n - dense) * moe_bytes)
         start += n
     params = [d + x for d, x in rank_params_split(m, lay)]
     # fp8: the linear weights' fp8 copies and scales count as weights (ZeRO 0-2).
@@ -117,16 +157,18 @@ def stage_memory(m: ModelShape, layout: Layout, dropout: bool,
               for s, f in zip(rank_state_bytes(m, lay), fp8.rank_state_bytes(m, lay),
                               strict=True)]
     out = []
+    local = lay.seq // lay.cp  # a context-parallel rank's tokens of each sequence
+    head = head_rank(lay)
     for r in range(lay.pp):
         k = inflight_microbatches(lay.schedule, lay.pp, r, lay.microbatches, lay.virtual_stages)
         act = rank_act[r] * k
         if r == 0:
-            act += k * first_stage_extra_bytes(m, lay.micro_batch, lay.seq, tp=lay.tp,
+            act += k * first_stage_extra_bytes(m, lay.micro_batch, local, tp=lay.tp,
                                                sp=lay.sp, dropout=dropout)
-        if r == lay.pp - 1:
+        if r == head:
             # Logits live only from the loss to their backward, except under GPipe.
             last_k = k if lay.schedule == "gpipe" else 1.0
-            act += last_k * last_stage_extra_bytes(m, lay.micro_batch, lay.seq, e,
+            act += last_k * last_stage_extra_bytes(m, lay.micro_batch, local, e,
                                                    tp=lay.tp, sp=lay.sp)
         out.append(StageMemory(r, params[r], states[r], act, k))
     return out

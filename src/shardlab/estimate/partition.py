@@ -8,6 +8,13 @@ pipeline stage holds the embedding (and positions), the last the final norm and
 the head; with a tied head and pp > 1 the last stage keeps its own copy of the
 embedding, as Megatron does. Vocabulary padding to a multiple of tp is ignored.
 
+Model chunks (pp x virtual_stages of them) get the layers of a Layout's ``stage_layers``
+when it gives them (uneven stages: Megatron-LM's ``--pipeline-model-parallel-layout``,
+torchtitan's ``first_stage_less_layers``; Llama 3 405B's first and last stages hold one
+layer fewer), else the even split; chunk c lives on rank c mod pp, or in a V for zb-v
+and dualpipev (then the head returns to rank 0). The ``layout_*`` functions read all of
+that from a Layout.
+
 Mixture-of-experts layers: the routed experts are split over the ep expert-parallel
 ranks (experts/ep whole experts each, GShard, Lepikhin et al. 2020) and each expert's
 width over etp (1: whole experts; tp: split as the dense MLP is, Megatron-LM's
@@ -17,6 +24,9 @@ shared experts are split over tp like the dense MLP (torchtitan, Megatron-LM).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from shardlab.config.layout import V_SCHEDULES, Layout
 from shardlab.config.model import ModelShape
 from shardlab.estimate.params import (
     attention_params,
@@ -27,20 +37,56 @@ from shardlab.estimate.params import (
 )
 
 
-def chunk_layers(layers: int, pp: int, virtual_stages: int = 1) -> list[int]:
-    """Layers in each of the pp*v model chunks, the first chunks one larger when uneven."""
+def chunk_layers(layers: int, pp: int, virtual_stages: int = 1,
+                 stage_layers: Sequence[int] = ()) -> list[int]:
+    """Layers in each of the pp*v model chunks: ``stage_layers`` when given (a Layout's
+    uneven split, validated by :func:`shardlab.config.layout.make_layout`), else the even
+    split with the first chunks one larger."""
     chunks = pp * virtual_stages
+    if stage_layers:
+        if len(stage_layers) != chunks or sum(stage_layers) != layers:
+            raise ValueError(f"stage_layers {tuple(stage_layers)} must give {chunks} counts "
+                             f"summing to {layers}")
+        return list(stage_layers)
     base, extra = divmod(layers, chunks)
     return [base + 1] * extra + [base] * (chunks - extra)
 
 
-def rank_layers(layers: int, pp: int, virtual_stages: int = 1) -> list[int]:
-    """Layers each pipeline rank holds: chunk c lives on rank c mod pp (interleaved placement),
-    so rank r holds v chunks of ``base`` layers plus one more for each of its chunks
-    r, r + pp, ... below ``extra`` (:func:`chunk_layers`)."""
+def chunk_rank(c: int, pp: int, v_shape: bool = False) -> int:
+    """The pipeline rank model chunk c lives on: c mod pp (interleaved placement), or in a V
+    (``v_shape``, zb-v and dualpipev: down the ranks and back up, c < pp on rank c, the
+    rest on 2pp - 1 - c)."""
+    if v_shape:
+        return c if c < pp else 2 * pp - 1 - c
+    return c % pp
+
+
+def rank_layers(layers: int, pp: int, virtual_stages: int = 1,
+                stage_layers: Sequence[int] = (), v_shape: bool = False) -> list[int]:
+    """Layers each pipeline rank holds: the sum of its chunks' (:func:`chunk_layers`,
+    placed by :func:`chunk_rank`). The even split in closed form, so the cost does not
+    grow with the chunks: rank r holds v chunks of ``base`` layers plus one more for each
+    of its chunks r, r + pp, ... below ``extra``."""
+    if stage_layers or (v_shape and layers % (pp * virtual_stages)):
+        out = [0] * pp
+        for c, n in enumerate(chunk_layers(layers, pp, virtual_stages, stage_layers)):
+            out[chunk_rank(c, pp, v_shape)] += n
+        return out
     base, extra = divmod(layers, pp * virtual_stages)
     return [virtual_stages * base + min(virtual_stages, max(0, -(-(extra - r) // pp)))
             for r in range(pp)]
+
+
+def layout_chunk_layers(m: ModelShape, lay: Layout) -> list[int]:
+    """:func:`chunk_layers` of a Layout: its ``stage_layers``, or the even split."""
+    return chunk_layers(m.layers, lay.pp, lay.virtual_stages, lay.stage_layers)
+
+
+def layout_rank_layers(m: ModelShape, lay: Layout) -> list[int]:
+    """:func:`rank_layers` of a Layout: its ``stage_layers`` placed as its schedule places
+    chunks (in a V for zb-v and dualpipev)."""
+    return rank_layers(m.layers, lay.pp, lay.virtual_stages, lay.stage_layers,
+                       lay.schedule in V_SCHEDULES)
 
 
 def _split(total: int, replicated: int, tp: int) -> int:
@@ -73,23 +119,27 @@ def layer_params_per_tp_rank(m: ModelShape, tp: int, moe_layer: bool, ep: int = 
     return n
 
 
-def moe_layers_per_rank(m: ModelShape, pp: int, virtual_stages: int = 1) -> list[int]:
+def moe_layers_per_rank(m: ModelShape, pp: int, virtual_stages: int = 1,
+                        stage_layers: Sequence[int] = (), v_shape: bool = False) -> list[int]:
     """MoE layers each pipeline rank holds: the model's first ``dense_layers`` layers are
-    dense (DeepSeek-style), chunk c of :func:`chunk_layers` lives on rank c mod pp."""
+    dense (DeepSeek-style), chunk c of :func:`chunk_layers` lives on rank
+    :func:`chunk_rank` (c mod pp)."""
     out = [0] * pp
     start = 0
-    for c, n in enumerate(chunk_layers(m.layers, pp, virtual_stages)):
-        out[c % pp] += n - max(0, min(n, m.dense_layers - start))
+    for c, n in enumerate(chunk_layers(m.layers, pp, virtual_stages, stage_layers)):
+        out[chunk_rank(c, pp, v_shape)] += n - max(0, min(n, m.dense_layers - start))
         start += n
     return out
 
 
 def stage_expert_params(m: ModelShape, pp: int, virtual_stages: int = 1, ep: int = 1,
-                        etp: int = 1) -> list[int]:
+                        etp: int = 1, stage_layers: Sequence[int] = (),
+                        v_shape: bool = False) -> list[int]:
     """Routed-expert parameters on one rank of each pipeline rank (what ZeRO shards over
     expert_dp = dp/ep rather than dp); all zeros for a dense model."""
     per_layer = expert_layer_params(m, ep, etp)
-    return [n * per_layer for n in moe_layers_per_rank(m, pp, virtual_stages)]
+    return [n * per_layer
+            for n in moe_layers_per_rank(m, pp, virtual_stages, stage_layers, v_shape)]
 
 
 def layer_replicated_params(m: ModelShape) -> int:
@@ -101,34 +151,58 @@ def layer_replicated_params(m: ModelShape) -> int:
 
 
 def stage_params(m: ModelShape, tp: int, pp: int, virtual_stages: int = 1,
-                 vocab_parallel: bool = True, ep: int = 1, etp: int | None = None
-                 ) -> list[int]:
+                 vocab_parallel: bool = True, ep: int = 1, etp: int | None = None,
+                 stage_layers: Sequence[int] = (), v_shape: bool = False) -> list[int]:
     """Parameters on one tensor-parallel rank of each pipeline rank (what ZeRO then shards).
 
     ``vocab_parallel=False`` keeps the embedding and head whole on every tensor-parallel
     rank (as shardlab's simulator does) instead of splitting the vocabulary. ``ep`` and
-    ``etp`` (default tp) split the routed experts (module docstring).
+    ``etp`` (default tp) split the routed experts (module docstring). ``stage_layers``
+    gives each chunk's layers (uneven stages; :func:`chunk_layers`), ``v_shape`` places
+    the chunks in a V (:func:`chunk_rank`).
     """
     vocab_shard = (-(-m.vocab // tp) if vocab_parallel else m.vocab) * m.d_model
     out = []
     # Dense layers come first (DeepSeek-style MoE keeps its dense layers at the bottom).
     # Every dense layer is alike, and every MoE layer: count them per chunk, one product
     # each, so the cost grows with the chunks and not with the layers.
-    dense_params = layer_params_per_tp_rank(m, tp, moe_layer=False)
+    dense_params = layer_params_per_tp_rank(m, tp, False)
+    layers = rank_layers(m.layers, pp, virtual_stages, stage_layers, v_shape)
     if not m.moe_layers:
-        per_rank = [n * dense_params for n in rank_layers(m.layers, pp, virtual_stages)]
+        per_rank = [n * dense_params for n in layers]
     else:
         moe_params = layer_params_per_tp_rank(m, tp, True, ep, etp)
         per_rank = [(n - k) * dense_params + k * moe_params
-                    for n, k in zip(rank_layers(m.layers, pp, virtual_stages),
-                                    moe_layers_per_rank(m, pp, virtual_stages), strict=True)]
+                    for n, k in zip(layers, moe_layers_per_rank(m, pp, virtual_stages,
+                                                                stage_layers, v_shape),
+                                    strict=True)]
+    # The head sits with the last chunk: on the last rank, or back on rank 0 in a V.
+    head = chunk_rank(pp * virtual_stages - 1, pp, v_shape)
     for r in range(pp):
         n = per_rank[r]
         if r == 0:
             n += vocab_shard + (m.context * m.d_model if m.style == "gpt" else 0)
-        if r == pp - 1:
+        if r == head:
             n += norm_params(m)
-            if not m.tied or pp > 1:
+            if not m.tied or head != 0:
                 n += vocab_shard
         out.append(n)
     return out
+
+
+def layout_stage_params(m: ModelShape, lay: Layout, vocab_parallel: bool = True) -> list[int]:
+    """:func:`stage_params` of a Layout: its tp, pp, chunks, experts and uneven stages."""
+    return stage_params(m, lay.tp, lay.pp, lay.virtual_stages, vocab_parallel, lay.ep,
+                        lay.etp, lay.stage_layers, lay.schedule in V_SCHEDULES)
+
+
+def layout_params_split(m: ModelShape, lay: Layout, vocab_parallel: bool = True
+                        ) -> list[tuple[int, int]]:
+    """(dense, routed-expert) parameters on one rank of each pipeline rank of a Layout:
+    :func:`layout_stage_params` and :func:`stage_expert_params` (ZeRO shards the first
+    over dp, the second over expert_dp)."""
+    v_shape = lay.schedule in V_SCHEDULES
+    total = layout_stage_params(m, lay, vocab_parallel)
+    experts = stage_expert_params(m, lay.pp, lay.virtual_stages, lay.ep, lay.etp,
+                                  lay.stage_layers, v_shape)
+    return [(t - x, x) for t, x in zip(total, experts, strict=True)]

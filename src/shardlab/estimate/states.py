@@ -16,6 +16,14 @@ embedding) are replicated on all dp ranks and sharded over dp; the routed expert
 replicated only on the expert_dp = dp / ep ranks that hold the same experts, and are
 sharded over those (torchtitan's FSDP over ``dp_shard_mod_ep`` for experts;
 Megatron-LM's distributed optimizer over the expert data-parallel group).
+
+Context parallelism and HSDP change the groups, not the formulas (:func:`zero_groups`):
+the cp ranks of a replica hold the same parameters, so ZeRO/FSDP folds cp into its shard
+group (torchtitan's ``dp_shard_cp`` mesh: states over dp x cp); HSDP (``dp_replicate`` =
+R > 1, FSDP2 on a 2-D mesh) shards over the dp/R ranks of one replica times cp and keeps R
+replicas of each shard. Routed experts shard over expert_dp x cp, or under HSDP over the
+(dp/R)/ep expert replicas of one replica times cp when ep divides dp/R (else HSDP leaves
+the experts sharded over all their expert_dp x cp replicas, one replica of the shard).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardlab.config.dtypes import DtypePolicy
+from shardlab.config.layout import Layout
 
 
 @dataclass(frozen=True)
@@ -59,3 +68,26 @@ def split_state_bytes(dense: float, experts: float, policy: DtypePolicy, zero: i
     when expert_dp = dp (no expert parallelism)."""
     return (zero_state_bytes(dense, policy, zero, dp)
             + zero_state_bytes(experts, policy, zero, expert_dp))
+
+
+@dataclass(frozen=True)
+class ZeroGroups:
+    """Ranks ZeRO/FSDP shards each kind of parameter over, and the replicas of each shard
+    (module docstring). ZeRO-0's gradient all-reduce runs over ``dense * replicas`` (= dp x
+    cp) and ``experts * expert_replicas`` (= expert_dp x cp) ranks."""
+
+    dense: int
+    experts: int
+    replicas: int
+    expert_replicas: int
+
+
+def zero_groups(lay: Layout) -> ZeroGroups:
+    """:class:`ZeroGroups` of a layout: dense parameters over dp_shard x cp with
+    dp_replicate replicas (:func:`shardlab.estimate.context.shard_group` is the same
+    dense group), routed experts over expert_dp x cp, or (dp_shard/ep) x cp with
+    dp_replicate replicas when ep divides dp_shard under HSDP."""
+    r = lay.dp_replicate
+    if r > 1 and lay.dp_shard % lay.ep == 0:
+        return ZeroGroups(lay.dp_shard * lay.cp, lay.dp_shard // lay.ep * lay.cp, r, r)
+    return ZeroGroups(lay.dp_shard * lay.cp, lay.expert_dp * lay.cp, r, 1)

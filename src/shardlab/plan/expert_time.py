@@ -35,9 +35,9 @@ def kept_rows(model: ModelShape, tokens: np.ndarray, capacity_factor: np.ndarray
 
 
 def routed_tokens(c: Candidates, seq: int) -> np.ndarray:
-    """T per rank and micro-batch (:func:`shardlab.estimate.expert.routed_tokens`): b·s,
+    """T per rank and micro-batch (:func:`shardlab.estimate.expert.layout_tokens`): b·s/cp,
     over tp under sequence parallelism with whole experts."""
-    tokens = (c.micro_batch * seq).astype(float)
+    tokens = c.micro_batch * seq / c.cp
     return np.where(c.sp & (c.etp == 1), tokens / c.tp, tokens)
 
 

@@ -27,10 +27,14 @@ global batch and the sequence length):
   the data parallelism;
 * ``sp=1``: sequence parallelism, when tp > 1;
 * ``ep=2e``: twice the expert parallelism (mixture of experts; same devices, the
-  experts spread over more of the data-parallel ranks).
+  experts spread over more of the data-parallel ranks);
+* ``cp=2c dp=d/2``: twice the context parallelism, half the data parallelism, when the
+  sequence still cuts into 2·cp chunks (activations per rank halve).
 
 Expert parallelism is kept through the others: ep stays (a halved dp must still hold
-it), etp follows tp when it was tp, and the capacity factor is the job's.
+it), etp follows tp when it was tp, and the capacity factor is the job's. Uneven stages
+stay as given (a change of pp keeps the even split); HSDP's replicas stay, and a change
+that halves dp below them is ruled out.
 
 A change the model or device count rules out (tp not dividing the heads, more stages
 than layers, an odd dp to halve, tp beyond a node, a rule of :func:`make_layout`
@@ -61,17 +65,18 @@ from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
 from shardlab.estimate.memory import peak_stage, stage_memory
 from shardlab.plan.memory import MemoryOptions, memory_arrays
-from shardlab.plan.overlap import framework as overlap_framework
-from shardlab.plan.search import device_of, is_this_machine, layout_flag
-from shardlab.plan.space import REASONS, TRAIN_ZERO, Candidates, Space, check_rules
+from shardlab.plan.options import step_options_for
+from shardlab.plan.rules import REASONS, check_rules
+from shardlab.plan.search import device_of
+from shardlab.plan.space import TRAIN_ZERO, Candidates, Space
 from shardlab.plan.step_time import StepOptions, step_seconds
 
 CATEGORIES: tuple[str, ...] = ("weights", "gradients", "optimizer", "activations")
 PAIRS_KEPT = 5
 """Pairs of changes :func:`explain_fit` keeps, fastest first (all of them would be up to a
 few dozen rows that say the same)."""
-KINDS: tuple[str, ...] = ("zero", "recompute", "micro_batch", "tp", "pp", "sp", "ep")
-REPEATABLE: frozenset[str] = frozenset({"micro_batch", "tp", "pp", "ep"})
+KINDS: tuple[str, ...] = ("zero", "recompute", "micro_batch", "tp", "pp", "sp", "ep", "cp")
+REPEATABLE: frozenset[str] = frozenset({"micro_batch", "tp", "pp", "ep", "cp"})
 """Kinds a pair may apply twice (micro-batch / 4, tp x 4, pp x 4); a ZeRO stage or a
 recompute mode is already tried at every level."""
 
@@ -91,14 +96,27 @@ class Knobs:
     micro_batch: int
     ep: int = 1
     etp: int = 1
+    cp: int = 1
+    dp_replicate: int = 1
+    stage_layers: tuple[int, ...] = ()
 
     def label(self, base: Knobs) -> str:
         """What differs from ``base``, as ``--layout`` writes it: ``tp=2 dp=4``."""
-        keys = ("zero", "recompute", "micro_batch", "tp", "pp", "sp", "ep", "etp", "dp")
-        # etp is named only when it is not tp (its default), as Layout.describe does.
-        return " ".join(f"{k}={int(v) if k == 'sp' else v}" for k in keys
+        keys = ("zero", "recompute", "micro_batch", "tp", "pp", "sp", "ep", "etp", "cp", "dp",
+                "stage_layers")
+
+        def text(k: str, v: object) -> str:
+            if k == "sp":
+                return str(int(v))  # type: ignore[call-overload]
+            if k == "stage_layers":
+                return "+".join(map(str, v))  # type: ignore[call-overload]
+            return str(v)
+
+        # etp is named only when it is not tp (its default), as Layout.describe does; an
+        # even split (stage_layers left out) only as the key's absence.
+        return " ".join(f"{k}={text(k, v)}" for k in keys
                         if (v := getattr(self, k)) != getattr(base, k)
-                        and (k != "etp" or v != self.tp))
+                        and (k != "etp" or v != self.tp) and (k != "stage_layers" or v))
 
 
 @dataclass(frozen=True)
@@ -159,42 +177,18 @@ class FitAdvice:
                 "skipped": [{"change": c, "reason": r} for c, r in self.skipped]}
 
 
-def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
-                     framework: str | None = None,
-                     overrides: dict[str, str] | None = None) -> StepOptions:
-    """The step-time options ``shardlab plan`` prices ``acc`` with: ``framework``'s defaults
-    (:data:`shardlab.plan.overlap.FRAMEWORKS`; None: the planner's own), then the
-    ``--layout`` keys of ``overrides`` (:data:`shardlab.plan.search.STEP_KEYS`);
-    ``overlap_dp=False`` (``--no-overlap-dp``) turns data-parallel overlap off. On this
-    machine the ranks' cores also move the bytes (no overlap), and ``shardlab train`` is
-    eager torch (gradients accumulate in their own pass). SpecError for an unknown
-    framework or a bad value."""
-    here = is_this_machine(acc)
-    fw = overlap_framework(framework)
-    opts = fw.options()
-    for key, value in (overrides or {}).items():
-        opts[key] = value
-        if key == "fused_norm":
-            opts[key] = layout_flag(key, value)
-        elif key == "overlap_tp" and value.lower() not in ("forward",):
-            # overlap_tp=1 is the framework's kind of tensor-parallel overlap.
-            opts[key] = fw.tp_overlap_kind if layout_flag(key, value) else "off"
-    if not overlap_dp:
-        opts["overlap_dp"] = "off"
-    if here:
-        opts.update(overlap_dp="off", overlap_tp="off", overlap_pp="off",
-                    fused_accumulation=False)
-    return StepOptions(flash=flash, **opts)  # type: ignore[arg-type]
-
-
-def _moves(k: Knobs, gpus_per_node: int, train_only: bool, experts: int = 0
+def _moves(k: Knobs, gpus_per_node: int, train_only: bool, experts: int = 0, seq: int = 0
            ) -> list[tuple[str, Knobs | None, str]]:
     """(kind, changed knobs or None, why not) of every one-knob change from ``k``; values
     that are no change (a ZeRO stage at or below the current one) are left out.
-    ``experts``: the model's routed experts (0: dense, no ep change)."""
+    ``experts``: the model's routed experts (0: dense, no ep change); ``seq``: the
+    sequence length (0: no cp change)."""
     out: list[tuple[str, Knobs | None, str]] = []
+    halve = ("" if k.dp % 2 == 0 and (k.dp // 2) % k.dp_replicate == 0 else
+             f"dp={k.dp} cannot be halved to keep the device count" if k.dp % 2 else
+             f"dp={k.dp // 2} would not hold dp_replicate={k.dp_replicate} replicas")
     for z in range(k.zero + 1, 4):
-        if k.dp == 1:
+        if k.dp * k.cp == 1:
             out.append(("zero", None, "dp=1: ZeRO shards over data parallelism"))
             break
         if train_only and z not in TRAIN_ZERO:
@@ -208,15 +202,16 @@ def _moves(k: Knobs, gpus_per_node: int, train_only: bool, experts: int = 0
         out.append(("micro_batch", None, "micro_batch=1 cannot be halved"))
     if 2 * k.tp > gpus_per_node:
         out.append(("tp", None, f"tp={2 * k.tp} would leave a node of {gpus_per_node}"))
-    elif k.dp % 2:
-        out.append(("tp", None, f"dp={k.dp} cannot be halved to keep the device count"))
+    elif halve:
+        out.append(("tp", None, halve))
     else:
         out.append(("tp", dataclasses.replace(k, tp=2 * k.tp, dp=k.dp // 2,
                                               etp=2 * k.tp if k.etp == k.tp else 1), ""))
-    if k.dp % 2:
-        out.append(("pp", None, f"dp={k.dp} cannot be halved to keep the device count"))
+    if halve:
+        out.append(("pp", None, halve))
     else:
-        out.append(("pp", dataclasses.replace(k, pp=2 * k.pp, dp=k.dp // 2), ""))
+        out.append(("pp", dataclasses.replace(k, pp=2 * k.pp, dp=k.dp // 2,
+                                              stage_layers=()), ""))
     if not k.sp:
         out.append(("sp", dataclasses.replace(k, sp=True) if k.tp > 1 else None,
                     "" if k.tp > 1 else "sequence parallelism needs tp > 1"))
@@ -225,6 +220,11 @@ def _moves(k: Knobs, gpus_per_node: int, train_only: bool, experts: int = 0
         why = ("" if k.dp % e == 0 and experts % e == 0 else
                f"ep={e} must divide dp ({k.dp}) and the experts ({experts})")
         out.append(("ep", None if why else dataclasses.replace(k, ep=e), why))
+    if seq and not train_only:
+        c = 2 * k.cp
+        why = (halve or ("" if seq % (2 * c) == 0 else
+                         f"cp={c} does not cut seq ({seq}) into 2*cp equal chunks"))
+        out.append(("cp", None if why else dataclasses.replace(k, cp=c, dp=k.dp // 2), why))
     return out
 
 
@@ -234,6 +234,7 @@ def _candidates(states: list[Knobs], global_batch: int, capacity_factor: float =
     def col(values: list[int]) -> np.ndarray:
         return np.array(values, dtype=np.int64)
 
+    splits = tuple(dict.fromkeys([(), *(s.stage_layers for s in states)]))
     return Candidates(col([s.dp for s in states]), col([s.tp for s in states]),
                       col([s.pp for s in states]), col([s.virtual_stages for s in states]),
                       col([SCHEDULES.index(s.schedule) for s in states]),
@@ -242,7 +243,9 @@ def _candidates(states: list[Knobs], global_batch: int, capacity_factor: float =
                       col([s.micro_batch for s in states]),
                       col([global_batch // (s.dp * s.micro_batch) for s in states]),
                       np.full(len(states), -1, dtype=np.int64), col([s.ep for s in states]),
-                      col([s.etp for s in states]), np.full(len(states), capacity_factor))
+                      col([s.etp for s in states]), np.full(len(states), capacity_factor),
+                      col([s.cp for s in states]), col([s.dp_replicate for s in states]),
+                      col([splits.index(s.stage_layers) for s in states]), splits)
 
 
 def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity: float,
@@ -279,12 +282,13 @@ def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity
     binding = min(CATEGORIES, key=lambda c: (without[c], -now[c]))
 
     base = Knobs(lay.dp, lay.tp, lay.pp, lay.virtual_stages, lay.schedule, lay.zero, lay.sp,
-                 lay.recompute, lay.micro_batch, lay.ep, lay.etp)
+                 lay.recompute, lay.micro_batch, lay.ep, lay.etp, lay.cp, lay.dp_replicate,
+                 lay.stage_layers)
     space = Space(gpus=lay.gpus, global_batch=lay.global_batch, seq=lay.seq,
                   gpus_per_node=node, train_only=train_only,
                   capacity_factor=lay.capacity_factor)
     experts = model.moe.experts if model.moe is not None else 0
-    singles = _moves(base, node, train_only, experts)
+    singles = _moves(base, node, train_only, experts, lay.seq)
     skipped = [(_would_be(kind, base), why) for kind, k, why in singles if k is None]
     tried = [k for _, k, _ in singles if k is not None]
     valid, rejected = _check(model, space, tried)
@@ -305,7 +309,7 @@ def _would_be(kind: str, base: Knobs) -> str:
     """How a change that was ruled out before it had values is named in ``skipped``."""
     return {"zero": f"zero={base.zero + 1}..3", "micro_batch": "halve micro_batch",
             "tp": f"tp={2 * base.tp}", "pp": f"pp={2 * base.pp}", "sp": "sp=1",
-            "ep": f"ep={2 * base.ep}"}[kind]
+            "ep": f"ep={2 * base.ep}", "cp": f"cp={2 * base.cp}"}[kind]
 
 
 def _check(model: ModelShape, space: Space, states: list[Knobs]
@@ -359,7 +363,8 @@ def _pairs(model: ModelShape, lay: Layout, acc: Accelerator, base: Knobs,
         if first is None:
             continue
         for kind2, second, _ in _moves(first, node, train_only,
-                                       model.moe.experts if model.moe is not None else 0):
+                                       model.moe.experts if model.moe is not None else 0,
+                                       lay.seq):
             later = KINDS.index(kind2) > KINDS.index(kind)
             if second is not None and second not in seen and (
                     later or (kind2 == kind and kind in REPEATABLE)):

@@ -10,30 +10,33 @@ the fp8 policy's copies and scales of the linear weights under ZeRO 0-2
 layers (:func:`shardlab.estimate.activations.layer_activation_bytes`, Korthikanti et
 al. 2022) times the micro-batches its schedule keeps in flight
 (:func:`shardlab.estimate.memory.inflight_microbatches`), plus the first stage's
-embedding mask and the last stage's logits. The per-shape pieces are computed once per
-distinct (tp, pp, v, ep, etp) or (micro-batch, tp, sp, recompute, ep, etp, capacity
-factor) with the estimate's own
-functions; only the products and the maximum over ranks are vectorised.
-``tests/plan/test_memory.py`` holds every layout of a search equal to ``stage_memory``.
+embedding mask and the last stage's logits (on the head's rank: rank 0 in a V). Context
+parallel: the activations of a rank's s/cp tokens with the gathered K/V
+(:func:`shardlab.estimate.memory.layer_bytes`), states sharded over dp_shard x cp, HSDP's
+replicas keeping whole shards (:func:`shardlab.estimate.states.zero_groups`); uneven
+stages place the layers of each split. The per-shape pieces are computed once per
+distinct (tp, pp, v, ep, etp, split, V placement) or (micro-batch, tp, sp, recompute,
+ep, etp, capacity factor, cp) with the estimate's own functions; only the products and
+the maximum over ranks are vectorised. ``tests/plan/test_memory.py`` holds every layout
+of a search equal to ``stage_memory``.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
 
 from shardlab.config.dtypes import DtypePolicy
-from shardlab.config.layout import RECOMPUTE, SCHEDULES
+from shardlab.config.layout import RECOMPUTE, SCHEDULES, Layout
 from shardlab.config.model import ModelShape
 from shardlab.estimate import fp8
-from shardlab.estimate.activations import (
-    first_stage_extra_bytes,
-    last_stage_extra_bytes,
-    layer_activation_bytes,
-)
+from shardlab.estimate.activations import first_stage_extra_bytes, last_stage_extra_bytes
+from shardlab.estimate.memory import layer_bytes
 from shardlab.estimate.partition import chunk_layers, stage_expert_params, stage_params
 from shardlab.plan.space import Candidates, unique_rows
+from shardlab.plan.stages import V_INDEX, rank_placement
 
 
 @dataclass(frozen=True)
@@ -65,54 +68,98 @@ class MemoryArrays:
         return self.weights + self.gradients + self.optimizer + self.activations
 
 
+COMPARED = 4
+"""Pipeline ranks compared per layout when every layer is alike (:func:`_compared`)."""
+
+
+def _compared(per_rank: list[int]) -> tuple[list[int], bool]:
+    """The pipeline ranks whose memory can be the largest when every layer is alike, and
+    whether those are enough: ranks 0 (embedding), 1, the middle rank with the most
+    layers and pp - 1 (padded to :data:`COMPARED`). A middle rank holds only its layers,
+    each with the same parameters and activations; the micro-batches it keeps in flight
+    (:func:`inflight`) never grow with the rank and are the same on every rank of a V
+    schedule. So rank 1 (the most in flight) and the rank with the most layers bound
+    every middle rank when the middle ranks' layers never grow with the rank (the even
+    split and :func:`~shardlab.plan.choices.fewer_at_ends` ones) or in a V; otherwise (a
+    user's split) the second value is false and every rank is compared."""
+    pp = len(per_rank)
+    middle = per_rank[1:-1]
+    most = 1 + max(range(len(middle)), key=middle.__getitem__) if middle else pp - 1
+    falling = all(a >= b for a, b in itertools.pairwise(middle))
+    ranks = [0, min(1, pp - 1), most, pp - 1]
+    return ranks, falling
+
+
+def _needs_every_rank(model: ModelShape, c: Candidates) -> bool:
+    """Whether some layout's split leaves :func:`_compared`'s ranks short (a user's split
+    whose middle ranks grow with the rank, outside a V schedule)."""
+    v_shape = np.isin(c.schedule, V_INDEX)
+    uniq, _ = unique_rows(c.pp, c.virtual, c.split, v_shape)
+    for pp, v, split, vee in uniq.tolist():
+        per_rank, _ = rank_placement(model.layers, pp, v, c.splits[split], bool(vee))
+        if not vee and not _compared(per_rank)[1]:
+            return True
+    return False
+
+
 def _rank_tables(model: ModelShape, c: Candidates, all_ranks: bool
                  ) -> tuple[np.ndarray, ...]:
-    """Per layout, at each pipeline rank compared (every one, or 0, 1 and pp - 1 when
-    ``all_ranks`` is false: :func:`_uniform`): the rank,
-    its parameters, routed-expert parameters, dense layers and MoE layers (layouts x
-    ranks compared; past a layout's pp the rank is padding and reads 0). Tables are built
-    per distinct (tp, pp, v, ep, etp) and only at the ranks compared, so they stay as
-    small as the block."""
-    uniq, inv = unique_rows(c.tp, c.pp, c.virtual, c.ep, c.etp)
-    width = int(uniq[:, 1].max(initial=1)) if all_ranks else 3
+    """Per layout, at each pipeline rank compared (every one, or the :func:`_compared` ones
+    when ``all_ranks`` is false): the rank, its parameters, routed-expert parameters,
+    dense layers, MoE layers and whether it holds the head (layouts x ranks compared;
+    past a layout's pp the rank is padding and reads 0). Tables are built per distinct
+    (tp, pp, v, ep, etp, split, V placement) and only at the ranks compared, so they stay
+    as small as the block."""
+    v_shape = np.isin(c.schedule, V_INDEX)
+    uniq, inv = unique_rows(c.tp, c.pp, c.virtual, c.ep, c.etp, c.split, v_shape)
+    width = int(uniq[:, 1].max(initial=1)) if all_ranks else COMPARED
     ranks = np.zeros((len(uniq), width), dtype=np.int64)
-    params = np.zeros((len(uniq), width))
-    experts = np.zeros((len(uniq), width))
-    dense = np.zeros((len(uniq), width))
-    moe = np.zeros((len(uniq), width))
+    params, experts, dense, moe, heads = (np.zeros((len(uniq), width)) for _ in range(5))
     dense_layers = model.dense_layers
-    for i, (tp, pp, v, ep, etp) in enumerate(uniq.tolist()):
-        ranks[i] = np.arange(width) if all_ranks else (0, min(1, pp - 1), pp - 1)
+    for i, (tp, pp, v, ep, etp, s, vee) in enumerate(uniq.tolist()):
+        split, vee = c.splits[s], bool(vee)
+        per_rank, head = rank_placement(model.layers, pp, v, split, vee)
+        ranks[i] = np.arange(width) if all_ranks else _compared(per_rank)[0]
         at = np.minimum(ranks[i], pp - 1)
         real = ranks[i] < pp
-        sizes = np.array(chunk_layers(model.layers, pp, v), dtype=np.int64)
-        # Dense layers come first, as in stage_params; chunk c lives on rank c mod pp.
+        sizes = np.array(chunk_layers(model.layers, pp, v, split), dtype=np.int64)
+        # Dense layers come first, as in stage_params; chunk c lives on chunk_rank(c).
         d = np.clip(dense_layers - (np.cumsum(sizes) - sizes), 0, sizes)
-        on = np.arange(len(sizes)) % pp
-        total = np.array(stage_params(model, tp, pp, v, ep=ep, etp=etp), float)
+        k = np.arange(len(sizes))
+        on = np.where(k < pp, k, 2 * pp - 1 - k) if vee else k % pp  # partition.chunk_rank
+        total = np.array(stage_params(model, tp, pp, v, ep=ep, etp=etp, stage_layers=split,
+                                      v_shape=vee), float)
         params[i] = np.where(real, total[at], 0.0)
-        routed = np.array(stage_expert_params(model, pp, v, ep, etp), float)
+        routed = np.array(stage_expert_params(model, pp, v, ep, etp, split, vee), float)
         experts[i] = np.where(real, routed[at], 0.0)
         dense[i] = np.where(real, np.bincount(on, weights=d, minlength=pp)[at], 0.0)
         moe[i] = np.where(real, np.bincount(on, weights=sizes - d, minlength=pp)[at], 0.0)
-    return ranks[inv], params[inv], experts[inv], dense[inv], moe[inv]
+        heads[i] = real & (ranks[i] == head)
+    inv = inv.ravel()
+    return ranks[inv], params[inv], experts[inv], dense[inv], moe[inv], heads[inv] > 0
 
 
-def _activation_tables(model: ModelShape, c: Candidates, seq: int, elem: int,
+def _activation_tables(model: ModelShape, c: Candidates, seq: int, policy: DtypePolicy,
                        opt: MemoryOptions) -> tuple[np.ndarray, ...]:
-    """Per layout: one dense and one MoE layer's bytes per micro-batch, first and last extras."""
+    """Per layout: one dense and one MoE layer's bytes per micro-batch, first and last
+    extras (a cp rank's s/cp tokens)."""
     factors, cf_i = np.unique(c.capacity_factor, return_inverse=True)
-    uniq, inv = unique_rows(c.micro_batch, c.tp, c.sp, c.recompute, c.ep, c.etp, cf_i.ravel())
+    uniq, inv = unique_rows(c.micro_batch, c.tp, c.sp, c.recompute, c.ep, c.etp, cf_i.ravel(),
+                            c.cp)
+    elem = policy.activation_bytes
     rows = []
-    for mb, tp, sp, rc, ep, etp, cf in uniq.tolist():
-        kw = {"tp": tp, "sp": bool(sp), "recompute": RECOMPUTE[rc], "dropout": opt.dropout,
-              "flash": opt.flash, "ep": ep, "etp": etp,
-              "capacity_factor": float(factors[cf]), "imbalance": opt.imbalance}
+    for mb, tp, sp, rc, ep, etp, cf, cp in uniq.tolist():
+        # The fields the activations read; the rest of the layout does not enter them.
+        lay = Layout(dp=1, tp=tp, pp=1, virtual_stages=1, zero=0, sp=bool(sp),
+                     micro_batch=mb, global_batch=mb, seq=seq, recompute=RECOMPUTE[rc],
+                     dtype=policy, schedule="1f1b", ep=ep, etp=etp,
+                     capacity_factor=float(factors[cf]), cp=cp)
+        local = seq // cp
         rows.append((
-            layer_activation_bytes(model, mb, seq, elem, moe_layer=False, **kw),
-            layer_activation_bytes(model, mb, seq, elem, moe_layer=True, **kw),
-            first_stage_extra_bytes(model, mb, seq, tp=tp, sp=bool(sp), dropout=opt.dropout),
-            last_stage_extra_bytes(model, mb, seq, elem, tp=tp, sp=bool(sp))))
+            layer_bytes(model, lay, False, opt.dropout, opt.flash, opt.imbalance),
+            layer_bytes(model, lay, True, opt.dropout, opt.flash, opt.imbalance),
+            first_stage_extra_bytes(model, mb, local, tp=tp, sp=bool(sp), dropout=opt.dropout),
+            last_stage_extra_bytes(model, mb, local, elem, tp=tp, sp=bool(sp))))
     table = np.array(rows)[inv.ravel()]
     return table[:, 0], table[:, 1], table[:, 2], table[:, 3]
 
@@ -154,12 +201,8 @@ layouts rather than building tables of every layout x every rank."""
 
 
 def _uniform(model: ModelShape) -> bool:
-    """Whether every layer is alike (all dense, or all MoE). Then only pipeline ranks 0, 1
-    and pp - 1 need comparing: a middle rank holds only its layers, each with the same
-    parameters and activations, and both its layer count (the first chunks are the larger
-    ones) and the micro-batches it keeps in flight (:func:`inflight`: constant or falling
-    with the rank, for every schedule) never grow with the rank, so rank 1 is the fullest
-    middle rank; rank 0 adds the embedding and the last rank the head."""
+    """Whether every layer is alike (all dense, or all MoE): then only the ranks of
+    :func:`_compared` need comparing."""
     return model.dense_layers in (0, model.layers)
 
 
@@ -167,15 +210,16 @@ def memory_arrays(model: ModelShape, c: Candidates, seq: int, policy: DtypePolic
                   opt: MemoryOptions, all_ranks: bool | None = None) -> MemoryArrays:
     """Bytes on the busiest device of every layout in ``c`` (module docstring).
 
-    Ranks compared: every one, or when all layers are alike only ranks 0, 1 and pp - 1
-    (:func:`_uniform`; ``all_ranks`` forces either way, for the tests). Computed in
-    blocks of at most :data:`BLOCK_ELEMENTS` layouts x ranks compared.
+    Ranks compared: every one, or when all layers are alike only those of
+    :func:`_compared` (:func:`_uniform`; ``all_ranks`` forces either way, for the tests).
+    Computed in blocks of at most :data:`BLOCK_ELEMENTS` layouts x ranks compared.
     """
-    all_ranks = not _uniform(model) if all_ranks is None else all_ranks
+    if all_ranks is None:
+        all_ranks = not _uniform(model) or _needs_every_rank(model, c)
 
     def width(pp: int) -> int:
         """Ranks compared for a layout of ``pp`` stages."""
-        return pp if all_ranks else 3
+        return pp if all_ranks else COMPARED
 
     if len(c) * width(int(c.pp.max(initial=1))) <= BLOCK_ELEMENTS:
         return _memory_block(model, c, seq, policy, opt, all_ranks)
@@ -200,27 +244,38 @@ def memory_arrays(model: ModelShape, c: Candidates, seq: int, policy: DtypePolic
     return MemoryArrays(*(out[k] for k in keys))
 
 
+def zero_group_arrays(c: Candidates) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                               np.ndarray]:
+    """:func:`shardlab.estimate.states.zero_groups` over arrays: (dense shard group, expert
+    shard group, dense replicas, expert replicas) per layout."""
+    shard = c.dp_shard
+    hsdp = (c.dp_replicate > 1) & (shard % c.ep == 0)
+    experts = np.where(hsdp, shard // c.ep, c.dp // c.ep) * c.cp
+    return shard * c.cp, experts, c.dp_replicate, np.where(hsdp, c.dp_replicate, 1)
+
+
 def _memory_block(model: ModelShape, c: Candidates, seq: int, policy: DtypePolicy,
                   opt: MemoryOptions, all_ranks: bool) -> MemoryArrays:
     """:func:`memory_arrays` of one block."""
-    rank, params, experts, dense, moe = _rank_tables(model, c, all_ranks)
-    a_dense, a_moe, first, last = _activation_tables(model, c, seq, policy.activation_bytes,
-                                                     opt)
+    rank, params, experts, dense, moe, head = _rank_tables(model, c, all_ranks)
+    a_dense, a_moe, first, last = _activation_tables(model, c, seq, policy, opt)
     col = lambda x: np.asarray(x)[:, None]  # noqa: E731 - one layout per row
     valid = rank < col(c.pp)
     k = inflight(col(c.schedule), col(c.pp), rank, col(c.microbatches), col(c.virtual))
     act = (dense * col(a_dense) + moe * col(a_moe)) * k
     act = act + np.where(rank == 0, k * col(first), 0.0)
     last_k = np.where(col(c.schedule) == SCHEDULES.index("gpipe"), k, 1.0)
-    act = act + np.where(rank == col(c.pp) - 1, last_k * col(last), 0.0)
-    dp = col(c.dp).astype(float)
-    edp = col(c.dp // c.ep).astype(float)
+    act = act + np.where(head, last_k * col(last), 0.0)
+    group, egroup, _, _ = zero_group_arrays(c)
+    dp = col(group).astype(float)
+    edp = col(egroup).astype(float)
     z = col(c.zero)
     dense_params = params - experts
 
     def sharded(nbytes: int, stage: int) -> np.ndarray:
-        """Bytes of a state kind: the dense part sharded over dp, the experts over dp/ep,
-        from ZeRO ``stage`` up (the :mod:`shardlab.estimate.states` formulas)."""
+        """Bytes of a state kind: the dense part sharded over its group (dp_shard x cp), the
+        experts over theirs, from ZeRO ``stage`` up (the :mod:`shardlab.estimate.states`
+        formulas)."""
         on = z >= stage
         return nbytes * (dense_params / np.where(on, dp, 1.0) + experts / np.where(on, edp, 1.0))
 

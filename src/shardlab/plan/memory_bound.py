@@ -20,8 +20,8 @@ against 4 (read 2, write 2). LayerNorm is one native kernel in eager torch alrea
 
 
 def layer_elementwise_elements(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray,
-                               sp: np.ndarray, flash: bool, fused_norm: bool = True
-                               ) -> tuple[np.ndarray, np.ndarray]:
+                               sp: np.ndarray, flash: bool, fused_norm: bool = True,
+                               cp: np.ndarray | int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Elements one layer's memory-bound forward operators read plus write on one tp rank:
     (all of them, the softmax's share). Per operator as
     :func:`shardlab.estimate.operators.layer_operators` counts them (T = b·s tokens): two
@@ -29,14 +29,15 @@ def layer_elementwise_elements(model: ModelShape, seq: int, tp: np.ndarray, mb: 
     residual adds 3·T·h each (divided by t with sequence parallelism, else replicated),
     rotary 2·T·(q + kv)/t (llama style), softmax 2·b·heads·s²/t (none with a fused
     attention kernel), activation 3·T·f/t (SwiGLU) or 2·T·f/t (GELU), f the MLP width (a
-    MoE layer: its top-k experts' and shared widths)."""
+    MoE layer: its top-k experts' and shared widths). A context-parallel rank runs them on
+    its T = b·s/cp tokens, the softmax on its s/cp queries against all s keys."""
     m = model
     t = tp.astype(float)
-    tokens = (mb * seq).astype(float)
+    tokens = mb * seq / np.asarray(cp, float)
     rep = tokens * m.d_model / np.where(sp, t, 1.0)
     llama = m.style == "llama"
     f = mean_width(m)
-    soft = 0.0 if flash else 2.0 * mb * m.heads * seq * seq / t
+    soft = 0.0 if flash else 2.0 * tokens * m.heads * seq / t
     rotary = 2.0 * tokens * (m.q_dim + m.kv_dim) / t if llama else 0.0
     act = (3.0 if llama else 2.0) * tokens * f / t
     norms = 4.0 * rep * (EAGER_NORM_PASSES if llama and not fused_norm else 1)
@@ -49,10 +50,10 @@ def fp8_cast_seconds(m: ModelShape, c: Candidates, seq: int, bandwidth: float,
     """(forward, backward) seconds of one layer's fp8 casts per micro-batch at ``bandwidth``
     (:func:`shardlab.estimate.fp8.cast_bytes`, dense and MoE layers averaged)."""
     w = np.array([fp8.linear_weights(m, int(t), False) for t in c.tp], float)
+    tokens = c.micro_batch * seq / c.cp  # a context-parallel rank's tokens
     if m.moe_layers:
         w_moe = np.array([fp8.linear_weights(m, int(t), True, int(e), int(et))
                           for t, e, et in zip(c.tp, c.ep, c.etp, strict=True)], float)
         w = ((m.layers - m.moe_layers) * w + m.moe_layers * w_moe) / m.layers
-    fwd, bwd = fp8.cast_bytes(m, (c.micro_batch * seq).astype(float), c.tp, c.sp, w,
-                              per_element)
+    fwd, bwd = fp8.cast_bytes(m, tokens, c.tp, c.sp, w, per_element)
     return fwd / bandwidth, bwd / bandwidth

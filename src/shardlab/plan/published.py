@@ -4,7 +4,10 @@ The runs (:class:`~shardlab.plan.published_run.PublishedRun`) live by origin:
 :mod:`~shardlab.plan.runs_papers` (Narayanan 2021, Korthikanti 2022, MT-NLG, Llama 3,
 MegaScale, BLOOM), :mod:`~shardlab.plan.runs_nvidia` (Megatron-LM, NeMo, Megatron-Bridge,
 the MoE model zoo) and :mod:`~shardlab.plan.runs_pytorch` (torchtitan, MosaicML, IBM
-fms-fsdp, NeMo AutoModel). Each is ``calibration`` (the efficiency curves of
+fms-fsdp, NeMo AutoModel). Context parallel, HSDP and uneven-stage runs are among them
+(issue 17: NeMo's Llama 3 8B and 70B with CP 2, Megatron-Bridge's 405B with CP 2 and
+uneven stages, torchtitan's 8B FSDP x CP series, fms-fsdp's 7B HSDP, Llama 3 405B with
+its first and last stage one layer fewer). Each is ``calibration`` (the efficiency curves of
 :mod:`shardlab.config.hardware` are fitted on them, :func:`fit`), ``validation`` (held out:
 never used in a fit) or ``unverified``. The calibration runs were chosen before any of
 the new runs was predicted: the paper runs the project always fitted on, and for the H100
@@ -23,7 +26,7 @@ import numpy as np
 
 from shardlab.config.dtypes import get_policy
 from shardlab.config.hardware import Efficiency, get_accelerator
-from shardlab.plan.fit import step_options_for
+from shardlab.plan.options import step_options_for
 from shardlab.plan.published_run import PublishedRun
 from shardlab.plan.runs_nvidia import NVIDIA_RUNS
 from shardlab.plan.runs_papers import PAPER_RUNS
@@ -130,6 +133,9 @@ GROUPS: dict[str, Callable[[PublishedRun], bool]] = {
     "Megatron-LM / NeMo": lambda r: r.framework == "megatron",
     "torchtitan": lambda r: r.framework == "torchtitan",
     "FSDP (MosaicML, NeMo AutoModel)": lambda r: r.framework == "fsdp",
+    "context parallel": lambda r: r.cp > 1,
+    "HSDP": lambda r: r.dp_replicate > 1,
+    "uneven pipeline stages": lambda r: bool(r.stage_layers),
 }
 """Slices of the held-out runs :func:`table` reports apart (a run may be in several)."""
 

@@ -29,6 +29,8 @@ class PublishedRun:
     ``framework``'s defaults (None: the planner's own). ``hardware``: fields of the
     catalog accelerator the run's devices differ in (torchtitan's 96 GB HBM2e H100s).
     ``nics_per_node``, ``nic_gbps``, ``power_cap_w``: the cluster facts of ``shardlab plan``.
+    ``cp``, ``stage_layers``, ``dp_replicate``: context parallel, uneven pipeline stages and
+    HSDP replicas, as the ``--layout`` keys of the same names.
     """
 
     name: str
@@ -56,6 +58,9 @@ class PublishedRun:
     ep: int = 1
     etp: int | None = None
     capacity_factor: float = 0.0
+    cp: int = 1
+    stage_layers: tuple[int, ...] = ()
+    dp_replicate: int = 1
     hardware: tuple[tuple[str, float], ...] = ()
     nics_per_node: int | None = None
     nic_gbps: float | None = None
@@ -66,8 +71,8 @@ class PublishedRun:
 
     @property
     def dp(self) -> int:
-        """Data-parallel degree: gpus / (tp·pp)."""
-        return self.gpus // (self.tp * self.pp)
+        """Data-parallel degree: gpus / (cp·tp·pp)."""
+        return self.gpus // (self.cp * self.tp * self.pp)
 
     @property
     def layout_text(self) -> str:
@@ -75,14 +80,28 @@ class PublishedRun:
         sched = self.schedule or ("interleaved-1f1b" if self.virtual > 1 else "1f1b")
         moe = (f" ep={self.ep} etp={self.tp if self.etp is None else self.etp}"
                f" capacity_factor={self.capacity_factor:g}" if self.model.moe else "")
+        new = (f" cp={self.cp}" if self.cp > 1 else "") + (
+            " stage_layers=" + "+".join(map(str, self.stage_layers))
+            if self.stage_layers else "") + (
+            f" dp_replicate={self.dp_replicate}" if self.dp_replicate > 1 else "")
         return (f"dp={self.dp} tp={self.tp} pp={self.pp} virtual={self.virtual} "
                 f"micro_batch={self.micro_batch} zero={self.zero} sp={int(self.sp)} "
-                f"recompute={self.recompute} schedule={sched}{moe} {self.options}").strip()
+                f"recompute={self.recompute} schedule={sched}{moe}{new} "
+                f"{self.options}").strip()
 
     @property
     def short_layout(self) -> str:
-        """The layout as the validation table shows it: tp8 pp16 dp64 v4 none sp zero1."""
+        """The layout as the validation table shows it: tp8 pp16 dp64 v4 none sp zero1 (cp2
+        after dp with context parallelism, hsdp16 with HSDP replicas, 1+2x62+1 with uneven
+        stages)."""
+        split = self.stage_layers
+        uneven = (f" {split[0]}+{split[1]}x{len(split) - 2}+{split[-1]}"
+                  if len(split) > 2 and len(set(split[1:-1])) == 1
+                  else " " + "+".join(map(str, split)) if split else "")
         return (f"tp{self.tp} pp{self.pp} dp{self.dp}"
+                + (f" cp{self.cp}" if self.cp > 1 else "")
+                + (f" hsdp{self.dp_replicate}" if self.dp_replicate > 1 else "")
+                + uneven
                 + (f" ep{self.ep}" if self.ep > 1 else "")
                 + (f" v{self.virtual}" if self.virtual > 1 else "")
                 + f" {self.recompute}" + (" sp" if self.sp else "") + f" zero{self.zero}"

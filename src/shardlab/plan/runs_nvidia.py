@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from shardlab.config.catalog import get_model
 from shardlab.config.model import ModelShape, MoE
+from shardlab.plan.choices import fewer_at_ends
 from shardlab.plan.published_run import PublishedRun, megatron_flops, tokens_step
 
 _DGX = ("DGX H100: 8 H100 SXM per node, NVLink 4, 8 x 400 Gb/s NDR NICs (the tables say "
@@ -76,20 +77,24 @@ _NEMOTRON_340B = ModelShape(
 
 
 def _nm(key: str, model: ModelShape, gpus: int, gbs: int, mbs: int, seq: int, tp: int,
-        pp: int, vp: int, tokens: float, role: str = "validation") -> PublishedRun:
+        pp: int, vp: int, tokens: float, role: str = "validation", cp: int = 1,
+        row: str = "") -> PublishedRun:
     return PublishedRun(
         f"NM {key}", "NVIDIA NeMo 24.07 performance summary (fp8, DGX-H100)", model,
         "H100 SXM", gpus, tp, pp, gbs, seq, tokens_step(gbs, seq, gpus, tokens), role,
         f"{tokens:g} tokens/s per GPU", recompute="none", sp=tp > 1, zero=1,
         micro_batch=mbs, virtual=vp, flash=True, dtype="fp8",
-        options="overlap_dp=1 overlap_tp=1",
+        options="overlap_dp=1 overlap_tp=1", cp=cp,
         assumed=("fp8 with Transformer Engine (the table's title: 'pre-training ... at FP8 "
                  "precision')", "no recompute", "distributed optimizer with overlapped "
                  "gradient reduce and parameter gather, tensor-parallel communication "
                  "overlap (NeMo's performance recipes)", "sequence parallel with tp > 1",
-                 *_DGX),
+                 *(("context parallel as Megatron-Core runs it (K/V passed around the cp "
+                    "ring, priced as shardlab's all-gather of the same bytes), data parallel "
+                    "= GPUs / (TP x PP x CP)",) if cp > 1 else ()), *_DGX),
         checked="rows of performance_summary.md at NeMo commit e2de75c1: GPUs, GBS, MBS, "
-        "sequence, TP, PP, CP 1, VP and tokens/s per GPU as quoted")
+        f"sequence, TP, PP, CP {cp}, VP and tokens/s per GPU as quoted" + (
+            f" ({row})" if row else ""))
 
 
 NM_RUNS: tuple[PublishedRun, ...] = (
@@ -104,6 +109,11 @@ NM_RUNS: tuple[PublishedRun, ...] = (
     _nm("Llama2-13B", get_model("llama-2-13b"), 16, 128, 1, 4096, 1, 4, 10, 8715),
     _nm("Llama2-70B", get_model("llama-2-70b"), 64, 128, 1, 4096, 4, 4, 20, 1728),
     _nm("Nemotron-340B", _NEMOTRON_340B, 128, 32, 1, 4096, 8, 8, 12, 326),
+    # Context parallel (added with cp: issue 17).
+    _nm("Llama3-8B CP2", get_model("llama-3-8b"), 8, 128, 1, 8192, 1, 1, 1, 12273, cp=2,
+        row="'LLAMA3-8B | 8 | 128 | 1 | 8192 | 1 | 1 | 2 | 1 | 12273 | 711'"),
+    _nm("Llama3-70B CP2", get_model("llama-3-70b"), 64, 128, 1, 8192, 4, 4, 5, 1524, cp=2,
+        row="'LLAMA3-70B | 64 | 128 | 1 | 8192 | 4 | 4 | 2 | 5 | 1524 | 734'"),
 )
 
 
@@ -140,6 +150,21 @@ MB_RUNS: tuple[PublishedRun, ...] = (
                  "communication (the perf recipes)", "no recompute", *_DGX),
         checked="row 'LLAMA3_70B | 64 | FP8-CS | 128 | 1 | 8192 | 0 | 4 | 8 | 1 | 5 | 1 | 64 | "
         "1602 | 719'"),
+    PublishedRun(
+        "MB Llama3.1-405B CP2", "Megatron-Bridge performance summary, 25.11 DGX-H100",
+        get_model("llama-3.1-405b"), "H100 SXM", 1024, 8, 8, 512, 8192,
+        tokens_step(512, 8192, 1024, 292), "validation", "292 tokens/s per GPU",
+        recompute="none", sp=True, zero=1, virtual=8, flash=True, dtype="fp8", cp=2,
+        stage_layers=fewer_at_ends(126, 64, 1), options="overlap_dp=1 overlap_tp=1",
+        assumed=("distributed optimizer, overlapped data- and tensor-parallel "
+                 "communication (the perf recipes)", "no recompute", "126 layers on 8 x 8 "
+                 "chunks with the embedding and the loss counted as a layer each "
+                 "(Megatron's --account-for-embedding/loss-in-pipeline-split): 1 + 62 x 2 + "
+                 "1", "context parallel priced as an all-gather of K and V (Megatron-Core "
+                 "passes the same K/V blocks around the cp ring)", *_DGX),
+        checked="row 'LLAMA3.1_405B | 1024 | FP8-CS | 512 | 1 | 8192 | 0 | 8 | 8 | 2 | 8 | 1 | "
+        "64 | 292 | 737' (GPUs, precision, GBS, MBS, seq, FSDP, TP, PP, CP, VP, EP, GA, "
+        "tokens/s, TFLOP/s)"),
     PublishedRun(
         "MB Qwen3-30B-A3B", "Megatron-Bridge performance summary, 25.09 DGX-H100",
         QWEN3_30B, "H100 SXM", 16, 1, 2, 512, 4096, tokens_step(512, 4096, 16, 10494),

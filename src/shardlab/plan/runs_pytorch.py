@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from shardlab.config.catalog import get_model
 from shardlab.config.model import ModelShape
-from shardlab.estimate.params import count_params
 from shardlab.plan.published_run import PublishedRun, tokens_step
 from shardlab.plan.runs_nvidia import QWEN3_30B
 
@@ -96,6 +95,35 @@ TT_RUNS: tuple[PublishedRun, ...] = (
     _ta("TA-6 8B bf16 async", "llama-3-8b", 64, 12, "selective", 4809.4, "bf16", True),
     _ta("TA-7 8B fp8", "llama-3-8b", 64, 12, "selective", 5078.1, "fp8", False),
     _ta("TA-8 8B fp8 async", "llama-3-8b", 64, 12, "selective", 5570.1, "fp8", True),
+)
+
+
+_TT_CP_ASSUMED = ("H100 SXM peaks under the stated 500 W cap", "global batch = FSDP degree x "
+                  "local batch 1 (not stated)", "one 400 Gb/s NIC per GPU (stated)",
+                  "fp8: tensorwise dynamic scaling with fp8 FSDP all-gathers",
+                  "FSDP over dp x cp (torchtitan's dp_shard_cp mesh)", "torch's "
+                  "context_parallel with load-balanced chunks, K/V priced as an all-gather")
+
+
+def _tt_cp(key: str, fsdp: int, cp: int, seq: int, tokens: float) -> PublishedRun:
+    """torchtitan's Table 2: Llama 3.1 8B on 8 GPUs, FSDP x CP, local batch 1, full AC."""
+    return PublishedRun(
+        f"TT-{key} 8B FSDP{fsdp} CP{cp} fp8", "torchtitan Llama 3.1 H100 benchmarks, Dec 2024",
+        get_model("llama-3-8b"), "H100 SXM", 8, 1, 1, fsdp, seq,
+        tokens_step(fsdp, seq, 8, tokens), "validation",
+        f"{tokens:g} tokens/s per GPU (Table 2 'FSDP {fsdp}, CP {cp} | {seq} | {tokens:,}')",
+        recompute="full", zero=3, flash=True, dtype="fp8", framework="torchtitan",
+        options="fused_norm=1", cp=cp, hardware=_TT_HW, power_cap_w=500,
+        assumed=_TT_CP_ASSUMED,
+        checked=_TT_CHECKED + "; Table 2's caption: 'FSDP + CP + torch.compile + Float8. "
+        "Llama 3.1 8B model. 8 GPUs. Local batch size 1. Full activation checkpointing.'")
+
+
+TT_CP_RUNS: tuple[PublishedRun, ...] = (
+    _tt_cp("11", 8, 1, 32768, 3890),
+    _tt_cp("12", 4, 2, 65536, 2540),
+    _tt_cp("13", 2, 4, 131072, 1071),
+    _tt_cp("14", 1, 8, 262144, 548),
 )
 
 
@@ -175,10 +203,6 @@ _LLAMA2_34B = ModelShape("llama-2-34b", 48, 8192, 64, vocab=32000, context=4096,
 def _ibm(model: ModelShape, gpus: int, gpu: str, tokens: float, gbps: float) -> PublishedRun:
     size = model.name.split("-")[-1]
     step = tokens_step(2 * gpus, 4096, gpus, tokens)
-    # ZeRO-3 moves 2 gathers and a reduce-scatter of the bf16 weights per step, (p-1)/p of
-    # them through each GPU: a bound on time from the bytes and the stated network alone.
-    moved = 3 * 2 * count_params(model).total * (gpus - 1) / gpus
-    floor = moved / (gbps * 1e9 / 8 / 8)
     return PublishedRun(
         f"IBM {size} {gpus} {gpu.split()[0]}", "IBM fms-fsdp README", model, gpu, gpus, 1, 1,
         2 * gpus, 4096, step, "validation",
@@ -188,15 +212,36 @@ def _ibm(model: ModelShape, gpus: int, gpu: str, tokens: float, gbps: float) -> 
                  "stated; only the total enters the model)", "'Selective AC' with fms-fsdp's "
                  "default selective_checkpointing = 1 (every block): full recompute",
                  "global batch = 2 x GPUs (no gradient accumulation)", "sequence 4096, "
-                 "vocabulary 32,000 (training.py defaults)"),
+                 "vocabulary 32,000 (training.py defaults)", "FSDP's ring gathers and "
+                 "reduce-scatters leave each node over all its NICs (8 members per node: "
+                 "shardlab.plan.comm_time), not over one GPU's eighth of them"),
         checked="README table rows '13b | FSDP | Y | Selective AC | 2 | 2150 | 4850', '34b "
         "... | 820 | 1830', '70b ... | 410 | 890' (A100 80G 128 GPUs with 400Gbps; H100 96 "
-        "GPUs with 800 Gbps) at fms-fsdp commit ed74fd5d",
-        excluded=f"the stated network cannot carry the stated layout in the measured time: "
-        f"FSDP moves {moved / 1e9:.0f} GB through each GPU per step, {floor:.1f} s at "
-        f"{gbps:g} Gb/s per node shared by 8 GPUs, against {step:.2f} s measured (the "
-        f"network figure or the sharding is not what the README's words say)")
+        "GPUs with 800 Gbps) at fms-fsdp commit ed74fd5d")
 
+
+def _ibm_hsdp(gpus: int, gpu: str, tokens: float, gbps: float, row: str) -> PublishedRun:
+    """fms-fsdp's 7B row: HSDP, each node's 8 GPUs a shard group ("will shard your model
+    across 8 gpus in each node"), the nodes replicas; no activation checkpointing."""
+    return PublishedRun(
+        f"IBM 7b {gpus} {gpu.split()[0]} HSDP", "IBM fms-fsdp README", get_model("llama-2-7b"),
+        gpu, gpus, 1, 1, 2 * gpus, 4096, tokens_step(2 * gpus, 4096, gpus, tokens),
+        "validation", f"{tokens:g} tokens/s per GPU", recompute="none", zero=3,
+        micro_batch=2, flash=True, framework="fsdp", options="fused_norm=1",
+        dp_replicate=gpus // 8, nics_per_node=2, nic_gbps=gbps / 2,
+        assumed=(f"{gbps:g} Gb/s per node as 2 NICs of {gbps / 2:g} (the count is not "
+                 "stated; only the total enters the model)", "HSDP: FSDP inside each node "
+                 "of 8, replicated across nodes", "global batch = 2 x GPUs (no gradient "
+                 "accumulation)", "sequence 4096, vocabulary 32,000 (training.py defaults)"),
+        checked=f"README table row '7b | HSDP | Y | No AC | 2 | 4550 | 9600' ({row}) and "
+        "'HSDP ... will shard your model across 8 gpus in each node' at fms-fsdp commit "
+        "ed74fd5d")
+
+
+IBM_HSDP_RUNS: tuple[PublishedRun, ...] = (
+    _ibm_hsdp(128, "A100 SXM 80GB", 4550, 400, "A100 80G 128 GPUs with 400Gbps"),
+    _ibm_hsdp(96, "H100 SXM", 9600, 800, "H100 96 GPUs with 800 Gbps"),
+)
 
 IBM_RUNS: tuple[PublishedRun, ...] = (
     _ibm(get_model("llama-2-13b"), 128, "A100 SXM 80GB", 2150, 400),
@@ -206,6 +251,23 @@ IBM_RUNS: tuple[PublishedRun, ...] = (
     _ibm(_LLAMA2_34B, 96, "H100 SXM", 1830, 800),
     _ibm(get_model("llama-2-70b"), 96, "H100 SXM", 890, 800),
 )
+
+def _am_70b_cp2() -> PublishedRun:
+    """NeMo AutoModel's Llama 3 70B row: FSDP 32 x CP 2 on 64 H100, 4 micro-batches."""
+    # FSDP2 (reshard after forward, its default) gathers the bf16 weights in every
+    # micro-batch's forward and backward and reduce-scatters the gradients over the 64-rank
+    # dp x cp group, 8 members in each of 8 nodes: its rings leave each node over all 8 NICs.
+    return PublishedRun(
+        "AM Llama3-70B FSDP32 CP2", "NeMo AutoModel performance summary, DGX-H100 BF16",
+        get_model("llama-3-70b"), "H100 SXM", 64, 1, 1, 128, 8192, 18.90, "validation",
+        "time per global step 18.90 s (866.77 tokens/s per GPU)", recompute="full", zero=3,
+        flash=True, framework="fsdp", options="fused_norm=1", cp=2,
+        assumed=("full activation checkpointing (not stated; without it the activations of "
+                 "80 layers exceed the 80 GB)", "FSDP over dp x cp (32 x 2)", "TE kernels: "
+                 "fused norms", "context parallel priced as an all-gather of K and V"),
+        checked="row 'Llama3 70B | 64 | 128 | 1 | 1 | 4 | 8192 | 1 | 1 | 2 | - | - | 32 | TE + "
+        "fsdp2_prefetch | 18.90 | 389 | 866.77' (GPUs, GBS, MBS, LBS, GA, seq, TP, PP, CP, EP, "
+        "VP, FSDP); 128 x 8192 / (64 x 18.90) = 866.9 tokens/s")
 
 AM_RUNS: tuple[PublishedRun, ...] = (
     PublishedRun(
@@ -219,6 +281,9 @@ AM_RUNS: tuple[PublishedRun, ...] = (
         checked="row 'Qwen3 MoE 30B | 8 | 512 | 4 | 4 | 16 | 4096 | 1 | 1 | 1 | 8 | - | 8 | TE "
         "+ DeepEP | 21.773 | 277 | 12,040' (GPUs, GBS, MBS, LBS, GA, seq, TP, PP, CP, EP, VP, "
         "FSDP); 512 x 4096 / (8 x 21.773) = 12,040 tokens/s"),
+    _am_70b_cp2(),
 )
 
-PYTORCH_RUNS = (*TT_RUNS, _th(32, 10938), _th(64, 10753), *MPT_RUNS, *IBM_RUNS, *AM_RUNS)
+
+PYTORCH_RUNS = (*TT_RUNS, *TT_CP_RUNS, _th(32, 10938), _th(64, 10753), *MPT_RUNS, *IBM_RUNS,
+                *IBM_HSDP_RUNS, *AM_RUNS)

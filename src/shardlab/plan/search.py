@@ -22,23 +22,21 @@ import numpy as np
 
 from shardlab.config.dtypes import DtypePolicy
 from shardlab.config.hardware import Accelerator, matmul_peaks
-from shardlab.config.layout import RECOMPUTE, SCHEDULES, make_layout
+from shardlab.config.layout import RECOMPUTE, SCHEDULES, make_layout, parse_stage_layers
 from shardlab.config.measured import NAME
 from shardlab.config.model import ModelShape
 from shardlab.config.resolve import model_field, model_label
 from shardlab.errors import SpecError
 from shardlab.plan.efficiency import efficiency_of
 from shardlab.plan.memory import MemoryOptions, memory_arrays
+from shardlab.plan.rules import R_MEMORY, REASONS, check_rules
 from shardlab.plan.space import (
     DP_MODE_OF_ZERO,
-    R_MEMORY,
-    REASONS,
     TRAIN_SCHEDULES,
     TRAIN_ZERO,
     Candidates,
     Space,
-    check_rules,
-    enumerate_space,
+    enumerate_search,
 )
 from shardlab.plan.step_time import (
     HIDDEN,
@@ -109,6 +107,8 @@ class Plan:
     smallest_memory: float
     device_memory: float
     device: Device = field(repr=False)
+    notes: list[str] = field(default_factory=list)
+    """What the search left out and why (uneven splits past the layout limit)."""
 
 
 def _entries(c: Candidates, idx: np.ndarray, times: dict[str, np.ndarray], mem: Any,
@@ -183,7 +183,7 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
     if model.style == "gpt" and space.seq > model.context:
         raise SpecError("seq", space.seq, f"must be <= the learned position table "
                         f"({model.context}) for a gpt-style model")
-    c = only if only is not None else enumerate_space(model, space)
+    c, note = (only, None) if only is not None else enumerate_search(model, space)
     dev, memory = device_of(acc, policy, space.gpus)
     usable = USABLE_MEMORY * memory
     valid = c.reason < 0
@@ -216,11 +216,12 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
     best = _entries(f, order, times, fmem, usable, space.global_batch, space.seq,
                     train_prefix, train_dtype)
     return Plan(len(c), int(fits.sum()), rejected, best, time.perf_counter() - start, smallest,
-                usable, dev)
+                usable, dev, [note] if note else [])
 
 
 LAYOUT_KEYS = ("dp", "tp", "pp", "virtual", "micro_batch", "zero", "sp", "recompute",
-               "schedule", "ep", "etp", "capacity_factor")
+               "schedule", "ep", "etp", "capacity_factor", "cp", "stage_layers",
+               "dp_replicate")
 STEP_KEYS = ("overlap_dp", "overlap_tp", "overlap_pp", "fused_norm")
 """``--layout`` keys of ``shardlab plan`` that set step-time options, not the layout
 (:class:`~shardlab.plan.step_time.StepOptions`, :mod:`shardlab.plan.overlap`)."""
@@ -294,20 +295,26 @@ def layout_candidates(model: ModelShape, space: Space, text: str) -> Candidates:
             raise SpecError(key, raw[key], "must be an integer") from None
 
     tp, pp, virtual = integer("tp", 1), integer("pp", 1), integer("virtual", 1)
-    dp = integer("dp", max(1, space.gpus // (tp * pp)))
+    cp = integer("cp", 1)
+    dp = integer("dp", max(1, space.gpus // (tp * pp * cp)))
     sp = layout_sp(raw)
+    split = (parse_stage_layers(raw["stage_layers"]) if "stage_layers" in raw
+             else space.stage_layers)
     lay = make_layout(model, gpus=space.gpus, dp=dp, tp=tp, pp=pp, virtual_stages=virtual,
                       zero=integer("zero", 0), sp=sp, micro_batch=integer("micro_batch", 1),
                       global_batch=space.global_batch, seq=space.seq,
                       recompute=raw.get("recompute", "none"), schedule=raw.get("schedule"),
                       ep=integer("ep", 1), etp=integer("etp", tp),
-                      capacity_factor=layout_capacity_factor(raw, space.capacity_factor))
+                      capacity_factor=layout_capacity_factor(raw, space.capacity_factor),
+                      cp=cp, stage_layers=split, dp_replicate=integer("dp_replicate", 1))
     one = lambda x: np.array([x], dtype=np.int64)  # noqa: E731
+    splits = ((), lay.stage_layers) if lay.stage_layers else ((),)
     c = Candidates(one(lay.dp), one(lay.tp), one(lay.pp), one(lay.virtual_stages),
                    one(SCHEDULES.index(lay.schedule)), one(lay.zero), np.array([lay.sp]),
                    one(RECOMPUTE.index(lay.recompute)), one(lay.micro_batch),
                    one(lay.microbatches), one(-1), one(lay.ep), one(lay.etp),
-                   np.array([lay.capacity_factor]))
+                   np.array([lay.capacity_factor]), one(lay.cp), one(lay.dp_replicate),
+                   one(len(splits) - 1), splits)
     if space.train_only:
         if lay.dp > 1 and lay.zero not in TRAIN_ZERO:
             raise SpecError("zero", lay.zero, "shardlab train runs ZeRO 0 (ddp), 2 "
@@ -315,6 +322,12 @@ def layout_candidates(model: ModelShape, space: Space, text: str) -> Candidates:
         if lay.pp > 1 and lay.schedule not in TRAIN_SCHEDULES:
             raise SpecError("schedule", lay.schedule,
                             f"shardlab train runs {', '.join(TRAIN_SCHEDULES)}")
+        for key, value, plain in (("cp", lay.cp, 1), ("dp_replicate", lay.dp_replicate, 1),
+                                  ("stage_layers", lay.stage_layers, ())):
+            if value != plain:
+                raise SpecError(key, "+".join(map(str, value)) if key == "stage_layers"
+                                else value, "is not in shardlab train's plan yet (a plan "
+                                "for this machine hands over a train command)")
         check_rules(model, space, c)
         if c.reason[0] >= 0:
             raise SpecError("layout", text, REASONS[int(c.reason[0])])

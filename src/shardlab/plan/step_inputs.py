@@ -17,7 +17,11 @@ from shardlab.config.runtime import Runtime
 from shardlab.estimate import fp8
 from shardlab.plan.comm_time import pick_link
 from shardlab.plan.overlap import DP_MODES, PP_MODES, TP_MODES, mode
+from shardlab.plan.space import Candidates
 
+RING_COLLECTIVES: frozenset[str] = frozenset({"all_reduce", "reduce_scatter", "all_gather"})
+"""The collectives NCCL runs as rings that leave a node through several members' NICs
+(:mod:`shardlab.plan.comm_time`); all-to-all and send use one NIC per device."""
 MEASURED_AS: dict[str, str] = {"all_to_all": "all_gather"}
 """Collectives this machine's runtime does not time, and the measured one whose rate they
 take: an all-to-all moves (p-1)/p of each rank's buffer, as an all-gather does."""
@@ -43,14 +47,18 @@ class Device:
     (:func:`probe_elementwise_bandwidth`)."""
     linear_peak: float = 0.0
 
-    def link(self, collective: str, inside: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def link(self, collective: str, inside: np.ndarray,
+             per_node: np.ndarray | float = 1.0) -> tuple[np.ndarray, np.ndarray]:
         """(latency s, bandwidth bytes/s) of ``collective`` per layout: the measured gloo fit
         without its latency when there is one (the runtime's fixed costs hold it), else
-        the intra-node link where ``inside`` and the inter-node one elsewhere."""
+        the intra-node link where ``inside`` and the inter-node one elsewhere, a ring
+        collective's (all-reduce, reduce-scatter, all-gather) over the NICs of its
+        ``per_node`` members in each node (:func:`shardlab.plan.comm_time.pick_link`)."""
         if self.runtime is not None:
             bandwidth = self.runtime.collectives[MEASURED_AS.get(collective, collective)][1]
             return np.zeros(len(inside)), np.full(len(inside), bandwidth)
-        return pick_link(inside, self.intra, self.inter, self.eff.link_fraction)
+        nics = per_node if collective in RING_COLLECTIVES else 1.0
+        return pick_link(inside, self.intra, self.inter, self.eff.link_fraction, nics)
 
 
 @dataclass(frozen=True)
@@ -82,3 +90,17 @@ class StepOptions:
         for name, allowed in (("overlap_dp", DP_MODES), ("overlap_tp", TP_MODES),
                               ("overlap_pp", PP_MODES)):
             object.__setattr__(self, name, mode(name, getattr(self, name), allowed))
+
+
+def runtime_overhead(rt: Runtime, c: Candidates, micro: np.ndarray, layers: np.ndarray
+                     ) -> np.ndarray:
+    """Seconds per step of the measured runtime's fixed costs (:mod:`shardlab.plan.step_time`,
+    "overhead"): the eager base plus what each parallel style in use adds to it, at the
+    rank's ``layers`` and ``micro`` micro-batches."""
+    base = rt.overheads["ddp"].seconds(micro, layers)
+    total = base.copy()
+    for style, used in (("fsdp", (c.dp * c.cp > 1) & (c.zero >= 1)), ("tp", c.tp > 1),
+                        ("pp", c.pp > 1)):
+        extra = np.maximum(rt.overheads[style].seconds(micro, layers) - base, 0.0)
+        total = total + np.where(used, extra, 0.0)
+    return total

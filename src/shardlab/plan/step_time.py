@@ -1,16 +1,20 @@
 """Predicted seconds of one training step for many layouts at once, with its breakdown.
 
-For the busiest pipeline rank (rank 0 holds the most layers when they do not divide
-evenly, the last rank the output head) and m micro-batches of b sequences of s
-tokens (T = b·s tokens each), on devices of dense peak P (:class:`Device`):
+For the busiest pipeline rank (of the ranks that can be: :func:`shardlab.plan.stages.
+timed_ranks`, with uneven stages, the embedding on rank 0 and the head with the last
+chunk) and m micro-batches of b sequences of s tokens (T = b·s/cp tokens each on a
+context-parallel rank), on devices of dense peak P (:class:`Device`):
 
 * **compute**: m · 3 · (forward of the rank's layers + the head on the last rank),
   backward = 2 x forward (Narayanan et al. 2021). Each matmul [T, K] x [K, N/t] is
   timed at P times the accelerator's efficiency curve at its own shape
   (:mod:`shardlab.plan.efficiency`); the attention core 4·T·s·q/t FLOPs (the full
-  s x s, Megatron's convention) at the shape [s, head_dim] x [head_dim, s], or with a
-  fused (flash) kernel, which keeps the scores on chip, at intensity s/2 (Q, K, V, O
-  read and written once: Dao et al. 2022), no faster than its authors' measured share of
+  s x s, Megatron's convention; a cp rank's s/cp queries against all s keys, times the
+  causal load balance of :func:`shardlab.estimate.context.causal_imbalance`, 1 with the
+  zigzag chunks) at the shape [s/cp, head_dim] x [head_dim, s], or with a
+  fused (flash) kernel, which keeps the scores on chip, at intensity s/(cp + 1) (Q, O of
+  s/cp tokens and K, V of s read and written once: Dao et al. 2022; s/2 without cp), no
+  faster than its authors' measured share of
   the peak (``flash_kernel``: FlashAttention-2 35% of an H100, FlashAttention-3 75%); plus a
   fixed cost per operator launch (12 per layer forward, twice that backward).
 * **memory-bound operators** (part of compute): the norms, residual adds, rotary
@@ -33,6 +37,14 @@ tokens (T = b·s tokens each), on devices of dense peak P (:class:`Device`):
   same), one more on the first and on the last stage (vocabulary-parallel embedding
   and head) (Shoeybi et al. 2019; Korthikanti et al. 2022), all on the critical path
   (Megatron runs them synchronously).
+* **cp_comm** (context parallel, cp > 1): per layer and micro-batch an all-gather of the
+  rank's K and V forward (again under full recompute) and the reduce-scatter of their
+  gradients backward, (cp-1)·b·(s/cp)·2·kv_dim/t·e bytes each
+  (:func:`shardlab.estimate.context.kv_gather_bytes`; Llama 3, Dubey et al. 2024,
+  Sec. 3.3.2), each call (cp-1)·α + bytes/B, on the critical path (attention waits for
+  its keys). The cp group spans cp·t consecutive ranks (rank order tp innermost, then
+  cp, dp, pp: Megatron-LM's and torchtitan's meshes): inside a node while cp·t <= devices
+  per node.
 * **pp_comm**: 2·v·m point-to-point messages of T·h/t activations per rank
   (Narayanan et al. 2021's scatter/gather), on the critical path.
 * **ep_comm** (mixture of experts, ep > 1): per MoE layer and micro-batch a dispatch
@@ -47,21 +59,28 @@ tokens (T = b·s tokens each), on devices of dense peak P (:class:`Device`):
   routed experts' matmuls are those of the rank's experts/ep experts, each on the rows
   it receives (ep·T·k/E balanced, capped by the capacity factor), at width f/etp.
 * **bubble**: the schedule's idle ratio (:mod:`shardlab.plan.bubble`) times the
-  rank's busy time per step (compute + recompute + tp_comm + ep_comm).
+  busiest rank's busy time per step (compute + recompute + tp_comm + ep_comm +
+  cp_comm): with unequal stages the slowest one sets the pipeline's pace.
 * **dp_comm** (exposed part only): ZeRO-0 all-reduces the gradients, ZeRO-1/2
   reduce-scatter them and all-gather the updated weights, ZeRO-3 all-gathers the
   weights in every micro-batch's forward and backward and reduce-scatters the
   gradients (ZeRO paper, Rajbhandari et al. 2020; bytes as
   :func:`shardlab.estimate.comm.dp_bytes_per_step`; a MoE rank's routed experts over
-  expert_dp = dp/ep ranks, the rest over dp: :func:`~shardlab.estimate.comm.dp_bytes_split`),
-  one gather per layer, so each
-  layer adds the ring's latency (FSDP wraps every block). With ``overlap_dp`` the gradient
-  reduction hides behind the last micro-batch's backward and the weight gather behind
-  the first micro-batch's forward (Megatron's overlap-grad-reduce and
-  overlap-param-gather; FSDP's prefetch); what is longer than that window is exposed.
+  expert_dp = dp/ep ranks, the rest over dp: :func:`~shardlab.estimate.comm.layout_dp_bytes`),
+  one gather per layer, so each layer adds the ring's latency (FSDP wraps every block). A
+  ring with k members per node leaves it over k NICs
+  (:func:`~shardlab.plan.comm_time.members_per_node`; cp's too). ZeRO shards over dp_shard
+  x cp (the cp ranks hold the same weights; torchtitan's ``dp_shard_cp``), gradients are
+  summed over dp x cp; HSDP (dp_replicate R > 1) reduce-scatters and gathers inside the
+  shard group (its link: dp_shard·cp·t consecutive ranks) and all-reduces each rank's
+  shard of the gradients across the R replicas (the link of dp·cp·t ranks), behind the
+  same backward window. With ``overlap_dp`` the gradient reduction hides behind the last
+  micro-batch's backward and the weight gather behind the first micro-batch's forward
+  (Megatron's overlap-grad-reduce and overlap-param-gather; FSDP's prefetch); what is
+  longer than that window is exposed.
 * **optimizer**: Adam reads and writes the rank's weights, gradients and optimizer
-  state (its ZeRO shard): 2·(w + g + o)·Ψ/N bytes at the memory bandwidth (experts'
-  shard over expert_dp).
+  state (its ZeRO shard): 2·(w + g + o)·Ψ/N bytes at the memory bandwidth (N the shard
+  group, dp_shard x cp; experts' shard over theirs).
 * **overhead** (this machine only, 0 for a catalog accelerator): what the runtime costs
   besides arithmetic and bytes, measured by ``shardlab hardware --measure``
   (:mod:`shardlab.calibrate.runtime`): the eager base (``ddp``'s fit) plus, for each
@@ -71,8 +90,9 @@ tokens (T = b·s tokens each), on devices of dense peak P (:class:`Device`):
   (all-reduce, all-gather, reduce-scatter, send) without its latency, which the tiny
   runs already hold, and the per-operator launch cost above is not charged again.
 
-Step = the sum of the nine; MFU = model FLOPs of the step (3 x forward, logits
-counted, full s x s attention) / (step x devices x P) (PaLM, Chowdhery et al. 2022).
+Step = the sum of the ten; MFU = model FLOPs of the step (3 x forward, logits
+counted, full s x s attention; per token the same with cp) / (step x devices x P), devices
+= dp x cp x tp x pp (PaLM, Chowdhery et al. 2022).
 """
 
 from __future__ import annotations
@@ -86,13 +106,18 @@ from shardlab.config.dtypes import DtypePolicy
 from shardlab.config.hardware import OPS_PER_LAYER_FORWARD
 from shardlab.config.layout import RECOMPUTE
 from shardlab.config.model import ModelShape
-from shardlab.config.runtime import Runtime
+from shardlab.estimate.context import causal_imbalance
 from shardlab.estimate.flops import flops_per_token
 from shardlab.plan.bubble import bubble_ratios
-from shardlab.plan.comm_time import allreduce_seconds, gather_seconds, send_seconds
+from shardlab.plan.comm_time import (
+    allreduce_seconds,
+    gather_seconds,
+    members_per_node,
+    send_seconds,
+)
 from shardlab.plan.efficiency import fraction_of_peak, matmul_seconds
 from shardlab.plan.expert_time import alltoall_layer_seconds, kept_rows, routed_tokens
-from shardlab.plan.memory import MemoryArrays
+from shardlab.plan.memory import MemoryArrays, zero_group_arrays
 from shardlab.plan.memory_bound import fp8_cast_seconds, layer_elementwise_elements
 from shardlab.plan.overlap import (
     dp_on,
@@ -102,10 +127,11 @@ from shardlab.plan.overlap import (
     tp_exposed,
 )
 from shardlab.plan.space import Candidates
-from shardlab.plan.step_inputs import Device, StepOptions
+from shardlab.plan.stages import timed_ranks
+from shardlab.plan.step_inputs import Device, StepOptions, runtime_overhead
 
-PARTS: tuple[str, ...] = ("compute", "recompute", "tp_comm", "pp_comm", "ep_comm", "dp_comm",
-                          "bubble", "optimizer", "overhead")
+PARTS: tuple[str, ...] = ("compute", "recompute", "tp_comm", "pp_comm", "ep_comm", "cp_comm",
+                          "dp_comm", "bubble", "optimizer", "overhead")
 HIDDEN: tuple[str, ...] = ("tp_comm", "pp_comm", "dp_comm")
 """The communication parts that overlap may hide: ``hidden_<part>`` seconds beside each."""
 DEFAULT_OPTIONS = StepOptions()
@@ -114,13 +140,17 @@ DEFAULT_OPTIONS = StepOptions()
 
 def _layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, dev: Device,
                    moe_layer: bool, c: Candidates | None = None, flash: bool = False,
-                   kernel: str = "fa3") -> tuple[np.ndarray, np.ndarray]:
+                   kernel: str = "fa3", cp: np.ndarray | int = 1,
+                   balance: np.ndarray | float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """(matmul seconds, attention-core seconds) of one layer's forward on one tp rank
-    (a MoE layer's experts as ``c``'s ep, etp and capacity factor place them); the linear
-    layers at ``linear_peak``, the router and the core at ``peak``."""
+    of a cp rank (its b·s/cp tokens; a MoE layer's experts as ``c``'s ep, etp and capacity
+    factor place them); the linear layers at ``linear_peak``, the router and the core at
+    ``peak``; ``balance``: the causal load balance, busiest cp rank's attention over the
+    mean's."""
     m = model
     t = tp.astype(float)
-    tokens = (mb * seq).astype(float)
+    queries = seq / np.asarray(cp, float)  # a cp rank's tokens of each sequence
+    tokens = mb * queries
     h, q, kv = m.d_model, m.q_dim, m.kv_dim
     mm = m.mlp_matrices
     lin = dev.linear_peak or dev.peak
@@ -149,27 +179,27 @@ def _layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, 
         secs = secs + mat(tokens, h, float(e.experts), linear=False)
     else:
         secs = secs + mat(tokens, h, (mm - 1) * m.d_ff / t) + mat(tokens, m.d_ff / t, h)
-    # Attention core: Q·Kᵀ and scores·V per sequence and head, [s, hd] x [hd, s]; a fused
-    # (flash) kernel keeps the s x s scores on chip, so it moves only Q, K, V and O:
-    # 4·s²·hd FLOPs over 4·s·hd 2-byte elements, an intensity of s/2.
-    core_flops = 4.0 * tokens * seq * q / t
+    # Attention core: Q·Kᵀ and scores·V per sequence and head, [s/cp, hd] x [hd, s]; a
+    # fused (flash) kernel keeps the scores on chip, so it moves only Q, O (s/cp tokens)
+    # and K, V (s): 4·(s/cp)·s·hd FLOPs over 2·(s/cp + s)·hd 2-byte elements, an intensity
+    # of s/(cp + 1) (s/2 without cp).
+    core_flops = 4.0 * tokens * seq * q / t * balance
     if flash:
         cap = dict(dev.eff.flash_fractions).get(kernel, 1.0)
-        core = core_flops / (dev.peak * np.minimum(fraction_of_peak(seq / 2, dev.eff), cap))
+        intensity = queries * seq / (queries + seq)
+        core = core_flops / (dev.peak * np.minimum(fraction_of_peak(intensity, dev.eff), cap))
     else:
-        core = matmul_seconds(core_flops, seq, m.head_dim, seq, dev.peak, dev.eff)
+        core = matmul_seconds(core_flops, queries, m.head_dim, seq, dev.peak, dev.eff)
     secs = secs + OPS_PER_LAYER_FORWARD * dev.eff.op_overhead
     return secs, core
 
 
-def _rank_layers(layers: int, pp: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Layers on pipeline rank 0 and on the last rank (chunk c on rank c mod pp, the first
-    ``layers mod (pp·v)`` chunks one larger: :func:`estimate.partition.chunk_layers`)."""
-    chunks = pp * v
-    base, extra = np.divmod(layers, chunks)
-    first = v * base + -(-extra // pp)
-    last = v * base + extra // pp
-    return first.astype(float), last.astype(float)
+def _balance(seq: int, cp: np.ndarray) -> np.ndarray:
+    """The causal load balance per layout (:func:`shardlab.estimate.context.causal_imbalance`
+    of the zigzag chunks: 1), per distinct cp."""
+    uniq, inv = np.unique(cp, return_inverse=True)
+    return np.array([causal_imbalance(seq, int(x)) if seq % (2 * x) == 0 else 1.0
+                     for x in uniq])[inv.ravel()]
 
 
 def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
@@ -179,23 +209,25 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     ``mfu``, ``stage`` (the rank timed) and ``hidden_<part>`` for each part of
     :data:`HIDDEN` (communication seconds overlapped with compute, not in ``step``)."""
     m = model
-    tp, pp, dp, v, mb = c.tp, c.pp, c.dp, c.virtual, c.micro_batch
+    tp, pp, dp, v, mb, cp = c.tp, c.pp, c.dp, c.virtual, c.micro_batch, c.cp
     micro = c.microbatches.astype(float)
     rc = c.recompute
     full = rc == RECOMPUTE.index("full")
+    balance = _balance(seq, cp)
     # One layer's forward, averaged over dense and MoE layers (dense ones first in the model).
     mat_d, core_d = _layer_forward(m, seq, tp, mb, dev, moe_layer=False, flash=opt.flash,
-                                   kernel=opt.flash_kernel)
+                                   kernel=opt.flash_kernel, cp=cp, balance=balance)
     if m.moe_layers:
         mat_m, core_m = _layer_forward(m, seq, tp, mb, dev, moe_layer=True, c=c,
-                                       flash=opt.flash, kernel=opt.flash_kernel)
+                                       flash=opt.flash, kernel=opt.flash_kernel, cp=cp,
+                                       balance=balance)
         w_moe = m.moe_layers / m.layers
         mat_l, core_l = (1 - w_moe) * mat_d + w_moe * mat_m, (1 - w_moe) * core_d + w_moe * core_m
     else:
         mat_l, core_l = mat_d, core_d
     # Memory-bound operators at the memory bandwidth (bytes = elements x activation bytes).
     ew_elems, soft_elems = layer_elementwise_elements(m, seq, tp, mb, c.sp, opt.flash,
-                                                      opt.fused_norm)
+                                                      opt.fused_norm, cp)
     ew_bw = dev.elementwise_bandwidth or dev.memory_bandwidth
     ew_l = ew_elems * policy.activation_bytes / ew_bw
     soft_l = soft_elems * policy.activation_bytes / ew_bw
@@ -203,7 +235,7 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     # fp8: each layer's casts, forward (again under full recompute) and backward.
     cast_f, cast_b = (fp8_cast_seconds(m, c, seq, ew_bw, opt.fp8_cast_bytes) if policy.is_fp8
                       else (np.zeros(len(c)), np.zeros(len(c))))
-    tokens = (mb * seq).astype(float)
+    tokens = mb * seq / cp  # a context-parallel rank's tokens of a micro-batch
     head = matmul_seconds(2.0 * tokens * m.d_model * m.vocab / tp, tokens, m.d_model,
                           m.vocab / tp, dev.peak, dev.eff)
     # Hardware FLOPs beyond the model's, per layer forward (flops_per_token's cases).
@@ -214,118 +246,132 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     # Tensor-parallel all-reduces of T·h activations: 2 per layer forward, 2 backward and 2
     # more with full recompute; exposed as overlap_tp leaves them (overlap module).
     act_bytes = tokens * m.d_model * policy.activation_bytes
-    lat, bw = dev.link("all_reduce", tp <= dev.gpus_per_node)
+    gpn = dev.gpus_per_node
+    lat, bw = dev.link("all_reduce", tp <= gpn, members_per_node(tp, 1, gpn))
     one_ar = allreduce_seconds(act_bytes, tp, lat, bw)
     tp_all = np.where(full, 6.0, 4.0) * one_ar
     tp_shown = (tp_exposed(2 * one_ar, 2 * one_ar, mat_l, tp, opt.overlap_tp)
                 + np.where(full, tp_exposed(2 * one_ar, 0.0, mat_l, tp, opt.overlap_tp), 0.0))
 
     # Expert-parallel all-to-alls per layer (averaged over dense and MoE layers, as above):
-    # dispatch + combine, forward, backward and the recomputed forward.
+    # dispatch + combine, forward, backward and the recomputed forward. The ep group is
+    # drawn from the dp ranks, strided by the cp ranks between them.
     per_layer_a2a = alltoall_layer_seconds(m, c, seq, policy, *dev.link(
-        "all_to_all", c.ep * c.etp <= dev.gpus_per_node))
+        "all_to_all", c.ep * c.etp * cp <= dev.gpus_per_node))
 
-    first_layers, last_layers = _rank_layers(m.layers, pp, v)
-    ends_first = np.where(pp == 1, 2.0, 1.0)  # embedding (and head when pp = 1)
+    # Context parallel: per layer and micro-batch the K/V all-gathers forward (twice under
+    # full recompute) and the reduce-scatter of their gradients backward, each of the
+    # whole b·s·2·kv_dim/t K and V: (cp-1)α + (cp-1)/cp·n/B.
+    kv_bytes = mb * seq * 2.0 * m.kv_dim / tp * policy.activation_bytes
+    one_kv = gather_seconds(kv_bytes, cp, *dev.link("all_gather", cp * tp <= gpn,
+                                                    members_per_node(cp, tp, gpn)))
+    per_layer_cp = np.where(full, 3.0, 2.0) * one_kv
 
-    def rank_time(layers: np.ndarray, with_head: np.ndarray, ends: np.ndarray
-                  ) -> tuple[np.ndarray, ...]:
-        comp = 3 * (layers * fwd_layer + with_head * head) + layers * (cast_f + cast_b)
-        rec = layers * extra_layer
-        tpc = layers * tp_shown + ends * one_ar
-        return comp, rec, tpc, layers * per_layer_a2a, layers * tp_all + ends * one_ar
-
-    c0 = rank_time(first_layers, (pp == 1).astype(float), ends_first)
-    cl = rank_time(last_layers, np.ones(len(c)), np.ones(len(c)))
-    slow_last = sum(cl[:4]) > sum(c0[:4])
-    comp_mb, rec_mb, tp_mb, ep_mb, tp_all_mb = (np.where(slow_last, b, a)
-                                                for a, b in zip(c0, cl, strict=True))
-    busy_mb = comp_mb + rec_mb + tp_mb + ep_mb
+    # The ranks that can be the busiest: their layers, embedding and head.
+    layers, emb, with_head, rank = timed_ranks(m.layers, pp, v, c.split, c.splits, c.schedule)
+    col = lambda x: np.asarray(x, float)[:, None]  # noqa: E731 - one layout per row
+    comp_r = (3 * (layers * col(fwd_layer) + with_head * col(head))
+              + layers * col(cast_f + cast_b))
+    rec_r = layers * col(extra_layer)
+    ends = emb + with_head  # vocabulary-parallel embedding and head: one all-reduce each
+    tp_r = layers * col(tp_shown) + ends * col(one_ar)
+    ep_r, cp_r = layers * col(per_layer_a2a), layers * col(per_layer_cp)
+    pick = np.argmax(comp_r + rec_r + tp_r + ep_r + cp_r, axis=1)
+    rows = np.arange(len(c))
+    comp_mb, rec_mb, tp_mb, ep_mb, cp_mb = (x[rows, pick]
+                                            for x in (comp_r, rec_r, tp_r, ep_r, cp_r))
+    tp_all_mb = (layers * col(tp_all) + ends * col(one_ar))[rows, pick]
+    busy_mb = comp_mb + rec_mb + tp_mb + ep_mb + cp_mb
 
     # Gradient accumulation in eager torch: every micro-batch after the first adds its
     # gradients into the held ones (read both, write one: 3 x the rank's gradient bytes).
     accumulate = 0.0 if opt.fused_accumulation else (
         (micro - 1) * 3 * mem.params * policy.grad_bytes / dev.memory_bandwidth)
     compute, recompute, tp_comm = micro * comp_mb + accumulate, micro * rec_mb, micro * tp_mb
-    ep_comm = micro * ep_mb
+    ep_comm, cp_comm = micro * ep_mb, micro * cp_mb
     bubble = bubble_ratios(c.schedule, pp, c.microbatches, v) * micro * busy_mb
 
     # Point-to-point: 2·v messages per micro-batch of T·h/t activations.
-    lat_p, bw_p = dev.link("send", dp * tp * pp <= dev.gpus_per_node)
+    lat_p, bw_p = dev.link("send", c.gpus <= dev.gpus_per_node)
     message = send_seconds(act_bytes / tp, lat_p, bw_p)
     messages = np.where(pp > 1, 2 * v * micro, 0.0)
     pp_comm = pp_exposed(message, messages, comp_mb / (3 * v), pp_on(opt.overlap_pp, v))
 
-    # Data parallel / ZeRO: exposed beyond the windows it can hide behind.
-    # Dense parameters over dp, routed experts over expert_dp = dp/ep (the expert_dp group
-    # strides over the ep group, inside the same dp·tp span).
-    inside_d = tp * dp <= dev.gpus_per_node
+    # Data parallel / ZeRO: exposed beyond the windows it can hide behind. Dense parameters
+    # shard over dp_shard x cp, routed experts over theirs (zero_group_arrays); the shard
+    # group spans dp_shard·cp·t consecutive ranks, HSDP's replicas (and DDP's all-reduce
+    # over dp x cp) dp·cp·t.
+    group, egroup, reps, ereps = zero_group_arrays(c)
+    inside_d = tp * group <= dev.gpus_per_node
+    inside_r = tp * cp * dp <= dev.gpus_per_node
     dense = mem.params - mem.expert_params
-    edp = dp // c.ep
     on = dp_on(opt.overlap_dp, c.zero)
     fwd_window = comp_mb / 3
     bwd_window = 2 * comp_mb / 3 + rec_mb
     z = c.zero
 
-    def both(collective: str, fn: Callable[..., np.ndarray], nbytes: float) -> np.ndarray:
-        link = dev.link(collective, inside_d)
-        return (fn(dense * nbytes, dp, *link)
-                + fn(mem.expert_params * nbytes, edp, *link))
-
     reduce_bytes = (opt.grad_reduce_bytes if opt.grad_reduce_bytes and policy.compute == "bf16"
                     else policy.grad_bytes)
-    ar = both("all_reduce", allreduce_seconds, reduce_bytes)
-    rs = both("reduce_scatter", gather_seconds, reduce_bytes)
+
+    # A ring leaves each node through the NICs of the group's members there (comm_time):
+    # dense groups stride t (HSDP's replicas t·dp_shard·cp), expert groups ep·etp.
+    estride = c.ep * c.etp * cp
+
+    def over(collective: str, fn: Callable[..., np.ndarray], nbytes: float,
+             ranks: np.ndarray, expert_ranks: np.ndarray, inside: np.ndarray,
+             per: tuple[np.ndarray, np.ndarray] = (np.ones(1), np.ones(1)),
+             stride: np.ndarray = tp) -> np.ndarray:
+        """``fn`` of the dense and the expert parameters' ``nbytes`` per element (divided by
+        ``per``) over their groups of ``ranks`` and ``expert_ranks``."""
+        link = dev.link(collective, inside, members_per_node(ranks, stride, gpn))
+        elink = dev.link(collective, inside, members_per_node(
+            expert_ranks, stride * estride // np.maximum(tp, 1), gpn))
+        return (fn(dense * nbytes / per[0], ranks, *link)
+                + fn(mem.expert_params * nbytes / per[1], expert_ranks, *elink))
+
+    ar = over("all_reduce", allreduce_seconds, reduce_bytes, group * reps, egroup * ereps,
+              inside_r)
+    rs = over("reduce_scatter", gather_seconds, reduce_bytes, group, egroup, inside_d)
+    # HSDP: each rank's shard of the gradients all-reduced across the replicas.
+    ar_rep = over("all_reduce", allreduce_seconds, reduce_bytes, reps, ereps, inside_r,
+                  (group.astype(float), egroup.astype(float)), tp * group)
     lat_d, _ = dev.link("all_gather", inside_d)
-    ag = both("all_gather", gather_seconds, policy.weight_bytes)
+    ag = over("all_gather", gather_seconds, policy.weight_bytes, group, egroup, inside_d)
     # ZeRO-3/FSDP gathers layer by layer (one unit per block): each pays the latency; fp8
     # gathers the linear weights in fp8 (gather_bytes).
-    rank_layers_max = np.maximum(first_layers, last_layers)
-    ag3 = (both("all_gather", gather_seconds, policy.gather_bytes or policy.weight_bytes)
-           + np.where(dp > 1, rank_layers_max * (dp - 1) * lat_d, 0.0))
-    units = rank_layers_max
+    units = layers.max(axis=1).astype(float)
+    ag3 = (over("all_gather", gather_seconds, policy.gather_bytes or policy.weight_bytes,
+                group, egroup, inside_d)
+           + np.where(group > 1, units * (group - 1) * lat_d, 0.0))
 
     def hide(comm: np.ndarray, window: np.ndarray) -> np.ndarray:
         return hidden_behind(comm, window, units, on)
 
     dp_comm = np.select(
         [z == 0, z <= 2],
-        [hide(ar, bwd_window), hide(rs, bwd_window) + hide(ag, fwd_window)],
-        micro * (hide(ag3, fwd_window) + hide(ag3, bwd_window)) + hide(rs, bwd_window))
-    dp_all = np.select([z == 0, z <= 2], [ar, rs + ag], 2 * micro * ag3 + rs)
+        [hide(ar, bwd_window), hide(rs + ar_rep, bwd_window) + hide(ag, fwd_window)],
+        micro * (hide(ag3, fwd_window) + hide(ag3, bwd_window)) + hide(rs + ar_rep,
+                                                                        bwd_window))
+    dp_all = np.select([z == 0, z <= 2], [ar, rs + ar_rep + ag], 2 * micro * ag3 + rs + ar_rep)
 
-    shard = np.where(z >= 1, dp, 1).astype(float)
-    expert_shard = np.where(z >= 1, edp, 1).astype(float)
+    shard = np.where(z >= 1, group, 1).astype(float)
+    expert_shard = np.where(z >= 1, egroup, 1).astype(float)
     optimizer = 2.0 * policy.state_bytes * (dense / shard + mem.expert_params / expert_shard
                                             ) / dev.memory_bandwidth
 
-    overhead = (runtime_overhead(dev.runtime, c, micro, rank_layers_max)
+    overhead = (runtime_overhead(dev.runtime, c, micro, units)
                 if dev.runtime is not None else np.zeros(len(c)))
 
     parts = {"compute": compute, "recompute": recompute, "tp_comm": tp_comm,
-             "pp_comm": pp_comm, "ep_comm": ep_comm, "dp_comm": dp_comm, "bubble": bubble,
-             "optimizer": optimizer, "overhead": overhead}
+             "pp_comm": pp_comm, "ep_comm": ep_comm, "cp_comm": cp_comm, "dp_comm": dp_comm,
+             "bubble": bubble, "optimizer": optimizer, "overhead": overhead}
     step = sum(parts.values())
     model_flops = flops_per_token(m, seq).train * global_batch * seq
-    gpus = (dp * tp * pp).astype(float)
+    gpus = c.gpus.astype(float)
     return {**parts, "step": step, "mfu": model_flops / (step * gpus * dev.peak),
-            "stage": np.where(slow_last, pp - 1, 0),
+            "stage": rank[rows, pick],
             "hidden_tp_comm": micro * tp_all_mb - tp_comm,
             "hidden_pp_comm": messages * message - pp_comm, "hidden_dp_comm": dp_all - dp_comm}
-
-
-def runtime_overhead(rt: Runtime, c: Candidates, micro: np.ndarray, layers: np.ndarray
-                     ) -> np.ndarray:
-    """Seconds per step of the measured runtime's fixed costs (module docstring, "overhead"):
-    the eager base plus what each parallel style in use adds to it, at the rank's
-    ``layers`` and ``micro`` micro-batches."""
-    base = rt.overheads["ddp"].seconds(micro, layers)
-    total = base.copy()
-    for style, used in (("fsdp", (c.dp > 1) & (c.zero >= 1)), ("tp", c.tp > 1),
-                        ("pp", c.pp > 1)):
-        extra = np.maximum(rt.overheads[style].seconds(micro, layers) - base, 0.0)
-        total = total + np.where(used, extra, 0.0)
-    return total
 
 
 def probe_elementwise_bandwidth(probe: dict[str, float], dev: Device, flash: bool = True

@@ -178,7 +178,14 @@ def _flops(b: dict[str, Any], prefix: str) -> Section:
         *([("expert-parallel all-to-all bytes sent per step", human(c["ep_bytes_per_step"], "B")),
            (f"all-to-alls of one step ({c['ep_link']})", human_seconds(c["ep_alltoall_seconds"]))]
           if c.get("ep_bytes_per_step") else []),
-        (f"one gradient all-reduce ({c['dp_link']})", human_seconds(c["dp_allreduce_seconds"])),
+        *([("context-parallel K/V bytes sent per step", human(c["cp_bytes_per_step"], "B")),
+           (f"K/V collectives of one step ({c['cp_link']})", human_seconds(c["cp_seconds"]))]
+          if c.get("cp_bytes_per_step") else []),
+        *([(f"data-parallel bytes across HSDP replicas ({c['dp_replica_link']})",
+            human(c["dp_replica_bytes_per_step"], "B"))]
+          if c.get("dp_replica_bytes_per_step") else []),
+        (f"one gradient all-reduce ({c.get('dp_replica_link', c['dp_link'])})",
+         human_seconds(c["dp_allreduce_seconds"])),
     ]))
     return s
 

@@ -40,6 +40,8 @@ def print_budget(b: dict[str, Any]) -> None:
     _memory(b)
     if b.get("moe"):
         _moe(b)
+    if b.get("cp"):
+        _cp(b)
     if b.get("fit"):
         print_fit(b["fit"])
     _time(b)
@@ -126,17 +128,47 @@ def _time(b: dict[str, Any]) -> None:
 def _comm(b: dict[str, Any]) -> None:
     c = b["comm"]
     rows = [(f"{k} per step", human(c[f"{k}_bytes_per_step"], "B"))
-            for k in ("dp", "tp", "pp", "ep") if c.get(f"{k}_bytes_per_step") is not None
-            and (k != "ep" or c[f"{k}_bytes_per_step"])]
+            for k in ("dp", "tp", "pp", "ep", "cp") if c.get(f"{k}_bytes_per_step") is not None
+            and (k not in ("ep", "cp") or c[f"{k}_bytes_per_step"])]
+    if c.get("dp_replica_bytes_per_step"):
+        rows += [(f"  dp inside the shard group ({c['dp_link']})",
+                  human(c["dp_shard_group_bytes_per_step"], "B")),
+                 (f"  dp across HSDP replicas ({c['dp_replica_link']})",
+                  human(c["dp_replica_bytes_per_step"], "B"))]
     rows += [(f"dp with ZeRO-{z}", human(v, "B"))
              for z, v in c["dp_bytes_per_step_by_zero"].items()]
     if "dp_allreduce_seconds" in c:
-        rows.append((f"one gradient all-reduce ({c['dp_link']})",
+        rows.append((f"one gradient all-reduce ({c.get('dp_replica_link', c['dp_link'])})",
                      human_seconds(c["dp_allreduce_seconds"])))
+    if c.get("dp_replica_allreduce_seconds"):
+        rows.append((f"one all-reduce of the shard across replicas ({c['dp_replica_link']})",
+                     human_seconds(c["dp_replica_allreduce_seconds"])))
     if c.get("ep_alltoall_seconds"):
         rows.append((f"all-to-alls of one step ({c['ep_link']})",
                      human_seconds(c["ep_alltoall_seconds"])))
+    if c.get("cp_seconds"):
+        rows.append((f"K/V all-gathers and reduce-scatters of one step ({c['cp_link']})",
+                     human_seconds(c["cp_seconds"])))
     show(table("Communication sent per device (decimal bytes)", ("what", "value"), rows))
+
+
+def _cp(b: dict[str, Any]) -> None:
+    c = b["cp"]
+    rows = [("chunks of each sequence (rank 0 holds)",
+             f"{c['chunks']} of {c['chunk_tokens']:,} tokens ({c['rank0_chunks'][0]} and "
+             f"{c['rank0_chunks'][1]})"),
+            ("tokens per rank", f"{c['tokens_per_rank']:,}"),
+            ("K/V all-gather sent per layer per micro-batch (forward)",
+             human_bytes(c["kv_gather_bytes_per_layer"])),
+            ("dK/dV reduce-scatter sent per layer per micro-batch (backward)",
+             human_bytes(c["kv_grad_bytes_per_layer"])),
+            ("gathered K/V kept per layer per micro-batch (not divided by cp)",
+             human_bytes(c["gathered_kv_bytes_per_layer"])),
+            ("K/V bytes sent per step", human_bytes(c["bytes_per_step"])),
+            ("causal work, busiest rank / mean (zigzag; contiguous split)",
+             f"{c['causal_imbalance']:.3f}; {c['causal_imbalance_contiguous']:.3f}")]
+    show(table(f"Context parallel (cp={c['cp']}, per rank, {c['link']})", ("what", "value"),
+               rows))
 
 
 def _moe(b: dict[str, Any]) -> None:
@@ -182,8 +214,10 @@ def _inference(b: dict[str, Any]) -> None:
 def _operators(b: dict[str, Any]) -> None:
     ops = b["operators"]["train"]
     lay = b["layout"]
-    show(table(f"One layer's forward operators (batch {lay['micro_batch']} x {lay['seq']} "
-               "tokens, unfused)",
+    tokens = (f"{lay['seq'] // lay['cp']} of {lay['seq']} tokens (cp={lay['cp']})"
+              if lay.get("cp", 1) > 1 else f"{lay['seq']} tokens")
+    show(table(f"One layer's forward operators (batch {lay['micro_batch']} x {tokens}, "
+               "unfused)",
                ("operator", "kind", "FLOPs", "bytes", "FLOP/B", "roofline", "bound"),
                [(o["name"], o["kind"], human(o["flops"]), human(o["bytes"], "B"),
                  f"{o['intensity']:.1f}", human_seconds(o["seconds"]), o["bound"])

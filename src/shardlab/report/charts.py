@@ -28,7 +28,7 @@ PART_COLOURS = {
     "weights": "#4C78A8", "gradients": "#F58518", "optimizer": "#54A24B",
     "activations": "#E45756", "temporaries": "#B279A2",
     "compute": "#4C78A8", "recompute": "#72B7B2", "tp_comm": "#F58518", "dp_comm": "#9D755D",
-    "pp_comm": "#B279A2", "ep_comm": "#EECA3B", "bubble": "#BAB0AC",
+    "pp_comm": "#B279A2", "ep_comm": "#EECA3B", "cp_comm": "#FF9DA6", "bubble": "#BAB0AC",
 }
 CAPACITY_COLOUR = "#cf222e"
 

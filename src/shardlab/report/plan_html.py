@@ -19,16 +19,22 @@ from shardlab.schedules.generators import build
 from shardlab.schedules.simulate import Durations, simulate
 from shardlab.units import human, human_bytes, human_seconds
 
-STEP_PARTS = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "ep_comm", "bubble",
+STEP_PARTS = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "ep_comm", "cp_comm",
+              "bubble",
               "optimizer", "overhead")
 
 
 def layout_label(b: dict[str, Any]) -> str:
     """``dp2 tp1 pp1 v1 z3 mb4x1 none``: one ranked layout in a line (``ep8 etp1`` after
-    pp where the layout splits experts)."""
+    pp where the layout splits experts; ``cp4`` after dp with context parallelism, ``hsdp2``
+    with HSDP replicas, ``split 7..7`` with uneven stages)."""
     sched = f" {b['schedule']}" if b["pp"] > 1 else ""
+    split = b.get("stage_layers") or ()
+    sched += f" split {split[0]}..{split[-1]}" if split else ""
     moe = f" ep{b['ep']} etp{b['etp']}" if b.get("ep", 1) > 1 else ""
-    return (f"dp{b['dp']} tp{b['tp']} pp{b['pp']}{moe} v{b['virtual_stages']} z{b['zero']}"
+    cp = f" cp{b['cp']}" if b.get("cp", 1) > 1 else ""
+    cp += f" hsdp{b['dp_replicate']}" if b.get("dp_replicate", 1) > 1 else ""
+    return (f"dp{b['dp']}{cp} tp{b['tp']} pp{b['pp']}{moe} v{b['virtual_stages']} z{b['zero']}"
             f"{' sp' if b['sp'] else ''} mb{b['micro_batch']}x{b['microbatches']} "
             f"{b['recompute']}{sched}")
 
@@ -85,9 +91,10 @@ def _ranked(doc: dict[str, Any], prefix: str) -> Section:
                    "is not in the step time.", "note"))
     moe = bool(doc.get("moe"))
     s.add(table_html(
-        ("#", "dp·tp·pp", *(["ep·etp"] if moe else []), "v", "schedule", "zero", "sp",
+        ("#", "dp·cp·tp·pp", *(["ep·etp"] if moe else []), "v", "schedule", "zero", "sp",
          "recompute", "mb x m", "step", "tokens/s", "MFU", "memory/device"),
-        [(i, f"{b['dp']}·{b['tp']}·{b['pp']}", *([f"{b['ep']}·{b['etp']}"] if moe else []),
+        [(i, f"{b['dp']}·{b.get('cp', 1)}·{b['tp']}·{b['pp']}",
+          *([f"{b['ep']}·{b['etp']}"] if moe else []),
           b["virtual_stages"], b["schedule"] if b["pp"] > 1 else "-", b["zero"], int(b["sp"]),
           b["recompute"], f"{b['micro_batch']}x{b['microbatches']}",
           human_seconds(b["step_seconds"]), f"{b['tokens_per_second']:,.0f}", f"{b['mfu']:.1%}",

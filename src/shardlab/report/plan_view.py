@@ -9,18 +9,25 @@ from shardlab.report.tables import show, table
 from shardlab.units import human, human_bytes
 
 _SHORT = {"compute": "compute", "recompute": "recomp", "tp_comm": "tp", "pp_comm": "pp",
-          "ep_comm": "ep", "dp_comm": "dp", "bubble": "bubble", "optimizer": "optim",
-          "overhead": "fixed"}
+          "ep_comm": "ep", "cp_comm": "cp", "dp_comm": "dp", "bubble": "bubble",
+          "optimizer": "optim", "overhead": "fixed"}
 
 
 _SCHED = {"interleaved-1f1b": "interleaved", "dualpipev": "dualpipev"}
 
 
 def _mesh(b: dict[str, Any], moe: bool) -> list[str]:
-    """Short layout cells: dp·tp·pp, (MoE: ep·etp,) v, schedule, zero, sp, recompute,
-    micro-batch x count."""
+    """Short layout cells: dp·cp·tp·pp (HSDP: dp as replicas x shards), (MoE: ep·etp,) v,
+    schedule (with uneven stages: the split's ends), zero, sp, recompute, micro-batch x
+    count."""
     sched = _SCHED.get(b["schedule"], b["schedule"]) if b["pp"] > 1 else "-"
-    return [f"{b['dp']}·{b['tp']}·{b['pp']}", *([f"{b['ep']}·{b['etp']}"] if moe else []),
+    split = b.get("stage_layers") or ()
+    if split:
+        sched += f" {split[0]}..{split[-1]}"
+    rep = b.get("dp_replicate", 1)
+    dp = f"{rep}x{b['dp'] // rep}" if rep > 1 else str(b["dp"])
+    return [f"{dp}·{b.get('cp', 1)}·{b['tp']}·{b['pp']}",
+            *([f"{b['ep']}·{b['etp']}"] if moe else []),
             str(b["virtual_stages"]), sched, str(b["zero"]), str(int(b["sp"])), b["recompute"],
             f"{b['micro_batch']}x{b['microbatches']}"]
 
@@ -78,7 +85,8 @@ def print_plan(doc: dict[str, Any]) -> None:
     # the all-to-alls of expert parallelism for a mixture-of-experts model only.
     moe = bool(doc.get("moe"))
     short = {k: v for k, v in _SHORT.items()
-             if (k != "overhead" or any(b["breakdown"].get(k) for b in doc["best"]))
+             if (k not in ("overhead", "cp_comm")
+                 or any(b["breakdown"].get(k) for b in doc["best"]))
              and (k != "ep_comm" or moe)}
     dry = bool(doc.get("dry_run_top"))
     # Communication overlapped with compute: a "hidden" column beside each part that has any.
@@ -92,7 +100,7 @@ def print_plan(doc: dict[str, Any]) -> None:
                     + ([_dry_cell(b.get("dry_run"))] if dry else []))
         parts.append([i, *(f"{b['breakdown'][k]:.3f}" for k in short),
                       *(f"{b['hidden'][k]:.3f}" for k in hidden)])
-    show(table("Fastest layouts", ["#", "dp·tp·pp", *(["ep·etp"] if moe else []), "v",
+    show(table("Fastest layouts", ["#", "dp·cp·tp·pp", *(["ep·etp"] if moe else []), "v",
                                    "schedule", "zero", "sp", "recompute", "mb x m", "step s",
                                    "tokens/s", "MFU", "memory/device"]
                + (["dry run peak"] if dry else []), rows, left=8 + moe),
@@ -113,6 +121,8 @@ def print_plan(doc: dict[str, Any]) -> None:
     if doc["best"]:
         b = doc["best"][0]
         mb = b["memory_breakdown"]
+        if b.get("stage_layers"):
+            show("winner's layers per model chunk: " + "+".join(map(str, b["stage_layers"])))
         show(f"winner's memory per device (stage {mb['stage']}): weights "
              f"{human_bytes(mb['weights'])}, gradients {human_bytes(mb['gradients'])}, "
              f"optimizer {human_bytes(mb['optimizer'])}, activations "

@@ -13,6 +13,15 @@ t_w weight-gradient backward (a full backward is t_b + t_w), all per model chunk
 
 Overall fractions are idle rank-time over ranks x makespan; per-rank ones use the
 rank's own span.
+
+Unequal stages (uneven layer counts, or the embedding and head): GPipe's forwards run
+through the (stage, micro-batch) grid in order, so the last one ends at the longest path
+through it, down the stages and across the micro-batches, which crosses m-1 of them on
+the slowest stage: sum F_s + (m-1)·max F_s; the backwards then do the same upwards,
+sum B_s + (m-1)·max B_s (checked against the timing simulator on random stage costs).
+The slowest stage sets the pace, so the bubble grows with the spread. 1F1B has no such
+closed form in general (its ranks wait on each other inside the steady state): the
+timing simulator gives it.
 """
 
 from __future__ import annotations
@@ -42,3 +51,9 @@ def zb_overall_bubble(p: int, m: int) -> float:
     """ZB-H1 and ZB-H2 with t_f = t_b = t_w: the makespan is 3m + p - 1 units, so the
     idle share of ranks x makespan is (p-1)/(3m + p - 1)."""
     return (p - 1) / (3 * m + p - 1)
+
+
+def gpipe_makespan(forward: list[float], backward: list[float], m: int) -> float:
+    """GPipe with per-stage forward and full-backward times, no latency:
+    sum F + sum B + (m-1)·(max F + max B) (module docstring)."""
+    return sum(forward) + sum(backward) + (m - 1) * (max(forward) + max(backward))

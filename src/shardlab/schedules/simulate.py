@@ -60,6 +60,17 @@ class Durations:
                 raise SpecError("stage_scale", s, "every factor must be a finite number > 0")
 
 
+def stage_layer_scale(stage_layers: tuple[int, ...] | list[int],
+                      scale: tuple[float, ...] = ()) -> tuple[float, ...]:
+    """:attr:`Durations.stage_scale` of model chunks holding ``stage_layers`` layers each:
+    the counts themselves, so t_f, t_b and t_w are the times of one layer (uneven stages
+    take their layers' time), times ``scale``'s factor of each chunk where given."""
+    if scale and len(scale) != len(stage_layers):
+        raise SpecError("stage_scale", ",".join(f"{x:g}" for x in scale),
+                        f"gives {len(scale)} factors for {len(stage_layers)} stage layer counts")
+    return tuple(float(n) * (scale[i] if scale else 1.0) for i, n in enumerate(stage_layers))
+
+
 class Event(NamedTuple):
     """One action placed in time on one rank."""
 

@@ -2,9 +2,10 @@
 and optimizer.
 
 A device's parameters fall in up to two buckets, each flattened and sharded by ZeRO
-over its own data-parallel group: the dense ones over all dp replicas, a MoE model's
-routed experts over the expert_dp = dp/ep replicas that hold the same experts
-(torchtitan's FSDP over ``dp_shard_mod_ep``; Megatron-LM's expert data-parallel group).
+over its own data-parallel group (:mod:`.data_parallel`): the dense ones over the dp x cp
+lanes (of its HSDP replica), a MoE model's routed experts over the expert_dp = dp/ep
+replicas that hold the same experts (torchtitan's FSDP over ``dp_shard_mod_ep``;
+Megatron-LM's expert data-parallel group).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def buckets_of(names: list[str]) -> list[Bucket]:
 
 @dataclass
 class Device:
-    """One virtual device: replica d, pipeline stage s, tensor rank t, global id ``rank``."""
+    """One virtual device: replica d, pipeline stage s, tensor rank t, global id ``rank``;
+    context-parallel rank c of its replica, and its lane d·cp + c (:mod:`.parallel`)."""
 
     rank: int
     d: int
@@ -45,6 +47,8 @@ class Device:
     names: list[str]
     shapes: dict[str, torch.Size]
     buckets: list[Bucket]
+    c: int = 0
+    lane: int = 0
     params: Params = field(default_factory=dict)  # whole local tensors (ZeRO 0-2)
     shards: list[torch.Tensor] = field(default_factory=list)  # per bucket (ZeRO 1-3)
     grads: Params = field(default_factory=dict)  # accumulated over micro-batches

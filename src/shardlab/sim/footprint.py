@@ -6,8 +6,8 @@ its memory is the sum over devices, and its time grows with their number.
 * each virtual device: its stage's weights and gradients whole (ZeRO-3 gathers the
   weights per replica for every forward and backward, and every device accumulates whole
   gradients before the reduce-scatter; a MoE model's routed experts divided by ep),
-  AdamW's two moments (sharded over dp under ZeRO 1-3, routed experts over dp/ep, plus
-  the flat weight and gradient shards), and the activations
+  AdamW's two moments (sharded over dp_shard x cp under ZeRO 1-3, routed experts over
+  dp/ep, plus the flat weight and gradient shards), and the activations
   :func:`~shardlab.estimate.memory.stage_memory` gives its pipeline stage;
 * the one-device reference: the whole model's states, and the activations of the whole
   global batch in one micro-batch;
@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from shardlab.config.layout import Layout, make_layout
 from shardlab.config.model import ModelShape
-from shardlab.estimate.expert import rank_params_split
+from shardlab.estimate.context import shard_group
 from shardlab.estimate.memory import stage_memory
+from shardlab.estimate.partition import layout_params_split
 
 MAX_DEVICES = 256
-"""Most virtual devices (dp x tp x pp) one run may have. Time grows with them: one step of
+"""Most virtual devices (dp x cp x tp x pp) one run may have. Time grows with them: one step of
 the default 4-layer model took 90 s with 64 and 334 s with 256 on the 2-core build
 machine."""
 
@@ -37,14 +38,14 @@ torch and shardlab, measured at 280-300 MiB (torch 2.x on Linux)."""
 def device_peak_bytes(shape: ModelShape, lay: Layout) -> list[float]:
     """Bytes one virtual device of each pipeline stage holds at its peak (module docstring)."""
     p = lay.dtype
-    params = rank_params_split(shape, lay, vocab_parallel=False)
+    params = layout_params_split(shape, lay, vocab_parallel=False)
     stages = stage_memory(shape, lay, dropout=False)
     out = []
     for (dense, experts), st in zip(params, stages, strict=True):
         n = dense + experts
         whole = n * (p.weight_bytes + p.grad_bytes)
         if lay.zero:  # the optimizer's moments on a flat shard, and the shards themselves
-            sharded = ((dense / lay.dp + experts / lay.expert_dp)
+            sharded = ((dense / shard_group(lay) + experts / lay.expert_dp)
                        * (p.optimizer_bytes + p.weight_bytes + p.grad_bytes))
         else:
             sharded = n * p.optimizer_bytes
@@ -63,4 +64,4 @@ def run_peak_bytes(shape: ModelShape, lay: Layout) -> float:
     """The cost model's peak of the whole simulated run, in one process (bytes)."""
     per_stage = device_peak_bytes(shape, lay)
     return (RUNTIME_BYTES + reference_peak_bytes(shape, lay)
-            + lay.dp * lay.tp * sum(per_stage))
+            + lay.dp * lay.cp * lay.tp * sum(per_stage))

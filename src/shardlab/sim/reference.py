@@ -7,7 +7,7 @@ import torch
 from shardlab.nn.data import Batch
 from shardlab.nn.loss import lm_loss_sum
 from shardlab.nn.model import TransformerLM
-from shardlab.sim.engine import DEFAULT_ADAMW, AdamWConfig
+from shardlab.sim.parallel import DEFAULT_ADAMW, AdamWConfig
 
 
 class Reference:

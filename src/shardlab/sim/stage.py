@@ -7,9 +7,10 @@ and put Megatron's collectives between the column- and row-parallel halves of ev
 block (:mod:`.tp_ops`). Tensors are [batch, seq, hidden]; with sequence parallelism
 the activations between blocks are [batch, seq / tp, hidden].
 
-A stage runs for the replicas of one expert-parallel group at once (one replica without
-expert parallelism): their MoE layers exchange tokens (:mod:`.moe`), the rest of each
-block is every replica's own.
+A stage runs for the lanes of one unit at once: the replicas of one expert-parallel group,
+whose MoE layers exchange tokens (:mod:`.moe`), or the context-parallel ranks of one
+replica, whose attention gathers K and V (:mod:`.context_parallel`); one lane without
+either. The rest of each block is every lane's own.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import torch
 import torch.nn.functional as F
 
 from shardlab.config.model import ModelShape
+from shardlab.estimate.partition import chunk_layers
 from shardlab.nn.loss import lm_loss_sum
-from shardlab.nn.model import attend, attention_mask, rope_tables
+from shardlab.nn.model import attend, rope_tables
+from shardlab.sim.context_parallel import gathered_attention, lane_mask, lane_positions
 from shardlab.sim.moe import ExpertGroups, routed_experts
 from shardlab.sim.tp_ops import (
     copy_to_tp,
@@ -65,12 +68,12 @@ class Stage:
         return names
 
 
-def stages_of(shape: ModelShape, pp: int) -> list[Stage]:
-    """Layers split into pp contiguous stages, the first ones one layer larger if uneven."""
-    base, extra = divmod(shape.layers, pp)
+def stages_of(shape: ModelShape, pp: int, stage_layers: tuple[int, ...] = ()) -> list[Stage]:
+    """Layers split into pp contiguous stages: ``stage_layers`` of them each when given
+    (uneven stages), else the first ones one layer larger if uneven
+    (:func:`shardlab.estimate.partition.chunk_layers`, the cost model's split)."""
     out, start = [], 0
-    for s in range(pp):
-        n = base + (1 if s < extra else 0)
+    for s, n in enumerate(chunk_layers(shape.layers, pp, 1, stage_layers)):
         out.append(Stage(s, start, start + n, s == 0, s == pp - 1))
         start += n
     return out
@@ -78,23 +81,34 @@ def stages_of(shape: ModelShape, pp: int) -> list[Stage]:
 
 @dataclass(frozen=True)
 class Context:
-    """What every stage forward needs besides parameters: shape, group, mask, rotary."""
+    """What every stage forward of one lane needs besides parameters: shape, tensor group,
+    mask, rotary tables and token positions of the lane's tokens, a MoE model's ep groups,
+    and with context parallelism the cp group of each tensor rank."""
 
     shape: ModelShape
     tp: VirtualGroup
     sp: bool
-    mask: torch.Tensor
-    rope: tuple[torch.Tensor, torch.Tensor] | None
+    mask: torch.Tensor  # [b or 1, 1, lane's queries, keys]
+    rope: tuple[torch.Tensor, torch.Tensor] | None  # at the lane's positions
+    positions: torch.Tensor  # the lane's token positions in the sequence
     experts: ExpertGroups | None = None
+    cp: list[VirtualGroup] | None = None
 
 
 def make_context(shape: ModelShape, tp: VirtualGroup, sp: bool, pad_mask: torch.Tensor,
-                 dtype: torch.dtype, experts: ExpertGroups | None = None) -> Context:
-    """Attention mask and rotary tables for a micro-batch (and a MoE model's ep groups)."""
+                 dtype: torch.dtype, experts: ExpertGroups | None = None,
+                 cp: list[VirtualGroup] | None = None, cp_rank: int = 0) -> Context:
+    """Attention mask, rotary tables and positions for a micro-batch (and a MoE model's ep
+    groups); with ``cp`` (one group per tensor rank), those of cp rank ``cp_rank``'s tokens
+    (:mod:`.context_parallel`)."""
     seq = pad_mask.shape[1]
+    size = 1 if cp is None else cp[0].size
+    positions = lane_positions(seq, size, cp_rank)
     rope = rope_tables(seq, shape.head_dim, dtype) if shape.style == "llama" else None
-    return Context(shape, tp, sp, attention_mask(pad_mask, seq, pad_mask.device), rope,
-                   experts)
+    if rope is not None and size > 1:
+        rope = (rope[0][positions], rope[1][positions])
+    return Context(shape, tp, sp, lane_mask(pad_mask, size, positions), rope, positions,
+                   experts, cp if size > 1 else None)
 
 
 def _norm(c: Context, x: torch.Tensor, p: Params, name: str) -> torch.Tensor:
@@ -116,18 +130,41 @@ def _leave(c: Context, xs: Tensors) -> Tensors:
     return reduce_scatter_seq(c.tp, xs) if c.sp else reduce_from_tp(c.tp, xs)
 
 
-def attention_half(c: Context, i: int, ps: list[Params], xs: Tensors) -> Tensors:
-    """Block i's attention on every tensor-parallel rank: each rank computes its heads; one
-    collective enters and one leaves (Megatron's f and g)."""
-    pre = f"blocks.{i}."
+def _qkv(c: Context, pre: str, ps: list[Params], xs: Tensors
+         ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Q, K and V of every tensor rank's heads, [b, s, heads·hd] each, after the norm and f."""
     hs = _enter(c, [_norm(c, x, p, pre + "attn_norm") for x, p in zip(xs, ps, strict=True)])
-    att = [F.linear(attend(_linear(h, p, pre + "attn.q_proj"), _linear(h, p, pre + "attn.k_proj"),
-                           _linear(h, p, pre + "attn.v_proj"), c.shape.head_dim, c.mask,
-                           c.rope), p[pre + "attn.o_proj.weight"])
-           for h, p in zip(hs, ps, strict=True)]
-    att = _leave(c, att)  # row-parallel bias is added once, after the sum
-    return [x + (a + p[pre + "attn.o_proj.bias"] if c.shape.biases else a)
-            for x, a, p in zip(xs, att, ps, strict=True)]
+    return [(_linear(h, p, pre + "attn.q_proj"), _linear(h, p, pre + "attn.k_proj"),
+             _linear(h, p, pre + "attn.v_proj")) for h, p in zip(hs, ps, strict=True)]
+
+
+def attention_half(cs: list[Context], i: int, pss: list[list[Params]], xss: list[Tensors]
+                   ) -> list[Tensors]:
+    """Block i's attention on every tensor-parallel rank of each lane (cs, pss, xss: one
+    entry per lane, each a list over tensor ranks): each rank computes its heads; one
+    collective enters and one leaves (Megatron's f and g). With context parallelism the
+    lanes are one cp group's, whose K and V are all-gathered per tensor rank."""
+    pre = f"blocks.{i}."
+    qkv = [_qkv(c, pre, ps, xs) for c, ps, xs in zip(cs, pss, xss, strict=True)]
+    hd = cs[0].shape.head_dim
+    if cs[0].cp is None:
+        atts = [[attend(q, k, v, hd, c.mask, c.rope) for q, k, v in lane]
+                for c, lane in zip(cs, qkv, strict=True)]
+    else:
+        by_rank = []  # per tensor rank, every lane's attention output
+        for t, group in enumerate(cs[0].cp):
+            qs, ks, vs = ([lane[t][j] for lane in qkv] for j in range(3))
+            by_rank.append(gathered_attention(group, qs, ks, vs, hd, [c.mask for c in cs],
+                                              [c.rope for c in cs]))
+        atts = [[out[m] for out in by_rank] for m in range(len(cs))]
+    out = []
+    for c, ps, xs, lane in zip(cs, pss, xss, atts, strict=True):
+        att = _leave(c, [F.linear(a, p[pre + "attn.o_proj.weight"])
+                         for a, p in zip(lane, ps, strict=True)])
+        # The row-parallel bias is added once, after the sum.
+        out.append([x + (a + p[pre + "attn.o_proj.bias"] if c.shape.biases else a)
+                    for x, a, p in zip(xs, att, ps, strict=True)])
+    return out
 
 
 def _mlp(c: Context, pre: str, ps: list[Params], hs: Tensors) -> Tensors:
@@ -182,14 +219,13 @@ def is_moe_layer(shape: ModelShape, i: int) -> bool:
 
 
 def embed(c: Context, ps: list[Params], ids: torch.Tensor) -> Tensors:
-    """Token (and learned position) embedding on every rank, whole; then each rank's
-    sequence chunk under sequence parallelism."""
-    positions = torch.arange(ids.shape[1], device=ids.device)
+    """Token (and learned position) embedding of the lane's tokens on every rank, whole;
+    then each rank's sequence chunk under sequence parallelism."""
     hs = []
     for p in ps:
         h = F.embedding(ids, p["embed.weight"])
         if "pos.weight" in p:
-            h = h + F.embedding(positions, p["pos.weight"])
+            h = h + F.embedding(c.positions, p["pos.weight"])
         hs.append(h)
     return split_seq(c.tp, hs) if c.sp else hs
 
@@ -210,13 +246,13 @@ def head_loss(c: Context, ps: list[Params], xs: Tensors, targets: torch.Tensor,
 def stage_forward(cs: list[Context], stage: Stage, pss: list[list[Params]],
                   inputs: list[Tensors | torch.Tensor], targets: list[torch.Tensor],
                   loss_masks: list[torch.Tensor]) -> list[Tensors]:
-    """The stage on every tensor-parallel rank of each replica of one ep group (one entry
-    per replica in every list): ids (first stage) or hidden states in; hidden states
-    out, or the summed loss of each rank on the last stage."""
+    """The stage on every tensor-parallel rank of each lane of one unit (one entry per
+    lane in every list; module docstring): the lane's ids (first stage) or hidden states
+    in; hidden states out, or the summed loss of each rank on the last stage."""
     xss = [embed(c, ps, x) if stage.is_first else list(x)
            for c, ps, x in zip(cs, pss, inputs, strict=True)]
     for i in range(stage.first_layer, stage.last_layer):
-        xss = [attention_half(c, i, ps, xs) for c, ps, xs in zip(cs, pss, xss, strict=True)]
+        xss = attention_half(cs, i, pss, xss)
         if is_moe_layer(cs[0].shape, i):
             xss = moe_half(cs, i, pss, xss)
         else:

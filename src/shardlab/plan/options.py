@@ -1,0 +1,38 @@
+"""The step-time options a plan prices an accelerator with: a framework's defaults, then
+the ``--layout`` keys that override them (``shardlab plan``, ``budget``'s explain-fit and
+the validation table all start here)."""
+
+from __future__ import annotations
+
+from shardlab.config.hardware import Accelerator
+from shardlab.plan.overlap import framework as overlap_framework
+from shardlab.plan.search import is_this_machine, layout_flag
+from shardlab.plan.step_inputs import StepOptions
+
+
+def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
+                     framework: str | None = None,
+                     overrides: dict[str, str] | None = None) -> StepOptions:
+    """The step-time options ``shardlab plan`` prices ``acc`` with: ``framework``'s defaults
+    (:data:`shardlab.plan.overlap.FRAMEWORKS`; None: the planner's own), then the
+    ``--layout`` keys of ``overrides`` (:data:`shardlab.plan.search.STEP_KEYS`);
+    ``overlap_dp=False`` (``--no-overlap-dp``) turns data-parallel overlap off. On this
+    machine the ranks' cores also move the bytes (no overlap), and ``shardlab train`` is
+    eager torch (gradients accumulate in their own pass). SpecError for an unknown
+    framework or a bad value."""
+    here = is_this_machine(acc)
+    fw = overlap_framework(framework)
+    opts = fw.options()
+    for key, value in (overrides or {}).items():
+        opts[key] = value
+        if key == "fused_norm":
+            opts[key] = layout_flag(key, value)
+        elif key == "overlap_tp" and value.lower() not in ("forward",):
+            # overlap_tp=1 is the framework's kind of tensor-parallel overlap.
+            opts[key] = fw.tp_overlap_kind if layout_flag(key, value) else "off"
+    if not overlap_dp:
+        opts["overlap_dp"] = "off"
+    if here:
+        opts.update(overlap_dp="off", overlap_tp="off", overlap_pp="off",
+                    fused_accumulation=False)
+    return StepOptions(flash=flash, **opts)  # type: ignore[arg-type]

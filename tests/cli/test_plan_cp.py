@@ -1,0 +1,64 @@
+"""``shardlab plan`` with context parallelism, HSDP and uneven stages: the flags, the
+``--layout`` keys, the cp column, and one line on bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from shardlab.cli import main
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["plan", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_layout_keys_cp_stage_layers_and_dp_replicate(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "llama-3-8b", "--gpus", "64", "--seq", "32768",
+                         "--global-batch", "16", "--layout", "dp=4 cp=2 pp=8 zero=1 "
+                         "dp_replicate=2 stage_layers=3+4+4+4+4+4+4+5 schedule=1f1b", "--json")
+    assert code == 0, err
+    b = json.loads(out)["best"][0]
+    assert (b["cp"], b["dp_replicate"], b["stage_layers"]) == (2, 2, [3, 4, 4, 4, 4, 4, 4, 5])
+    assert b["breakdown"]["cp_comm"] > 0
+
+
+def test_the_human_view_has_a_cp_column(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "llama-3-8b", "--gpus", "16", "--seq", "65536",
+                         "--global-batch", "4", "--cp", "2,4", "--top", "2")
+    assert code == 0, err
+    assert "dp·cp·tp·pp" in out and re.search(r"┃\s+cp\s+┃", out)  # "where the step goes"
+
+
+@pytest.mark.parametrize(("argv", "field"), [
+    (["--cp", "3"], "cp"),
+    (["--cp", "0"], "cp"),
+    (["--dp-replicate", "0"], "dp_replicate"),
+    (["--stage-layers", "16,15"], "stage_layers"),
+    (["--stage-layers", "16,x"], "stage_layers"),
+    (["--layout", "dp=4 cp=2 stage_layers=8+x"], "stage_layers"),
+    (["--layout", "dp=2 pp=2 cp=2 stage_layers=20+12 zero=1 dp_replicate=3"], "dp_replicate"),
+])
+def test_bad_input_is_one_line_naming_the_field(capsys: pytest.CaptureFixture[str],
+                                                 argv: list[str], field: str) -> None:
+    code, out, err = run(capsys, "llama-3-8b", "--gpus", "8", "--global-batch", "8", *argv)
+    assert code == 2 and not out and err.count("\n") == 1 and f"error: {field}=" in err
+
+
+def test_this_machine_keeps_to_what_train_runs(capsys: pytest.CaptureFixture[str],
+                                               cpu_home: Path) -> None:
+    code, _, err = run(capsys, "--gpu", "cpu", "--gpus", "2", "--global-batch", "8",
+                       "--cp", "2")
+    assert code == 2 and "error: cp=" in err and "shardlab train" in err
+    code, out, err = run(capsys, "--gpu", "cpu", "--gpus", "2", "--global-batch", "8",
+                         "--top", "50", "--json")
+    assert code == 0, err
+    best = json.loads(out)["best"]
+    assert all(b["cp"] == 1 and b["dp_replicate"] == 1 and not b["stage_layers"]
+               for b in best)
