@@ -36,6 +36,14 @@ def shardlab(*argv: str) -> subprocess.CompletedProcess[str]:
     (["llama-3-8b", "--gpus", "64", "--global-batch", "100"], "global_batch"),
     (["llama-3-8b", "--gpus", "8", "--layers", "4"], "layers"),
     (["mixtral-8x7b", "--gpus", "8"], "mixture of experts"),
+    # Issue 17's keys, as flags or in --layout: checked as train checks them.
+    (["llama-3-8b", "--gpus", "48", "--cp", "3"], "cp=3: must split seq (8192)"),
+    (["llama-3-8b", "--gpus", "64", "--cp", "3"], "gpus=64: must be a multiple of cp*tp*pp"),
+    (["llama-3-8b", "--gpus", "8", "--layout", "pp=2", "--stage-layers", "31,2"],
+     "stage_layers='31+2': must sum to the model's 32"),
+    (["llama-3-8b", "--gpus", "8", "--layout", "pp=2 stage_layers=32+0"], "stage_layers"),
+    (["llama-3-8b", "--gpus", "64", "--dp-replicate", "3"], "dp_replicate=3: must divide"),
+    (["llama-3-8b", "--gpus", "8", "--cp", "2", "--layout", "cp=2"], "cp=2: is given twice"),
 ])
 def test_bad_input_is_one_line_before_anything_runs(argv: list[str], field: str,
                                                     capsys: pytest.CaptureFixture[str]

@@ -142,7 +142,7 @@ def test_bad_input(checkpoints: dict[str, Path], tmp_path: Path,
 def test_import_refuses_what_the_model_cannot_compute(tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]
                                                       ) -> None:
-    from shardlab.config.hf_config import hf_config
+    from shardlab.config.hf_export import hf_config
 
     hf = tmp_path / "hf"
     hf.mkdir()

@@ -1,9 +1,9 @@
-"""``shardlab train``: parity with one process for every layout of issue 6 and the
+"""``shardlab train``: parity with one process for every layout of issue 6, the
 mixture-of-experts layouts of issue 16 (expert parallel with FSDP, PP, TP, capacity
-dropping, experts split over tp), state bytes, FLOPs, activations and bytes sent beside
-the cost model (the CLI's parser, checks and report; the runs of one world size share a
-launch), a rank that fails (a real ``python -m shardlab`` process), the human view, bad
-input."""
+dropping, experts split over tp) and issue 17's context parallel, uneven pipeline stages
+and HSDP, state bytes, FLOPs, activations and bytes sent beside the cost model (the CLI's
+parser, checks and report; the runs of one world size share a launch), a rank that fails
+(a real ``python -m shardlab`` process), the human view, bad input."""
 
 from __future__ import annotations
 
@@ -52,6 +52,19 @@ MOE_LAYOUTS = [
 CAPACITY = ["--dp", "2", "--ep", "2", "--capacity-factor", "1", "--steps", "8"]
 # Experts split over tp too (etp = tp: their partial outputs summed over tp), 6 steps.
 ETP = ["--dp", "2", "--tp", "2", "--ep", "2", "--etp", "2", "--steps", "6"]
+# Issue 17: context parallel alone (cp=2 over 20 steps; cp=4), with FSDP over dp x cp,
+# with TP and with PP; uneven pipeline stages under 1F1B and interleaved 1F1B; HSDP 2 x 2.
+CP_LAYOUTS = [
+    ["--cp", "2", "--steps", "20"],
+    ["--cp", "4"],
+    ["--cp", "2", "--dp", "2"],
+    ["--cp", "2", "--tp", "2"],
+    ["--cp", "2", "--pp", "2", "--micro-batch", "2"],
+    ["--pp", "2", "--micro-batch", "2", "--stage-layers", "3,1"],
+    ["--layers", "6", "--pp", "2", "--virtual-stages", "2", "--schedule", "interleaved-1f1b",
+     "--micro-batch", "2", "--stage-layers", "2,1,2,1"],
+    ["--dp", "4", "--dp-replicate", "2"],
+]
 # 6 steps: the measured step (FLOPs, bytes sent, activations) is a run's third, past
 # FSDP's lazy init and DDP's bucket rebuild; the loss has fallen by then (warm-up is 2).
 STEPS = 6
@@ -73,7 +86,8 @@ def documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
     the ranks' start-up (torch imported once per process) is paid once per world size.
 
     About 30 s (eight real runs of 6-10 steps on 2 and 4 ranks, each beside its
-    one-process reference): the 28 tests of the seven parity layouts and bf16 read it."""
+    one-process reference; the MoE and issue 17's layouts add some 40 s): the tests of the
+    parity layouts, bf16, MoE, context parallel, uneven stages and HSDP read it."""
     from shardlab.cli import build_parser
     from shardlab.cli.train import prepare
     from shardlab.distributed.launch import launch
@@ -82,7 +96,8 @@ def documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
 
     root = tmp_path_factory.mktemp("train")
     planned = {}
-    for argv in [*LAYOUTS, BF16, *[[*MOE, *a] for a in [*MOE_LAYOUTS, CAPACITY, ETP]]]:
+    for argv in [*LAYOUTS, BF16, *[[*MOE, *a] for a in [*MOE_LAYOUTS, CAPACITY, ETP]],
+                 *CP_LAYOUTS]:
         name = layout_id(argv)
         args = build_parser().parse_args(["train", "--steps", str(STEPS), *argv,
                                           "--check-parity", "--json",
@@ -174,13 +189,71 @@ def test_moe_parity_and_figures(documents: dict[str, dict[str, Any]],
 
 
 @pytest.mark.multiprocess
+@pytest.mark.parametrize("layout", CP_LAYOUTS, ids=layout_id)
+def test_cp_uneven_hsdp_parity_and_bytes(documents: dict[str, dict[str, Any]],
+                                         layout: list[str]) -> None:
+    """Issue 17: fp32 loss parity with one process, state bytes equal, FLOPs within 2%,
+    activations within 15%, and the bytes sent per mesh dim, ``cp`` and ``dp_replicate``
+    among them, equal to the cost model's."""
+    from shardlab.config.layout import make_layout
+    from shardlab.config.model import ModelShape
+    from shardlab.estimate.comm import layout_dp_bytes
+    from shardlab.estimate.context import cp_bytes_per_stage
+    from shardlab.estimate.partition import layout_stage_params
+    from shardlab.nn.garden import garden_vocab
+
+    doc = documents[layout_id(layout)]
+    assert len(doc["losses"]) == (20 if "20" in layout else STEPS)
+    assert doc["max_loss_diff"] <= 1e-5 and doc["parity_passed"], doc["max_loss_diff"]
+    assert doc["losses"][-1] < doc["losses"][0]
+    for m in doc["memory_per_rank"]:
+        got, want = m["measured"], m["predicted"]
+        assert [got["params"], got["grads"], got["optimizer"]] == [
+            want["weights"], want["gradients"], want["optimizer"]]
+        held = m["activations"]
+        assert 0.85 <= held["measured"] / held["predicted"] <= 1.25
+    assert 0.98 <= doc["predicted_vs_measured"]["flops_per_step"]["ratio"] <= 1.02
+    for row in doc["predicted_vs_measured"]["activation_bytes_per_microbatch"]["per_rank"]:
+        assert 0.85 <= row["ratio"] <= 1.15, row
+    cp = int(layout[layout.index("--cp") + 1]) if "--cp" in layout else 1
+    hsdp = "--dp-replicate" in layout
+    for row in doc["comm_bytes_per_step"]:
+        dims = [d for d in ("dp", "dp_replicate", "cp", "tp", "pp") if d in row]
+        assert ("cp" in dims) == (cp > 1) and ("dp_replicate" in dims) == hsdp, row
+        for d in dims:
+            assert row[d]["measured"] == row[d]["predicted"] > 0, (d, row)
+    if layout == CP_LAYOUTS[0]:
+        # By hand (Llama 3's all-gather): per layer each rank sends the other rank its K and
+        # V, b x s/cp x 2 kv_dim fp32 values (8 x 16 x 128 x 4 bytes), forward, and their
+        # gradients back; 4 layers.
+        assert doc["comm_bytes_per_step"][0]["cp"]["measured"] == 4 * 2 * 8 * 16 * 128 * 4
+    if "--tp" not in layout and "--pp" not in layout:
+        # The cost model's own figures: the K/V gathers (estimate.context) and FSDP over
+        # dp x cp inside a replica, all-reduce across replicas (estimate.comm).
+        dp = int(layout[layout.index("--dp") + 1]) if "--dp" in layout else 1
+        shape = ModelShape("flags", 4, 64, 4, garden_vocab().size, 32, style="llama",
+                           tied=False)  # the flags' default model
+        lay = make_layout(shape, dp=dp, cp=cp, zero=3, dtype="fp32", global_batch=8,
+                          micro_batch=8 // dp, dp_replicate=2 if hsdp else 1)
+        psi = layout_stage_params(shape, lay, vocab_parallel=False)[0]
+        inside, across = layout_dp_bytes(psi, 0, lay)
+        for row in doc["comm_bytes_per_step"]:
+            assert row["dp"]["measured"] == inside
+            assert row.get("dp_replicate", {"measured": 0.0})["measured"] == across
+            assert row.get("cp", {"measured": 0})["measured"] == cp_bytes_per_stage(shape,
+                                                                                    lay)[0]
+
+
+@pytest.mark.multiprocess
 def test_bf16_within_stated_tolerance(documents: dict[str, dict[str, Any]]) -> None:
     doc = documents[layout_id(BF16)]
     assert len(doc["losses"]) == 10 and doc["parity_tolerance"] == 2e-2
     assert doc["max_loss_diff"] <= 2e-2 and doc["parity_passed"]
 
 
-DRY_RUN = [LAYOUTS[0], LAYOUTS[6]]  # FSDP on 2 processes; TP + SP + 1F1B on 4
+# FSDP on 2 processes; TP + SP + 1F1B on 4; context parallel with 1F1B on 4 (its K/V
+# gathers on the fake process group).
+DRY_RUN = [LAYOUTS[0], LAYOUTS[6], CP_LAYOUTS[4]]
 
 
 @pytest.mark.multiprocess
@@ -196,9 +269,9 @@ def test_the_dry_run_equals_the_real_run(documents: dict[str, dict[str, Any]]) -
     work = []
     for argv in DRY_RUN:
         cfg, _ = prepare(build_parser().parse_args(["train", "--steps", str(STEPS), *argv]))
-        work += [(layout_id(argv), cfg, p * cfg.dp * cfg.tp) for p in range(cfg.pp)]
+        work += [(layout_id(argv), cfg, p * cfg.dp * cfg.cp * cfg.tp) for p in range(cfg.pp)]
     dry = run_many([(cfg, rank) for _, cfg, rank in work])
-    assert len(dry) == 3
+    assert len(dry) == 5
     for (name, _, rank), role in zip(work, dry, strict=True):
         doc = documents[name]
         real = next(m for m in doc["memory_per_rank"] if m["rank"] == rank)
@@ -262,6 +335,15 @@ def test_human_view(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
       "--schedule", "interleaved-1f1b", "--virtual-stages", "2"], "multiple of pp=2"),
     (["--pp", "2", "--micro-batch", "2", "--virtual-stages", "2"], "schedule='1f1b'"),
     (["--pp", "2", "--micro-batch", "2", "--schedule", "interleaved-1f1b"], "virtual_stages=1"),
+    # Issue 17: cp must cut the sequence into 2cp chunks; the stages' layer counts must sum
+    # to the model's and leave none empty; the replicas must divide dp.
+    (["--cp", "3"], "cp=3: must split seq (32) into 2*cp=6 equal chunks"),
+    (["--pp", "2", "--stage-layers", "3,2"], "stage_layers='3+2': must sum to the model's 4"),
+    (["--pp", "2", "--stage-layers", "4,0"], "stage_layers='4+0': must give every stage"),
+    (["--pp", "2", "--stage-layers", "3,1,0"], "stage_layers='3+1+0': must give 2 counts"),
+    (["--dp", "4", "--dp-replicate", "3"], "dp_replicate=3: must divide dp (4)"),
+    (["--dp", "2", "--dp-replicate", "2", "--dp-mode", "ddp"], "dp_replicate=2: needs FSDP"),
+    (["--dp", "2", "--cp", "2", "--nproc", "2"], "nproc=2: must equal dp*cp*tp*pp (4)"),
 ])
 def test_bad_input_before_any_rank(capsys: pytest.CaptureFixture[str], argv: list[str],
                                    words: str) -> None:

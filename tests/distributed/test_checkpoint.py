@@ -1,7 +1,8 @@
 """Checkpoints: resumed runs bitwise equal to uninterrupted ones (FSDP, DDP with async save,
-TP, PP with a tied head, interleaved PP, expert parallel, and dp2 x tp2 x pp2), resharded
-loads within a stated tolerance (experts too), a SIGKILL in the middle of a save, the safe
-metadata reader, checksums and the manifest.
+TP, PP with a tied head, interleaved PP, expert parallel, context parallel, uneven pipeline
+stages, and dp2 x tp2 x pp2), resharded loads within a stated tolerance (experts, context
+parallel and uneven stages too), a SIGKILL in the middle of a save, the safe metadata
+reader, checksums and the manifest.
 
 One launch of two ranks runs every two-rank training in sequence (``run_cases``), so
 the spawn cost is paid once (the run killed in the middle of a save has a launch of its
@@ -78,6 +79,10 @@ LAYOUTS = {  # name: (shape, layout); every one on two ranks
     "moe-ep": (MOE, {"dp": 2, "ep": 2}),
     # Experts split over tp (etp = tp): DTensors over the (ep, tp) dims.
     "moe-etp": (MOE, {"tp": 2, "etp": 2}),
+    # Context parallel: the sequence over two ranks, FSDP over the cp ranks (issue 17).
+    "cp": (LLAMA, {"cp": 2}),
+    # Uneven pipeline stages: three layers on the first rank, one on the second.
+    "pp-uneven": (LLAMA4, {"pp": 2, "micro_batch": 2, "stage_layers": (3, 1)}),
 }
 RESHARDS = {  # name: (from, layout it resumes in)
     "fsdp->tp": ("fsdp", {"tp": 2}),
@@ -86,6 +91,8 @@ RESHARDS = {  # name: (from, layout it resumes in)
     # The same token groups per forward (dp = 2), the experts now FSDP-sharded over dp.
     "moe-ep->dp": ("moe-ep", {"dp": 2}),
     "moe-etp->tp": ("moe-etp", {"tp": 2}),  # the experts whole on both ranks again
+    "cp->dp": ("cp", {"dp": 2}),  # the same model, now each rank a whole sequence
+    "pp-uneven->even": ("pp-uneven", {"pp": 2, "micro_batch": 2}),  # 2 + 2 layers
 }
 
 

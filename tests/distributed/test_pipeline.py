@@ -30,8 +30,8 @@ from shardlab.distributed.pipeline import (
     pipeline_stages,
     pipeline_step,
     split_model,
-    sync_tied_grads,
 )
+from shardlab.distributed.tied_embedding import sync_tied_grads
 from shardlab.errors import SpecError
 from shardlab.nn.data import Batch, global_token_normalizer, make_batch
 from shardlab.nn.loss import lm_loss_sum

@@ -19,14 +19,16 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 
 from shardlab.cli import main
-from shardlab.config.hf_config import hf_config
+from shardlab.config.hf_export import hf_config
 from shardlab.config.model import ModelShape, MoE
 from shardlab.distributed.checkpoint_manifest import FORMAT, shape_record, write_manifest
 from shardlab.hf.weights import read_weights, to_hf
 from shardlab.nn.model import TransformerLM, numel
 
+# Mixtral's own rotary base (1e6, not the default 10 000): the logits test holds both
+# sides to it.
 SHAPE = ModelShape("tiny-mixtral", 2, 32, 4, 64, 32, kv_heads=2, style="llama", tied=False,
-                   moe=MoE(4, 2, 16))
+                   moe=MoE(4, 2, 16), rope_theta=1e6)
 # fp32, same math in another order (experts summed per expert there, per token here):
 LOGITS_ATOL, LOGITS_RTOL = 1e-5, 1e-5
 
@@ -69,7 +71,7 @@ def test_transformers_loads_the_same_logits(exported: tuple[Path, TransformerLM]
     transformers = pytest.importorskip("transformers")
     out, m = exported
     config = json.loads((out / "config.json").read_text())
-    assert config["architectures"] == ["MixtralForCausalLM"]
+    assert config["architectures"] == ["MixtralForCausalLM"] and config["rope_theta"] == 1e6
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     assert type(hf).__name__ == "MixtralForCausalLM"
     assert sum(p.numel() for p in hf.parameters()) == numel(m)

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 import shardlab.hf.weights as weights
 from shardlab.cli import main
-from shardlab.config.hf_config import hf_config
+from shardlab.config.hf_export import hf_config
 from shardlab.config.model import ModelShape
 from shardlab.hf.weights import read_weights, to_hf
 from shardlab.nn.model import TransformerLM

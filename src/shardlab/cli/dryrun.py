@@ -11,7 +11,7 @@ from typing import Any
 from shardlab.cli.args import add_shape_args, positive_int
 from shardlab.cli.output import print_json
 from shardlab.cli.plan import model_from_args
-from shardlab.config.layout import make_layout
+from shardlab.config.layout import make_layout, parse_stage_layers
 from shardlab.config.limits import MAX_GPUS
 from shardlab.dryrun.compare import role_ranks
 from shardlab.errors import SpecError, require_int_at_most
@@ -19,6 +19,7 @@ from shardlab.plan.search import layout_sp, parse_layout
 from shardlab.plan.space import DP_MODE_OF_ZERO
 from shardlab.report.dryrun_view import print_dryrun
 from shardlab.train.config import TrainConfig, auto_micro_batch, check_config
+from shardlab.train.report_cp import layout_keys
 
 
 def register(sub: Any) -> None:
@@ -34,8 +35,17 @@ def register(sub: Any) -> None:
     p.add_argument("--gpus", type=positive_int, required=True, help="ranks of the job")
     p.add_argument("--layout", default="",
                    help='"dp=.. tp=.. pp=.. virtual=.. zero=0|2|3 sp=0|1 '
-                   'recompute=none|selective|full schedule=.. micro_batch=.." (dp defaults '
-                   "to gpus/(tp*pp), zero to 3: FSDP)")
+                   'recompute=none|selective|full schedule=.. micro_batch=.. cp=.. '
+                   'stage_layers=3+1 dp_replicate=.." (dp defaults to gpus/(cp*tp*pp), '
+                   "zero to 3: FSDP)")
+    p.add_argument("--cp", type=positive_int,
+                   help="context parallel: every sequence split over cp ranks (the layout's "
+                   "cp=N)")
+    p.add_argument("--stage-layers", metavar="N,N,...",
+                   help="layers of each pipeline stage, e.g. 3,1 (the layout's "
+                   "stage_layers=3+1; default: the even split)")
+    p.add_argument("--dp-replicate", type=positive_int,
+                   help="HSDP: dp = R replicas x dp/R shards (the layout's dp_replicate=R)")
     p.add_argument("--global-batch", type=positive_int,
                    help="sequences per optimizer step (default: dp x the pipeline's "
                    "micro-batches)")
@@ -64,6 +74,20 @@ def _int(raw: dict[str, str], key: str, default: int) -> int:
         raise SpecError(key, raw[key], "must be an integer") from None
 
 
+def _flags_into_layout(args: argparse.Namespace, raw: dict[str, str]) -> dict[str, str]:
+    """``--layout``'s keys with ``--cp``, ``--stage-layers`` and ``--dp-replicate`` added;
+    SpecError when a flag and a key both give one."""
+    for key, value in (("cp", args.cp), ("stage_layers", args.stage_layers),
+                       ("dp_replicate", args.dp_replicate)):
+        if value is None:
+            continue
+        if key in raw:
+            raise SpecError(key, value, f"is given twice: by --{key.replace('_', '-')} and "
+                            f"by --layout's {key}={raw[key]}")
+        raw[key] = str(value)
+    return raw
+
+
 def config_from(args: argparse.Namespace) -> TrainConfig:
     """The run ``train`` would make of MODEL, ``--gpus`` and ``--layout``, checked with
     train's own one-line errors (SpecError), before any model is built."""
@@ -75,13 +99,18 @@ def config_from(args: argparse.Namespace) -> TrainConfig:
                         "tensors have no values to route tokens by; use shardlab train, or "
                         "budget / plan / simulate for the cost model")
     require_int_at_most("gpus", args.gpus, MAX_GPUS)
-    raw = parse_layout(args.layout)
+    raw = _flags_into_layout(args, parse_layout(args.layout))
     tp, pp, virtual = _int(raw, "tp", 1), _int(raw, "pp", 1), _int(raw, "virtual", 1)
-    if args.gpus % (tp * pp):
-        raise SpecError("gpus", args.gpus, f"must be a multiple of tp*pp ({tp * pp})")
-    dp = _int(raw, "dp", args.gpus // (tp * pp))
-    if dp * tp * pp != args.gpus:
-        raise SpecError("gpus", args.gpus, f"must equal dp*tp*pp ({dp}*{tp}*{pp})")
+    cp, replicas = _int(raw, "cp", 1), _int(raw, "dp_replicate", 1)
+    if cp < 1:
+        raise SpecError("cp", cp, "must be a positive integer")
+    if args.gpus % (cp * tp * pp):
+        what = f"tp*pp ({tp * pp})" if cp == 1 else f"cp*tp*pp ({cp * tp * pp})"
+        raise SpecError("gpus", args.gpus, f"must be a multiple of {what}")
+    dp = _int(raw, "dp", args.gpus // (cp * tp * pp))
+    if dp * cp * tp * pp != args.gpus:
+        what = f"dp*tp*pp ({dp}*{tp}*{pp})" if cp == 1 else f"dp*cp*tp*pp ({dp}*{cp}*{tp}*{pp})"
+        raise SpecError("gpus", args.gpus, f"must equal {what}")
     zero = _int(raw, "zero", 3)
     if zero not in DP_MODE_OF_ZERO:
         raise SpecError("zero", zero, "must be 0 (ddp), 2 (fsdp-zero2) or 3 (fsdp): what "
@@ -95,8 +124,10 @@ def config_from(args: argparse.Namespace) -> TrainConfig:
     global_batch = args.global_batch or dp * (micro or 1) * pp
     if pp > 1 and not micro:
         micro = auto_micro_batch(global_batch, dp, pp, schedule)
-    cfg = TrainConfig(shape=shape, dp=dp, tp=tp, pp=pp, virtual_stages=virtual,
-                      dp_mode=DP_MODE_OF_ZERO[zero] if dp > 1 else "fsdp", sp=sp,
+    cfg = TrainConfig(shape=shape, dp=dp, tp=tp, pp=pp, virtual_stages=virtual, cp=cp,
+                      stage_layers=parse_stage_layers(raw.get("stage_layers")),
+                      dp_replicate=replicas,
+                      dp_mode=DP_MODE_OF_ZERO[zero] if dp * cp > 1 else "fsdp", sp=sp,
                       recompute=raw.get("recompute", "none"), schedule=schedule,
                       global_batch=global_batch, micro_batch=micro, seq=seq, steps=2,
                       dtype=args.dtype)
@@ -111,10 +142,11 @@ def fit_advice(cfg: TrainConfig, acc: Any, doc: dict[str, Any]) -> dict[str, Any
     allowance."""
     # Imported here: the planner's fit advice is needed only for a layout that does not fit.
     from shardlab.plan.fit import explain_fit
-    zero = ({mode: z for z, mode in DP_MODE_OF_ZERO.items()}[cfg.dp_mode] if cfg.dp > 1
-            else 0)
+    zero = ({mode: z for z, mode in DP_MODE_OF_ZERO.items()}[cfg.dp_mode]
+            if cfg.grad_ranks > 1 else 0)
     layout = make_layout(cfg.shape, gpus=cfg.world, dp=cfg.dp, tp=cfg.tp, pp=cfg.pp,
-                         virtual_stages=cfg.virtual_stages, zero=zero, sp=cfg.sp,
+                         virtual_stages=cfg.virtual_stages, zero=zero, sp=cfg.sp, cp=cfg.cp,
+                         stage_layers=cfg.stage_layers, dp_replicate=cfg.dp_replicate,
                          micro_batch=cfg.micro_batch or cfg.global_batch // cfg.dp,
                          global_batch=cfg.global_batch, seq=cfg.seq, recompute=cfg.recompute,
                          dtype="amp-bf16" if cfg.dtype == "bf16" else "fp32",
@@ -152,7 +184,8 @@ def dryrun_document(args: argparse.Namespace) -> dict[str, Any]:
             "layout": f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} virtual={cfg.virtual_stages} "
                       f"{cfg.dp_mode} sp={int(cfg.sp)} recompute={cfg.recompute} "
                       f"schedule={cfg.schedule} micro_batch={cfg.micro_batch or 'all'} "
-                      f"global_batch={cfg.global_batch} seq={cfg.seq} dtype={cfg.dtype}",
+                      f"global_batch={cfg.global_batch} seq={cfg.seq} dtype={cfg.dtype}"
+                      f"{layout_keys(cfg)}",
             "gpu": args.gpu, "seconds": time.perf_counter() - start,
             "roles_run": ranks, **doc}
 

@@ -21,6 +21,7 @@ from shardlab.cli import train
 from shardlab.cli.args import Parser, build_shape, shape_flags
 from shardlab.cli.job_file import apply_job_file, job_text
 from shardlab.config.files import check_output, write_atomic
+from shardlab.config.layout import parse_stage_layers
 from shardlab.config.measured import accelerator_or_measured
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_vocab
@@ -54,6 +55,8 @@ def layout_config(args: argparse.Namespace) -> TrainConfig:
     if micro == 0 and ns.pp > 1:
         micro = auto_micro_batch(ns.global_batch, ns.dp, ns.pp, ns.schedule)
     cfg = TrainConfig(shape=shape, dp=ns.dp, tp=ns.tp, pp=ns.pp, ep=ns.ep, etp=ns.etp,
+                      cp=ns.cp, stage_layers=parse_stage_layers(ns.stage_layers),
+                      dp_replicate=ns.dp_replicate,
                       capacity_factor=ns.capacity_factor, aux_coef=ns.aux_loss_coef,
                       z_coef=ns.router_z_loss,
                       virtual_stages=ns.virtual_stages, dp_mode=ns.dp_mode, sp=ns.sp,
@@ -108,6 +111,7 @@ def emit_config(path: Path, doc: dict[str, Any], model_flags: str) -> str:
               "--no-FLAG turns off a switch set here"]
     write_atomic(path, job_text(args, header).encode())
     ep = f" ep={cfg.ep}" if cfg.ep > 1 else ""
+    ep += f" cp={cfg.cp}" if cfg.cp > 1 else ""
     return (f"wrote {path}: dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}{ep} ({cfg.world} ranks), "
             f"{cfg.global_batch} sequences of {cfg.seq} tokens per step")
 

@@ -1,4 +1,5 @@
-"""``shardlab train``: real training on a (pp, dp, tp) device mesh, with the cost model beside."""
+"""``shardlab train``: real training on a (pp, dp, cp, tp) device mesh, with the cost model
+beside."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from shardlab.cli.guard import check_memory
 from shardlab.cli.job_file import apply_job_file
 from shardlab.cli.output import print_json
 from shardlab.cli.train_flags import add_train_flags, config_flag
+from shardlab.config.layout import parse_stage_layers
 from shardlab.config.measured import NAMES, load_measurement, slow_dtype_note
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_documents, garden_vocab
@@ -37,8 +39,9 @@ from shardlab.train.report import peak_flops, predicted_peak_bytes, report
 
 def register(sub: Any) -> None:
     """Add the ``train`` sub-command."""
-    p = sub.add_parser("train", help="real training on a device mesh (FSDP2/DDP, TP, PP, EP)",
-                       description="Train shardlab's LM on dp x tp x pp real processes and "
+    p = sub.add_parser("train", help="real training on a device mesh (FSDP2/HSDP/DDP, TP, "
+                       "PP, CP, EP)",
+                       description="Train shardlab's LM on dp x cp x tp x pp real processes and "
                        "print the cost model's prediction beside what the run measured.")
     p.add_argument("model", nargs="?", help="catalog name or config.json (default: a small "
                    "model from the shape flags)")
@@ -100,6 +103,8 @@ def check(args: argparse.Namespace) -> tuple[TrainConfig, float | None, list[str
                      f"sequences per micro-batch, {args.global_batch // args.dp // micro} "
                      "micro-batches per step")
     cfg = TrainConfig(shape=shape, dp=args.dp, tp=args.tp, pp=args.pp, ep=args.ep,
+                      cp=args.cp, stage_layers=parse_stage_layers(args.stage_layers),
+                      dp_replicate=args.dp_replicate,
                       etp=args.etp, capacity_factor=args.capacity_factor,
                       aux_coef=args.aux_loss_coef, z_coef=args.router_z_loss,
                       virtual_stages=args.virtual_stages, dp_mode=args.dp_mode, sp=args.sp,
@@ -118,7 +123,7 @@ def check(args: argparse.Namespace) -> tuple[TrainConfig, float | None, list[str
     peak = peak_flops(cfg, args.gpu, world)  # a bad --gpu fails here, before any rank
     cfg = dataclasses.replace(cfg, tensorboard=args.tensorboard or "", peak_flops=peak or 0.0)
     if args.nproc is not None and args.nproc != world and not under_torchrun():
-        raise SpecError("nproc", args.nproc, f"must equal dp*tp*pp ({world})")
+        raise SpecError("nproc", args.nproc, f"must equal dp*cp*tp*pp ({world})")
     check_folder("log_dir", args.log_dir)
     check_folder("tensorboard", args.tensorboard)
     check_folder("checkpoint_dir", args.checkpoint_dir)
@@ -288,7 +293,8 @@ def _check_memory(cfg: TrainConfig, args: argparse.Namespace) -> None:
     available. (--check-parity's one-process reference trains before the ranks start and
     holds about what they hold together, so the same check covers it.)"""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.world)) if under_torchrun() else cfg.world
-    layout = (f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}{f' ep={cfg.ep}' if cfg.ep > 1 else ''} "
+    extra = (f" ep={cfg.ep}" if cfg.ep > 1 else "") + (f" cp={cfg.cp}" if cfg.cp > 1 else "")
+    layout = (f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp}{extra} "
               f"{cfg.dtype}, micro-batch "
               f"{cfg.micro_batch or cfg.global_batch // cfg.dp} x {cfg.seq} tokens")
     name = cfg.shape.name if cfg.shape.name != "flags" else cfg.shape.describe()

@@ -23,7 +23,16 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp", type=positive_int, default=1)
     g.add_argument("--tp", type=positive_int, default=1)
     g.add_argument("--pp", type=positive_int, default=1)
+    g.add_argument("--cp", type=positive_int, default=1,
+                   help="context parallel: every sequence split over cp ranks (chunks i and "
+                   "2cp-1-i of 2cp), K and V all-gathered in each layer; FSDP over dp x cp")
     g.add_argument("--virtual-stages", type=positive_int, default=1)
+    g.add_argument("--stage-layers", metavar="N,N,...",
+                   help="layers of each of the pp x virtual-stages pipeline stages, e.g. 3,1 "
+                   "(default: the even split)")
+    g.add_argument("--dp-replicate", type=positive_int, default=1,
+                   help="HSDP: dp = R replicas x dp/R shards (FSDP2 on a 2-D mesh: "
+                   "reduce-scatter inside a replica, all-reduce across replicas)")
     g.add_argument("--dp-mode", choices=DP_MODES, default="fsdp",
                    help="fsdp (ZeRO-3), fsdp-zero2 (reshard_after_forward=False) or ddp")
     g.add_argument("--sp", action="store_true", help="sequence parallel (needs tp > 1)")

@@ -49,12 +49,13 @@ Writing one (export): the constants shardlab's model is built with go in, as
 transformers' fields: RMSNorm eps 1e-6 (``rms_norm_eps``) and LayerNorm eps 1e-5
 (``layer_norm_epsilon``, :func:`shardlab.nn.model.make_norm`), SwiGLU with SiLU
 (``hidden_act: silu``), GELU tanh (``activation_function: gelu_pytorch_tanh``), and the
-rotary base 10 000 (``rope_theta``, :data:`shardlab.config.model.ROPE_THETA`).
+rotary base (``rope_theta``) the shape carries (10 000 when a file gives none).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,8 @@ def shape_from_hf_config(path: str | Path, name: str | None = None) -> ModelShap
     config = load_config(path)
     family = _family(config)
     fields = _BUILDERS[family](_Reader(config, family))
+    if fields.get("style", "llama") == "llama":
+        fields["rope_theta"] = rope_theta_of(config)
     shape_name = name if name is not None else _default_name(config, path)
     return ModelShape(name=shape_name, source=f"Hugging Face config.json at {path}", **fields)
 
@@ -277,11 +280,12 @@ def check_computable(config: Config, style: str) -> list[str]:
     Rotary positions are read as both transformers generations do, so a file either one
     would scale is refused: 4.x reads ``rope_theta`` and ``rope_scaling``; 5.x reads
     ``rope_parameters``, replaced wholesale by a non-empty ``rope_scaling``, with the
-    legacy key ``type`` standing for ``rope_type``. Every present theta must be 10 000
-    and every present rope type ``default``. SpecError names the field.
+    legacy key ``type`` standing for ``rope_type``. Every present theta must be the same
+    finite number > 0 (:func:`rope_theta_of`: the shape's) and every present rope type
+    ``default``. SpecError names the field.
     """
     if style == "llama":
-        _require_theta("rope_theta", config.get("rope_theta", ROPE_THETA))
+        rope_theta_of(config)
         for name in ("rope_parameters", "rope_scaling"):
             _check_rope_dict(name, config.get(name))
         act_field, allowed, default = "hidden_act", ("silu",), "silu"
@@ -304,11 +308,28 @@ def check_computable(config: Config, style: str) -> list[str]:
             "slightly"]
 
 
-def _require_theta(field: str, value: object) -> None:
-    # bool is an int subclass: true would pass as 1.
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != ROPE_THETA:
-        raise SpecError(field, value, f"must be {ROPE_THETA:g}: shardlab's model has a fixed "
-                        "rotary base")
+def rope_theta_of(config: Config) -> float:
+    """The rotary base a config.json states: ``rope_theta`` (transformers 4.x), or
+    ``rope_parameters.rope_theta`` / ``rope_scaling.rope_theta`` (5.x); 10 000 when none
+    does. SpecError naming the field when one is not a finite number > 0, or two differ
+    (which would transformers use?)."""
+    found: list[tuple[str, float]] = []
+    places = [("rope_theta", config)]
+    places += [(f"{name}.rope_theta", config.get(name)) for name in ("rope_parameters",
+                                                                    "rope_scaling")]
+    for field, holder in places:
+        if not isinstance(holder, dict) or "rope_theta" not in holder:
+            continue
+        value = holder["rope_theta"]
+        # bool is an int subclass: true would pass as 1.
+        if (isinstance(value, bool) or not isinstance(value, int | float)
+                or not math.isfinite(value) or value <= 0):
+            raise SpecError(field, value, "must be a finite number > 0 (the rotary base)")
+        if found and value != found[0][1]:
+            raise SpecError(field, value, f"must equal {found[0][0]} ({found[0][1]:g}): "
+                            "one rotary base")
+        found.append((field, float(value)))
+    return found[0][1] if found else ROPE_THETA
 
 
 def _check_rope_dict(name: str, value: object) -> None:
@@ -321,78 +342,3 @@ def _check_rope_dict(name: str, value: object) -> None:
         if key in value and value[key] != "default":
             raise SpecError(f"{name}.{key}", value[key], "must be default: rope scaling is not "
                             "supported (shardlab's rotary positions are unscaled)")
-    if "rope_theta" in value:
-        _require_theta(f"{name}.rope_theta", value["rope_theta"])
-
-
-# --- ModelShape -> config.json ------------------------------------------------------
-
-def hf_family(shape: ModelShape) -> str:
-    """``llama``, ``qwen2``, ``gpt2`` or ``mixtral``: the family a shape exports to."""
-    if shape.moe is not None:
-        _check_mixtral(shape)
-        return "mixtral"
-    if shape.style == "llama":
-        return "qwen2" if shape.qkv_bias else "llama"
-    if shape.kv_heads != shape.heads or shape.head_dim * shape.heads != shape.d_model:
-        raise SpecError("kv_heads", shape.kv_heads, "GPT-2 has multi-head attention with "
-                        "head_dim = d_model / heads only")
-    return "gpt2"
-
-
-def _check_mixtral(shape: ModelShape) -> None:
-    """Refuse a MoE shape that transformers' MixtralForCausalLM cannot hold: every layer
-    a MoE of ``num_local_experts`` SwiGLU experts, a bias-free router, no shared experts
-    (DeepSeek-style shared experts and leading dense layers have no export target)."""
-    moe = shape.moe
-    assert moe is not None
-    if shape.style != "llama":
-        raise SpecError("style", shape.style, "must be llama to export a mixture-of-experts "
-                        "model: Mixtral is RMSNorm, SwiGLU experts, rotary positions")
-    refusals = (("qkv_bias", shape.qkv_bias, "no attention biases"),
-                ("moe.shared_experts", moe.shared_experts, "no shared experts"),
-                ("moe.dense_layers", moe.dense_layers, "a MoE layer in every block"),
-                ("moe.router_bias", moe.router_bias, "a router without bias"))
-    for field, value, mixtral_has in refusals:
-        if value:
-            allowed = "false" if isinstance(value, bool) else "0"
-            raise SpecError(field, value, f"must be {allowed} to export: transformers' "
-                            f"Mixtral has {mixtral_has}")
-
-
-def hf_config(shape: ModelShape) -> dict[str, Any]:
-    """The ``config.json`` transformers builds the same model from."""
-    family = hf_family(shape)
-    if family == "gpt2":
-        return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-                "n_embd": shape.d_model, "n_layer": shape.layers, "n_head": shape.heads,
-                "n_inner": shape.d_ff, "n_positions": shape.context, "n_ctx": shape.context,
-                "vocab_size": shape.vocab, "activation_function": "gelu_pytorch_tanh",
-                "layer_norm_epsilon": LN_EPS, "tie_word_embeddings": shape.tied,
-                "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-                "bos_token_id": None, "eos_token_id": None, "dtype": "float32"}
-    arch = {"qwen2": "Qwen2ForCausalLM", "mixtral": "MixtralForCausalLM"}.get(
-        family, "LlamaForCausalLM")
-    d_ff = shape.moe.expert_d_ff if shape.moe is not None else shape.d_ff
-    config = {"architectures": [arch], "model_type": family,
-              "hidden_size": shape.d_model, "intermediate_size": d_ff,
-              "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads,
-              "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim,
-              "vocab_size": shape.vocab, "max_position_embeddings": shape.context,
-              "rms_norm_eps": RMS_EPS, "hidden_act": "silu",
-              # transformers 4.x reads rope_theta, 5.x rope_parameters
-              "rope_theta": ROPE_THETA,
-              "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
-              "tie_word_embeddings": shape.tied, "attention_dropout": 0.0,
-              "bos_token_id": None, "eos_token_id": None, "dtype": "float32"}
-    if family == "llama":
-        config |= {"attention_bias": False, "mlp_bias": False}
-    elif family == "qwen2":
-        config |= {"use_sliding_window": False}
-    else:
-        assert shape.moe is not None
-        config |= {"num_local_experts": shape.moe.experts,
-                   "num_experts_per_tok": shape.moe.experts_per_token,
-                   "sliding_window": None, "router_jitter_noise": 0.0,
-                   "output_router_logits": False}
-    return config

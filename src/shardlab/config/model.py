@@ -16,6 +16,7 @@ of width ``expert_d_ff``, a linear router of ``d_model x experts`` and
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -33,6 +34,7 @@ from shardlab.errors import (
     require_int_at_most,
     require_nonnegative_int,
     require_positive_int,
+    require_positive_number,
 )
 
 Style = Literal["gpt", "llama"]
@@ -46,8 +48,8 @@ LN_EPS = 1e-5
 """The epsilon of GPT-style LayerNorm (Ba et al. 2016), as GPT-2's config.json."""
 
 ROPE_THETA = 10_000.0
-"""The rotary embedding's base (Su et al. 2021; Llama 1 and 2): the model shardlab builds
-uses it, and an exported config.json says so."""
+"""The rotary embedding's default base (Su et al. 2021; Llama 1 and 2): a shape's
+``rope_theta`` when none is given (a config.json without one, a model from flags)."""
 
 
 SHAPE_LIMITS: dict[str, int] = {
@@ -100,7 +102,9 @@ class ModelShape:
     ``head_dim`` (0 means ``d_model // heads``; Hugging Face configs may set it
     explicitly, e.g. Gemma, Mistral-Nemo), ``d_ff`` (0 means 4 * d_model).
     ``context`` is the trained sequence length in tokens; for ``gpt`` style it is
-    also the size of the learned position table.
+    also the size of the learned position table. ``rope_theta`` is the rotary base of a
+    ``llama``-style model (Su et al. 2021: 10 000; Llama 3 500 000, Mixtral 1 000 000);
+    it changes what the model computes, never its cost.
     """
 
     name: str
@@ -116,6 +120,7 @@ class ModelShape:
     tied: bool = True
     qkv_bias: bool = False
     moe: MoE | None = None
+    rope_theta: float = ROPE_THETA
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -125,6 +130,10 @@ class ModelShape:
             require_nonnegative_int(name, getattr(self, name))
         for name, limit in SHAPE_LIMITS.items():
             require_int_at_most(name, getattr(self, name), limit)
+        theta = require_positive_number("rope_theta", self.rope_theta)
+        if not math.isfinite(theta):
+            raise SpecError("rope_theta", self.rope_theta, "must be a finite number > 0")
+        object.__setattr__(self, "rope_theta", float(theta))
         if self.style not in STYLES:
             raise SpecError("style", self.style, f"must be one of {', '.join(STYLES)}")
         if self.kv_heads == 0:
@@ -180,4 +189,5 @@ class ModelShape:
                if self.moe else "")
         return (f"{self.style} L={self.layers} d={self.d_model} heads={self.heads}{gqa} "
                 f"hd={self.head_dim} ff={self.d_ff} V={self.vocab} ctx={self.context}"
-                f"{' tied' if self.tied else ''}{moe}")
+                f"{' tied' if self.tied else ''}{moe}"
+                f"{f' rope_theta={self.rope_theta:g}' if self.rope_theta != ROPE_THETA else ''}")

@@ -221,7 +221,7 @@ class Checkpointer:
         saved = set(safe_reader(folder).read_metadata().state_dict_metadata)
         # A tied head held as its own copy on the last pipeline stage has no optimizer
         # state of its own in a checkpoint written without pipeline stages: it takes the
-        # embedding's (both copies step identically, pipeline.sync_tied_grads).
+        # embedding's (both copies step identically, tied_embedding.sync_tied_grads).
         copies, renamed = [], []
         for key in [k for k in state["optim"] if f"optim.{k}" not in saved]:
             twin = key.replace("lm_head.weight", "embed.weight")

@@ -176,10 +176,14 @@ class CommMeter(TorchDispatchMode):
     ``dims`` names groups by their global ranks (``{"dp": (0, 2), "tp": (0, 1)}``);
     a collective on one of them is filed under its name in ``summary()["by_dim"]``,
     anything else under ``other``. Two dims of the same ranks (dp and ep when
-    expert_dp = 1): all-to-alls go to ``ep``, the rest to the other.
+    expert_dp = 1): all-to-alls go to ``ep``, the rest to the other. ``groups`` names
+    process groups by their registered name (``{group_name: "cp"}``), looked up first: two
+    groups of the same ranks (context parallel's ``cp`` and FSDP's dp x cp when dp = 1)
+    are told apart so.
     """
 
-    def __init__(self, dims: dict[str, tuple[int, ...]] | None = None) -> None:
+    def __init__(self, dims: dict[str, tuple[int, ...]] | None = None,
+                 groups: dict[str, str] | None = None) -> None:
         super().__init__()
         self.calls: dict[str, int] = defaultdict(int)
         self.payload: dict[str, int] = defaultdict(int)
@@ -188,6 +192,7 @@ class CommMeter(TorchDispatchMode):
         self._dims: dict[tuple[int, ...], list[str]] = defaultdict(list)
         for name, r in (dims or {}).items():
             self._dims[tuple(r)].append(name)
+        self._groups = dict(groups or {})
         self._original: Any = None
 
     def _record(self, kind: str, payload: int, sent: float, where: str) -> None:
@@ -236,10 +241,13 @@ class CommMeter(TorchDispatchMode):
             sent = _alltoall_sent(name, args, group, payload) if kind == "all_to_all" else None
             if sent is None:
                 sent = ring_bytes(kind, payload, _group_size(group))
-            self._record(kind, payload, sent, self._where(kind, _group_ranks(group)))
+            self._record(kind, payload, sent, self._where(kind, _group_ranks(group), group))
         return func(*args, **kwargs)
 
-    def _where(self, kind: str, ranks: tuple[int, ...]) -> str:
+    def _where(self, kind: str, ranks: tuple[int, ...], group: Any = None) -> str:
+        name = getattr(group, "group_name", None) if self._groups else None
+        if name in self._groups:
+            return self._groups[name]
         names = self._dims.get(ranks) or ["other"]
         if len(names) > 1 and "ep" in names:
             return "ep" if kind == "all_to_all" else next(n for n in names if n != "ep")

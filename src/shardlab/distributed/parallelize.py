@@ -21,6 +21,12 @@ parallelism (:mod:`shardlab.distributed.expert_parallel`, torchtitan's ``apply_m
 at the same place), and FSDP shards them over ``edp`` (dp / ep) before the blocks over
 ``dp``.
 
+Context parallelism (``cp > 1``, :mod:`shardlab.distributed.context_parallel`) changes no
+parameter: every attention layer gets the all-gather of K and V over the mesh's ``cp``
+dim, and data parallelism runs over dp x cp (the mesh's ``fsdp`` dim: FSDP shards over
+``dp_shard_cp``, or with ``dp_replicate > 1`` over the 2-D ``(dp_replicate,
+dp_shard_cp)`` mesh that makes ``fully_shard`` hybrid, HSDP; DDP replicates over it).
+
 :func:`parallelize` applies them in that order on a mesh with named dims ``("dp", "tp")``
 (and ``"edp"``, ``"ep"`` with dp = edp x ep flattened, when ep > 1; a ``"pp"`` dim may be
 present; pipeline stages are cut elsewhere), after validating every option. Each step
@@ -35,6 +41,7 @@ import torch
 from torch import nn
 
 from shardlab.distributed.activation_checkpoint import AC_MODES, AcMode, apply_ac
+from shardlab.distributed.context_parallel import apply_cp
 from shardlab.distributed.data_parallel import DP_MODES, DpMode, apply_ddp, apply_fsdp
 from shardlab.distributed.expert_parallel import apply_ep, shard_experts
 from shardlab.distributed.tensor_parallel import apply_tp
@@ -54,7 +61,8 @@ def _sub_mesh(mesh: Any, name: str, size: int) -> Any:
 def parallelize(model: nn.Module, mesh: Any, *, tp: int = 1, dp: int = 1,
                 dp_mode: DpMode = "fsdp", sp: bool = False, loss_parallel: bool = False,
                 ac: AcMode = "none", param_dtype: torch.dtype | None = None,
-                force_sum: bool | None = None, ep: int = 1, etp: int = 1) -> nn.Module:
+                force_sum: bool | None = None, ep: int = 1, etp: int = 1, cp: int = 1,
+                dp_replicate: int = 1) -> nn.Module:
     """TP -> activation checkpointing -> FSDP or DDP on ``model`` (torchtitan's order).
 
     ``mesh`` has named dims; ``mesh["tp"]`` is used when ``tp > 1`` and ``mesh["dp"]``
@@ -64,12 +72,22 @@ def parallelize(model: nn.Module, mesh: Any, *, tp: int = 1, dp: int = 1,
     FSDP2's AVG-as-sum workaround (None: probe the backend, see ``apply_fsdp``). ``ep``:
     expert-parallel ranks (dividing dp; the mesh's ``ep`` and ``edp`` dims); ``etp``: 1
     (experts whole on every tensor-parallel rank) or tp (each expert's width split over
-    the ``tp`` dim as the dense MLP's). In place; returns the model. Validates everything
-    before touching the model.
+    the ``tp`` dim as the dense MLP's). ``cp``: context-parallel ranks (the mesh's ``cp``
+    dim; data parallelism then runs over its ``fsdp`` dim, dp x cp ranks); ``dp_replicate``:
+    HSDP's replicas (dividing dp; FSDP only). In place; returns the model. Validates
+    everything before touching the model.
     """
     require_positive_int("tp", tp)
     require_positive_int("dp", dp)
     require_positive_int("ep", ep)
+    require_positive_int("cp", cp)
+    require_positive_int("dp_replicate", dp_replicate)
+    if dp % dp_replicate or (dp_replicate > 1 and dp_mode == "ddp"):
+        raise SpecError("dp_replicate", dp_replicate, f"needs FSDP over a dp ({dp}) it "
+                        "divides")
+    if (cp > 1 or dp_replicate > 1) and (ep > 1 or etp > 1):
+        raise SpecError("cp" if cp > 1 else "dp_replicate", max(cp, dp_replicate),
+                        "is not built with expert parallelism")
     if ep > 1 and (dp % ep or dp_mode == "ddp"):
         raise SpecError("ep", ep, f"needs FSDP over a dp ({dp}) it divides")
     if etp not in (1, tp):
@@ -87,7 +105,12 @@ def parallelize(model: nn.Module, mesh: Any, *, tp: int = 1, dp: int = 1,
         raise SpecError("dp_mode", "ddp", "cannot hold tensor-parallel (DTensor) parameters: "
                         "use dp_mode='fsdp' (or 'fsdp-zero2') with tp > 1")
     tp_mesh = _sub_mesh(mesh, "tp", tp) if tp > 1 else None
-    dp_mesh = _sub_mesh(mesh, "dp", dp) if dp > 1 else None
+    folded = cp > 1 or dp_replicate > 1  # gradients over the mesh's fsdp dim
+    if folded:
+        dp_mesh = _sub_mesh(mesh, "fsdp", dp * cp) if dp * cp > 1 else None
+    else:
+        dp_mesh = _sub_mesh(mesh, "dp", dp) if dp > 1 else None
+    cp_mesh = _sub_mesh(mesh, "cp", cp) if cp > 1 else None
     experts = ep > 1 or etp > 1  # the experts laid out apart from the dense parameters
     edp_mesh = _sub_mesh(mesh, "edp", dp // ep) if experts else None
     if experts:
@@ -96,6 +119,8 @@ def parallelize(model: nn.Module, mesh: Any, *, tp: int = 1, dp: int = 1,
         apply_tp(model, tp_mesh, sequence_parallel=sp, loss_parallel=loss_parallel)
     if experts:
         apply_ep(model, mesh["ep", "tp"] if etp > 1 else mesh["ep"])
+    if cp_mesh is not None:
+        apply_cp(model, cp_mesh, getattr(mesh, "cp_group", None))
     apply_ac(model, ac)
     if dp_mesh is not None:
         if dp_mode == "ddp":

@@ -15,13 +15,20 @@ Placement (``shardlab.schedules.actions``): in a loop, stage ``s`` is on rank
 ``s mod pp`` (GPipe, 1F1B, interleaved 1F1B); in a V (``v = 2``), stage ``s`` is on rank
 ``s`` for ``s < pp``, else on ``2pp - 1 - s`` (ZB-V, Qi et al. 2024; DualPipeV, DeepSeek-V3
 report 2024), so rank 0 holds the first and the last stage. Layers are split evenly; when
-``L`` does not divide, the first stages take one more.
+``L`` does not divide, the first stages take one more; or unevenly, by a layout's
+``stage_layers`` (one count per stage: Megatron-LM's ``--pipeline-model-parallel-layout``,
+torchtitan's ``first_stage_less_layers``; the first and last stages carry the embedding
+and the head, so giving them fewer blocks evens the stages' work).
 
 Between stages travel ``(hidden, pad_mask)``: every stage's attention needs the padding
-mask, and ``PipelineStage`` only moves what a stage returns. The mask stays the batch's
-int64 0/1 tensor: an integer tensor never requires grad, so the stage infers no gradient
-for it and sends none back (``PipelineStage`` gives received buffers
-``requires_grad = is_floating_point()`` and skips outputs that do not require grad).
+mask, and ``PipelineStage`` only moves what a stage returns. With context parallelism
+(:mod:`shardlab.distributed.context_parallel`) ``hidden`` holds the cp rank's s/cp tokens
+and ``pad_mask`` is the whole sequence's over the gathered keys ([b, s]); every stage
+knows its cp rank (:attr:`StageModule.context`), so it builds the positions itself. The
+mask stays the batch's int64 0/1 tensor: an integer tensor never requires grad, so the
+stage infers no gradient for it and sends none back (``PipelineStage`` gives received
+buffers ``requires_grad = is_floating_point()`` and skips outputs that do not require
+grad).
 
 The loss (:func:`make_loss_fn`) is each micro-batch's *summed* token cross-entropy divided
 by the number of real tokens in the whole batch, so the micro-batch losses add up to the
@@ -30,12 +37,9 @@ with ``scale_grads=False`` (torch's default divides the accumulated gradients by
 of micro-batches, which is right only for a per-micro-batch *mean* loss of equal-sized
 micro-batches).
 
-Tied embeddings (gpt style): with more than one stage, the first stage's ``embed.weight``
-and the last stage's ``lm_head.weight`` are two copies of one parameter. As Megatron-LM
-does (its "embedding group" all-reduce of the word-embedding gradients,
-``megatron/core/distributed/finalize_model_grads.py``), :func:`sync_tied_grads` replaces
-each copy's gradient by the sum of both after the backward, so both copies equal the
-tied model's gradient, and an optimizer step keeps them identical.
+Tied embeddings (gpt style): with more than one stage the last stage keeps its own copy
+of the embedding as its head, whose gradient
+:func:`shardlab.distributed.tied_embedding.sync_tied_grads` sums with the first stage's.
 """
 
 from __future__ import annotations
@@ -57,8 +61,8 @@ from torch.distributed.pipelining import (
     ScheduleZBVZeroBubble,
 )
 from torch.distributed.pipelining.schedules import _PipelineSchedule
-from torch.distributed.tensor import DTensor
 
+from shardlab.distributed.context_parallel import CpShard, key_positions, local_positions
 from shardlab.errors import SpecError, require_positive_int
 from shardlab.nn.data import Batch
 from shardlab.nn.model import TransformerLM, attention_mask, rope_tables
@@ -85,17 +89,26 @@ def stage_placement(pp: int, virtual_stages: int = 1, style: str = "loop") -> li
     return loop_placement(pp, virtual_stages)
 
 
-def layer_split(layers: int, stages: int) -> list[range]:
-    """Consecutive layer ranges of ``stages`` stages; the first ``layers % stages`` get one more."""
+def layer_split(layers: int, stages: int, stage_layers: Sequence[int] = ()) -> list[range]:
+    """Consecutive layer ranges of ``stages`` stages: ``stage_layers[s]`` layers for stage s
+    when given (each >= 1, summing to ``layers``), else the even split, the first
+    ``layers % stages`` one larger."""
     require_positive_int("layers", layers)
     require_positive_int("stages", stages)
     if layers < stages:
         raise SpecError("stages", stages, f"must be <= the model's layers ({layers}): "
                         "every stage needs at least one block")
-    per, extra = divmod(layers, stages)
+    if stage_layers:
+        counts = list(stage_layers)
+        text = "+".join(map(str, counts))
+        if len(counts) != stages or min(counts) < 1 or sum(counts) != layers:
+            raise SpecError("stage_layers", text, f"must give {stages} counts >= 1 summing "
+                            f"to the model's {layers} layers")
+    else:
+        per, extra = divmod(layers, stages)
+        counts = [per + (1 if s < extra else 0) for s in range(stages)]
     out, start = [], 0
-    for s in range(stages):
-        n = per + (1 if s < extra else 0)
+    for n in counts:
         out.append(range(start, start + n))
         start += n
     return out
@@ -110,7 +123,7 @@ class StageModule(nn.Module):
     The owned submodules are deep copies of the model's, made with one memo per stage, so
     a stage that is both first and last (``pp = 1``) keeps a tied head tied, while the
     last stage of a longer pipeline gets its own copy of the tied weight
-    (:attr:`holds_tied_copy`; see :func:`sync_tied_grads`).
+    (:attr:`holds_tied_copy`; see :func:`~shardlab.distributed.tied_embedding.sync_tied_grads`).
 
     forward: first stage ``(input_ids, pad_mask) -> (hidden, pad_mask)``; middle stages
     ``(hidden, pad_mask) -> (hidden, pad_mask)``; last stage ``(hidden, pad_mask) ->
@@ -134,6 +147,7 @@ class StageModule(nn.Module):
                                      for i in self.layer_ids})
         self.final_norm = copy.deepcopy(model.final_norm, memo) if last else None
         self.lm_head = copy.deepcopy(model.lm_head, memo) if last else None
+        self.context = (1, 0)  # (cp, this rank's cp index): set with apply_cp's gather
 
     @property
     def holds_tied_copy(self) -> bool:
@@ -150,20 +164,29 @@ class StageModule(nn.Module):
 
     def forward(self, x: torch.Tensor,
                 pad_mask: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """See the class docstring; the same arithmetic as :meth:`TransformerLM.forward`."""
+        """See the class docstring; the same arithmetic as :meth:`TransformerLM.forward`.
+        With context parallelism (:attr:`context`) ``x`` holds this cp rank's tokens and
+        ``pad_mask`` the whole sequence's keys in their gathered order."""
+        seq = pad_mask.shape[1]  # the whole sequence: h may be a sequence-parallel shard
+        cp, cp_rank = self.context
+        positions = keys = None
+        if cp > 1:
+            positions = local_positions(seq, cp, cp_rank, pad_mask.device)
+            keys = key_positions(seq, cp, pad_mask.device)
         if self.embed is not None:
-            seq = x.shape[1]
             if self.pos is not None and seq > self.shape.context:
                 raise SpecError("seq", seq, f"must be <= context ({self.shape.context})")
             h = self.embed(x)
             if self.pos is not None:
-                h = h + self.pos(torch.arange(seq, device=x.device))
+                where = torch.arange(seq, device=x.device) if positions is None else positions
+                h = h + self.pos(where)
         else:
             h = x
-        seq = pad_mask.shape[1]  # the whole sequence: h may be a sequence-parallel shard
-        mask = attention_mask(pad_mask, seq, h.device)
+        local = seq if positions is None else positions.shape[0]
+        mask = attention_mask(pad_mask, local, h.device, positions, keys)
         rope = (None if self.shape.style == "gpt"
-                else rope_tables(seq, self.shape.head_dim, h.dtype))
+                else rope_tables(local, self.shape.head_dim, h.dtype, self.shape.rope_theta,
+                                 positions=positions))
         for block in self.blocks.values():
             h = block(h, mask, rope)
         if self.lm_head is not None:
@@ -173,15 +196,16 @@ class StageModule(nn.Module):
 
 
 def split_model(model: TransformerLM, pp: int, virtual_stages: int = 1, style: str = "loop",
-                *, rank: int | None = None,
-                group: dist.ProcessGroup | None = None) -> list[tuple[int, StageModule]]:
+                *, rank: int | None = None, group: dist.ProcessGroup | None = None,
+                stage_layers: Sequence[int] = ()) -> list[tuple[int, StageModule]]:
     """The stages pipeline rank ``rank`` owns, as ``(stage_index, StageModule)`` by index.
 
     ``pp · virtual_stages`` stages in ``style`` placement (``"loop"``: stage ``s`` on rank
     ``s mod pp``; ``"v"``: ``virtual_stages = 2``, rank ``r`` holds stages ``r`` and
-    ``2pp - 1 - r``). ``rank`` defaults to this process's rank in ``group`` (the pipeline
-    group; the default group when None). Every rank must split the same (same-seeded)
-    model, so the stages' parameters equal the full model's.
+    ``2pp - 1 - r``), with ``stage_layers[s]`` layers in stage s (default: the even split,
+    :func:`layer_split`). ``rank`` defaults to this process's rank in ``group`` (the
+    pipeline group; the default group when None). Every rank must split the same
+    (same-seeded) model, so the stages' parameters equal the full model's.
     """
     require_positive_int("pp", pp)
     placement = stage_placement(pp, virtual_stages, style)
@@ -194,15 +218,15 @@ def split_model(model: TransformerLM, pp: int, virtual_stages: int = 1, style: s
                             f"({dist.get_world_size(group)})")
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < pp:
         raise SpecError("rank", rank, f"must be an integer in [0, {pp})")
-    ranges = layer_split(model.shape.layers, len(placement))
+    ranges = layer_split(model.shape.layers, len(placement), stage_layers)
     return [(s, StageModule(model, s, len(placement), ranges[s], placement))
             for s in range(len(placement)) if placement[s] == rank]
 
 
 def stage_io_meta(module: StageModule, micro_batch: int, seq: int, *, tp: int = 1,
                   sp: bool = False, dtype: torch.dtype | None = None,
-                  autocast_bf16: bool = False) -> tuple[tuple[torch.Tensor, ...],
-                                                         tuple[torch.Tensor, ...]]:
+                  autocast_bf16: bool = False, cp: int = 1) -> tuple[tuple[torch.Tensor, ...],
+                                                                     tuple[torch.Tensor, ...]]:
     """Meta tensors of what one micro-batch brings into and takes out of a stage, for
     ``PipelineStage(input_args=..., output_args=...)`` (static shapes: no run-time shape
     inference, which would exchange metadata with the neighbouring stages first).
@@ -213,76 +237,27 @@ def stage_io_meta(module: StageModule, micro_batch: int, seq: int, *, tp: int = 
     blocks' outputs stay Shard(1) local chunks, see
     :mod:`shardlab.distributed.tensor_parallel`), else ``[b, s, d]``; its dtype is
     ``dtype`` (FSDP2's bf16 parameter copies) or the parameters' own (under autocast the
-    residual stream stays fp32; the head's logits are bf16).
+    residual stream stays fp32; the head's logits are bf16). With context parallelism
+    (``cp``) the token ids, ``hidden`` and the logits hold a cp rank's s/cp tokens; the
+    padding mask stays the whole sequence's (the keys').
     """
     weights = next(iter(module.parameters()))
     param = dtype or weights.dtype
-    rows = seq // tp if sp and tp > 1 else seq
+    local = seq // cp
+    rows = local // tp if sp and tp > 1 else local
 
     def meta(shape: tuple[int, ...], kind: torch.dtype, grad: bool = False) -> torch.Tensor:
         return torch.empty(shape, dtype=kind, device="meta").requires_grad_(grad)
 
     mask = meta((micro_batch, seq), torch.int64)
     hidden = meta((micro_batch, rows, module.shape.d_model), param, grad=True)
-    inputs = (meta((micro_batch, seq), torch.int64), mask) if module.is_first else (hidden,
-                                                                                   mask)
+    inputs = (meta((micro_batch, local), torch.int64), mask) if module.is_first else (hidden,
+                                                                                     mask)
     if module.is_last:
         logits = torch.bfloat16 if autocast_bf16 else param
-        return inputs, (meta((micro_batch, seq, module.shape.vocab), logits, grad=True),)
+        return inputs, (meta((micro_batch, local, module.shape.vocab), logits, grad=True),)
     return inputs, (meta(hidden.shape, param, grad=True), meta((micro_batch, seq),
                                                                  torch.int64))
-
-
-# --- tied embedding and head -----------------------------------------------------------
-
-def sync_tied_grads(stages: Sequence[StageModule],
-                    pp_group: dist.ProcessGroup | None = None) -> None:
-    """Give both copies of a tied embedding/head weight the sum of their gradients.
-
-    Call on every pipeline rank after the backward (after ``step``) and before the
-    optimizer step; ranks without a copy return at once. The first stage's
-    ``embed.weight.grad`` and the last stage's ``lm_head.weight.grad`` are the two parts
-    of the tied parameter's gradient; both become ``embed + head`` (Megatron-LM's
-    embedding-group all-reduce). On one rank (V placement, or simulated ranks) the sum is
-    local; across ranks the two exchange their parts with one send/receive pair. IEEE
-    addition is commutative, so both copies get bit-identical gradients. A missing
-    gradient counts as zero. Untied models and one-stage pipelines: nothing to do.
-    """
-    mine = [s for s in stages if s.holds_tied_copy]
-    if not mine:
-        return
-    first = [s for s in mine if s.is_first]
-    last = [s for s in mine if s.is_last]
-    if first and last:
-        a, b = first[0].tied_weight(), last[0].tied_weight()
-        total = _grad_or_zeros(a) + _grad_or_zeros(b)
-        a.grad, b.grad = total, total.clone()
-        return
-    stage = mine[0]
-    weight = stage.tied_weight()
-    grad = _grad_or_zeros(weight)
-    # Under FSDP the gradient is this rank's DTensor shard; the peer stage's rank with the
-    # same data-parallel index holds the same shard, so the local parts are exchanged.
-    own = (grad.to_local() if isinstance(grad, DTensor) else grad).contiguous()
-    peer_stage = stage.num_stages - 1 if stage.is_first else 0
-    peer = stage.stage_ranks[peer_stage]
-    if pp_group is not None:
-        peer = dist.get_global_rank(pp_group, peer)
-    other = torch.empty_like(own)
-    ops = [dist.P2POp(dist.isend, own, peer, pp_group),
-           dist.P2POp(dist.irecv, other, peer, pp_group)]
-    if stage.is_last:  # the same order on both sides: first's send meets last's receive
-        ops.reverse()
-    for work in dist.batch_isend_irecv(ops):
-        work.wait()
-    total = own + other
-    weight.grad = (DTensor.from_local(total, grad.device_mesh, grad.placements,
-                                      shape=grad.shape, stride=grad.stride())
-                   if isinstance(grad, DTensor) else total)
-
-
-def _grad_or_zeros(p: nn.Parameter) -> torch.Tensor:
-    return p.grad if p.grad is not None else torch.zeros_like(p)
 
 
 # --- loss ------------------------------------------------------------------------------
@@ -377,22 +352,28 @@ def build_schedule(name: str, stages: Sequence[PipelineStage], n_microbatches: i
     return cls_v(stages, **common)
 
 
-def pipeline_step(schedule: _PipelineSchedule, batch_share: Batch, is_first: bool,
+def pipeline_step(schedule: _PipelineSchedule, batch_share: Batch | CpShard, is_first: bool,
                   is_last: bool) -> torch.Tensor | None:
     """One training step (forward and backward of every micro-batch) of ``schedule``.
 
     The rank holding the first stage feeds ``input_ids`` and ``pad_mask`` (the schedule
     splits them into micro-batches along dim 0); the rank holding the last stage gives
     :func:`masked_targets` and collects the micro-batch losses. ``batch_share`` (this
-    pipeline's share of the global batch) must already be on the stages' device.
+    pipeline's share of the global batch) must already be on the stages' device; with
+    context parallelism it is this cp rank's :class:`CpShard` of it (its tokens, and the
+    padding mask of every key).
     Returns the summed micro-batch loss (a detached 0-dim tensor, never read here, so a
     dry run on fake tensors passes) on the last stage's rank, None elsewhere.
     Gradients accumulate into the stages' parameters; with a tied head, call
-    :func:`sync_tied_grads` next.
+    :func:`~shardlab.distributed.tied_embedding.sync_tied_grads` next.
     """
-    args = (batch_share.input_ids, batch_share.pad_mask) if is_first else ()
+    if isinstance(batch_share, CpShard):
+        tokens, pad = batch_share.batch, batch_share.key_pad
+    else:
+        tokens, pad = batch_share, batch_share.pad_mask
+    args = (tokens.input_ids, pad) if is_first else ()
     losses: list[torch.Tensor] = []
-    kwargs: dict[str, Any] = ({"target": masked_targets(batch_share), "losses": losses}
+    kwargs: dict[str, Any] = ({"target": masked_targets(tokens), "losses": losses}
                               if is_last else {})
     schedule.step(*args, return_outputs=False, **kwargs)
     if not is_last:

@@ -48,11 +48,12 @@ transformers docs, docs/source/en/model_memory_anatomy.md: "the kernels alone ta
 
 
 def role_ranks(cfg: Any) -> list[int]:
-    """One rank per distinct role: each pipeline rank's first (dp 0, tp 0) rank, on train's
-    row-major ``(pp, dp, tp)`` mesh. Ranks that differ only in their data- or tensor-
-    parallel index run the same program on shards of equal size (FSDP2 pads the last
-    shard; tensor parallelism needs even splits), so their figures are equal."""
-    return [p * cfg.dp * cfg.tp for p in range(cfg.pp)]
+    """One rank per distinct role: each pipeline rank's first (dp 0, cp 0, tp 0) rank, on
+    train's row-major ``(pp, dp, cp, tp)`` mesh. Ranks that differ only in their data-,
+    context- or tensor-parallel index run the same program on shards of equal size (FSDP2
+    pads the last shard; tensor parallelism needs even splits; every cp rank holds two
+    chunks of s/2cp tokens and all s keys), so their figures are equal."""
+    return [p * cfg.dp * cfg.cp * cfg.tp for p in range(cfg.pp)]
 
 
 def predicted_role(cfg: Any, pp_rank: int) -> dict[str, float]:
@@ -100,7 +101,8 @@ def compare(cfg: Any, roles: list[dict[str, Any]], capacity: float | None = None
         entry = {**role, "predicted": predicted, "measured": measured,
                  "ratio": ratios(measured, predicted)}
         row = comm[role["rank"]]
-        entry["by_dim"] = {d: row[d] for d in ("dp", "tp", "pp") if d in row}
+        entry["by_dim"] = {d: row[d] for d in ("dp", "dp_replicate", "cp", "tp", "pp")
+                           if d in row}
         out.append(entry)
     busiest = out[0]
     doc: dict[str, Any] = {

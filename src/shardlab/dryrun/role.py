@@ -47,10 +47,12 @@ STEPS = 2
 
 
 def coordinates(cfg: TrainConfig, rank: int) -> dict[str, int]:
-    """``rank``'s pipeline, data- and tensor-parallel indices."""
-    pp_rank, rest = divmod(rank, cfg.dp * cfg.tp)
-    dp_rank, tp_rank = divmod(rest, cfg.tp)
-    return {"pp_rank": pp_rank, "dp_rank": dp_rank, "tp_rank": tp_rank}
+    """``rank``'s pipeline, data-, context- and tensor-parallel indices (the mesh's
+    row-major ``(pp, dp, cp, tp)`` order, :mod:`shardlab.distributed.mesh`)."""
+    pp_rank, rest = divmod(rank, cfg.dp * cfg.cp * cfg.tp)
+    dp_rank, rest = divmod(rest, cfg.cp * cfg.tp)
+    cp_rank, tp_rank = divmod(rest, cfg.tp)
+    return {"pp_rank": pp_rank, "dp_rank": dp_rank, "cp_rank": cp_rank, "tp_rank": tp_rank}
 
 
 def fake_batch(cfg: TrainConfig, dp_rank: int) -> Batch:
@@ -88,7 +90,7 @@ def run_role(cfg: TrainConfig, rank: int) -> dict[str, Any]:
             tracker = role_tracker(program.modules, program.opt,
                                    (share.input_ids, share.targets, share.pad_mask,
                                     share.loss_mask))
-            meter, flops = CommMeter(program.dims()), FlopMeter()
+            meter, flops = CommMeter(program.dims(), program.meter_groups()), FlopMeter()
             with tracker, meter, flops, autocast:
                 # What one micro-batch saves for backward, counted as train counts it.
                 saved = train_step(program, share, tokens, measure_saved=True).activation_bytes

@@ -18,7 +18,7 @@ compute, so export and import only rename and reshape tensors:
   -> ...mlp.*``, ``final_norm -> model.norm``, ``lm_head -> lm_head`` (omitted when tied).
 * **llama style with experts -> ``MixtralForCausalLM``**: the llama names for attention
   and norms, the router and experts as :mod:`shardlab.hf.mixtral` maps them (every layer
-  MoE, no shared experts, no router bias: :func:`shardlab.config.hf_config.hf_family`).
+  MoE, no shared experts, no router bias: :func:`shardlab.config.hf_export.hf_family`).
 * **gpt style -> ``GPT2LMHeadModel``**: LayerNorm eps 1e-5, GELU tanh approximation
   (``activation_function: gelu_pytorch_tanh``, the same ``F.gelu(approximate="tanh")``
   kernel shardlab calls), learned positions (``wte``, ``wpe``). GPT-2's ``Conv1D``
@@ -34,7 +34,7 @@ against the tensor sizes the checkpoint holds. Both write their folder all at on
 (:mod:`shardlab.hf.folder`). Export
 writes ``model.safetensors`` (or ``pytorch_model.bin`` with ``--format torch``, read back
 by transformers with ``weights_only=True``) and ``config.json``
-(:func:`shardlab.config.hf_config.hf_config`, which needs no torch).
+(:func:`shardlab.config.hf_export.hf_config`, which needs no torch).
 """
 
 from __future__ import annotations
@@ -52,11 +52,10 @@ from safetensors.torch import load_file, save_file
 
 from shardlab.config.hf_config import (
     check_computable,
-    hf_config,
-    hf_family,
     load_config,
     shape_from_hf_config,
 )
+from shardlab.config.hf_export import hf_config, hf_family
 from shardlab.config.model import ModelShape, MoE
 from shardlab.distributed import checkpoint_manifest
 from shardlab.distributed.checkpoint import load_model_state

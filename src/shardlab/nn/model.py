@@ -17,9 +17,19 @@ holds ``router``, ``experts.{w_gate,w_up,w_down}`` (grouped [E, ...] weights, ``
 
 Attention is causal and padding-aware: a key that is padding is never attended to.
 Batches are right-padded, so every real query sees at least itself.
+
+Context parallelism (:mod:`shardlab.distributed.context_parallel`) feeds the model a
+rank's share of every sequence: ``forward`` then takes the global ``positions`` of its
+tokens (learned positions and rotary angles are those of the whole sequence) and the
+positions of the ``keys`` its attention sees, in their order, with ``pad_mask`` over the
+keys; each :class:`Attention` gets a ``kv_gather`` that brings the other ranks' K and V.
+Without them (one device, or any other layout) the arithmetic is the one-device one, op
+for op.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -32,11 +42,15 @@ from shardlab.nn.mlp import MLP
 from shardlab.nn.moe import MoEFeedForward, MoEOptions
 
 
-def rope_tables(seq: int, head_dim: int, dtype: torch.dtype,
-                theta: float = ROPE_THETA) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotary angles, each [seq, head_dim] (halves repeated)."""
+def rope_tables(seq: int, head_dim: int, dtype: torch.dtype, theta: float = ROPE_THETA,
+                positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles, each [seq, head_dim] (halves repeated), at
+    positions 0 .. seq-1, or at ``positions`` (a long [seq] tensor: a context-parallel
+    rank's tokens are rotated by their place in the whole sequence)."""
     inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    angles = torch.outer(torch.arange(seq, dtype=torch.float64), inv)
+    where = (torch.arange(seq, dtype=torch.float64) if positions is None
+             else positions.to(torch.float64))
+    angles = torch.outer(where, inv)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
@@ -48,9 +62,20 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-def attention_mask(pad_mask: torch.Tensor | None, seq: int, device: torch.device) -> torch.Tensor:
-    """Boolean [b or 1, 1, s, s]: True where query i may attend key j (j <= i, key real)."""
-    causal = torch.ones(seq, seq, dtype=torch.bool, device=device).tril()
+def attention_mask(pad_mask: torch.Tensor | None, seq: int, device: torch.device,
+                   positions: torch.Tensor | None = None,
+                   keys: torch.Tensor | None = None) -> torch.Tensor:
+    """Boolean [b or 1, 1, s, s]: True where query i may attend key j (j <= i, key real).
+
+    With ``positions`` (long [q], the queries' places in the sequence) and ``keys`` (long
+    [k], the keys' places, in the order attention sees them; default ``positions``):
+    [b or 1, 1, q, k], True where keys[j] <= positions[i]; ``pad_mask`` is then over the
+    keys, [b, k]."""
+    if positions is None:
+        causal = torch.ones(seq, seq, dtype=torch.bool, device=device).tril()
+    else:
+        keys = positions if keys is None else keys
+        causal = keys[None, :] <= positions[:, None]
     if pad_mask is None:
         return causal[None, None]
     return causal[None, None] & pad_mask[:, None, None, :].bool()
@@ -75,6 +100,10 @@ class Attention(nn.Module):
         # Selective activation recomputation (Korthikanti et al. 2022): keep the attention
         # core's s x s intermediates out of memory and recompute them in backward.
         self.recompute_core = False
+        # Context parallelism: (k, v) [b, kv heads, s/cp, hd] -> the whole sequence's, from
+        # every cp rank (set by shardlab.distributed.context_parallel.apply_cp).
+        self.kv_gather: Callable[[torch.Tensor, torch.Tensor],
+                                 tuple[torch.Tensor, torch.Tensor]] | None = None
         self.q_proj = nn.Linear(d, q, bias=qkv_bias, dtype=dtype)
         self.k_proj = nn.Linear(d, kv, bias=qkv_bias, dtype=dtype)
         self.v_proj = nn.Linear(d, kv, bias=qkv_bias, dtype=dtype)
@@ -85,9 +114,32 @@ class Attention(nn.Module):
         """x [b, s, d] -> [b, s, d]."""
         args = (self.q_proj(x), self.k_proj(x), self.v_proj(x), self.head_dim, mask,
                 rope if self.rotary else None)
+        if self.kv_gather is not None:
+            return self.o_proj(self._attend_gathered(*args))
         if self.recompute_core and torch.is_grad_enabled():
             return self.o_proj(checkpoint(attend, *args, use_reentrant=False))
         return self.o_proj(attend(*args))
+
+    def _attend_gathered(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         head_dim: int, mask: torch.Tensor,
+                         rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """Context parallel: this rank's queries over every rank's keys. K and V are
+        rotated by their own positions, then gathered outside selective recomputation's
+        checkpoint, so its backward recomputes the core without gathering again."""
+        assert self.kv_gather is not None
+        q, k, v = (split_heads(t, head_dim) for t in (q, k, v))
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        k, v = self.kv_gather(k, v)  # [b, hkv, s, hd]: the whole sequence, gathered order
+        if self.recompute_core and torch.is_grad_enabled():
+            return checkpoint(attend_heads, q, k, v, mask, use_reentrant=False)
+        return attend_heads(q, k, v, mask)
+
+
+def split_heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """[b, s, heads*hd] -> [b, heads, s, hd] (a view)."""
+    b, s, _ = x.shape
+    return x.view(b, s, -1, head_dim).transpose(1, 2)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_dim: int,
@@ -96,16 +148,23 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head_dim: int,
 
     Shared with the tensor-parallel simulator, which calls it on a rank's own heads.
     """
-    b, s, _ = q.shape
-    q = q.view(b, s, -1, head_dim).transpose(1, 2)  # [b, hq, s, hd]
-    k = k.view(b, s, -1, head_dim).transpose(1, 2)  # [b, hkv, s, hd]
-    v = v.view(b, s, -1, head_dim).transpose(1, 2)
+    q = split_heads(q, head_dim)  # [b, hq, s, hd]
+    k = split_heads(k, head_dim)  # [b, hkv, s, hd]
+    v = split_heads(v, head_dim)
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    return attend_heads(q, k, v, mask)
+
+
+def attend_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 mask: torch.Tensor) -> torch.Tensor:
+    """q [b, hq, sq, hd] over k, v [b, hkv, sk, hd] under ``mask`` [b or 1, 1, sq, sk]
+    -> [b, sq, hq*hd]."""
     group = q.shape[1] // k.shape[1]
     if group > 1:  # each kv head serves `group` query heads (GQA, Ainslie et al. 2023)
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    b, _, s, _ = q.shape
     return out.transpose(1, 2).reshape(b, s, -1)
 
 
@@ -172,27 +231,41 @@ class TransformerLM(nn.Module):
             else:
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) * 0.02)
 
-    def rope(self, seq: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Rotary tables for ``seq`` positions (None for learned positions)."""
+    def rope(self, seq: int, positions: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Rotary tables for ``seq`` positions, or at ``positions`` (None for learned
+        positions)."""
         if self.shape.style == "gpt":
             return None
-        return rope_tables(seq, self.shape.head_dim, self.embed.weight.dtype)
+        return rope_tables(seq, self.shape.head_dim, self.embed.weight.dtype,
+                           self.shape.rope_theta, positions=positions)
 
-    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids [b, s] -> hidden [b, s, d] (token plus learned position for gpt style)."""
+    def embed_tokens(self, ids: torch.Tensor, positions: torch.Tensor | None = None
+                     ) -> torch.Tensor:
+        """ids [b, s] -> hidden [b, s, d] (token plus learned position for gpt style, at
+        0 .. s-1 or at ``positions``)."""
         h = self.embed(ids)
         if self.pos is not None:
-            h = h + self.pos(torch.arange(ids.shape[1], device=ids.device))
+            where = torch.arange(ids.shape[1], device=ids.device) if positions is None \
+                else positions
+            h = h + self.pos(where)
         return h
 
-    def forward(self, ids: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """ids [b, s] (and 1/0 pad_mask [b, s]) -> logits [b, s, vocab]."""
+    def forward(self, ids: torch.Tensor, pad_mask: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None,
+                keys: torch.Tensor | None = None) -> torch.Tensor:
+        """ids [b, s] (and 1/0 pad_mask [b, s]) -> logits [b, s, vocab].
+
+        Context parallel (module docstring): ``positions`` (long [s]) the tokens' places in
+        the whole sequence, ``keys`` (long [S]) the places of the keys attention sees, in
+        order, and ``pad_mask`` [b, S] over those keys."""
         seq = ids.shape[1]
-        if seq > self.shape.context and self.pos is not None:
-            raise SpecError("seq", seq, f"must be <= context ({self.shape.context})")
-        mask = attention_mask(pad_mask, seq, ids.device)
-        rope = self.rope(seq)
-        h = self.embed_tokens(ids)
+        whole = seq if keys is None else keys.shape[0]
+        if whole > self.shape.context and self.pos is not None:
+            raise SpecError("seq", whole, f"must be <= context ({self.shape.context})")
+        mask = attention_mask(pad_mask, seq, ids.device, positions, keys)
+        rope = self.rope(seq, positions)
+        h = self.embed_tokens(ids, positions)
         for block in self.blocks:
             h = block(h, mask, rope)
         return self.lm_head(self.final_norm(h))

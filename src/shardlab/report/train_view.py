@@ -46,7 +46,8 @@ def print_train(doc: dict[str, Any]) -> None:
     comm = [(row["rank"], dim, f"{row[dim]['measured']:,.0f}", f"{row[dim]['predicted']:,.0f}",
              f"{row[dim]['measured'] / row[dim]['predicted']:.3f}"
              if row[dim]["predicted"] else "-")
-            for row in doc["comm_bytes_per_step"] for dim in ("dp", "tp", "pp") if dim in row]
+            for row in doc["comm_bytes_per_step"]
+            for dim in ("dp", "dp_replicate", "cp", "tp", "pp") if dim in row]
     if comm:
         show(table(f"Bytes sent in step {step}: measured vs cost model",
                    ("rank", "dim", "measured", "predicted", "ratio"), comm))

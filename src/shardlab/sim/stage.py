@@ -104,7 +104,8 @@ def make_context(shape: ModelShape, tp: VirtualGroup, sp: bool, pad_mask: torch.
     seq = pad_mask.shape[1]
     size = 1 if cp is None else cp[0].size
     positions = lane_positions(seq, size, cp_rank)
-    rope = rope_tables(seq, shape.head_dim, dtype) if shape.style == "llama" else None
+    rope = (rope_tables(seq, shape.head_dim, dtype, shape.rope_theta)
+            if shape.style == "llama" else None)
     if rope is not None and size > 1:
         rope = (rope[0][positions], rope[1][positions])
     return Context(shape, tp, sp, lane_mask(pad_mask, size, positions), rope, positions,

@@ -39,6 +39,13 @@ class TrainConfig:
     aux_coef: float = AUX_COEF
     z_coef: float = 0.0
     virtual_stages: int = 1
+    # Context parallel (shardlab.distributed.context_parallel): every sequence split over
+    # cp ranks, two balanced chunks each; FSDP then shards over dp x cp.
+    cp: int = 1
+    # Layers of each of the pp x virtual_stages pipeline stages (empty: the even split).
+    stage_layers: tuple[int, ...] = ()
+    # HSDP: dp = dp_replicate replicas x dp/dp_replicate shards (FSDP2 on a 2-D mesh).
+    dp_replicate: int = 1
     dp_mode: str = "fsdp"
     sp: bool = False
     loss_parallel: bool = False
@@ -77,8 +84,22 @@ class TrainConfig:
 
     @property
     def world(self) -> int:
-        """Ranks: dp * tp * pp."""
-        return self.dp * self.tp * self.pp
+        """Ranks: dp * cp * tp * pp."""
+        return self.dp * self.cp * self.tp * self.pp
+
+    @property
+    def grad_ranks(self) -> int:
+        """Ranks a parameter's gradient is averaged over: dp x cp (the cp ranks of a
+        replica hold the same parameters)."""
+        return self.dp * self.cp
+
+    @property
+    def zero(self) -> int:
+        """The ZeRO stage the run's data parallelism is: 3 (fsdp), 2 (fsdp-zero2), 0 (ddp,
+        or nothing to shard over)."""
+        if self.grad_ranks == 1:
+            return 0
+        return {"fsdp": 3, "fsdp-zero2": 2, "ddp": 0}.get(self.dp_mode, 0)
 
     @property
     def microbatches(self) -> int:
@@ -155,12 +176,16 @@ def check_config(cfg: TrainConfig) -> None:
         raise SpecError("fail_how", cfg.fail_how, f"must be one of {', '.join(FAIL_HOW)}")
     if cfg.fail_how == "kill-in-save" and (cfg.async_save or not cfg.checkpoint_dir):
         raise SpecError("fail_how", cfg.fail_how, "needs a synchronous --checkpoint-dir")
+    if cfg.dp_replicate > 1 and cfg.dp_mode == "ddp":
+        raise SpecError("dp_replicate", cfg.dp_replicate, "needs FSDP (HSDP replicates FSDP's "
+                        "shards); use --dp-mode fsdp")
     make_layout(cfg.shape, dp=cfg.dp, tp=cfg.tp, pp=cfg.pp, virtual_stages=cfg.virtual_stages,
                 sp=cfg.sp, micro_batch=cfg.micro_batch or share, global_batch=cfg.global_batch,
-                seq=cfg.seq, recompute=cfg.recompute,
+                seq=cfg.seq, recompute=cfg.recompute, zero=cfg.zero,
                 dtype="amp-bf16" if cfg.dtype == "bf16" else "fp32",
                 schedule=cfg.schedule if cfg.pp > 1 else None, ep=cfg.ep, etp=cfg.etp,
-                capacity_factor=cfg.capacity_factor)
+                capacity_factor=cfg.capacity_factor, cp=cfg.cp,
+                stage_layers=cfg.stage_layers, dp_replicate=cfg.dp_replicate)
 
 
 def check_moe(cfg: TrainConfig) -> None:
@@ -173,6 +198,10 @@ def check_moe(cfg: TrainConfig) -> None:
         if cfg.etp != 1:
             raise SpecError("etp", cfg.etp, "needs a mixture-of-experts model")
         return  # make_layout refuses ep > 1 or a capacity factor for a dense model
+    for name, value in (("cp", cfg.cp), ("dp_replicate", cfg.dp_replicate)):
+        if value > 1:
+            raise SpecError(name, value, "is not built for mixture-of-experts models in "
+                            "real runs yet")
     if cfg.ep > 1 and cfg.dp_mode == "ddp":
         raise SpecError("dp_mode", "ddp", "cannot hold expert-parallel experts (DDP would "
                         "average different experts over dp); use fsdp with --ep")

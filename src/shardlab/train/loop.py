@@ -92,7 +92,9 @@ def _checkpointing(ctx: Any, cfg: TrainConfig, modules: list[Any], opt: Any, sch
             "layout": {"dp": cfg.dp, "tp": cfg.tp, "pp": cfg.pp,
                        "virtual_stages": cfg.virtual_stages, "dp_mode": cfg.dp_mode,
                        "sp": cfg.sp, "schedule": cfg.schedule, "dtype": cfg.dtype,
-                       "ep": cfg.ep, "etp": cfg.etp, "capacity_factor": cfg.capacity_factor},
+                       "ep": cfg.ep, "etp": cfg.etp, "capacity_factor": cfg.capacity_factor,
+                       "cp": cfg.cp, "stage_layers": list(cfg.stage_layers),
+                       "dp_replicate": cfg.dp_replicate},
             "data": {"fingerprint": cfg.data_id, "seed": cfg.seed,
                      "global_batch": cfg.global_batch, "seq": cfg.seq}}
     ckpt = Checkpointer(cfg.checkpoint_dir or cfg.resume_from, modules, opt, sched,
@@ -139,7 +141,8 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
         batch = next(stream)
         share = batch.split(cfg.dp)[dp_rank]
         counter = flop_counter() if step == probe else contextlib.nullcontext()
-        meter = CommMeter(dims) if step == probe else contextlib.nullcontext()
+        meter = CommMeter(dims, program.meter_groups()) if step == probe \
+            else contextlib.nullcontext()
         recorder = RoutingRecorder().attach(modules) if step == probe else None
         dist.barrier()
         start = time.perf_counter()
@@ -158,6 +161,8 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
         norm = float(result.grad_norm)
         total = result.local_loss.reshape(1).clone()
         dist.all_reduce(total, group=mesh["dp"].get_group())
+        if cfg.cp > 1:  # each cp rank summed its own tokens' losses
+            dist.all_reduce(total, group=mesh["cp"].get_group())
         if cfg.pp > 1:  # only the last stage has a loss; everyone learns it
             dist.all_reduce(total, group=mesh["pp"].get_group())
         loss_value = float(total) / batch.real_tokens
@@ -187,6 +192,7 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     return {"rank": ctx.rank, "dp_rank": dp_rank, "pp_rank": pp_rank,
             "resumed_at": first_step, "checkpoint_seconds": ckpt.seconds if ckpt else [],
             "tp_rank": mesh["tp"].get_local_rank(), "ep_rank": program.ep_rank,
+            "cp_rank": program.cp_rank,
             "routing": routing, "losses": losses, "grad_norms": norms,
             "step_seconds": seconds, "flops_by_op": flops,
             "activation_bytes": activation_bytes, "comm_step": comm, "measured_step": probe,

@@ -1,14 +1,17 @@
 """One rank's program, shared by ``shardlab train`` and ``shardlab dryrun``.
 
 :func:`build_rank` lays the model out for this rank of a ``(pp, dp, tp)`` mesh (``(pp,
-edp, ep, tp)`` with expert parallelism, :mod:`shardlab.distributed.mesh`): the
-pipeline stage cut, then tensor parallel, expert parallel, activation checkpointing
-and FSDP2 or DDP
+edp, ep, tp)`` with expert parallelism, ``(pp, dp_replicate, dp_shard, cp, tp)`` with
+context parallelism or HSDP, :mod:`shardlab.distributed.mesh`): the pipeline stage cut
+(even, or by ``stage_layers``), then tensor parallel, expert parallel, context parallel's
+K/V gather, activation checkpointing and FSDP2 (over dp x cp; hybrid over a 2-D mesh with
+``dp_replicate``) or DDP
 (torchtitan's order, :func:`shardlab.distributed.parallelize.parallelize`), the AdamW
 optimizer and, in a pipeline, the schedule. :func:`train_step` runs one optimizer step
-on this rank's share of a batch: its micro-batches (gradient accumulation, or the
-pipeline schedule), clipping by the whole model's gradient norm, AdamW and the
-learning-rate schedule.
+on this rank's share of a batch (with context parallelism, its cp rank's tokens of it:
+:func:`shardlab.distributed.context_parallel.shard_sequence`): its micro-batches
+(gradient accumulation, or the pipeline schedule), clipping by the whole model's gradient
+norm, AdamW and the learning-rate schedule.
 
 The real loop (:mod:`shardlab.train.loop`) calls them with a real process group and
 real tensors; the dry run (:mod:`shardlab.dryrun`) calls them with torch's fake process
@@ -30,6 +33,7 @@ import torch.nn.functional as F
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.tensor.parallel import loss_parallel
 
+from shardlab.distributed.context_parallel import shard_sequence
 from shardlab.distributed.mesh import RunMesh, make_mesh
 from shardlab.distributed.parallelize import parallelize
 from shardlab.distributed.pipeline import (
@@ -37,10 +41,10 @@ from shardlab.distributed.pipeline import (
     pipeline_step,
     split_model,
     stage_io_meta,
-    sync_tied_grads,
 )
 from shardlab.distributed.saved import SavedBytesMeter, saved_activation_bytes
 from shardlab.distributed.tensor_parallel import lm_loss_sum_any
+from shardlab.distributed.tied_embedding import sync_tied_grads
 from shardlab.nn.data import Batch
 from shardlab.nn.model import TransformerLM
 from shardlab.nn.moe import MoEOptions
@@ -57,8 +61,8 @@ def bf16_autocast(cfg: TrainConfig) -> Any:
 
 def fsdp_mixed_precision(cfg: TrainConfig) -> bool:
     """Whether bf16 runs through FSDP2's MixedPrecisionPolicy (bf16 parameter copies,
-    fp32 reduction) rather than autocast: bf16 with FSDP (dp > 1, not DDP)."""
-    return cfg.dtype == "bf16" and cfg.dp > 1 and cfg.dp_mode != "ddp"
+    fp32 reduction) rather than autocast: bf16 with FSDP (over dp x cp > 1 ranks, not DDP)."""
+    return cfg.dtype == "bf16" and cfg.grad_ranks > 1 and cfg.dp_mode != "ddp"
 
 
 @dataclass
@@ -94,11 +98,43 @@ class RankProgram:
         """This rank's index in its expert-parallel group (0 without one)."""
         return self.mesh["ep"].get_local_rank() if self.cfg.ep > 1 else 0
 
+    @property
+    def cp_rank(self) -> int:
+        """This rank's index in its context-parallel group (0 without one)."""
+        return self.mesh["cp"].get_local_rank() if self.cfg.cp > 1 else 0
+
+    def groups(self) -> dict[str, Any]:
+        """The process group of each mesh dim the comm meter files bytes under (those with
+        more than one rank). ``dp`` is the group FSDP or DDP reduces over: dp x cp with
+        context parallelism (FSDP's shard group ``dp_shard_cp`` under HSDP, whose
+        all-reduce across replicas is ``dp_replicate``); ``cp`` carries the K/V gathers."""
+        cfg, mesh = self.cfg, self.mesh
+        if cfg.cp == 1 and cfg.dp_replicate == 1:
+            named = {name: mesh[name] for name in ("dp", "tp", "pp")}
+            if cfg.ep > 1:
+                named |= {"ep": mesh["ep"], "edp": mesh["edp"]}
+        else:
+            named = {"dp": mesh["dp_shard_cp"], "dp_replicate": mesh["dp_replicate"],
+                     "cp": mesh["cp"], "tp": mesh["tp"], "pp": mesh["pp"]}
+        groups = {name: m.get_group() for name, m in named.items() if m.size() > 1}
+        if "cp" in groups:  # the K/V gathers' own group (mesh.py)
+            groups["cp"] = mesh.cp_group
+        return groups
+
     def dims(self) -> dict[str, tuple[int, ...]]:
         """Global ranks of each mesh dim with more than one rank (the comm meter's names)."""
-        names = ("dp", "tp", "pp") + (("ep", "edp") if self.cfg.ep > 1 else ())
-        return {name: tuple(dist.get_process_group_ranks(self.mesh[name].get_group()))
-                for name in names if self.mesh[name].size() > 1}
+        return {name: tuple(dist.get_process_group_ranks(group))
+                for name, group in self.groups().items()}
+
+    def meter_groups(self) -> dict[str, str]:
+        """Process-group name -> mesh dim, for the comm meter to tell apart two dims of the
+        same ranks: context parallel's K/V gathers run on a group of their own, which
+        shares its ranks with FSDP's dp x cp group when dp = 1 (empty without cp: there
+        the meter tells dims of the same ranks apart by the collective's kind)."""
+        groups = self.groups()
+        if self.cfg.cp == 1:
+            return {}
+        return {groups[name].group_name: name for name in ("dp", "cp") if name in groups}
 
 
 def moe_options(cfg: TrainConfig, groups: int) -> MoEOptions:
@@ -129,7 +165,8 @@ def build_rank(cfg: TrainConfig, device: str, *, meta: bool = False,
     laid out (``--init-from``).
     """
     device_type = "cuda" if device.startswith("cuda") else "cpu"
-    mesh = make_mesh(device_type, cfg.pp, cfg.dp, cfg.tp, cfg.ep, experts=cfg.etp > 1)
+    mesh = make_mesh(device_type, cfg.pp, cfg.dp, cfg.tp, cfg.ep, experts=cfg.etp > 1,
+                     cp=cfg.cp, dp_replicate=cfg.dp_replicate)
     torch.manual_seed(cfg.seed)
     with torch.device("meta") if meta else contextlib.nullcontext():
         model = TransformerLM(cfg.shape, seed=cfg.seed,
@@ -144,7 +181,7 @@ def build_rank(cfg: TrainConfig, device: str, *, meta: bool = False,
     options = {"tp": cfg.tp, "dp": cfg.dp, "dp_mode": dp_mode, "sp": cfg.sp,
                "loss_parallel": cfg.loss_parallel and cfg.pp == 1, "ac": cfg.recompute,
                "param_dtype": torch.bfloat16 if fsdp_bf16 else None, "force_sum": force_sum,
-               "ep": cfg.ep, "etp": cfg.etp}
+               "ep": cfg.ep, "etp": cfg.etp, "cp": cfg.cp, "dp_replicate": cfg.dp_replicate}
     if cfg.pp == 1:
         parallelize(model, mesh, **options)
         if materialize is not None:
@@ -153,7 +190,8 @@ def build_rank(cfg: TrainConfig, device: str, *, meta: bool = False,
         opt, sched = make_optimizer(params, cfg)
         return RankProgram(cfg, mesh, [model], params, (), opt, sched)
     group = mesh["pp"].get_group()
-    owned = split_model(model, cfg.pp, cfg.virtual_stages, group=group)
+    owned = split_model(model, cfg.pp, cfg.virtual_stages, group=group,
+                        stage_layers=cfg.stage_layers)
     del model  # the stages hold deep copies of their parts
     modules = [module for _, module in owned]
     for module in modules:
@@ -168,7 +206,8 @@ def build_rank(cfg: TrainConfig, device: str, *, meta: bool = False,
         inputs, outputs = stage_io_meta(module, share // cfg.microbatches, cfg.seq,
                                         tp=cfg.tp, sp=cfg.sp,
                                         dtype=torch.bfloat16 if fsdp_bf16 else None,
-                                        autocast_bf16=cfg.dtype == "bf16" and not fsdp_bf16)
+                                        autocast_bf16=cfg.dtype == "bf16" and not fsdp_bf16,
+                                        cp=cfg.cp)
         stages.append(PipelineStage(module, index, cfg.pp * cfg.virtual_stages, device,
                                     input_args=inputs, output_args=outputs, group=group))
     params = [p for m in modules for p in m.parameters()]
@@ -213,20 +252,23 @@ def train_step(program: RankProgram, share: Batch, real_tokens: int, *,
     """Forward and backward of this rank's micro-batches, clipping, AdamW and the
     learning-rate schedule (gradients are left for the caller to read, then zero).
 
-    Each rank's summed token loss is scaled by ``dp / real_tokens`` (``real_tokens``: the
-    whole global batch's): DDP and FSDP average over dp, so any layout trains the same
-    model as one process. ``measure_saved``: count what one micro-batch keeps for
-    backward (saved-tensor hooks; real tensors only).
+    Each rank's summed token loss is scaled by ``dp·cp / real_tokens`` (``real_tokens``:
+    the whole global batch's): DDP and FSDP average over dp x cp, so any layout trains the
+    same model as one process. With context parallelism the rank runs its cp rank's
+    tokens of ``share`` (:func:`~shardlab.distributed.context_parallel.shard_sequence`).
+    ``measure_saved``: count what one micro-batch keeps for backward (saved-tensor hooks;
+    real tensors only).
     """
     cfg, holder = program.cfg, program.holder
-    holder["scale"] = cfg.dp / real_tokens
+    holder["scale"] = cfg.grad_ranks / real_tokens
     activation_bytes = None
     local = torch.zeros((), dtype=torch.float64)
     if program.schedule is not None:
         # What this rank's stages keep for backward, per micro-batch (all its chunks).
         saved = SavedBytesMeter().attach(program.modules) if measure_saved else None
         holder["saved"] = saved
-        out = pipeline_step(program.schedule, share, program.first, program.last)
+        tokens = shard_sequence(share, cfg.cp, program.cp_rank) if cfg.cp > 1 else share
+        out = pipeline_step(program.schedule, tokens, program.first, program.last)
         if saved is not None:
             saved.detach()
             holder["saved"] = None
@@ -238,12 +280,17 @@ def train_step(program: RankProgram, share: Batch, real_tokens: int, *,
         model = program.modules[0]
         micro = share.split(cfg.microbatches)
         for i, mb in enumerate(micro):
-            if cfg.dp > 1:  # FSDP2 and composable DDP: reduce after the last micro-batch only
+            if cfg.grad_ranks > 1:  # FSDP2, composable DDP: reduce after the last micro-batch
                 model.set_requires_gradient_sync(i == len(micro) - 1)
             with _loss_parallel(cfg):
                 def forward(mb: Batch = mb) -> Any:
-                    logits = model(mb.input_ids, mb.pad_mask)
-                    return lm_loss_sum_any(logits, mb.targets, mb.loss_mask)
+                    if cfg.cp == 1:
+                        logits = model(mb.input_ids, mb.pad_mask)
+                        return lm_loss_sum_any(logits, mb.targets, mb.loss_mask)
+                    shard = shard_sequence(mb, cfg.cp, program.cp_rank)
+                    args, kwargs = shard.model_inputs()
+                    return lm_loss_sum_any(model(*args, **kwargs), shard.batch.targets,
+                                           shard.batch.loss_mask)
 
                 if measure_saved and i == 0:  # what one micro-batch keeps for backward
                     loss, activation_bytes = saved_activation_bytes(forward)

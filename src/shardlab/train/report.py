@@ -8,7 +8,6 @@ import statistics
 from typing import Any
 
 from shardlab.config.dtypes import get_policy
-from shardlab.config.layout import make_layout
 from shardlab.config.measured import accelerator_or_measured, load_measurement
 from shardlab.estimate.activations import (
     first_stage_extra_bytes,
@@ -19,13 +18,20 @@ from shardlab.estimate.comm import (
     embedding_sync_bytes,
     fsdp2_padded_params,
     pp_bytes_per_rank,
-    ring_allreduce_bytes,
 )
 from shardlab.estimate.comm_dtensor import tp_bytes_dtensor
+from shardlab.estimate.context import cp_bytes_per_stage, cp_layer_activation_bytes, local_layout
 from shardlab.estimate.expert import rank_state_bytes
 from shardlab.estimate.flops import flops_per_token
 from shardlab.estimate.memory import StateBytes, inflight_microbatches, zero_state_bytes
 from shardlab.estimate.partition import rank_layers, stage_params
+from shardlab.train.report_cp import (
+    dp_bytes,
+    layout_keys,
+    replica_bytes,
+    shard_position,
+    shard_ranks,
+)
 from shardlab.train.report_moe import (
     ep_groups,
     expert_tp_bytes,
@@ -81,7 +87,8 @@ def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
     doc: dict[str, Any] = {
         "model": cfg.shape.describe(),
         "layout": f"dp={cfg.dp} tp={cfg.tp} pp={cfg.pp} {cfg.dp_mode} sp={int(cfg.sp)} "
-                  f"recompute={cfg.recompute} schedule={cfg.schedule} dtype={cfg.dtype}{moe}",
+                  f"recompute={cfg.recompute} schedule={cfg.schedule} dtype={cfg.dtype}{moe}"
+                  f"{layout_keys(cfg)}",
         "world_size": len(ranks), "steps": cfg.steps, "log_dir": log_dir,
         "measured_step": r0.get("measured_step"),
         "losses": losses, "grad_norms": r0["grad_norms"],
@@ -135,19 +142,25 @@ def predicted_activation_bytes(cfg: Any, pp_rank: int,
     """Bytes pipeline rank ``pp_rank`` keeps for backward for one micro-batch, as the cost
     model predicts them for shardlab's eager LM (see :func:`activation_table`).
     ``loads``: per MoE layer, the routing imbalance the rank's experts saw
-    (:func:`~shardlab.train.report_moe.rank_loads`; balanced without)."""
+    (:func:`~shardlab.train.report_moe.rank_loads`; balanced without). With context
+    parallelism every per-token figure is of the rank's s/cp tokens and every attention
+    one of its s/cp queries over all s keys
+    (:func:`shardlab.estimate.context.cp_layer_activation_bytes`)."""
     e = 2 if cfg.dtype == "bf16" else 4
     mb = cfg.micro_batch or cfg.global_batch // cfg.dp
     kw = {"tp": cfg.tp, "sp": cfg.sp}
-    per_layer = layer_activation_bytes(cfg.shape, mb, cfg.seq, e, recompute=cfg.recompute,
-                                       dropout=False, flash=True, eager=True, **kw)
-    layers = rank_layers(cfg.shape.layers, cfg.pp, cfg.virtual_stages)
-    bs = mb * cfg.seq
+    seq = cfg.seq // cfg.cp  # this rank's tokens of every sequence
+    per_layer = (layer_activation_bytes(cfg.shape, mb, seq, e, recompute=cfg.recompute,
+                                        dropout=False, flash=True, eager=True, **kw)
+                 if cfg.cp == 1 else cp_layer_activation_bytes(
+                     cfg.shape, run_layout(cfg), dropout=False, flash=True, eager=True))
+    layers = rank_layers(cfg.shape.layers, cfg.pp, cfg.virtual_stages, cfg.stage_layers)
+    bs = mb * seq
     # Beyond the cost model's tensors, shardlab's loop keeps the token ids (int64, embedding),
     # the targets (int64) and, without a pipeline, the fp32 token weights of the loss; and
     # checkpointed blocks keep the boolean [b, 1, s, s] mask they are called with.
     ids, targets = 8 * bs, 8 * bs + (4 * bs if cfg.pp == 1 else 0)
-    mask = mb * cfg.seq * cfg.seq if cfg.recompute == "full" else 0
+    mask = bs * cfg.seq if cfg.recompute == "full" else 0
     # With sequence parallelism torch's column-parallel head keeps the input it gathered over
     # the sequence, whole (the cost model counts Megatron's 1/t shard).
     head = bs * cfg.shape.d_model * e * (1 - 1 / cfg.tp) if cfg.sp and not cfg.shape.tied else 0
@@ -169,7 +182,7 @@ def predicted_activation_bytes(cfg: Any, pp_rank: int,
             if cfg.shape.style == "llama" and cfg.recompute != "full" else 0)
     # torch's fused CPU attention keeps the additive [b, 1, s, s] mask in the compute
     # dtype (the cost model counts fp32) in every layer that keeps it.
-    mask_dtype = ((e - 4) * mb * cfg.seq * cfg.seq
+    mask_dtype = ((e - 4) * bs * cfg.seq
                   if cfg.recompute not in ("selective", "full") else 0)
     p = pp_rank
     if cfg.shape.moe is not None:  # dense and MoE layers differ: each of this rank's own
@@ -182,24 +195,25 @@ def predicted_activation_bytes(cfg: Any, pp_rank: int,
             **kw, **moe_kw) for i in stage_layer_ids(cfg, p)) / layers[p]
     return (layers[p] * (per_layer + gathered + 2 * norm + mask_dtype) + mask + ids * (p == 0)
             + (targets + head + logits + norm) * (p == cfg.pp - 1)
-            + (first_stage_extra_bytes(cfg.shape, mb, cfg.seq, dropout=False, **kw)
+            + (first_stage_extra_bytes(cfg.shape, mb, seq, dropout=False, **kw)
                if p == 0 else 0.0)
-            + (last_stage_extra_bytes(cfg.shape, mb, cfg.seq, e, **kw)
+            + (last_stage_extra_bytes(cfg.shape, mb, seq, e, **kw)
                if p == cfg.pp - 1 else 0.0))
 
 
 def predicted_state_bytes(cfg: Any, pp_rank: int) -> StateBytes:
     """Weights, gradients and AdamW moments (bytes) a rank of pipeline stage ``pp_rank``
-    holds: its parameters under ZeRO-3 over dp (FSDP) or replicated (DDP, dp=1)."""
+    holds: its parameters under ZeRO-3 over FSDP's shard group (dp x cp; dp/R x cp under
+    HSDP) or replicated (DDP, or one rank)."""
     # A tied embedding and head stay whole on every tensor-parallel rank (tensor_parallel.py).
     vocab_parallel = cfg.tp > 1 and not cfg.shape.tied
     if cfg.shape.moe is not None:  # experts sharded over expert_dp, the rest over dp
         return rank_state_bytes(cfg.shape, run_layout(cfg), vocab_parallel)[pp_rank]
     policy = get_policy("amp-bf16" if cfg.dtype == "bf16" else "fp32")
-    zero = 0 if cfg.dp == 1 or cfg.dp_mode == "ddp" else 3
+    zero = 0 if cfg.grad_ranks == 1 or cfg.dp_mode == "ddp" else 3
     psi = stage_params(cfg.shape, cfg.tp, cfg.pp, cfg.virtual_stages,
-                       vocab_parallel=vocab_parallel)
-    return zero_state_bytes(psi[pp_rank], policy, zero, cfg.dp)
+                       vocab_parallel=vocab_parallel, stage_layers=cfg.stage_layers)
+    return zero_state_bytes(psi[pp_rank], policy, zero, shard_ranks(cfg))
 
 
 def held_microbatches(cfg: Any, pp_rank: int) -> float:
@@ -225,7 +239,7 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     collective under the dimension whose group ran it) beside the cost model's ring figures for the
     same layout.
 
-    * ``dp``: :func:`_dp_bytes`;
+    * ``dp``: :func:`~shardlab.train.report_cp.dp_bytes`;
     * ``tp``: torch's DTensor plan (:mod:`shardlab.estimate.comm_dtensor`: one backward
       all-reduce per column-parallel linear, not Megatron's one per block half; a MoE
       layer's MLP sends only for its shared experts, and under full recompute with an
@@ -238,23 +252,29 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     * ``ep`` (mixture of experts): the dispatch and combine all-to-alls, predicted from the
       count matrices the routers produced (:mod:`shardlab.train.report_moe`), measured
       from the real split sizes; ``edp``: FSDP's collectives of the experts over
-      expert_dp (:func:`_dp_bytes` of their padded shards) when it has more than one rank;
+      expert_dp (:func:`~shardlab.train.report_cp.dp_bytes` of their padded shards) when
+      it has more than one rank;
+    * ``cp`` (context parallel): the K/V all-gathers and their reduce-scatters in backward
+      (:func:`shardlab.estimate.context.cp_bytes_per_stage`); with cp, ``dp`` is FSDP's
+      group of dp x cp ranks and tp's and pp's figures are those of the rank's s/cp tokens;
+    * ``dp_replicate`` (HSDP): the all-reduce of each rank's gradient shard across the
+      replicas (:func:`~shardlab.train.report_cp.replica_bytes`), ``dp`` then being the
+      shard group's collectives inside a replica.
 
     The gradient-norm scalars of clipping (``grad_norm``, 8 bytes each) are listed under
     ``measured`` only.
     """
     policy = get_policy("amp-bf16" if cfg.dtype == "bf16" else "fp32")
     share = cfg.global_batch // cfg.dp
-    lay = make_layout(cfg.shape, dp=cfg.dp, tp=cfg.tp, pp=cfg.pp,
-                      virtual_stages=cfg.virtual_stages, sp=cfg.sp,
-                      micro_batch=cfg.micro_batch or share, global_batch=cfg.global_batch,
-                      seq=cfg.seq, dtype=policy.name, recompute=cfg.recompute,
-                      schedule=cfg.schedule if cfg.pp > 1 else None)
+    lay = run_layout(cfg)
     psi = stage_params(cfg.shape, cfg.tp, cfg.pp, cfg.virtual_stages,
-                       vocab_parallel=cfg.tp > 1 and not cfg.shape.tied)
+                       vocab_parallel=cfg.tp > 1 and not cfg.shape.tied,
+                       stage_layers=cfg.stage_layers)
+    n = shard_ranks(cfg)  # FSDP's shard group: dp x cp (dp/R x cp under HSDP)
     if cfg.shape.moe is None:
-        padded = fsdp2_padded_params(cfg.shape, cfg.tp, cfg.pp, cfg.dp, cfg.virtual_stages,
-                                     vocab_parallel=cfg.tp > 1 and not cfg.shape.tied)
+        padded = fsdp2_padded_params(cfg.shape, cfg.tp, cfg.pp, n, cfg.virtual_stages,
+                                     vocab_parallel=cfg.tp > 1 and not cfg.shape.tied,
+                                     stage_layers=cfg.stage_layers)
         expert_padded = [0] * cfg.pp
     else:  # FSDP shards the dense parameters over dp, the experts over expert_dp
         padded, expert_padded = map(list, zip(*moe_padded_params(cfg), strict=True))
@@ -267,22 +287,24 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     # exchanged once per step (sync_tied_grads; the embedding group's all-reduce on two).
     # Under FSDP each rank exchanges its own rows of it (dim 0 split as torch.chunk does).
     sync = embedding_sync_bytes(cfg.shape, lay, vocab_parallel=False)
-    fsdp = cfg.dp > 1 and cfg.dp_mode != "ddp"
-    chunk = -(-cfg.shape.vocab // cfg.dp)
+    fsdp = cfg.grad_ranks > 1 and cfg.dp_mode != "ddp"
+    chunk = -(-cfg.shape.vocab // n)
 
-    def sync_share(dp_rank: int) -> float:
+    def sync_share(position: int) -> float:
         if not fsdp:
             return sync
-        return sync * min(chunk, max(0, cfg.shape.vocab - dp_rank * chunk)) / cfg.shape.vocab
+        return sync * min(chunk, max(0, cfg.shape.vocab - position * chunk)) / cfg.shape.vocab
 
     ends = [(r == 0) + (r == lay.pp - 1) for r in range(lay.pp)]
     pp_pred = [b + f * lay.microbatches * mask for b, f in
                zip(pp_bytes_per_rank(cfg.shape, lay, split_by_tp=cfg.sp), forward_sends,
                    strict=True)]
     tp_pred = [b + u for b, u in zip(
-        tp_bytes_dtensor(cfg.shape, lay, loss_parallel=cfg.loss_parallel and cfg.pp == 1,
-                         fsdp=cfg.dp > 1 and cfg.dp_mode != "ddp"),
+        tp_bytes_dtensor(cfg.shape, local_layout(lay),
+                         loss_parallel=cfg.loss_parallel and cfg.pp == 1,
+                         fsdp=cfg.grad_ranks > 1 and cfg.dp_mode != "ddp"),
         moe_tp_bytes(cfg, lay), strict=True)]
+    cp_pred = cp_bytes_per_stage(cfg.shape, lay)
     zero = {"fsdp": 3, "fsdp-zero2": 2, "ddp": 0}[cfg.dp_mode]
     rows = []
     for r in ranks:
@@ -293,16 +315,23 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
             return float(sum(k["sent_bytes"] for k in by_dim.get(dim, {}).values()))
 
         row: dict[str, Any] = {"rank": r["rank"], "measured": got}
-        if cfg.dp > 1:
-            row["dp"] = {"predicted": _dp_bytes(psi[r["pp_rank"]], padded[r["pp_rank"]],
-                                                policy, zero, cfg),
+        if cfg.grad_ranks > 1:
+            group = n if zero else cfg.grad_ranks  # DDP all-reduces over all dp x cp ranks
+            row["dp"] = {"predicted": dp_bytes(psi[r["pp_rank"]], padded[r["pp_rank"]],
+                                                policy, zero, cfg, group),
                          "measured": sent("dp")}
+        if cfg.dp_replicate > 1:
+            row["dp_replicate"] = {"predicted": replica_bytes(cfg, padded[r["pp_rank"]], n,
+                                                              policy.grad_bytes),
+                                   "measured": sent("dp_replicate")}
+        if cfg.cp > 1:
+            row["cp"] = {"predicted": float(cp_pred[r["pp_rank"]]), "measured": sent("cp")}
         if cfg.ep > 1:
             row["ep"] = {"predicted": predicted_ep_bytes(cfg, run_layout(cfg), r,
                                                          groups[r["rank"]]),
                          "measured": sent("ep")}
         if cfg.ep > 1 and cfg.dp > cfg.ep:
-            row["edp"] = {"predicted": _dp_bytes(0, expert_padded[r["pp_rank"]], policy, zero,
+            row["edp"] = {"predicted": dp_bytes(0, expert_padded[r["pp_rank"]], policy, zero,
                                                  cfg, cfg.dp // cfg.ep),
                           "measured": sent("edp")}
         if cfg.tp > 1:
@@ -312,38 +341,11 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
                          "measured": sent("tp")}
         if cfg.pp > 1:
             row["pp"] = {"predicted": pp_pred[r["pp_rank"]]
-                         + (sync_share(r["dp_rank"]) if ends[r["pp_rank"]] else 0.0),
+                         + (sync_share(shard_position(cfg, r)) if ends[r["pp_rank"]]
+                            else 0.0),
                          "measured": sent("pp")}
         rows.append(row)
     return rows
-
-
-def _dp_bytes(params: float, padded: int, policy: Any, zero: int, cfg: Any,
-              n: int | None = None) -> float:
-    """Bytes one rank sends per step for data parallelism, as torch runs it.
-
-    DDP all-reduces the gradients once, after the last micro-batch (ZeRO paper's 2Ψ):
-    the ring's mean 2(p-1)/p·Ψ, which is what the meter reports for an all-reduce (it
-    reads payloads; gloo and NCCL cut the buffer by their own rules).
-    FSDP2 reduce-scatters them once and all-gathers the weights k times: ``fsdp``
-    (ZeRO-3) before every micro-batch's forward and backward (k = 2m); ``fsdp-zero2``
-    keeps them from forward to backward but reshards after each backward (k = m); in a
-    pipeline both keep them from the first forward to the last backward (k = 1:
-    train.py's reshard policy, and torch.distributed.pipelining defers the reshard
-    after backward to the last micro-batch). FSDP2 pads every parameter's dim 0 to a
-    multiple of dp (``padded`` elements: :func:`~shardlab.estimate.comm.fsdp2_padded_params`),
-    so every rank sends exactly (dp-1) padded shards per collective, whether or not dp
-    divides the model. ``n``: the group's ranks (dp; expert_dp for a MoE's experts).
-    """
-    n = cfg.dp if n is None else n
-    # Under bf16 FSDP2's MixedPrecisionPolicy casts the shards before gathering them (2 bytes)
-    # and reduces gradients in fp32.
-    gathered = 2 if cfg.dtype == "bf16" else policy.weight_bytes
-    if zero == 0:
-        return ring_allreduce_bytes(params * policy.grad_bytes, n)
-    m = cfg.microbatches
-    k = 1 if cfg.pp > 1 else (2 * m if zero == 3 else m)
-    return float((n - 1) * (padded // n) * (k * gathered + policy.grad_bytes))
 
 
 def measured_step_flops(ranks: list[dict[str, Any]]) -> int:

@@ -29,16 +29,18 @@ from shardlab.estimate.partition import chunk_layers
 
 
 def run_layout(cfg: Any) -> Layout:
-    """The run's :class:`Layout` (ZeRO-3 under FSDP with dp > 1, the dtype policy, ep)."""
+    """The run's :class:`Layout` (ZeRO-3 under FSDP over dp x cp > 1 ranks, the dtype
+    policy, ep, cp, uneven stages, HSDP)."""
     share = cfg.global_batch // cfg.dp
-    zero = 0 if cfg.dp == 1 or cfg.dp_mode == "ddp" else 3
+    zero = 0 if cfg.grad_ranks == 1 or cfg.dp_mode == "ddp" else 3
     return make_layout(cfg.shape, dp=cfg.dp, tp=cfg.tp, pp=cfg.pp,
                        virtual_stages=cfg.virtual_stages, sp=cfg.sp, zero=zero,
                        micro_batch=cfg.micro_batch or share, global_batch=cfg.global_batch,
                        seq=cfg.seq, recompute=cfg.recompute,
                        dtype="amp-bf16" if cfg.dtype == "bf16" else "fp32",
                        schedule=cfg.schedule if cfg.pp > 1 else None, ep=cfg.ep,
-                       etp=cfg.etp, capacity_factor=cfg.capacity_factor)
+                       etp=cfg.etp, capacity_factor=cfg.capacity_factor, cp=cfg.cp,
+                       stage_layers=cfg.stage_layers, dp_replicate=cfg.dp_replicate)
 
 
 def _routing_ranks(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -159,7 +161,8 @@ def stage_layer_ids(cfg: Any, pp_rank: int) -> list[int]:
     """Layer indices pipeline rank ``pp_rank`` holds: chunk c of
     :func:`~shardlab.estimate.partition.chunk_layers` lives on rank c mod pp."""
     ids, start = [], 0
-    for c, n in enumerate(chunk_layers(cfg.shape.layers, cfg.pp, cfg.virtual_stages)):
+    for c, n in enumerate(chunk_layers(cfg.shape.layers, cfg.pp, cfg.virtual_stages,
+                                       cfg.stage_layers)):
         if c % cfg.pp == pp_rank:
             ids += range(start, start + n)
         start += n

@@ -1,0 +1,72 @@
+"""The data-parallel groups of a run's document: what FSDP, DDP and HSDP send, over dp x cp.
+
+The groups (:mod:`shardlab.distributed.mesh`): FSDP shards every parameter over the
+``dp_shard_cp`` group of dp/R x cp ranks (context parallelism folded in, as torchtitan
+does; R = ``dp_replicate``, 1 without HSDP), and under HSDP each rank then all-reduces its
+gradient shard with the same shard of the other R - 1 replicas. The K/V gathers of
+context parallelism are :mod:`shardlab.estimate.context`'s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardlab.estimate.comm import ring_allreduce_bytes
+
+
+def shard_ranks(cfg: Any) -> int:
+    """Ranks FSDP shards a parameter over: dp/R x cp (every dp x cp rank without HSDP)."""
+    return cfg.dp // cfg.dp_replicate * cfg.cp
+
+
+def shard_position(cfg: Any, rank: dict[str, Any]) -> int:
+    """``rank``'s place in its FSDP shard group (the dp_shard_cp dim: shard-major, cp
+    inside), from its data-parallel index (replica-major) and cp index."""
+    return rank["dp_rank"] % (cfg.dp // cfg.dp_replicate) * cfg.cp + rank.get("cp_rank", 0)
+
+
+def replica_bytes(cfg: Any, padded: int, n: int, grad_bytes: int) -> float:
+    """Bytes one rank sends per step across HSDP's replicas: FSDP2 all-reduces the rank's
+    reduce-scattered gradient shard (``padded // n`` elements: every parameter's dim 0
+    padded to a multiple of the shard group's ``n`` ranks, as FSDP2 shards it) over the R
+    replicas once per step, ring 2(R-1)/R of it (Patarasuk & Yuan 2009). Computed here from
+    the ring formula: the cost model's :func:`shardlab.estimate.comm.layout_dp_bytes`
+    counts the unpadded shard."""
+    return ring_allreduce_bytes(padded // n * grad_bytes, cfg.dp_replicate)
+
+
+def dp_bytes(params: float, padded: int, policy: Any, zero: int, cfg: Any,
+              n: int | None = None) -> float:
+    """Bytes one rank sends per step for data parallelism, as torch runs it.
+
+    DDP all-reduces the gradients once, after the last micro-batch (ZeRO paper's 2Ψ):
+    the ring's mean 2(p-1)/p·Ψ, which is what the meter reports for an all-reduce (it
+    reads payloads; gloo and NCCL cut the buffer by their own rules).
+    FSDP2 reduce-scatters them once and all-gathers the weights k times: ``fsdp``
+    (ZeRO-3) before every micro-batch's forward and backward (k = 2m); ``fsdp-zero2``
+    keeps them from forward to backward but reshards after each backward (k = m); in a
+    pipeline both keep them from the first forward to the last backward (k = 1:
+    train.py's reshard policy, and torch.distributed.pipelining defers the reshard
+    after backward to the last micro-batch). FSDP2 pads every parameter's dim 0 to a
+    multiple of dp (``padded`` elements: :func:`~shardlab.estimate.comm.fsdp2_padded_params`),
+    so every rank sends exactly (dp-1) padded shards per collective, whether or not dp
+    divides the model. ``n``: the group's ranks (dp; FSDP's dp x cp shard group with
+    context parallelism or HSDP; expert_dp for a MoE's experts).
+    """
+    n = cfg.dp if n is None else n
+    # Under bf16 FSDP2's MixedPrecisionPolicy casts the shards before gathering them (2 bytes)
+    # and reduces gradients in fp32.
+    gathered = 2 if cfg.dtype == "bf16" else policy.weight_bytes
+    if zero == 0:
+        return ring_allreduce_bytes(params * policy.grad_bytes, n)
+    m = cfg.microbatches
+    k = 1 if cfg.pp > 1 else (2 * m if zero == 3 else m)
+    return float((n - 1) * (padded // n) * (k * gathered + policy.grad_bytes))
+
+
+def layout_keys(cfg: Any) -> str:
+    """The layout line's context-parallel, uneven-stage and HSDP keys, only where set."""
+    out = f" cp={cfg.cp}" if cfg.cp > 1 else ""
+    if cfg.stage_layers:
+        out += " stage_layers=" + "+".join(map(str, cfg.stage_layers))
+    return out + (f" dp_replicate={cfg.dp_replicate}" if cfg.dp_replicate > 1 else "")
