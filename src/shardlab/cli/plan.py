@@ -124,7 +124,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cp", type=_int_list,
                    help="context-parallel degrees to try, e.g. 1,2,4,8 (default: every one "
                    "that cuts seq into 2*cp equal chunks of a rank's at least 4,096 tokens "
-                   "of it; none on this machine, where shardlab train has no cp yet)")
+                   "of it)")
     g.add_argument("--dp-replicate", type=_int_list,
                    help="HSDP replica counts to try, e.g. 1,4 (default: 1 and the one that "
                    "keeps each ZeRO shard group within a node; needs ZeRO >= 1)")
@@ -231,15 +231,6 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     split = parse_stage_layers(args.stage_layers)
     if split:
         check_stage_layers(model, len(split), split)
-    if train_only:
-        # shardlab train has no context parallelism, HSDP or uneven stages yet.
-        for name, value in (("cp", args.cp), ("dp_replicate", args.dp_replicate),
-                            ("stage_layers", args.stage_layers)):
-            if value not in (None, (1,)):
-                raise SpecError(name, value if isinstance(value, str) else
-                                ",".join(map(str, value)), "is not in shardlab train yet: "
-                                "a plan for this machine (or --emit-config) keeps to what "
-                                "train runs")
     space = Space(
         gpus=args.gpus, global_batch=args.global_batch, seq=seq,
         gpus_per_node=args.gpus_per_node or acc.gpus_per_node, max_tp=args.max_tp,

@@ -16,16 +16,12 @@ from shardlab.train.config import TrainConfig, check_config
 def train_config(model: ModelShape, entry: dict[str, Any], global_batch: int, seq: int,
                  dtype: str) -> TrainConfig:
     """The run ``shardlab train`` would make of a plan entry; SpecError (naming why) for
-    a layout it does not run (ZeRO-1, a zero-bubble schedule, DDP with tp or pp; context
-    parallelism, HSDP and uneven stages, not yet in train)."""
+    a layout it does not run (ZeRO-1, a zero-bubble schedule, DDP with tp or pp)."""
     if entry["dp"] > 1 and entry["zero"] not in DP_MODE_OF_ZERO:
         raise SpecError("zero", entry["zero"], "is not run by shardlab train (0, 2 or 3)")
     if entry["pp"] > 1 and entry["schedule"] not in TRAIN_SCHEDULES:
         raise SpecError("schedule", entry["schedule"], "is not run by shardlab train "
                         f"({', '.join(TRAIN_SCHEDULES)})")
-    for key, plain in (("cp", 1), ("dp_replicate", 1), ("stage_layers", ())):
-        if entry.get(key, plain) != plain:
-            raise SpecError(key, entry[key], "is not in shardlab train's dry run yet")
     cfg = TrainConfig(shape=model, dp=entry["dp"], tp=entry["tp"], pp=entry["pp"],
                       virtual_stages=entry["virtual_stages"],
                       dp_mode="fsdp" if entry["dp"] == 1 else DP_MODE_OF_ZERO[entry["zero"]],
@@ -35,7 +31,9 @@ def train_config(model: ModelShape, entry: dict[str, Any], global_batch: int, se
                       steps=2, dtype="fp32" if dtype == "fp32" else "bf16",
                       ep=entry.get("ep", 1),
                       etp=entry.get("etp", 1) if model.moe is not None else 1,
-                      capacity_factor=entry.get("capacity_factor", 0.0))
+                      capacity_factor=entry.get("capacity_factor", 0.0),
+                      cp=entry.get("cp", 1), dp_replicate=entry.get("dp_replicate", 1),
+                      stage_layers=tuple(entry.get("stage_layers") or ()))
     check_config(cfg)
     return cfg
 

@@ -60,6 +60,7 @@ def check_rules(model: ModelShape, sp: Space, c: Candidates) -> None:
         bad |= (c.pp > 1) & (c.schedule == SCHEDULES.index("1f1b")) & (c.microbatches < c.pp)
         if model.moe is not None:
             bad |= c.etp != 1  # train builds whole experts on every tp rank (etp = 1)
-        # Not yet in train: context parallelism, HSDP, uneven stages.
-        bad |= (c.cp > 1) | (c.dp_replicate > 1) | (c.split > 0)
+        if model.moe is not None:
+            bad |= (c.cp > 1) | (c.dp_replicate > 1)  # train: cp and HSDP of dense models
+        bad |= (c.dp_replicate > 1) & (c.zero == 0)  # HSDP is FSDP2's: not with DDP
         _mark(c, bad, R_TRAIN)

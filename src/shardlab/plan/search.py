@@ -145,8 +145,9 @@ def _entries(c: Candidates, idx: np.ndarray, times: dict[str, np.ndarray], mem: 
 def train_command(prefix: str, lay: dict[str, Any], global_batch: int, seq: int,
                   dtype: str) -> str:
     """``shardlab train`` flags for a layout (ZeRO 0/2/3 as ddp/fsdp-zero2/fsdp; dp = 1 as
-    fsdp, which then shards nothing and works with tp > 1; ``--ep`` and
-    ``--capacity-factor`` only where they differ from a dense layout's; train builds whole
+    fsdp, which then shards nothing and works with tp > 1; ``--ep``,
+    ``--capacity-factor``, ``--cp``, ``--dp-replicate`` and ``--stage-layers`` only where
+    they differ from a plain layout's; train builds whole
     experts, its default ``--etp 1``, the only etp a train-only space keeps)."""
     mode = "fsdp" if lay["dp"] == 1 else DP_MODE_OF_ZERO[lay["zero"]]
     parts = [prefix, f"--seq {seq}", f"--dp {lay['dp']}", f"--tp {lay['tp']}",
@@ -165,6 +166,12 @@ def train_command(prefix: str, lay: dict[str, Any], global_batch: int, seq: int,
         parts.append(f"--ep {lay['ep']}")
     if lay.get("capacity_factor"):
         parts.append(f"--capacity-factor {lay['capacity_factor']:g}")
+    if lay.get("cp", 1) > 1:
+        parts.append(f"--cp {lay['cp']}")
+    if lay.get("dp_replicate", 1) > 1:
+        parts.append(f"--dp-replicate {lay['dp_replicate']}")
+    if lay.get("stage_layers"):
+        parts.append("--stage-layers " + ",".join(map(str, lay["stage_layers"])))
     return " ".join(parts)
 
 

@@ -25,8 +25,8 @@ its ``splits`` table (0: even).
 
 ``train_only`` keeps what ``shardlab train`` runs (its --dp-mode maps ZeRO 0 to ddp,
 2 to fsdp-zero2, 3 to fsdp; GPipe, 1F1B and interleaved 1F1B; whole experts, etp = 1;
-no context parallelism, HSDP or uneven stages yet), so a plan for this machine always
-hands over a command that starts.
+context parallelism, HSDP and uneven stages of a dense model), so a plan for this
+machine always hands over a command that starts.
 """
 
 from __future__ import annotations
@@ -210,9 +210,7 @@ def unique_rows(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _splits(model: ModelShape, sp: Space, pp: int, v: int) -> list[tuple[int, ...]]:
-    """:func:`~shardlab.plan.choices.split_choices` of the space (train_only: even)."""
-    if sp.train_only and not sp.stage_layers:
-        return [()]
+    """:func:`~shardlab.plan.choices.split_choices` of the space."""
     return split_choices(model.layers, pp, v, sp.stage_layers, sp.fewer_at_ends)
 
 
@@ -228,7 +226,7 @@ def _meshes(model: ModelShape, sp: Space
     for tp in divisors(sp.gpus):
         if tp > max_tp:
             continue
-        for cp in [1] if sp.train_only else cp_choices(sp.gpus // tp, sp.seq, sp.cp):
+        for cp in cp_choices(sp.gpus // tp, sp.seq, sp.cp):
             for pp in divisors(sp.gpus // (tp * cp)):
                 if pp > max_pp:
                     continue
@@ -247,8 +245,7 @@ def _meshes(model: ModelShape, sp: Space
                     else:
                         vs = range(1, 2)
                     runs.append((SCHEDULES.index(name), vs))
-                replicas = [1] if sp.train_only else replica_choices(
-                    dp, cp, tp, sp.gpus_per_node, sp.dp_replicate)
+                replicas = replica_choices(dp, cp, tp, sp.gpus_per_node, sp.dp_replicate)
                 for r in replicas:
                     # HSDP of a MoE: the ep group must fit in one replica's dp/R ranks.
                     ex = [(e, et) for e, et in experts if r == 1 or (dp // r) % e == 0]
