@@ -64,6 +64,7 @@ from torch.distributed.pipelining.schedules import _PipelineSchedule
 
 from shardlab.distributed.context_parallel import CpShard, key_positions, local_positions
 from shardlab.errors import SpecError, require_positive_int
+from shardlab.estimate.partition import chunk_layers
 from shardlab.nn.data import Batch
 from shardlab.nn.model import TransformerLM, attention_mask, rope_tables
 from shardlab.schedules.actions import loop_placement, v_placement
@@ -98,15 +99,11 @@ def layer_split(layers: int, stages: int, stage_layers: Sequence[int] = ()) -> l
     if layers < stages:
         raise SpecError("stages", stages, f"must be <= the model's layers ({layers}): "
                         "every stage needs at least one block")
-    if stage_layers:
-        counts = list(stage_layers)
-        text = "+".join(map(str, counts))
-        if len(counts) != stages or min(counts) < 1 or sum(counts) != layers:
-            raise SpecError("stage_layers", text, f"must give {stages} counts >= 1 summing "
-                            f"to the model's {layers} layers")
-    else:
-        per, extra = divmod(layers, stages)
-        counts = [per + (1 if s < extra else 0) for s in range(stages)]
+    if stage_layers and (len(stage_layers) != stages or min(stage_layers) < 1
+                         or sum(stage_layers) != layers):
+        raise SpecError("stage_layers", "+".join(map(str, stage_layers)), f"must give "
+                        f"{stages} counts >= 1 summing to the model's {layers} layers")
+    counts = chunk_layers(layers, stages, 1, stage_layers)  # the cost model's own split
     out, start = [], 0
     for n in counts:
         out.append(range(start, start + n))

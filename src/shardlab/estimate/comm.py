@@ -231,7 +231,7 @@ def layout_dp_bytes(dense: float, experts: float, layout: Layout, zero: int | No
     return inside, across
 
 
-def _tensor_rows(m: ModelShape, tp: int, vocab_parallel: bool
+def tensor_rows(m: ModelShape, tp: int, vocab_parallel: bool
                  ) -> tuple[list[tuple[int, int]], list[tuple[int, int]], list[tuple[int, int]]]:
     """(dim 0, elements per dim-0 row) of every parameter tensor shardlab's LM holds on one
     tensor-parallel rank: one block's, the first stage's extras (embedding, positions),
@@ -271,7 +271,7 @@ def fsdp2_padded_params(m: ModelShape, tp: int, pp: int, dp: int, virtual_stages
     """
     if m.moe is not None:
         raise ValueError("fsdp2_padded_params: shardlab's LM builds no mixture-of-experts")
-    block, first, last = _tensor_rows(m, tp, vocab_parallel)
+    block, first, last = tensor_rows(m, tp, vocab_parallel)
 
     def padded(tensors: list[tuple[int, int]]) -> int:
         return sum(-(-rows // dp) * dp * width for rows, width in tensors)

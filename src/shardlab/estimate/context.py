@@ -58,6 +58,7 @@ from shardlab.estimate.comm import (
     ring_reduce_scatter_sent,
 )
 from shardlab.estimate.partition import layout_rank_layers
+from shardlab.estimate.states import zero_groups
 
 # -- placement -----------------------------------------------------------------------
 
@@ -232,8 +233,9 @@ def grad_group(lay: Layout) -> int:
 
 def shard_group(lay: Layout) -> int:
     """Ranks ZeRO/FSDP shards a parameter over: dp_shard x cp (cp folded into the shard
-    group as torchtitan does; the whole of dp x cp without HSDP)."""
-    return lay.dp_shard * lay.cp
+    group as torchtitan does; the whole of dp x cp without HSDP): the dense group of
+    :func:`~shardlab.estimate.states.zero_groups`."""
+    return zero_groups(lay).dense
 
 
 def grad_sync_bytes(params: int, policy: DtypePolicy, lay: Layout, position: int = 0,

@@ -84,9 +84,9 @@ class ZeroGroups:
 
 def zero_groups(lay: Layout) -> ZeroGroups:
     """:class:`ZeroGroups` of a layout: dense parameters over dp_shard x cp with
-    dp_replicate replicas (:func:`shardlab.estimate.context.shard_group` is the same
-    dense group), routed experts over expert_dp x cp, or (dp_shard/ep) x cp with
-    dp_replicate replicas when ep divides dp_shard under HSDP."""
+    dp_replicate replicas (:func:`shardlab.estimate.context.shard_group` reads it),
+    routed experts over expert_dp x cp, or (dp_shard/ep) x cp with dp_replicate replicas
+    when ep divides dp_shard under HSDP."""
     r = lay.dp_replicate
     if r > 1 and lay.dp_shard % lay.ep == 0:
         return ZeroGroups(lay.dp_shard * lay.cp, lay.dp_shard // lay.ep * lay.cp, r, r)

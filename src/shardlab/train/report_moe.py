@@ -17,7 +17,7 @@ from collections import defaultdict
 from typing import Any
 
 from shardlab.config.layout import Layout, make_layout
-from shardlab.estimate.comm import _tensor_rows, ring_allreduce_bytes
+from shardlab.estimate.comm import ring_allreduce_bytes, tensor_rows
 from shardlab.estimate.comm_dtensor import column_linears
 from shardlab.estimate.expert import (
     dispatch_rows,
@@ -120,7 +120,7 @@ def moe_padded_params(cfg: Any) -> list[tuple[int, int]]:
     m, dp, edp, tp = cfg.shape, cfg.dp, cfg.dp // cfg.ep, cfg.tp
     assert m.moe is not None
     e = m.moe
-    block, first, last = _tensor_rows(m, tp, not m.tied and tp > 1)
+    block, first, last = tensor_rows(m, tp, not m.tied and tp > 1)
     f, d, fs = e.expert_d_ff, m.d_model, e.shared_experts * e.shared_d_ff // tp
     q, kv = m.q_dim // tp, m.kv_dim // tp
     norm = [(d, 1)] * (2 if m.style == "gpt" else 1)
