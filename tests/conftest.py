@@ -7,6 +7,15 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+COLLECTED = pytest.StashKey[set[str]]()
+"""The node ids this session collected, before any -k/-m deselection
+(tests/test_collection.py reads them instead of collecting the suite again)."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    config.stash[COLLECTED] = {item.nodeid for item in items}
+
 settings.register_profile("shardlab", deadline=None, max_examples=60)
 settings.load_profile("shardlab")
 
