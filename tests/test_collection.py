@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from tests.conftest import COLLECTED
 
 TESTS = Path(__file__).resolve().parent

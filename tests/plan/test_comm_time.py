@@ -36,3 +36,13 @@ def test_all_to_all_and_send_get_one_nic() -> None:
     a2a = dev.link("all_to_all", out, np.array([8.0]))[1]
     send = dev.link("send", out, np.array([8.0]))[1]
     assert ring[0] == pytest.approx(8 * a2a[0]) and a2a[0] == pytest.approx(send[0])
+
+
+def test_a_ring_step_pays_the_network_latency_on_one_step_in_k() -> None:
+    # k members per node: one ring step in k crosses the network (10 µs), the others NVLink
+    # (5 µs), as NCCL's tuning model splits a ring's steps; a send or all-to-all (k = 1)
+    # and a ring alone in its node pay the network's; inside a node, NVLink's.
+    inside = np.array([False, False, False, True])
+    k = np.array([1.0, 2.0, 8.0, 8.0])
+    lat, _ = pick_link(inside, H100.intra_link, H100.inter_link, 1.0, k)
+    assert lat.tolist() == pytest.approx([10e-6, 7.5e-6, 5.625e-6, 5e-6])

@@ -12,13 +12,13 @@ from shardlab.config.runtime import Overhead, Runtime
 from shardlab.estimate.flops import flops_per_token
 from shardlab.estimate.operators import layer_operators
 from shardlab.plan.efficiency import fraction_of_peak, matmul_intensity
+from shardlab.plan.layer_time import layer_forward
 from shardlab.plan.memory_bound import layer_elementwise_elements
 from shardlab.plan.search import device_of, layout_candidates, plan
 from shardlab.plan.space import Space
 from shardlab.plan.step_time import (
     PARTS,
     StepOptions,
-    _layer_forward,
     probe_elementwise_bandwidth,
 )
 
@@ -62,7 +62,9 @@ def test_hand_computed_single_device_step() -> None:
     ops = layer_operators(m, H100, batch=2, q_len=512, kv_len=512)
     layer += sum(o.roofline.bytes for o in ops if o.kind != "matmul") / H100.memory_bandwidth
     head = mat(1024, 4096)
-    assert b["breakdown"]["compute"] == pytest.approx(2 * 3 * (2 * layer + head))
+    # The loss: a fused kernel's 6 bytes per logit (the planner's default), memory-bound.
+    loss = t * 4096 * 6 / H100.memory_bandwidth
+    assert b["breakdown"]["compute"] == pytest.approx(2 * (3 * (2 * layer + head) + loss))
     for k in ("recompute", "tp_comm", "pp_comm", "dp_comm", "bubble"):
         assert b["breakdown"][k] == 0
 
@@ -204,7 +206,8 @@ def test_the_measured_layer_gives_the_memory_bound_rate() -> None:
     shape = ModelShape("probe", 1, 256, 4, vocab=16, context=128, style="llama", tied=False,
                        d_ff=1024)
     one = np.ones(1, dtype=np.int64)
-    mat, core = _layer_forward(shape, 128, one, one * 8, dev, moe_layer=False)
+    layer = layer_forward(shape, 128, one, one * 8, dev, moe_layer=False)
+    mat, core = layer.matmul, layer.core
     elements, _ = layer_elementwise_elements(shape, 128, one, one * 8, np.zeros(1, bool), True)
     ew_bytes = 3 * float(elements[0]) * 4
     probe["seconds"] = 3 * float((mat + core)[0]) + ew_bytes / 2e9

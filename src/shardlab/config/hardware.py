@@ -199,18 +199,18 @@ def _gpu(name: str, flops: dict[str, float], mem: float, bw: float, watts: float
 _AMPERE_FLASH = (("fa2", 0.73), ("fa3", 0.73))
 _HOPPER_FLASH = (("fa2", 0.35), ("fa3", 0.75))
 A100_EFFICIENCY = Efficiency(
-    0.858, 268.0, 5e-6, 0.8,
+    0.847, 248.0, 5e-6, 0.8,
     "fitted on Narayanan et al. 2021 Table 1 (1.7B, 7.5B, 39.1B, 145.6B, 529.6B rows) and "
     "Korthikanti et al. 2022 Table 5 (22B and 530B, selective recompute + sequence "
     "parallelism), A100 80GB; memory-bound operators timed apart at the memory bandwidth",
     flash_fractions=_AMPERE_FLASH)
 H100_EFFICIENCY = Efficiency(
-    0.656, 268.0, 5e-6, 0.8,
+    0.650, 248.0, 5e-6, 0.8,
     "peak_fraction fitted on one bf16 calibration run per software stack: Llama 3 (Dubey et "
     "al. 2024) Table 4 8,192 GPUs, Megatron-Core 16B, torchtitan 8B FSDP8, MosaicML MPT-7B "
     "on 128 GPUs; fp8_peak_fraction on torchtitan 8B FSDP8 fp8 and NeMo Llama 2 7B fp8; "
     "half_intensity, op_overhead and link_fraction taken from the A100 fit",
-    fp8_peak_fraction=0.672,
+    fp8_peak_fraction=0.677,
     flash_fractions=_HOPPER_FLASH)
 
 

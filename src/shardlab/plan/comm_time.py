@@ -72,10 +72,15 @@ def members_per_node(group: np.ndarray | int, stride: np.ndarray | int,
 
 def pick_link(inside: np.ndarray, intra: Link, inter: Link, link_fraction: float,
               per_node: np.ndarray | float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """(latency, achievable bandwidth) per layout: the intra-node link where ``inside``,
-    else ``per_node`` NICs' worth of the inter-node link (a ring over a group with that many
-    members per node: module docstring), no faster than the intra-node link."""
-    latency = np.where(inside, intra.latency, inter.latency)
+    """(latency per ring step, achievable bandwidth) per layout: the intra-node link where
+    ``inside``, else ``per_node`` NICs' worth of the inter-node link (a ring over a group
+    with that many members per node: module docstring), no faster than the intra-node link.
+    Such a ring crosses the network on one step in ``per_node`` and NVLink on the others,
+    so its step latency is the mean of the two links' (NCCL's own tuning model charges a
+    ring (nsteps - nInterSteps) x the intra-node and nInterSteps = nNodes - 1 x the network
+    latency: NVIDIA/nccl src/graph/tuning.cc)."""
+    k = np.maximum(np.asarray(per_node, float), 1.0)
+    latency = np.where(inside, intra.latency, intra.latency * (1 - 1 / k) + inter.latency / k)
     across = np.minimum(inter.bandwidth * np.asarray(per_node, float), intra.bandwidth)
     bandwidth = np.where(inside, intra.bandwidth, across) * link_fraction
     return latency, bandwidth

@@ -16,9 +16,12 @@ StepOptions` fields), each ``off``, ``on`` or the narrower case a framework enab
   only (DeepSpeed).
 * **overlap_tp**: each tensor-parallel all-gather or reduce-scatter is split into t
   chunks that ride alongside the matmul it feeds or drains (Wang et al. 2023, "Overlap
-  communication with dependent computation via decomposition"). With t chunks the
-  first chunk's matmul has nothing to hide: a pass exposes max(0, comm - g·(t-1)/t) for
-  its linear matmuls' time g (2g backward). ``on``: forward and backward (Megatron-LM's
+  communication with dependent computation via decomposition"), and only that one: the
+  gather before q, k, v beside their matmul, the reduce-scatter after the output
+  projection beside it, the MLP's likewise (:class:`~shardlab.plan.layer_time.
+  LayerForward` ``tp_windows``). With t chunks the first chunk's matmul has nothing to
+  hide: a collective exposes max(0, comm - g·(t-1)/t) beside its matmul's time g (2g
+  backward, its data and weight gradients). ``on``: forward and backward (Megatron-LM's
   ``--tp-comm-overlap``, Transformer Engine's userbuffers overlap fprop, dgrad and wgrad);
   ``forward``: the forward passes only, the recomputed one included (torch's async TP,
   torchtitan's ``enable_async_tensor_parallel``, fuses the all-gather-matmul and
@@ -80,19 +83,42 @@ class Framework:
     cast into the kernel that produces the operand (LayerNormLinear, LayerNormMLP, delayed
     scaling's amax taken in the same pass) and only the transposed copy is a pass of its own."""
 
+    reduce_each_micro: bool = False
+    """With ZeRO-3 and gradient accumulation, whether it reduce-scatters the gradients after
+    every micro-batch (FSDP without ``no_sync``), not once after the last. Composer runs FSDP
+    modules without a sync context (composer/trainer/trainer.py ``_train_microbatch``:
+    ``sync_context = contextlib.nullcontext()`` for a model that is not DDP, commit 1bc8d0aa,
+    Jan 2024); torchtitan's accumulation loop calls ``backward`` per micro-batch and never
+    ``set_requires_gradient_sync`` (train.py, commit 2887250b); Megatron-LM runs all but the
+    last micro-batch under ``no_sync``."""
+    loss_bytes: int = 6
+    """Bytes its loss moves per logit element, forward and backward (each operator reads
+    its inputs and writes its output once): 6 for a fused cross-entropy kernel on the bf16
+    logits (read them forward, read them and write their gradient backward: flash-attn's
+    ``CrossEntropyLoss``, llm-foundry's ``fused_crossentropy``); 52 for Megatron-Core's
+    unfused ``VocabParallelCrossEntropy`` (core_r0.8.0 tensor_parallel/cross_entropy.py:
+    ``.float()`` 2 + 4, max 4, ``sub_`` 8, ``exp`` 8, sum 4, ``div_`` 8; backward ``mul_`` 8
+    and the cast back 4 + 2; ``--cross-entropy-loss-fusion`` is store_true, off); 36 for
+    torchtitan's ``cross_entropy(pred.float(), labels)`` (cast 2 + 4, log_softmax 4 + 4;
+    backward the nll gradient's fill 4, log_softmax_backward 8 + 4, the cast back 4 + 2)."""
+    selective: str = "attention"
+    """What its selective recompute runs again (:class:`~shardlab.plan.step_inputs.
+    StepOptions`): ``attention`` or ``op`` (torchtitan's per-operator checkpointing)."""
+
     def options(self) -> dict[str, object]:
         """The options as StepOptions keywords."""
         return {"overlap_dp": self.overlap_dp, "overlap_tp": self.overlap_tp,
                 "overlap_pp": self.overlap_pp, "fused_norm": self.fused_norm,
                 "fused_accumulation": self.fused_accumulation,
                 "fp8_cast_bytes": self.fp8_cast_bytes, "flash_kernel": self.flash_kernel,
-                "grad_reduce_bytes": self.grad_reduce_bytes}
+                "grad_reduce_bytes": self.grad_reduce_bytes, "selective": self.selective,
+                "loss_bytes": self.loss_bytes, "reduce_each_micro": self.reduce_each_micro}
 
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework(
         "megatron", "off", "off", "interleaved", True, True, fp8_cast_bytes=3,
-        grad_reduce_bytes=4, source=
+        grad_reduce_bytes=4, loss_bytes=52, source=
         "Megatron-LM megatron/training/arguments.py: --overlap-grad-reduce and "
         "--overlap-param-gather are store_true (default off), --tp-comm-overlap store_true "
         "(off), --no-overlap-p2p-communication store_false into overlap_p2p_comm (on; the "
@@ -100,22 +126,26 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
         "(fusion on); norms are Transformer Engine / Apex fused kernels"),
     Framework(
         "torchtitan", "on", "off", "off", False, False, tp_overlap_kind="forward",
-        flash_kernel="fa2", grad_reduce_bytes=4, source=
+        flash_kernel="fa2", grad_reduce_bytes=4, selective="op", loss_bytes=36,
+        reduce_each_micro=True, source=
         "torchtitan: FSDP2 prefetches the next layer's all-gather and reduce-scatters on a "
         "side stream (no flag); parallelism.enable_async_tensor_parallel defaults to False; "
         "torch.distributed.pipelining posts a stage's receive just before its compute; "
         "RMSNorm runs in eager torch unless compile.enable (default false); gradients of "
-        "micro-batches accumulate in a separate add"),
+        "micro-batches accumulate in a separate add; selective activation checkpointing "
+        "'op' saves every other mm; the loss is cross_entropy on the logits cast to fp32"),
     Framework(
         "fsdp", "on", "off", "off", False, False, tp_overlap_kind="forward", fp8_cast_bytes=3,
-        flash_kernel="fa2", grad_reduce_bytes=4,
+        flash_kernel="fa2", grad_reduce_bytes=4, reduce_each_micro=True,
         source=
         "PyTorch FSDP outside torchtitan (Composer, fms-fsdp, Accelerate): as torchtitan, "
         "FSDP's backward and forward prefetch overlap the all-gathers and reduce-scatters; "
-        "no tensor or pipeline parallelism of its own; eager norms unless compiled"),
+        "no tensor or pipeline parallelism of its own; eager norms unless compiled; "
+        "Composer reduce-scatters after every micro-batch and llm-foundry's "
+        "fused_crossentropy is one kernel over the bf16 logits"),
     Framework(
         "deepspeed", "zero3", "off", "off", True, False, fp8_cast_bytes=3, flash_kernel="fa2",
-        source=
+        loss_bytes=52, source=
         "DeepSpeed deepspeed/runtime/zero/config.py: overlap_comm left unset becomes "
         "stage == 3 (on for ZeRO-3 only); tensor parallelism from Megatron-DeepSpeed runs "
         "synchronously; the pipeline engine's sends and receives block; fused norms from "
@@ -174,9 +204,9 @@ def hidden_behind(comm: np.ndarray, window: np.ndarray, units: np.ndarray,
 
 def tp_exposed(comm_fwd: np.ndarray, comm_bwd: np.ndarray, gemm_fwd: np.ndarray,
                tp: np.ndarray, kind: str) -> np.ndarray:
-    """Exposed tensor-parallel seconds of one layer (forward + backward) with its linear
-    matmuls taking ``gemm_fwd`` forward and twice that backward, under overlap ``kind``
-    (off, on, forward: module docstring)."""
+    """Exposed seconds of a tensor-parallel collective (forward + backward) beside the
+    matmul it feeds or drains, ``gemm_fwd`` forward and twice that backward, under overlap
+    ``kind`` (off, on, forward: module docstring)."""
     share = (tp - 1.0) / tp
     fwd = comm_fwd if kind == "off" else np.maximum(comm_fwd - gemm_fwd * share, 0.0)
     bwd = comm_bwd if kind != "on" else np.maximum(comm_bwd - 2.0 * gemm_fwd * share, 0.0)

@@ -85,6 +85,16 @@ class StepOptions:
     grad_reduce_bytes: int = 0
     """Bytes per gradient element the data-parallel reduction moves with bf16 compute (the
     framework's: fp32 reduction is 4); 0: the policy's gradient bytes."""
+    reduce_each_micro: bool = False
+    """ZeRO-3 reduce-scatters the gradients after every micro-batch's backward (PyTorch FSDP
+    without ``no_sync``: Composer, torchtitan), not once after the last."""
+    loss_bytes: int = 6
+    """Bytes the loss moves per logit element, forward and backward (the framework's:
+    :attr:`shardlab.plan.overlap.Framework.loss_bytes`; 6: a fused kernel)."""
+    selective: str = "attention"
+    """What selective recompute runs again: ``attention`` (the attention core, Korthikanti
+    et al. 2022: Megatron-LM) or ``op`` (torchtitan's per-operator policy: every second
+    linear matmul, :func:`shardlab.plan.layer_time.op_checkpoint_matmuls`)."""
 
     def __post_init__(self) -> None:
         for name, allowed in (("overlap_dp", DP_MODES), ("overlap_tp", TP_MODES),

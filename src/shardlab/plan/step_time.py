@@ -16,7 +16,13 @@ context-parallel rank), on devices of dense peak P (:class:`Device`):
   s/cp tokens and K, V of s read and written once: Dao et al. 2022; s/2 without cp), no
   faster than its authors' measured share of
   the peak (``flash_kernel``: FlashAttention-2 35% of an H100, FlashAttention-3 75%); plus a
-  fixed cost per operator launch (12 per layer forward, twice that backward).
+  fixed cost per operator launch (12 per layer forward, twice that backward)
+  (:mod:`shardlab.plan.layer_time`). The full s x s stays priced although a causal fused
+  kernel skips the masked half: halving it was tried and left torchtitan's runs 8-15%
+  fast (docs/validation.md).
+* **loss** (part of compute, last stage): the cross-entropy over the rank's T x V/t logits,
+  forward and backward, ``loss_bytes`` per logit at the memory bandwidth (the framework's
+  implementation: :attr:`shardlab.plan.overlap.Framework.loss_bytes`).
 * **memory-bound operators** (part of compute): the norms, residual adds, rotary
   embedding, activation and (without a fused attention kernel) the softmax over the
   s x s scores move bytes, not FLOPs: their forward bytes are those of
@@ -30,13 +36,20 @@ context-parallel rank), on devices of dense peak P (:class:`Device`):
   the add into the weight-gradient matmul, so the published runs pay nothing for it.
 * **recompute**: what :func:`shardlab.estimate.flops.flops_per_token` adds to the
   hardware FLOPs, at the same efficiencies: selective, the attention core's forward
-  (with its softmax's bytes); full, every layer's forward (with its memory-bound
+  (with its softmax's bytes), or with ``selective="op"`` (torchtitan's per-operator
+  policy) every second linear matmul of the block
+  (:func:`shardlab.plan.layer_time.op_checkpoint_matmuls`) with its fp8 casts and the
+  memory-bound operators, the attention's output being saved (a fused kernel's backward
+  still recomputes half its core); full, every layer's forward (with its memory-bound
   operators); a fused (flash) kernel without recompute, half the core.
 * **tp_comm**: per layer and micro-batch four all-reduces of T·h activations (six with
   full recompute; sequence parallel's all-gather + reduce-scatter pairs cost the
   same), one more on the first and on the last stage (vocabulary-parallel embedding
-  and head) (Shoeybi et al. 2019; Korthikanti et al. 2022), all on the critical path
-  (Megatron runs them synchronously).
+  and head) (Shoeybi et al. 2019; Korthikanti et al. 2022), on the critical path unless
+  ``overlap_tp`` hides each of the four (sequence parallel's two all-gathers and two
+  reduce-scatters) beside its own matmul (:func:`shardlab.plan.overlap.tp_exposed`). With
+  ``selective="op"`` and sequence parallelism the recompute gathers the attention's and
+  the MLP's inputs again: one all-reduce's time more.
 * **cp_comm** (context parallel, cp > 1): per layer and micro-batch an all-gather of the
   rank's K and V forward (again under full recompute) and the reduce-scatter of their
   gradients backward, (cp-1)·b·(s/cp)·2·kv_dim/t·e bytes each
@@ -69,7 +82,15 @@ context-parallel rank), on devices of dense peak P (:class:`Device`):
   expert_dp = dp/ep ranks, the rest over dp: :func:`~shardlab.estimate.comm.layout_dp_bytes`),
   one gather per layer, so each layer adds the ring's latency (FSDP wraps every block). A
   ring with k members per node leaves it over k NICs
-  (:func:`~shardlab.plan.comm_time.members_per_node`; cp's too). ZeRO shards over dp_shard
+  (:func:`~shardlab.plan.comm_time.members_per_node`; cp's too) and pays the network's
+  latency on one step in k, NVLink's on the others. ZeRO-3 pays a ring's latency per layer
+  for its gather and its reduce-scatter; in the backward a layer's gather and the
+  previous layer's reduce-scatter share the group's communicator, so they queue one
+  after the other and hide together (Megatron-LM's MFSDP runtime_schedule.md: "When AG
+  and RS share a NCCL communicator, the communicator enforces the host-side launch order
+  even if the operations use independent CUDA streams"), and where the framework
+  reduce-scatters after every micro-batch (``reduce_each_micro``: PyTorch FSDP without
+  ``no_sync``) they do so in every micro-batch without a pipeline. ZeRO shards over dp_shard
   x cp (the cp ranks hold the same weights; torchtitan's ``dp_shard_cp``), gradients are
   summed over dp x cp; HSDP (dp_replicate R > 1) reduce-scatters and gathers inside the
   shard group (its link: dp_shard·cp·t consecutive ranks) and all-reduces each rank's
@@ -98,15 +119,12 @@ counted, full s x s attention; per token the same with cp) / (step x devices x P
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 import numpy as np
 
 from shardlab.config.dtypes import DtypePolicy
-from shardlab.config.hardware import OPS_PER_LAYER_FORWARD
 from shardlab.config.layout import RECOMPUTE
 from shardlab.config.model import ModelShape
-from shardlab.estimate.context import causal_imbalance
 from shardlab.estimate.flops import flops_per_token
 from shardlab.plan.bubble import bubble_ratios
 from shardlab.plan.comm_time import (
@@ -115,8 +133,9 @@ from shardlab.plan.comm_time import (
     members_per_node,
     send_seconds,
 )
-from shardlab.plan.efficiency import fraction_of_peak, matmul_seconds
-from shardlab.plan.expert_time import alltoall_layer_seconds, kept_rows, routed_tokens
+from shardlab.plan.efficiency import matmul_seconds
+from shardlab.plan.expert_time import alltoall_layer_seconds
+from shardlab.plan.layer_time import cp_balance, layer_forward
 from shardlab.plan.memory import MemoryArrays, zero_group_arrays
 from shardlab.plan.memory_bound import fp8_cast_seconds, layer_elementwise_elements
 from shardlab.plan.overlap import (
@@ -138,70 +157,6 @@ DEFAULT_OPTIONS = StepOptions()
 """The step-time model's options when none are given (a fused kernel, dp overlap)."""
 
 
-def _layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, dev: Device,
-                   moe_layer: bool, c: Candidates | None = None, flash: bool = False,
-                   kernel: str = "fa3", cp: np.ndarray | int = 1,
-                   balance: np.ndarray | float = 1.0) -> tuple[np.ndarray, np.ndarray]:
-    """(matmul seconds, attention-core seconds) of one layer's forward on one tp rank
-    of a cp rank (its b·s/cp tokens; a MoE layer's experts as ``c``'s ep, etp and capacity
-    factor place them); the linear layers at ``linear_peak``, the router and the core at
-    ``peak``; ``balance``: the causal load balance, busiest cp rank's attention over the
-    mean's."""
-    m = model
-    t = tp.astype(float)
-    queries = seq / np.asarray(cp, float)  # a cp rank's tokens of each sequence
-    tokens = mb * queries
-    h, q, kv = m.d_model, m.q_dim, m.kv_dim
-    mm = m.mlp_matrices
-    lin = dev.linear_peak or dev.peak
-    lin_eff = (replace(dev.eff, peak_fraction=dev.eff.fp8_peak_fraction)
-               if dev.linear_peak and dev.eff.fp8_peak_fraction else dev.eff)
-
-    def mat(rows: np.ndarray | float, k: np.ndarray | float, n: np.ndarray | float,
-            linear: bool = True) -> np.ndarray:
-        return matmul_seconds(2.0 * rows * k * n, rows, k, n, lin if linear else dev.peak,
-                              lin_eff if linear else dev.eff)
-
-    secs = mat(tokens, h, (q + 2 * kv) / t) + mat(tokens, q / t, h)
-    if moe_layer and m.moe is not None:
-        assert c is not None
-        e = m.moe
-        # Routed experts: the rank's E/ep experts, each on the ep·T·k/E rows it receives
-        # (balanced, capped by capacity), at width f/etp.
-        ep, etp = c.ep.astype(float), c.etp.astype(float)
-        per_expert = ep * kept_rows(m, routed_tokens(c, seq), c.capacity_factor) / e.experts
-        f = e.expert_d_ff / etp
-        secs = secs + e.experts / ep * (mat(per_expert, h, (mm - 1) * f)
-                                        + mat(per_expert, f, h))
-        if e.shared_experts:
-            width = e.shared_experts * e.shared_d_ff
-            secs = secs + mat(tokens, h, (mm - 1) * width / t) + mat(tokens, width / t, h)
-        secs = secs + mat(tokens, h, float(e.experts), linear=False)
-    else:
-        secs = secs + mat(tokens, h, (mm - 1) * m.d_ff / t) + mat(tokens, m.d_ff / t, h)
-    # Attention core: Q·Kᵀ and scores·V per sequence and head, [s/cp, hd] x [hd, s]; a
-    # fused (flash) kernel keeps the scores on chip, so it moves only Q, O (s/cp tokens)
-    # and K, V (s): 4·(s/cp)·s·hd FLOPs over 2·(s/cp + s)·hd 2-byte elements, an intensity
-    # of s/(cp + 1) (s/2 without cp).
-    core_flops = 4.0 * tokens * seq * q / t * balance
-    if flash:
-        cap = dict(dev.eff.flash_fractions).get(kernel, 1.0)
-        intensity = queries * seq / (queries + seq)
-        core = core_flops / (dev.peak * np.minimum(fraction_of_peak(intensity, dev.eff), cap))
-    else:
-        core = matmul_seconds(core_flops, queries, m.head_dim, seq, dev.peak, dev.eff)
-    secs = secs + OPS_PER_LAYER_FORWARD * dev.eff.op_overhead
-    return secs, core
-
-
-def _balance(seq: int, cp: np.ndarray) -> np.ndarray:
-    """The causal load balance per layout (:func:`shardlab.estimate.context.causal_imbalance`
-    of the zigzag chunks: 1), per distinct cp."""
-    uniq, inv = np.unique(cp, return_inverse=True)
-    return np.array([causal_imbalance(seq, int(x)) if seq % (2 * x) == 0 else 1.0
-                     for x in uniq])[inv.ravel()]
-
-
 def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
                  global_batch: int, policy: DtypePolicy, dev: Device,
                  opt: StepOptions = DEFAULT_OPTIONS) -> dict[str, np.ndarray]:
@@ -213,18 +168,20 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     micro = c.microbatches.astype(float)
     rc = c.recompute
     full = rc == RECOMPUTE.index("full")
-    balance = _balance(seq, cp)
+    balance = cp_balance(seq, cp)
     # One layer's forward, averaged over dense and MoE layers (dense ones first in the model).
-    mat_d, core_d = _layer_forward(m, seq, tp, mb, dev, moe_layer=False, flash=opt.flash,
-                                   kernel=opt.flash_kernel, cp=cp, balance=balance)
+    dense_l = layer_forward(m, seq, tp, mb, dev, moe_layer=False, flash=opt.flash,
+                            kernel=opt.flash_kernel, cp=cp, balance=balance)
+    mat_l, core_l, redo_l = dense_l.matmul, dense_l.core, dense_l.op_recompute
+    windows = dense_l.tp_windows
     if m.moe_layers:
-        mat_m, core_m = _layer_forward(m, seq, tp, mb, dev, moe_layer=True, c=c,
-                                       flash=opt.flash, kernel=opt.flash_kernel, cp=cp,
-                                       balance=balance)
-        w_moe = m.moe_layers / m.layers
-        mat_l, core_l = (1 - w_moe) * mat_d + w_moe * mat_m, (1 - w_moe) * core_d + w_moe * core_m
-    else:
-        mat_l, core_l = mat_d, core_d
+        moe_l = layer_forward(m, seq, tp, mb, dev, moe_layer=True, c=c, flash=opt.flash,
+                              kernel=opt.flash_kernel, cp=cp, balance=balance)
+        w = m.moe_layers / m.layers
+        mat_l, core_l, redo_l = ((1 - w) * a + w * b for a, b in (
+            (mat_l, moe_l.matmul), (core_l, moe_l.core), (redo_l, moe_l.op_recompute)))
+        windows = tuple((1 - w) * a + w * b for a, b in zip(windows, moe_l.tp_windows,
+                                                             strict=True))
     # Memory-bound operators at the memory bandwidth (bytes = elements x activation bytes).
     ew_elems, soft_elems = layer_elementwise_elements(m, seq, tp, mb, c.sp, opt.flash,
                                                       opt.fused_norm, cp)
@@ -238,10 +195,18 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     tokens = mb * seq / cp  # a context-parallel rank's tokens of a micro-batch
     head = matmul_seconds(2.0 * tokens * m.d_model * m.vocab / tp, tokens, m.d_model,
                           m.vocab / tp, dev.peak, dev.eff)
-    # Hardware FLOPs beyond the model's, per layer forward (flops_per_token's cases).
-    extra_layer = np.select([rc == RECOMPUTE.index("selective"), full],
-                            [core_l + soft_l, fwd_layer + cast_f],
-                            core_l / 2 if opt.flash else 0.0)
+    # The loss over the rank's T x V/t logits, forward and backward, memory-bound.
+    loss = tokens * m.vocab / tp * opt.loss_bytes / ew_bw
+    # Hardware FLOPs beyond the model's, per layer forward (flops_per_token's cases; a
+    # fused kernel's backward recomputes half its core). Selective: the attention core
+    # (Korthikanti et al. 2022), or per operator (torchtitan) every second linear matmul
+    # with its fp8 casts and the memory-bound operators, the attention's output saved.
+    selective = rc == RECOMPUTE.index("selective")
+    flash_redo = core_l / 2 if opt.flash else 0.0
+    by_op = opt.selective == "op"
+    sel_extra = (redo_l + ew_l + flash_redo + cast_f * redo_l / mat_l if by_op
+                 else core_l + soft_l)
+    extra_layer = np.select([selective, full], [sel_extra, fwd_layer + cast_f], flash_redo)
 
     # Tensor-parallel all-reduces of T·h activations: 2 per layer forward, 2 backward and 2
     # more with full recompute; exposed as overlap_tp leaves them (overlap module).
@@ -249,9 +214,16 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     gpn = dev.gpus_per_node
     lat, bw = dev.link("all_reduce", tp <= gpn, members_per_node(tp, 1, gpn))
     one_ar = allreduce_seconds(act_bytes, tp, lat, bw)
-    tp_all = np.where(full, 6.0, 4.0) * one_ar
-    tp_shown = (tp_exposed(2 * one_ar, 2 * one_ar, mat_l, tp, opt.overlap_tp)
-                + np.where(full, tp_exposed(2 * one_ar, 0.0, mat_l, tp, opt.overlap_tp), 0.0))
+    # Per-operator checkpointing with sequence parallelism gathers the attention's and the
+    # MLP's inputs again (its policy saves reduce-scatter outputs, not all-gathers): two
+    # all-gathers, one all-reduce's time.
+    again = np.select([full, selective & c.sp & by_op], [2.0, 1.0], 0.0)
+    # Each collective (half an all-reduce) rides only beside its own matmul (windows).
+    tp_all = (4.0 + again) * one_ar
+    half = one_ar / 2
+    tp_shown = sum(tp_exposed(half, half, g, tp, opt.overlap_tp)
+                   + tp_exposed(again * half / 2, 0.0, np.where(full, g, redo_l / 4), tp,
+                                opt.overlap_tp) for g in windows)
 
     # Expert-parallel all-to-alls per layer (averaged over dense and MoE layers, as above):
     # dispatch + combine, forward, backward and the recomputed forward. The ep group is
@@ -271,7 +243,7 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     layers, emb, with_head, rank = timed_ranks(m.layers, pp, v, c.split, c.splits, c.schedule)
     col = lambda x: np.asarray(x, float)[:, None]  # noqa: E731 - one layout per row
     comp_r = (3 * (layers * col(fwd_layer) + with_head * col(head))
-              + layers * col(cast_f + cast_b))
+              + layers * col(cast_f + cast_b) + with_head * col(loss))
     rec_r = layers * col(extra_layer)
     ends = emb + with_head  # vocabulary-parallel embedding and head: one all-reduce each
     tp_r = layers * col(tp_shown) + ends * col(one_ar)
@@ -326,8 +298,10 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
         link = dev.link(collective, inside, members_per_node(ranks, stride, gpn))
         elink = dev.link(collective, inside, members_per_node(
             expert_ranks, stride * estride // np.maximum(tp, 1), gpn))
+        experts = fn(mem.expert_params * nbytes / per[1], expert_ranks, *elink)
+        # A dense model has no expert collective to pay the latency of.
         return (fn(dense * nbytes / per[0], ranks, *link)
-                + fn(mem.expert_params * nbytes / per[1], expert_ranks, *elink))
+                + np.where(mem.expert_params > 0, experts, 0.0))
 
     ar = over("all_reduce", allreduce_seconds, reduce_bytes, group * reps, egroup * ereps,
               inside_r)
@@ -335,24 +309,35 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     # HSDP: each rank's shard of the gradients all-reduced across the replicas.
     ar_rep = over("all_reduce", allreduce_seconds, reduce_bytes, reps, ereps, inside_r,
                   (group.astype(float), egroup.astype(float)), tp * group)
-    lat_d, _ = dev.link("all_gather", inside_d)
+    lat_d, _ = dev.link("all_gather", inside_d, members_per_node(group, tp, gpn))
     ag = over("all_gather", gather_seconds, policy.weight_bytes, group, egroup, inside_d)
-    # ZeRO-3/FSDP gathers layer by layer (one unit per block): each pays the latency; fp8
-    # gathers the linear weights in fp8 (gather_bytes).
+    # ZeRO-3/FSDP gathers and reduce-scatters layer by layer (one unit per block): each pays
+    # the ring's latency; fp8 gathers the linear weights in fp8 (gather_bytes).
     units = layers.max(axis=1).astype(float)
-    ag3 = (over("all_gather", gather_seconds, policy.gather_bytes or policy.weight_bytes,
-                group, egroup, inside_d)
-           + np.where(group > 1, units * (group - 1) * lat_d, 0.0))
+    per_unit = np.where(group > 1, units * (group - 1) * lat_d, 0.0)
+    ag3 = over("all_gather", gather_seconds, policy.gather_bytes or policy.weight_bytes,
+               group, egroup, inside_d) + per_unit
 
     def hide(comm: np.ndarray, window: np.ndarray) -> np.ndarray:
         return hidden_behind(comm, window, units, on)
 
+    # ZeRO-3: the weights gathered in every micro-batch's forward and backward; in the
+    # backward a layer's gather and the previous layer's gradient reduce-scatter share the
+    # shard group's one NCCL stream (ProcessGroupNCCL runs a group's collectives on one
+    # stream per device), so they hide together; HSDP's replica all-reduce runs on its own
+    # group. The gradients are reduced once (the last micro-batch) or, where the framework
+    # syncs every micro-batch (reduce_each_micro, without a pipeline, whose stages skip
+    # the sync), every time.
+    each = (z == 3) & (pp == 1) & opt.reduce_each_micro
+    syncs = np.where(each, micro, 1.0)
+    rs3 = rs + per_unit
+    zero3 = (micro * hide(ag3, fwd_window) + (micro - syncs) * hide(ag3, bwd_window)
+             + syncs * (hide(ag3 + rs3, bwd_window) + hide(ar_rep, bwd_window)))
     dp_comm = np.select(
         [z == 0, z <= 2],
-        [hide(ar, bwd_window), hide(rs + ar_rep, bwd_window) + hide(ag, fwd_window)],
-        micro * (hide(ag3, fwd_window) + hide(ag3, bwd_window)) + hide(rs + ar_rep,
-                                                                        bwd_window))
-    dp_all = np.select([z == 0, z <= 2], [ar, rs + ar_rep + ag], 2 * micro * ag3 + rs + ar_rep)
+        [hide(ar, bwd_window), hide(rs + ar_rep, bwd_window) + hide(ag, fwd_window)], zero3)
+    dp_all = np.select([z == 0, z <= 2], [ar, rs + ar_rep + ag],
+                       2 * micro * ag3 + syncs * (rs3 + ar_rep))
 
     shard = np.where(z >= 1, group, 1).astype(float)
     expert_shard = np.where(z >= 1, egroup, 1).astype(float)
@@ -388,10 +373,10 @@ def probe_elementwise_bandwidth(probe: dict[str, float], dev: Device, flash: boo
                        d_ff=int(probe["d_ff"]))
     one = np.ones(1, dtype=np.int64)
     batch = one * int(probe["batch"])
-    mat, core = _layer_forward(shape, int(probe["seq"]), one, batch, dev, moe_layer=False)
+    layer = layer_forward(shape, int(probe["seq"]), one, batch, dev, moe_layer=False)
     elements, _ = layer_elementwise_elements(shape, int(probe["seq"]), one, batch,
                                              np.zeros(1, bool), flash)
-    left = probe["seconds"] - 3 * float((mat + core)[0])
+    left = probe["seconds"] - 3 * float((layer.matmul + layer.core)[0])
     if left <= 0:
         return None
     return 3 * float(elements[0]) * 4 / left

@@ -1,0 +1,134 @@
+"""One transformer layer's forward on one rank, in seconds, vectorised over layouts: the
+matmuls (each at its own shape's efficiency, :mod:`shardlab.plan.efficiency`), the
+attention core, the matmuls a framework's per-operator checkpointing runs again, and the
+matmul beside each tensor-parallel collective (what a decomposed collective can hide
+behind: :func:`shardlab.plan.overlap.tp_exposed`).
+
+The matmuls are timed as Megatron-LM shapes them (q, k and v one [T, h] x [h, (q + 2kv)/t]
+matmul, the gated MLP's gate and up one of width 2f/t); the ones per-operator
+checkpointing recomputes are timed one by one, as torchtitan calls them.
+
+Used by :mod:`shardlab.plan.step_time`, which multiplies them out over layers,
+micro-batches and passes (backward = 2 x forward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from shardlab.config.hardware import OPS_PER_LAYER_FORWARD
+from shardlab.config.model import ModelShape
+from shardlab.estimate.context import causal_imbalance
+from shardlab.plan.efficiency import fraction_of_peak, matmul_seconds
+from shardlab.plan.expert_time import kept_rows, routed_tokens
+from shardlab.plan.space import Candidates
+from shardlab.plan.step_inputs import Device
+
+
+@dataclass(frozen=True)
+class LayerForward:
+    """Seconds of one layer's forward on one tp rank, per layout: ``matmul`` (every linear
+    matmul, the router and the launch costs), ``core`` (the attention core) and
+    ``op_recompute`` (the linear matmuls that per-operator selective checkpointing runs
+    again: :func:`op_checkpoint_matmuls`)."""
+
+    matmul: np.ndarray
+    core: np.ndarray
+    op_recompute: np.ndarray
+    tp_windows: tuple[np.ndarray, ...] = ()
+    """The forward seconds of the matmul beside each of the layer's four tensor-parallel
+    collectives (sequence parallel's all-gather before q, k, v; reduce-scatter after the
+    output projection; all-gather before the MLP's first matmul(s); reduce-scatter after
+    its last): the only compute a decomposed collective can ride alongside."""
+
+
+def op_checkpoint_matmuls(model: ModelShape) -> tuple[bool, ...]:
+    """Which of a dense block's linear matmuls, in the order its forward calls them (q, k,
+    v, output; then gate, up, down for a gated MLP or up, down), torchtitan's per-operator
+    selective checkpointing runs again in backward: its policy saves the output of every
+    ``aten.mm`` "except every second mm" (a counter per block, ``mm_count % 2 == 0`` is
+    recomputed: pytorch/torchtitan ``_apply_ac_to_transformer_block``, commits 9dec370 and
+    2887250b), so the 2nd, 4th and 6th: k, output and up (SwiGLU) or k, output and down
+    (a two-matrix MLP)."""
+    calls = 4 + model.mlp_matrices
+    return tuple(i % 2 == 1 for i in range(calls))
+
+
+def layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, dev: Device,
+                  moe_layer: bool, c: Candidates | None = None, flash: bool = False,
+                  kernel: str = "fa3", cp: np.ndarray | int = 1,
+                  balance: np.ndarray | float = 1.0) -> LayerForward:
+    """One layer's forward on one tp rank of a cp rank (its b·s/cp tokens; a MoE layer's
+    experts as ``c``'s ep, etp and capacity factor place them); the linear layers at
+    ``linear_peak``, the router and the core at ``peak``; ``balance``: the causal load
+    balance, busiest cp rank's attention over the mean's."""
+    m = model
+    t = tp.astype(float)
+    queries = seq / np.asarray(cp, float)  # a cp rank's tokens of each sequence
+    tokens = mb * queries
+    h, q, kv = m.d_model, m.q_dim, m.kv_dim
+    mm = m.mlp_matrices
+    lin = dev.linear_peak or dev.peak
+    lin_eff = (replace(dev.eff, peak_fraction=dev.eff.fp8_peak_fraction)
+               if dev.linear_peak and dev.eff.fp8_peak_fraction else dev.eff)
+
+    def mat(rows: np.ndarray | float, k: np.ndarray | float, n: np.ndarray | float,
+            linear: bool = True) -> np.ndarray:
+        return matmul_seconds(2.0 * rows * k * n, rows, k, n, lin if linear else dev.peak,
+                              lin_eff if linear else dev.eff)
+
+    qkv, out = mat(tokens, h, (q + 2 * kv) / t), mat(tokens, q / t, h)
+    secs = qkv + out
+    # The block's linear matmuls one by one, in call order (q, k, v, output, then the MLP's),
+    # for the ones per-operator checkpointing runs again.
+    calls = ([mat(tokens, h, q / t), mat(tokens, h, kv / t), mat(tokens, h, kv / t),
+              mat(tokens, q / t, h)])
+    again = op_checkpoint_matmuls(m)
+    if moe_layer and m.moe is not None:
+        assert c is not None
+        e = m.moe
+        # Routed experts: the rank's E/ep experts, each on the ep·T·k/E rows it receives
+        # (balanced, capped by capacity), at width f/etp.
+        ep, etp = c.ep.astype(float), c.etp.astype(float)
+        per_expert = ep * kept_rows(m, routed_tokens(c, seq), c.capacity_factor) / e.experts
+        f = e.expert_d_ff / etp
+        mlp_in = e.experts / ep * mat(per_expert, h, (mm - 1) * f)
+        mlp_out = e.experts / ep * mat(per_expert, f, h)
+        experts = mlp_in + mlp_out
+        if e.shared_experts:
+            width = e.shared_experts * e.shared_d_ff
+            mlp_in = mlp_in + mat(tokens, h, (mm - 1) * width / t)
+            mlp_out = mlp_out + mat(tokens, width / t, h)
+        secs = secs + mlp_in + mlp_out + mat(tokens, h, float(e.experts), linear=False)
+        # The experts' grouped matmuls are no aten.mm: the policy runs them all again.
+        redo = sum(x for x, r in zip(calls, again[:4], strict=True) if r) + experts
+    else:
+        mlp_in, mlp_out = mat(tokens, h, (mm - 1) * m.d_ff / t), mat(tokens, m.d_ff / t, h)
+        secs = secs + mlp_in + mlp_out
+        calls += [mat(tokens, h, m.d_ff / t)] * (mm - 1) + [mat(tokens, m.d_ff / t, h)]
+        redo = sum(x for x, r in zip(calls, again, strict=True) if r)
+    # Attention core: Q·Kᵀ and scores·V per sequence and head, [s/cp, hd] x [hd, s]; a
+    # fused (flash) kernel keeps the scores on chip, so it moves only Q, O (s/cp tokens)
+    # and K, V (s): 4·(s/cp)·s·hd FLOPs over 2·(s/cp + s)·hd 2-byte elements, an intensity
+    # of s/(cp + 1) (s/2 without cp).
+    core_flops = 4.0 * tokens * seq * q / t * balance
+    if flash:
+        cap = dict(dev.eff.flash_fractions).get(kernel, 1.0)
+        intensity = queries * seq / (queries + seq)
+        core = core_flops / (dev.peak * np.minimum(fraction_of_peak(intensity, dev.eff), cap))
+    else:
+        core = matmul_seconds(core_flops, queries, m.head_dim, seq, dev.peak, dev.eff)
+    secs = secs + OPS_PER_LAYER_FORWARD * dev.eff.op_overhead
+    windows = tuple(np.asarray(x, float) + 0.0 * t for x in (qkv, out, mlp_in, mlp_out))
+    return LayerForward(np.asarray(secs, float), np.asarray(core, float),
+                        np.asarray(redo, float) + 0.0 * t, windows)
+
+
+def cp_balance(seq: int, cp: np.ndarray) -> np.ndarray:
+    """The causal load balance per layout (:func:`shardlab.estimate.context.causal_imbalance`
+    of the zigzag chunks: 1), per distinct cp."""
+    uniq, inv = np.unique(cp, return_inverse=True)
+    return np.array([causal_imbalance(seq, int(x)) if seq % (2 * x) == 0 else 1.0
+                     for x in uniq])[inv.ravel()]

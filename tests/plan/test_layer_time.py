@@ -1,0 +1,45 @@
+"""One layer's forward: the matmuls per-operator checkpointing runs again, and the matmul
+beside each tensor-parallel collective."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shardlab.config.catalog import get_model
+from shardlab.config.dtypes import get_policy
+from shardlab.config.hardware import get_accelerator
+from shardlab.plan.efficiency import matmul_seconds
+from shardlab.plan.layer_time import layer_forward, op_checkpoint_matmuls
+from shardlab.plan.search import device_of
+
+H100 = get_accelerator("H100 SXM")
+
+
+def test_every_second_mm_is_recomputed() -> None:
+    # torchtitan's policy counts aten.mm calls per block and recomputes the even ones.
+    llama, gpt = get_model("llama-3-8b"), get_model("gpt2")
+    assert op_checkpoint_matmuls(llama) == (False, True, False, True, False, True, False)
+    assert op_checkpoint_matmuls(gpt) == (False, True, False, True, False, True)
+
+
+def test_op_recompute_is_k_output_and_up_and_windows_are_the_fused_shapes() -> None:
+    m = get_model("llama-3-8b")
+    dev, _ = device_of(H100, get_policy("bf16"), 8)
+    tp, mb = np.array([1, 8]), np.array([2, 2])
+    layer = layer_forward(m, 4096, tp, mb, dev, moe_layer=False)
+    t, rows = tp.astype(float), 2 * 4096.0
+    h, q, kv, f = m.d_model, m.q_dim, m.kv_dim, m.d_ff
+
+    def mat(k: float | np.ndarray, n: float | np.ndarray) -> np.ndarray:
+        return matmul_seconds(2 * rows * k * n, rows, k, n, dev.peak, dev.eff)
+
+    want = mat(h, kv / t) + mat(q / t, h) + mat(h, f / t)
+    np.testing.assert_allclose(layer.op_recompute, want, rtol=1e-12)
+    windows = [mat(h, (q + 2 * kv) / t), mat(q / t, h), mat(h, 2 * f / t), mat(f / t, h)]
+    for got, w in zip(layer.tp_windows, windows, strict=True):
+        np.testing.assert_allclose(got, w, rtol=1e-12)
+    # The windows are the layer's linear matmuls: with the launch costs, its whole matmul.
+    rest = layer.matmul - sum(layer.tp_windows)
+    assert rest == pytest.approx(np.full(2, rest[0])) and (rest > 0).all()
+    assert (layer.op_recompute < 0.5 * sum(layer.tp_windows)).all()
