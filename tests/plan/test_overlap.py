@@ -3,7 +3,9 @@
 import numpy as np
 import pytest
 
+from shardlab.config.hardware import get_accelerator
 from shardlab.errors import SpecError
+from shardlab.plan.options import step_options_for
 from shardlab.plan.overlap import (
     FRAMEWORKS,
     dp_on,
@@ -14,6 +16,7 @@ from shardlab.plan.overlap import (
     pp_on,
     tp_exposed,
 )
+from shardlab.plan.search import layout_step_keys
 from shardlab.plan.step_time import StepOptions
 
 
@@ -59,3 +62,16 @@ def test_frameworks_are_known_and_sourced() -> None:
     assert framework("Megatron").name == "megatron" and framework(None).name == "none"
     with pytest.raises(SpecError, match="megatron, torchtitan, fsdp, deepspeed"):
         framework("jax")
+
+
+def test_a_run_s_kernel_and_reduce_dtype_override_the_framework() -> None:
+    h100 = get_accelerator("H100 SXM")
+    keys = layout_step_keys("dp=8 flash_kernel=Triton reduce_dtype=bf16")
+    opts = step_options_for(h100, flash=True, framework="fsdp", overrides=keys)
+    assert (opts.flash_kernel, opts.grad_reduce_bytes) == ("triton", 2)
+    plain = step_options_for(h100, flash=True, framework="fsdp")
+    assert (plain.flash_kernel, plain.grad_reduce_bytes) == ("fa2", 4)
+    with pytest.raises(SpecError, match=r"flash_kernel.*fa2, fa3, triton"):
+        step_options_for(h100, flash=True, overrides={"flash_kernel": "fa9"})
+    with pytest.raises(SpecError, match=r"reduce_dtype.*bf16, fp32"):
+        step_options_for(h100, flash=True, overrides={"reduce_dtype": "fp16"})

@@ -35,6 +35,19 @@ def test_runs_are_named_split_and_consistent() -> None:
     assert min(r.gpus for r in held) <= 8 and max(r.gpus for r in held) == 16384
 
 
+def test_fsdp_stacks_state_their_kernel_and_reduction_with_a_source() -> None:
+    # MosaicML's rows name the attn_impl their table ran with and the script that says so;
+    # fms-fsdp's the bf16 reduction of its mixed-precision policy.
+    mpt = [r for r in RUNS if r.name.startswith("MPT")]
+    ibm = [r for r in RUNS if r.name.startswith("IBM")]
+    assert len(mpt) == 18 and len(ibm) == 8
+    for r in mpt:
+        assert "flash_kernel=" in r.options and "attn_impl" in r.checked
+        assert ("reduce_dtype=bf16" in r.options) == ("MP Mode PURE" in r.checked)
+    for r in ibm:
+        assert "reduce_dtype=bf16" in r.options and "bfSixteen" in r.checked
+
+
 def test_kor22_selective_rows_match_the_readme_mfu() -> None:
     # The check each row states: its own shape, batch and time give the README's MFU.
     rows = [r for r in RUNS if r.name.startswith("KOR22") and r.sp]

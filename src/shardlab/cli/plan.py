@@ -148,7 +148,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    'overlap_tp (tensor-parallel collectives split alongside their matmuls: '
                    "Megatron's --tp-comm-overlap, torch async TP), overlap_pp (pipeline "
                    "sends/receives behind the next chunk's compute), fused_norm (RMSNorm in "
-                   'one kernel, else eager torch); a --layout of only these keys searches '
+                   'one kernel, else eager torch); flash_kernel=fa2|fa3|triton and '
+                   'reduce_dtype=bf16|fp32 name the attention kernel and FSDP gradient '
+                   'reduction a run used; a --layout of only these keys searches '
                    'with them')
 
 

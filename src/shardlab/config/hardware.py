@@ -196,8 +196,13 @@ def _gpu(name: str, flops: dict[str, float], mem: float, bw: float, watts: float
 # utilization", FlashAttention-3 "up to 740 TFLOPS, i.e. 75%" (Shah et al. 2024, arXiv
 # 2407.08608; cuDNN's fused attention, which Transformer Engine calls, is of that class).
 # FlashAttention-3 needs Hopper: on an A100 every kernel is held to FA2's figure.
-_AMPERE_FLASH = (("fa2", 0.73), ("fa3", 0.73))
-_HOPPER_FLASH = (("fa2", 0.35), ("fa3", 0.75))
+# ``triton``: llm-foundry's ``attn_impl: triton`` (Tri Dao's Triton kernel of Nov 2022, "slightly
+# slower than" FlashAttention-1 forward + backward by its docstring): FA2's share over FA2's
+# "1.7-3.0x faster than FlashAttention" (Dao 2023, Sec. 4) at its geometric middle, 2.26 (32% of
+# an A100, inside that paper's "25-40%" for FlashAttention-1), the ratio carried to the H100.
+_FA2_OVER_FA1 = (1.7 * 3.0) ** 0.5
+_AMPERE_FLASH = (("fa2", 0.73), ("fa3", 0.73), ("triton", 0.73 / _FA2_OVER_FA1))
+_HOPPER_FLASH = (("fa2", 0.35), ("fa3", 0.75), ("triton", 0.35 / _FA2_OVER_FA1))
 A100_EFFICIENCY = Efficiency(
     0.847, 248.0, 5e-6, 0.8,
     "fitted on Narayanan et al. 2021 Table 1 (1.7B, 7.5B, 39.1B, 145.6B, 529.6B rows) and "

@@ -5,6 +5,8 @@ the validation table all start here)."""
 from __future__ import annotations
 
 from shardlab.config.hardware import Accelerator
+from shardlab.errors import SpecError
+from shardlab.plan.overlap import FLASH_KERNELS, REDUCE_BYTES
 from shardlab.plan.overlap import framework as overlap_framework
 from shardlab.plan.search import is_this_machine, layout_flag
 from shardlab.plan.step_inputs import StepOptions
@@ -15,7 +17,8 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
                      overrides: dict[str, str] | None = None) -> StepOptions:
     """The step-time options ``shardlab plan`` prices ``acc`` with: ``framework``'s defaults
     (:data:`shardlab.plan.overlap.FRAMEWORKS`; None: the planner's own), then the
-    ``--layout`` keys of ``overrides`` (:data:`shardlab.plan.search.STEP_KEYS`);
+    ``--layout`` keys of ``overrides`` (:data:`shardlab.plan.search.STEP_KEYS`: a run's
+    ``flash_kernel`` and its FSDP ``reduce_dtype`` among them);
     ``overlap_dp=False`` (``--no-overlap-dp``) turns data-parallel overlap off. On this
     machine the ranks' cores also move the bytes (no overlap), and ``shardlab train`` is
     eager torch (gradients accumulate in their own pass). SpecError for an unknown
@@ -24,9 +27,19 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
     fw = overlap_framework(framework)
     opts = fw.options()
     for key, value in (overrides or {}).items():
+        if key == "reduce_dtype":
+            # A stated FSDP policy's reduce_dtype replaces the framework's reduction bytes.
+            if value.lower() not in REDUCE_BYTES:
+                raise SpecError(key, value, f"must be one of {', '.join(REDUCE_BYTES)}")
+            opts["grad_reduce_bytes"] = REDUCE_BYTES[value.lower()]
+            continue
         opts[key] = value
         if key == "fused_norm":
             opts[key] = layout_flag(key, value)
+        elif key == "flash_kernel":
+            if value.lower() not in FLASH_KERNELS:
+                raise SpecError(key, value, f"must be one of {', '.join(FLASH_KERNELS)}")
+            opts[key] = value.lower()
         elif key == "overlap_tp" and value.lower() not in ("forward",):
             # overlap_tp=1 is the framework's kind of tensor-parallel overlap.
             opts[key] = fw.tp_overlap_kind if layout_flag(key, value) else "off"

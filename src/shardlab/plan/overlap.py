@@ -49,6 +49,13 @@ import numpy as np
 from shardlab.errors import SpecError
 
 DP_MODES: tuple[str, ...] = ("off", "on", "zero3")
+FLASH_KERNELS: tuple[str, ...] = ("fa2", "fa3", "triton")
+"""Fused attention kernels a run can name (``flash_kernel=``): FlashAttention-2, -3 (or cuDNN's),
+and llm-foundry's Triton kernel (``attn_impl: triton``); their shares of the peak are the
+accelerator's :attr:`~shardlab.config.hardware.Efficiency.flash_fractions`."""
+REDUCE_BYTES: dict[str, int] = {"bf16": 2, "fp32": 4}
+"""``reduce_dtype=``: bytes per gradient element of the data-parallel reduction (a run's
+stated FSDP policy: torch's ``MixedPrecision.reduce_dtype``)."""
 TP_MODES: tuple[str, ...] = ("off", "on", "forward")
 PP_MODES: tuple[str, ...] = ("off", "on", "interleaved")
 
@@ -76,7 +83,7 @@ class Framework:
     flash_kernel: str = "fa3"
     """The fused attention kernel it calls: ``fa2`` (FlashAttention-2, torch SDPA's flash
     backend) or ``fa3`` (FlashAttention-3 or cuDNN's fused attention, as Transformer Engine
-    calls it on Hopper)."""
+    calls it on Hopper); a run's ``flash_kernel=`` key names another (:data:`FLASH_KERNELS`)."""
     fp8_cast_bytes: int = 7
     """Bytes an fp8 operand's cast moves per element (:mod:`shardlab.estimate.fp8`): 7 for
     torchao's separate amax, cast and transpose kernels; 3 where Transformer Engine fuses the

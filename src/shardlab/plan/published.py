@@ -132,7 +132,7 @@ GROUPS: dict[str, Callable[[PublishedRun], bool]] = {
     "MoE": lambda r: r.model.moe is not None,
     "Megatron-LM / NeMo": lambda r: r.framework == "megatron",
     "torchtitan": lambda r: r.framework == "torchtitan",
-    "FSDP (MosaicML, NeMo AutoModel)": lambda r: r.framework == "fsdp",
+    "FSDP (MosaicML, fms-fsdp, NeMo AutoModel)": lambda r: r.framework == "fsdp",
     "context parallel": lambda r: r.cp > 1,
     "HSDP": lambda r: r.dp_replicate > 1,
     "uneven pipeline stages": lambda r: bool(r.stage_layers),

@@ -10,9 +10,11 @@
 * TH: pytorch/torchtitan ``benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md``:
   Llama 3.1 8B on 32 and 64 H200, fp8 with fp8 FSDP all-gathers.
 * MPT: mosaicml/llm-foundry ``scripts/train/benchmarking/README.md`` (commit 49521837):
-  MPT models on A100 40/80GB and H100 with FSDP, tokens/s per GPU.
+  MPT models on A100 40/80GB and H100 with FSDP, tokens/s per GPU; each table's attention
+  kernel and FSDP policy from the script that ran it (``_mpt``).
 * IBM: foundation-model-stack/fms-fsdp ``README.md`` (commit ed74fd5d): Llama 2 with FSDP
-  and torch.compile on 128 A100 ("400Gbps") and 96 H100 ("800 Gbps").
+  and torch.compile on 128 A100 ("400Gbps") and 96 H100 ("800 Gbps"), gradients reduced in
+  bf16 (its ``bfSixteen`` policy).
 * AM: NVIDIA-NeMo/Automodel ``docs/performance-summary.mdx`` (FSDP2 backend, bf16).
 """
 
@@ -154,46 +156,72 @@ _MPT = {"1b": _mpt_model("1b", 24, 2048, 16), "3b": _mpt_model("3b", 32, 2560, 2
         "30b": _mpt_model("30b", 48, 7168, 56), "70b": _mpt_model("70b", 80, 8192, 64)}
 
 
+# Which table each MPT row comes from decides its attention kernel and FSDP policy: the
+# README's "H100 80GB BF16 (Large Scale)" table came with sweep.py (commit 5e85bd62, flash-attn
+# 2.4.2 installed): "--attn_impl flash" for 1b, 3b, 7b and 70b, "--attn_impl triton" for 13b and
+# 30b. The 8-64 GPU H100, the FP8 and the A100 80GB tables (commit b2a43a14) and the A100 40GB
+# table (llm-foundry's first commit, 300cc5c5) came with sweep.sh, which passes no --attn_impl:
+# submit_benchmarks.py's default, "parser.add_argument('--attn_impl', type=str,
+# default='triton')". The README's "MP Mode" column is the run's fsdp_config mixed_precision
+# (collect_results.py): DEFAULT everywhere but the A100 40GB table, PURE, which Composer's
+# get_mixed_precision turns into reduce_dtype bf16 (DEFAULT leaves it unset: fp32, the
+# framework's default here).
+_MPT_KERNEL = {"flash": "fa2", "triton": "triton"}
+_MPT_SWEEP = {"large": "sweep.py at commit 5e85bd62, --attn_impl {}",
+              "sweep": "sweep.sh (no --attn_impl: submit_benchmarks.py's default triton)"}
+
+
 def _mpt(key: str, size: str, gpus: int, gpu: str, mb: int, gbs: int, tokens: float,
-         ckpt: bool, zero: int = 3, dtype: str = "bf16",
+         ckpt: bool, attn: str, zero: int = 3, dtype: str = "bf16", pure: bool = False,
          role: str = "validation") -> PublishedRun:
+    table = "large" if gpus >= 128 and gpu == "H100 SXM" else "sweep"
+    options = f"flash_kernel={_MPT_KERNEL[attn]}" + (" reduce_dtype=bf16" if pure else "")
     return PublishedRun(
         f"MPT-{key} {size}", "MosaicML llm-foundry benchmarking README", _MPT[size], gpu,
         gpus, 1, 1, gbs, 2048, tokens_step(gbs, 2048, gpus, tokens), role,
         f"{tokens:g} tokens/s per GPU", recompute="full" if ckpt else "none", zero=zero,
-        micro_batch=mb, flash=True, dtype=dtype, framework="fsdp",
+        micro_batch=mb, flash=True, dtype=dtype, framework="fsdp", options=options,
         assumed=("ALiBi and no biases priced as gpt style's learned positions and biases",
-                 "Composer's FSDP: overlapped gathers and reduce-scatters, gradients reduced "
-                 "in bf16", "activation checkpointing = full recompute of every block",
+                 "Composer's FSDP: overlapped gathers and reduce-scatters",
+                 "activation checkpointing = full recompute of every block",
                  "8 GPUs per node, one 200 Gb/s (A100: '1600 Gbps node-node') or 400 Gb/s "
                  "(H100, not stated) NIC per GPU")
         + (("fp8 through Transformer Engine ('amp_fp8'); its FSDP gathers bf16 weights, "
             "priced as fp8",) if dtype == "fp8" else ()),
         checked="README rows (model, seq 2048, GPUs, GPU type, MFU, HFU, micro-batch, grad "
-        "accumulation, global batch, tokens/s per GPU, precision, sharding, activation "
-        "checkpointing) at llm-foundry commit 49521837")
+        "accumulation, global batch, tokens/s per GPU, precision, MP Mode "
+        f"{'PURE' if pure else 'DEFAULT'}, sharding, activation checkpointing) at "
+        f"llm-foundry commit 49521837; attn_impl {attn} from "
+        f"{_MPT_SWEEP[table].format(attn)}")
 
 
 MPT_RUNS: tuple[PublishedRun, ...] = (
-    _mpt("1", "70b", 512, "H100 SXM", 8, 4096, 1007, True),
-    _mpt("2", "70b", 256, "H100 SXM", 8, 2048, 1035, True),
-    _mpt("3", "70b", 128, "H100 SXM", 8, 1024, 1058, True),
-    _mpt("4", "30b", 128, "H100 SXM", 8, 1024, 2199, True),
-    _mpt("5", "7b", 512, "H100 SXM", 6, 3072, 9670, False),
-    _mpt("6", "7b", 128, "H100 SXM", 6, 768, 10475, False, role="calibration"),
-    _mpt("7", "1b", 512, "H100 SXM", 12, 6144, 39837, False, zero=2),
-    _mpt("8", "7b", 8, "H100 SXM", 6, 48, 10643, False),
-    _mpt("9", "13b", 8, "H100 SXM", 2, 16, 4792, False),
-    _mpt("10", "70b", 64, "H100 SXM", 8, 2048, 1039, True),
-    _mpt("11", "3b", 8, "H100 SXM", 10, 480, 30586, False, dtype="fp8"),
-    _mpt("12", "70b", 64, "A100 SXM 80GB", 8, 2048, 410, True),
-    _mpt("13", "13b", 8, "A100 SXM 80GB", 2, 48, 2262, False),
-    _mpt("14", "7b", 8, "A100 SXM 80GB", 6, 96, 4641, False),
-    _mpt("15", "70b", 128, "A100 SXM 40GB", 4, 512, 376, True),
-    _mpt("16", "7b", 128, "A100 SXM 40GB", 18, 2304, 3623, True),
-    _mpt("17", "7b", 8, "A100 SXM 40GB", 12, 384, 3679, True),
-    _mpt("18", "1b", 8, "A100 SXM 40GB", 8, 512, 19271, False),
+    _mpt("1", "70b", 512, "H100 SXM", 8, 4096, 1007, True, "flash"),
+    _mpt("2", "70b", 256, "H100 SXM", 8, 2048, 1035, True, "flash"),
+    _mpt("3", "70b", 128, "H100 SXM", 8, 1024, 1058, True, "flash"),
+    _mpt("4", "30b", 128, "H100 SXM", 8, 1024, 2199, True, "triton"),
+    _mpt("5", "7b", 512, "H100 SXM", 6, 3072, 9670, False, "flash"),
+    _mpt("6", "7b", 128, "H100 SXM", 6, 768, 10475, False, "flash", role="calibration"),
+    _mpt("7", "1b", 512, "H100 SXM", 12, 6144, 39837, False, "flash", zero=2),
+    _mpt("8", "7b", 8, "H100 SXM", 6, 48, 10643, False, "triton"),
+    _mpt("9", "13b", 8, "H100 SXM", 2, 16, 4792, False, "triton"),
+    _mpt("10", "70b", 64, "H100 SXM", 8, 2048, 1039, True, "triton"),
+    _mpt("11", "3b", 8, "H100 SXM", 10, 480, 30586, False, "triton", dtype="fp8"),
+    _mpt("12", "70b", 64, "A100 SXM 80GB", 8, 2048, 410, True, "triton"),
+    _mpt("13", "13b", 8, "A100 SXM 80GB", 2, 48, 2262, False, "triton"),
+    _mpt("14", "7b", 8, "A100 SXM 80GB", 6, 96, 4641, False, "triton"),
+    _mpt("15", "70b", 128, "A100 SXM 40GB", 4, 512, 376, True, "triton", pure=True),
+    _mpt("16", "7b", 128, "A100 SXM 40GB", 18, 2304, 3623, True, "triton", pure=True),
+    _mpt("17", "7b", 8, "A100 SXM 40GB", 12, 384, 3679, True, "triton", pure=True),
+    _mpt("18", "1b", 8, "A100 SXM 40GB", 8, 512, 19271, False, "triton", pure=True),
 )
+
+# fms-fsdp at ed74fd5d: train_config.mixed_precision = True picks policies/mixed_precision.py's
+# bfSixteen, "MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16,
+# buffer_dtype=torch.bfloat16)" (utils/train_utils.py get_policies): gradients reduced in bf16.
+_IBM_REDUCE = ("fms-fsdp ed74fd5d fms_fsdp/policies/mixed_precision.py bfSixteen "
+               "(reduce_dtype=torch.bfloat16), chosen by train_utils.get_policies for "
+               "mixed_precision = True (config/training.py's default)")
 
 _LLAMA2_34B = ModelShape("llama-2-34b", 48, 8192, 64, vocab=32000, context=4096, kv_heads=8,
                          d_ff=22016, style="llama", tied=False,
@@ -207,7 +235,8 @@ def _ibm(model: ModelShape, gpus: int, gpu: str, tokens: float, gbps: float) -> 
         f"IBM {size} {gpus} {gpu.split()[0]}", "IBM fms-fsdp README", model, gpu, gpus, 1, 1,
         2 * gpus, 4096, step, "validation",
         f"{tokens:g} tokens/s per GPU", recompute="full", zero=3, micro_batch=2, flash=True,
-        framework="fsdp", options="fused_norm=1", nics_per_node=2, nic_gbps=gbps / 2,
+        framework="fsdp", options="fused_norm=1 reduce_dtype=bf16", nics_per_node=2,
+        nic_gbps=gbps / 2,
         assumed=(f"{gbps:g} Gb/s per node as 2 NICs of {gbps / 2:g} (the count is not "
                  "stated; only the total enters the model)", "'Selective AC' with fms-fsdp's "
                  "default selective_checkpointing = 1 (every block): full recompute",
@@ -217,7 +246,8 @@ def _ibm(model: ModelShape, gpus: int, gpu: str, tokens: float, gbps: float) -> 
                  "shardlab.plan.comm_time), not over one GPU's eighth of them"),
         checked="README table rows '13b | FSDP | Y | Selective AC | 2 | 2150 | 4850', '34b "
         "... | 820 | 1830', '70b ... | 410 | 890' (A100 80G 128 GPUs with 400Gbps; H100 96 "
-        "GPUs with 800 Gbps) at fms-fsdp commit ed74fd5d")
+        "GPUs with 800 Gbps) at fms-fsdp commit ed74fd5d; gradients reduced in bf16: "
+        + _IBM_REDUCE)
 
 
 def _ibm_hsdp(gpus: int, gpu: str, tokens: float, gbps: float, row: str) -> PublishedRun:
@@ -227,7 +257,7 @@ def _ibm_hsdp(gpus: int, gpu: str, tokens: float, gbps: float, row: str) -> Publ
         f"IBM 7b {gpus} {gpu.split()[0]} HSDP", "IBM fms-fsdp README", get_model("llama-2-7b"),
         gpu, gpus, 1, 1, 2 * gpus, 4096, tokens_step(2 * gpus, 4096, gpus, tokens),
         "validation", f"{tokens:g} tokens/s per GPU", recompute="none", zero=3,
-        micro_batch=2, flash=True, framework="fsdp", options="fused_norm=1",
+        micro_batch=2, flash=True, framework="fsdp", options="fused_norm=1 reduce_dtype=bf16",
         dp_replicate=gpus // 8, nics_per_node=2, nic_gbps=gbps / 2,
         assumed=(f"{gbps:g} Gb/s per node as 2 NICs of {gbps / 2:g} (the count is not "
                  "stated; only the total enters the model)", "HSDP: FSDP inside each node "
@@ -235,7 +265,7 @@ def _ibm_hsdp(gpus: int, gpu: str, tokens: float, gbps: float, row: str) -> Publ
                  "accumulation)", "sequence 4096, vocabulary 32,000 (training.py defaults)"),
         checked=f"README table row '7b | HSDP | Y | No AC | 2 | 4550 | 9600' ({row}) and "
         "'HSDP ... will shard your model across 8 gpus in each node' at fms-fsdp commit "
-        "ed74fd5d")
+        "ed74fd5d; gradients reduced in bf16: " + _IBM_REDUCE)
 
 
 IBM_HSDP_RUNS: tuple[PublishedRun, ...] = (

@@ -14,9 +14,10 @@ context-parallel rank), on devices of dense peak P (:class:`Device`):
   zigzag chunks) at the shape [s/cp, head_dim] x [head_dim, s], or with a
   fused (flash) kernel, which keeps the scores on chip, at intensity s/(cp + 1) (Q, O of
   s/cp tokens and K, V of s read and written once: Dao et al. 2022; s/2 without cp), no
-  faster than its authors' measured share of
-  the peak (``flash_kernel``: FlashAttention-2 35% of an H100, FlashAttention-3 75%); plus a
-  fixed cost per operator launch (12 per layer forward, twice that backward)
+  faster than its authors' measured share of the peak (``flash_kernel``: FlashAttention-2
+  35% of an H100, FlashAttention-3 75%, llm-foundry's Triton kernel FlashAttention-2's share
+  over 2.26: :data:`shardlab.config.hardware.H100_EFFICIENCY`); plus a fixed cost per
+  operator launch (12 per layer forward, twice that backward)
   (:mod:`shardlab.plan.layer_time`). The full s x s stays priced although a causal fused
   kernel skips the masked half: halving it was tried and left torchtitan's runs 8-15%
   fast (docs/validation.md).
