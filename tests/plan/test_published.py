@@ -48,6 +48,22 @@ def test_fsdp_stacks_state_their_kernel_and_reduction_with_a_source() -> None:
         assert "reduce_dtype=bf16" in r.options and "bfSixteen" in r.checked
 
 
+def test_moe_runs_state_their_dispatcher_loss_and_recompute_with_a_source() -> None:
+    # Each MoE row's dispatcher, fused loss and recompute are what its recipe says.
+    moe = [r for r in RUNS if r.model.moe is not None]
+    assert len(moe) == 4
+    for r in moe:
+        deepep = "flex" in r.checked or "enable_deepep" in r.checked
+        assert ("dispatcher=flex" in r.options) == deepep
+        assert ("dispatcher=flex" in r.options) != ("moe_token_dispatcher_type alltoall"
+                                                    in r.checked)
+        assert ("fused_loss=1" in r.options) == ("cross-entropy-loss-fusion" in r.checked
+                                                 or "cross_entropy_fusion_impl te" in r.checked)
+        assert ("routing=contiguous" in r.options) == ("FakeBalancedGate" in r.checked)
+        if "activation_checkpointing true" in r.checked or "full recompute" in r.checked:
+            assert r.recompute == "full"
+
+
 def test_kor22_selective_rows_match_the_readme_mfu() -> None:
     # The check each row states: its own shape, batch and time give the README's MFU.
     rows = [r for r in RUNS if r.name.startswith("KOR22") and r.sp]

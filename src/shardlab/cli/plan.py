@@ -150,7 +150,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    "sends/receives behind the next chunk's compute), fused_norm (RMSNorm in "
                    'one kernel, else eager torch); flash_kernel=fa2|fa3|triton and '
                    'reduce_dtype=bf16|fp32 name the attention kernel and FSDP gradient '
-                   'reduction a run used; a --layout of only these keys searches '
+                   'reduction a run used, fused_loss=1 a fused cross-entropy, '
+                   'dispatcher=alltoall|flex and routing=random|contiguous its MoE token '
+                   'dispatcher; a --layout of only these keys searches '
                    'with them')
 
 

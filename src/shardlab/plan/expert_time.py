@@ -10,9 +10,28 @@ ep·etp consecutive ranks (expert tensor innermost, then ep: Megatron-LM's exper
 where with etp = 1 the tensor-parallel ranks join the ep group, as in torchtitan): inside
 a node while ep·etp <= devices
 per node, else across the inter-node link.
+
+**Dispatchers** (``dispatcher=``, a run's ``--moe-token-dispatcher-type``): ``alltoall``
+(Megatron-LM's NCCL dispatcher, torchtitan's) permutes the T·k assignments by expert and
+sends every one, so a token whose k experts share a rank crosses the link k times over.
+``flex`` (Megatron-LM's flex dispatcher with DeepEP, NeMo AutoModel's DeepEP experts)
+sends each token once to each rank that holds one of its experts and sums that rank's
+expert outputs before the combine sends them back (DeepEP ``get_dispatch_layout`` returns
+``is_token_in_rank`` [tokens, ranks], its ``dispatch`` one row per token and rank;
+Megatron-LM ``_DeepepManager`` at 1e057005 dispatches the unpermuted [T, h] and permutes
+locally; its MoE README: flex "removes redundant tokens"): T·D rows, D the distinct ranks
+a token's experts lie on (:func:`ranks_per_token`). How the experts are drawn
+(``routing=``): ``random``, k distinct experts uniformly at random (Megatron-LM's
+``--moe-router-force-load-balancing``: i.i.d. normal logits, ``RandomSTE``, at 1e057005;
+what the balanced case means), D = ep·(1 - C(E - E/ep, k)/C(E, k)) (the expected number
+of ranks, of E/ep experts each, that a random k-subset touches); ``contiguous``, token i
+takes experts (i·k + j) mod E, j < k (NeMo AutoModel's ``FakeBalancedGate``, commit
+8d9bfb90e), D the mean number of ranks such a window spans.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -20,6 +39,32 @@ from shardlab.config.dtypes import DtypePolicy
 from shardlab.config.layout import RECOMPUTE
 from shardlab.config.model import ModelShape
 from shardlab.plan.space import Candidates
+
+DISPATCHERS: tuple[str, ...] = ("alltoall", "flex")
+"""Token dispatchers a run can name (``dispatcher=``): module docstring."""
+ROUTINGS: tuple[str, ...] = ("random", "contiguous")
+"""How a balanced run draws each token's experts (``routing=``): module docstring."""
+
+
+def ranks_per_token(model: ModelShape, ep: np.ndarray, routing: str = "random"
+                    ) -> np.ndarray:
+    """D: the mean number of distinct ranks of the ep group (E/ep consecutive experts
+    each) that one token's k experts lie on, per layout (module docstring)."""
+    e = model.moe
+    assert e is not None
+    big, k = e.experts, e.experts_per_token
+    uniq, inv = np.unique(np.asarray(ep, np.int64), return_inverse=True)
+    out = []
+    for p in uniq.tolist():
+        local = big // max(p, 1)
+        if routing == "contiguous":
+            # Token i's window starts at (i·k) mod E; its ranks repeat with period E.
+            spans = [len({((i * k + j) % big) // local for j in range(k)}) for i in range(big)]
+            out.append(float(np.mean(spans)))
+        else:
+            miss = math.comb(big - local, k) / math.comb(big, k)
+            out.append(p * (1.0 - miss))
+    return np.asarray(out, float)[inv.ravel()]
 
 
 def kept_rows(model: ModelShape, tokens: np.ndarray, capacity_factor: np.ndarray
@@ -42,16 +87,33 @@ def routed_tokens(c: Candidates, seq: int) -> np.ndarray:
 
 
 def alltoall_layer_seconds(m: ModelShape, c: Candidates, seq: int, policy: DtypePolicy,
-                           latency: np.ndarray, bandwidth: np.ndarray) -> np.ndarray:
+                           latency: np.ndarray, bandwidth: np.ndarray,
+                           dispatcher: str = "alltoall", routing: str = "random"
+                           ) -> np.ndarray:
     """Seconds of one layer's expert-parallel all-to-alls per micro-batch (dispatch and
     combine, forward, backward and, under full recompute, forward again) on the link of
     ``latency`` (s) and ``bandwidth`` (bytes/s) per layout, averaged over the model's
-    layers (dense ones have none)."""
+    layers (dense ones have none). Each rank sends (ep-1)/ep of its rows: the T·k kept
+    assignments (``alltoall``), or each token once per rank its experts lie on, T·D times
+    the kept share (``flex``: module docstring)."""
     if m.moe is None or not m.moe_layers:
         return np.zeros(len(c))
     ep = c.ep.astype(float)
-    sent = (ep - 1) / ep * kept_rows(m, routed_tokens(c, seq), c.capacity_factor) * (
-        m.d_model * policy.activation_bytes)
+    tokens = routed_tokens(c, seq)
+    rows = kept_rows(m, tokens, c.capacity_factor)
+    if dispatcher == "flex":
+        rows = rows / m.moe.experts_per_token * ranks_per_token(m, c.ep, routing)
+    sent = (ep - 1) / ep * rows * (m.d_model * policy.activation_bytes)
     one = (ep - 1) * latency + sent / bandwidth
     calls = 2.0 * np.where(c.recompute == RECOMPUTE.index("full"), 3.0, 2.0)
     return np.where(c.ep > 1, calls * one, 0.0) * (m.moe_layers / m.layers)
+
+
+def moe_split_share(m: ModelShape, c: Candidates, split: bool) -> np.ndarray:
+    """Per layout, the share of the model's layers that are MoE layers running no
+    tensor-parallel collective around their MLP: with ``split``
+    (:attr:`~shardlab.plan.step_inputs.StepOptions.moe_sequence_split`), whole experts
+    (etp 1) and no shared expert; 0 otherwise."""
+    if not split or m.moe is None or m.moe.shared_experts:
+        return np.zeros(len(c))
+    return np.where(c.etp == 1, m.moe_layers / m.layers, 0.0)

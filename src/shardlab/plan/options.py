@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from shardlab.config.hardware import Accelerator
 from shardlab.errors import SpecError
-from shardlab.plan.overlap import FLASH_KERNELS, REDUCE_BYTES
+from shardlab.plan.expert_time import DISPATCHERS, ROUTINGS
+from shardlab.plan.overlap import FLASH_KERNELS, FUSED_LOSS_BYTES, REDUCE_BYTES
 from shardlab.plan.overlap import framework as overlap_framework
 from shardlab.plan.search import is_this_machine, layout_flag
 from shardlab.plan.step_inputs import StepOptions
@@ -18,7 +19,8 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
     """The step-time options ``shardlab plan`` prices ``acc`` with: ``framework``'s defaults
     (:data:`shardlab.plan.overlap.FRAMEWORKS`; None: the planner's own), then the
     ``--layout`` keys of ``overrides`` (:data:`shardlab.plan.search.STEP_KEYS`: a run's
-    ``flash_kernel`` and its FSDP ``reduce_dtype`` among them);
+    ``flash_kernel``, its FSDP ``reduce_dtype``, a fused loss (``fused_loss=1``) and its MoE
+    ``dispatcher`` and ``routing`` among them);
     ``overlap_dp=False`` (``--no-overlap-dp``) turns data-parallel overlap off. On this
     machine the ranks' cores also move the bytes (no overlap), and ``shardlab train`` is
     eager torch (gradients accumulate in their own pass). SpecError for an unknown
@@ -32,6 +34,17 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
             if value.lower() not in REDUCE_BYTES:
                 raise SpecError(key, value, f"must be one of {', '.join(REDUCE_BYTES)}")
             opts["grad_reduce_bytes"] = REDUCE_BYTES[value.lower()]
+            continue
+        if key == "fused_loss":
+            # A stated fused cross-entropy replaces the framework's loss bytes.
+            if layout_flag(key, value):
+                opts["loss_bytes"] = FUSED_LOSS_BYTES
+            continue
+        if key in ("dispatcher", "routing"):
+            allowed = DISPATCHERS if key == "dispatcher" else ROUTINGS
+            if value.lower() not in allowed:
+                raise SpecError(key, value, f"must be one of {', '.join(allowed)}")
+            opts[key] = value.lower()
             continue
         opts[key] = value
         if key == "fused_norm":

@@ -53,6 +53,10 @@ FLASH_KERNELS: tuple[str, ...] = ("fa2", "fa3", "triton")
 """Fused attention kernels a run can name (``flash_kernel=``): FlashAttention-2, -3 (or cuDNN's),
 and llm-foundry's Triton kernel (``attn_impl: triton``); their shares of the peak are the
 accelerator's :attr:`~shardlab.config.hardware.Efficiency.flash_fractions`."""
+FUSED_LOSS_BYTES = 6
+"""``fused_loss=1``: a run that states a fused cross-entropy kernel (Megatron-LM's
+``--cross-entropy-loss-fusion``, Megatron-Bridge's ``cross_entropy_fusion_impl: te``) moves
+6 B per logit, forward and backward (:attr:`Framework.loss_bytes`' fused figure)."""
 REDUCE_BYTES: dict[str, int] = {"bf16": 2, "fp32": 4}
 """``reduce_dtype=``: bytes per gradient element of the data-parallel reduction (a run's
 stated FSDP policy: torch's ``MixedPrecision.reduce_dtype``)."""
@@ -111,6 +115,16 @@ class Framework:
     selective: str = "attention"
     """What its selective recompute runs again (:class:`~shardlab.plan.step_inputs.
     StepOptions`): ``attention`` or ``op`` (torchtitan's per-operator checkpointing)."""
+    moe_sequence_split: bool = False
+    """Whether a MoE layer with whole experts (etp 1) and no shared expert routes each tensor
+    rank's own sequence-parallel tokens, with no all-gather before it and no reduce-scatter
+    after it: Megatron-LM's dispatchers gather only over the expert tensor-parallel group
+    (``MoETokenDispatcher.tp_group = model_comm_pgs.expt_tp``; ``gather_from_sequence_
+    parallel_region`` only when its size > 1, token_dispatcher.py at 1e057005) and its
+    MoELayer requires sequence parallelism with tensor parallelism in training. torchtitan
+    gathers the block's input ("all-gather for input, reduce-scatter for output": its
+    ``apply_moe_ep_tp`` plan, ``PrepareModuleInputOutput`` from Shard(1) to Replicate):
+    False there and in the planner's defaults."""
 
     def options(self) -> dict[str, object]:
         """The options as StepOptions keywords."""
@@ -119,13 +133,14 @@ class Framework:
                 "fused_accumulation": self.fused_accumulation,
                 "fp8_cast_bytes": self.fp8_cast_bytes, "flash_kernel": self.flash_kernel,
                 "grad_reduce_bytes": self.grad_reduce_bytes, "selective": self.selective,
-                "loss_bytes": self.loss_bytes, "reduce_each_micro": self.reduce_each_micro}
+                "loss_bytes": self.loss_bytes, "reduce_each_micro": self.reduce_each_micro,
+                "moe_sequence_split": self.moe_sequence_split}
 
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework(
         "megatron", "off", "off", "interleaved", True, True, fp8_cast_bytes=3,
-        grad_reduce_bytes=4, loss_bytes=52, source=
+        grad_reduce_bytes=4, loss_bytes=52, moe_sequence_split=True, source=
         "Megatron-LM megatron/training/arguments.py: --overlap-grad-reduce and "
         "--overlap-param-gather are store_true (default off), --tp-comm-overlap store_true "
         "(off), --no-overlap-p2p-communication store_false into overlap_p2p_comm (on; the "
@@ -207,6 +222,17 @@ def hidden_behind(comm: np.ndarray, window: np.ndarray, units: np.ndarray,
     max(comm - window, comm/units); all of it where not ``on``."""
     exposed = np.maximum(comm - window, comm / np.maximum(units, 1.0))
     return np.where(on & (comm > 0), exposed, comm)
+
+
+def nvlink_waits(*waits: tuple[np.ndarray, np.ndarray], dp_inside: np.ndarray
+                 ) -> np.ndarray:
+    """Seconds per micro-batch the compute stream waits on collectives that stay on NVLink
+    (each ``(seconds, inside a node)`` pair: tensor, expert, context parallel), where the
+    data-parallel ring leaves the node (``dp_inside`` False), else 0. Such a ring runs on
+    its own stream over the network, another link, so it progresses through those waits
+    as through compute: they widen its window (:mod:`shardlab.plan.step_time`, dp_comm)."""
+    total = sum(np.where(inside, secs, 0.0) for secs, inside in waits)
+    return np.where(dp_inside, 0.0, np.asarray(total, float))
 
 
 def tp_exposed(comm_fwd: np.ndarray, comm_bwd: np.ndarray, gemm_fwd: np.ndarray,

@@ -170,35 +170,59 @@ MB_RUNS: tuple[PublishedRun, ...] = (
         QWEN3_30B, "H100 SXM", 16, 1, 2, 512, 4096, tokens_step(512, 4096, 16, 10494),
         "validation", "10,494 tokens/s per GPU", recompute="none", zero=1, micro_batch=2,
         virtual=24, flash=True, dtype="fp8", ep=8, etp=1, capacity_factor=1.0,
-        options="overlap_dp=1",
-        assumed=("fp8 (inferred: the 25.09 H100 table has no precision column; the 25.11 "
-                 "FP8-CS rows of the same layouts are within 3%)", "'tokendrop': capacity "
-                 "factor 1.0, balanced routing", "no recompute", *_DGX),
+        options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1",
+        assumed=("'tokendrop': balanced routing (the table's footnote forces balance only "
+                 "for dropless rows)", *_DGX),
         checked="row 'Qwen3_30B_a3B (tokendrop) | 16 | 512 | 2 | 4096 | 0 | 1 | 2 | 1 | 24 | "
-        "8 | 32 | 10494 | 241'"),
+        "8 | 32 | 10494 | 241'; the 2509 recipe (Megatron-Bridge 2f5cd4845, 'Malay/qwen3 "
+        "2509'): perf matrix h100 num_gpus_16 tp 1, pp 2, vp 24, ep 8, etp 1, cuda_graphs "
+        "false, mbs 1 for bf16 and 2 for fp8_cs (so the row's MBS 2 is fp8 with per-tensor "
+        "current scaling, first/last-layer bf16 off), recompute null, moe_router_fusion, "
+        "cross_entropy_fusion_impl te, grad_reduce_in_fp32 false; run_script.py "
+        "apply_moe_token_drop: capacity factor 1.0, padded to capacity; "
+        "Qwen3MoEModelProvider: moe_token_dispatcher_type alltoall, moe_grouped_gemm, "
+        "moe_permute_fusion; the recipe's overlap_grad_reduce and overlap_param_gather. The "
+        "25.11 table re-measured the same layout (FP8-CS, dropless, force-balanced) at 5,275 "
+        "tokens/s per GPU, half this row"),
 )
 
 
 def _zq(key: str, tp: int, pp: int, vp: int, ep: int, zero: int, mbs: int, recompute: str,
-        step: float, tflops: int) -> PublishedRun:
+        step: float, tflops: int, command: str) -> PublishedRun:
+    # 94 layers plus the embedding and the loss counted as a layer each
+    # (--account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split):
+    # 96 = 3 per chunk, the first and the last chunk one layer fewer.
+    split = fewer_at_ends(94, pp * vp, 1) if pp > 1 else ()
     return PublishedRun(
         f"ZQ Qwen3-235B {key}", "Megatron-MoE-ModelZoo, best_practice/qwen3/readme.md",
         QWEN3_235B, "H100 SXM", 256, tp, pp, 2048, 4096, step, "validation",
         f"step time {step} s ({tflops} TFLOP/s per GPU)", recompute=recompute, sp=True,
-        zero=zero, micro_batch=mbs, virtual=vp, flash=True, ep=ep, etp=1,
-        options="overlap_dp=1",
-        assumed=("balanced routing, dropless", "the norm/activation recompute of the rows "
-                 "not modelled (memory-bound operators)", "DeepEP's dispatch priced as an "
-                 "all-to-all"),
-        checked="the README's table rows (dispatcher, system, precision BF16, GPUs 256, seq "
-        "4096, TP, CP, EP, PP, EDP, ETP 1, VPP, DP, FSDP, MBS, GBS 2048, GA, recompute, "
-        "step time, TFLOP/s) and the YAML's --use-distributed-optimizer, "
-        "--overlap-grad-reduce, --overlap-param-gather, --sequence-parallel")
+        zero=zero, micro_batch=mbs, virtual=vp, flash=True, ep=ep, etp=1, stage_layers=split,
+        options="overlap_dp=1 fused_loss=1 dispatcher=flex",
+        assumed=("Megatron's --moe-router-force-load-balancing (random logits: each token's "
+                 "8 experts a uniform random draw)",),
+        checked="the README's table rows (dispatcher DeepEP, system, precision BF16, GPUs 256, "
+        "seq 4096, TP, CP, EP, PP, EDP, ETP 1, VPP, DP, FSDP, MBS, GBS 2048, GA, recompute, "
+        "step time, TFLOP/s; code main(1e057005)); the YAML as of those rows (d95e6e5, Aug "
+        "2025): --moe-token-dispatcher-type flex, --moe-enable-deepep, --moe-grouped-gemm "
+        "(runtime.conf GROUPED_GEMM true), --moe-permute-fusion, --moe-router-fusion, "
+        "--moe-router-dtype fp32, --cross-entropy-loss-fusion (te), --account-for-embedding- "
+        "and --account-for-loss-in-pipeline-split, --use-distributed-optimizer, "
+        "--overlap-grad-reduce, --overlap-param-gather, --sequence-parallel; no "
+        "--tp-comm-overlap (sbatch_benchmarking.sh adds it for bf16 only later) and no "
+        "--overlap-moe-expert-parallel-comm (A2A_OVERLAP unset); " + command)
 
 
 ZQ_RUNS: tuple[PublishedRun, ...] = (
-    _zq("FSDP EP8", 2, 1, 1, 8, 3, 4, "full", 17.6, 276),
-    _zq("TP4 PP8 EP8", 4, 8, 4, 8, 1, 1, "none", 29.0, 167),
+    _zq("FSDP EP8", 2, 1, 1, 8, 3, 4, "full", 17.6, 276,
+        "run_235b.sh before d95e6e5, 'Intra-node EP + FSDP solution': MBS 4, full recompute "
+        "(uniform, 1 layer), --use-custom-fsdp --data-parallel-sharding-strategy "
+        "optim_grads_params --no-gradient-accumulation-fusion (that script says TP 1, the "
+        "table TP 2, DP 128, GA 4: the table is kept; the unfused gradient accumulation of "
+        "Megatron-FSDP is not modelled)"),
+    _zq("TP4 PP8 EP8", 4, 8, 4, 8, 1, 1, "none", 29.0, 167,
+        "run_235b.sh before d95e6e5, 'Intra-node EP + large TP solution': TP 4, PP 8, VPP 4, "
+        "EP 8, --moe-router-force-load-balancing --moe-router-aux-loss-fusion, no recompute"),
 )
 
 NVIDIA_RUNS = MW_RUNS + NM_RUNS + MB_RUNS + ZQ_RUNS

@@ -303,14 +303,19 @@ AM_RUNS: tuple[PublishedRun, ...] = (
     PublishedRun(
         "AM Qwen3-30B-A3B FSDP8 EP8", "NeMo AutoModel performance summary, DGX-H100 BF16",
         QWEN3_30B, "H100 SXM", 8, 1, 1, 512, 4096, 21.773, "validation",
-        "time per global step 21.773 s (12,040 tokens/s per GPU)", recompute="none", zero=3,
-        micro_batch=4, flash=True, ep=8, etp=1, framework="fsdp", options="fused_norm=1",
-        assumed=("no recompute (not stated)", "'Fake balanced gate': balanced, dropless "
-                 "routing", "TE kernels: fused norms", "DeepEP's dispatch priced as an "
-                 "all-to-all"),
+        "time per global step 21.773 s (12,040 tokens/s per GPU)", recompute="full", zero=3,
+        micro_batch=4, flash=True, ep=8, etp=1, framework="fsdp",
+        options="fused_norm=1 flash_kernel=fa3 dispatcher=flex routing=contiguous",
         checked="row 'Qwen3 MoE 30B | 8 | 512 | 4 | 4 | 16 | 4096 | 1 | 1 | 1 | 8 | - | 8 | TE "
         "+ DeepEP | 21.773 | 277 | 12,040' (GPUs, GBS, MBS, LBS, GA, seq, TP, PP, CP, EP, VP, "
-        "FSDP); 512 x 4096 / (8 x 21.773) = 12,040 tokens/s"),
+        "FSDP); 512 x 4096 / (8 x 21.773) = 12,040 tokens/s; its config as the row was "
+        "published (Automodel 8d9bfb90e, examples/benchmark/configs/qwen3_moe_30b_te_deepep."
+        "yaml): parallelizer activation_checkpointing true (moe/parallelizer.py apply_ac wraps "
+        "every block in checkpoint_wrapper: full recompute), backend attn te (Transformer "
+        "Engine's DotProductAttention: cuDNN's fused attention on Hopper), linear te, "
+        "rms_norm te, enable_deepep (GroupedExpertsDeepEP: Megatron's flex dispatcher on "
+        "DeepEP, grouped_gemm ops.gmm), fake_balanced_gate (FakeBalancedGate: token i takes "
+        "experts 8i..8i+7 mod 128), FSDP2 reduce_dtype float32"),
     _am_70b_cp2(),
 )
 

@@ -95,6 +95,15 @@ class StepOptions:
     """What selective recompute runs again: ``attention`` (the attention core, Korthikanti
     et al. 2022: Megatron-LM) or ``op`` (torchtitan's per-operator policy: every second
     linear matmul, :func:`shardlab.plan.layer_time.op_checkpoint_matmuls`)."""
+    dispatcher: str = "alltoall"
+    """The MoE token dispatcher (``alltoall``, ``flex``: :mod:`shardlab.plan.expert_time`)."""
+    routing: str = "random"
+    """How a balanced run draws a token's experts (``random``, ``contiguous``:
+    :mod:`shardlab.plan.expert_time`)."""
+    moe_sequence_split: bool = False
+    """A MoE layer with whole experts (etp 1) and no shared expert dispatches each tensor
+    rank's own sequence-parallel tokens, so it runs no tensor-parallel collective around
+    its MLP (Megatron-LM: :attr:`shardlab.plan.overlap.Framework.moe_sequence_split`)."""
 
     def __post_init__(self) -> None:
         for name, allowed in (("overlap_dp", DP_MODES), ("overlap_tp", TP_MODES),

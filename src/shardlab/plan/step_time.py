@@ -50,7 +50,10 @@ context-parallel rank), on devices of dense peak P (:class:`Device`):
   ``overlap_tp`` hides each of the four (sequence parallel's two all-gathers and two
   reduce-scatters) beside its own matmul (:func:`shardlab.plan.overlap.tp_exposed`). With
   ``selective="op"`` and sequence parallelism the recompute gathers the attention's and
-  the MLP's inputs again: one all-reduce's time more.
+  the MLP's inputs again: one all-reduce's time more. A MoE layer whose experts are whole
+  (etp 1), with no shared expert, runs no collective around its MLP where the framework
+  routes each tensor rank's own sequence-parallel tokens (``moe_sequence_split``:
+  Megatron-LM, :func:`moe_split_share`): its two MLP windows carry nothing.
 * **cp_comm** (context parallel, cp > 1): per layer and micro-batch an all-gather of the
   rank's K and V forward (again under full recompute) and the reduce-scatter of their
   gradients backward, (cp-1)·b·(s/cp)·2·kv_dim/t·e bytes each
@@ -66,7 +69,9 @@ context-parallel rank), on devices of dense peak P (:class:`Device`):
   recompute), each rank sending (ep-1)/ep of its T·k kept rows of h activations
   (:func:`shardlab.estimate.expert.expert_alltoall_bytes`; GShard, Lepikhin et al.
   2020), each call (ep-1)·α + bytes/B (pairwise exchange, Thakur et al. 2005), on the
-  critical path (Megatron-LM's all-to-all dispatcher waits for it). The ep group spans
+  critical path (Megatron-LM's all-to-all dispatcher waits for it); with the ``flex``
+  dispatcher (DeepEP) each token crosses once per rank its experts lie on, T·D rows
+  (:mod:`shardlab.plan.expert_time`, ``dispatcher`` and ``routing``). The ep group spans
   ep·etp consecutive ranks (expert tensor innermost, then ep; with etp = 1 the tensor
   ranks are part of the ep group, as Megatron-LM's expert mesh and torchtitan place them):
   inside a node while ep·etp <= devices per node, else on the inter-node link. The
@@ -99,7 +104,10 @@ context-parallel rank), on devices of dense peak P (:class:`Device`):
   same backward window. With ``overlap_dp`` the gradient reduction hides behind the last
   micro-batch's backward and the weight gather behind the first micro-batch's forward
   (Megatron's overlap-grad-reduce and overlap-param-gather; FSDP's prefetch); what is
-  longer than that window is exposed.
+  longer than that window is exposed. A ring that leaves the node runs on its own stream
+  over the network, so its window also holds the time the compute stream waits on a
+  tensor-, expert- or context-parallel collective that stays on NVLink (a third of it
+  forward, two thirds backward, as the compute).
 * **optimizer**: Adam reads and writes the rank's weights, gradients and optimizer
   state (its ZeRO shard): 2·(w + g + o)·Ψ/N bytes at the memory bandwidth (N the shard
   group, dp_shard x cp; experts' shard over theirs).
@@ -135,13 +143,14 @@ from shardlab.plan.comm_time import (
     send_seconds,
 )
 from shardlab.plan.efficiency import matmul_seconds
-from shardlab.plan.expert_time import alltoall_layer_seconds
+from shardlab.plan.expert_time import alltoall_layer_seconds, moe_split_share
 from shardlab.plan.layer_time import cp_balance, layer_forward
 from shardlab.plan.memory import MemoryArrays, zero_group_arrays
 from shardlab.plan.memory_bound import fp8_cast_seconds, layer_elementwise_elements
 from shardlab.plan.overlap import (
     dp_on,
     hidden_behind,
+    nvlink_waits,
     pp_exposed,
     pp_on,
     tp_exposed,
@@ -219,18 +228,21 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     # MLP's inputs again (its policy saves reduce-scatter outputs, not all-gathers): two
     # all-gathers, one all-reduce's time.
     again = np.select([full, selective & c.sp & by_op], [2.0, 1.0], 0.0)
+    # The share of layers whose MLP has its two collectives (moe_split_share: the rest).
+    mlp_share = 1.0 - moe_split_share(m, c, opt.moe_sequence_split)
     # Each collective (half an all-reduce) rides only beside its own matmul (windows).
-    tp_all = (4.0 + again) * one_ar
+    tp_all = (2.0 + 2.0 * mlp_share + again * (1.0 + mlp_share) / 2) * one_ar
     half = one_ar / 2
-    tp_shown = sum(tp_exposed(half, half, g, tp, opt.overlap_tp)
-                   + tp_exposed(again * half / 2, 0.0, np.where(full, g, redo_l / 4), tp,
-                                opt.overlap_tp) for g in windows)
+    tp_shown = sum(tp_exposed(half * s, half * s, g, tp, opt.overlap_tp)
+                   + tp_exposed(again * half * s / 2, 0.0, np.where(full, g, redo_l / 4), tp,
+                                opt.overlap_tp)
+                   for g, s in zip(windows, (1.0, 1.0, mlp_share, mlp_share), strict=True))
 
     # Expert-parallel all-to-alls per layer (averaged over dense and MoE layers, as above):
     # dispatch + combine, forward, backward and the recomputed forward. The ep group is
     # drawn from the dp ranks, strided by the cp ranks between them.
     per_layer_a2a = alltoall_layer_seconds(m, c, seq, policy, *dev.link(
-        "all_to_all", c.ep * c.etp * cp <= dev.gpus_per_node))
+        "all_to_all", c.ep * c.etp * cp <= dev.gpus_per_node), opt.dispatcher, opt.routing)
 
     # Context parallel: per layer and micro-batch the K/V all-gathers forward (twice under
     # full recompute) and the reduce-scatter of their gradients backward, each of the
@@ -279,8 +291,12 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     inside_r = tp * cp * dp <= dev.gpus_per_node
     dense = mem.params - mem.expert_params
     on = dp_on(opt.overlap_dp, c.zero)
-    fwd_window = comp_mb / 3
-    bwd_window = 2 * comp_mb / 3 + rec_mb
+    # A ring that leaves the node also hides behind the waits on NVLink collectives.
+    nvlink = nvlink_waits((tp_mb, tp <= gpn), (ep_mb, c.ep * c.etp * cp <= gpn),
+                          (cp_mb, cp * tp <= gpn),
+                          dp_inside=np.where(c.zero == 0, inside_r, inside_d))
+    fwd_window = (comp_mb + nvlink) / 3
+    bwd_window = 2 * (comp_mb + nvlink) / 3 + rec_mb
     z = c.zero
 
     reduce_bytes = (opt.grad_reduce_bytes if opt.grad_reduce_bytes and policy.compute == "bf16"

@@ -1,0 +1,120 @@
+"""MoE pieces of the step-time model a run can state: the flex (DeepEP) dispatcher's rows,
+Megatron-LM's MoE layers without tensor-parallel collectives around their MLP, and the
+data-parallel ring that hides behind NVLink collectives."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from shardlab.config.dtypes import get_policy
+from shardlab.config.hardware import get_accelerator
+from shardlab.config.model import ModelShape, MoE
+from shardlab.errors import SpecError
+from shardlab.plan.expert_time import alltoall_layer_seconds, ranks_per_token
+from shardlab.plan.options import step_options_for
+from shardlab.plan.overlap import FUSED_LOSS_BYTES, nvlink_waits
+from shardlab.plan.search import layout_candidates, layout_step_keys, plan
+from shardlab.plan.space import Space
+from shardlab.plan.step_time import StepOptions
+
+H100 = get_accelerator("h100")
+BF16 = get_policy("bf16")
+
+
+def moe_model(experts: int = 8, k: int = 2, shared: int = 0, layers: int = 4) -> ModelShape:
+    return ModelShape("tiny-moe", layers, 512, 8, vocab=1024, context=1024, style="llama",
+                      tied=False, d_ff=1024,
+                      moe=MoE(experts=experts, experts_per_token=k, expert_d_ff=256,
+                              shared_experts=shared, shared_d_ff=256 if shared else 0))
+
+
+def one(model: ModelShape, gpus: int, text: str, options: StepOptions) -> dict:
+    space = Space(gpus=gpus, global_batch=gpus, seq=1024)
+    return plan(model, H100, space, BF16, only=layout_candidates(model, space, text),
+                options=options).best[0]
+
+
+@pytest.mark.parametrize(("experts", "k", "ep"), [(8, 2, 4), (8, 3, 2), (12, 4, 3)])
+def test_random_routing_touches_the_expected_number_of_ranks(experts: int, k: int,
+                                                             ep: int) -> None:
+    # Every k-subset of the experts equally likely: the mean count of distinct ranks.
+    local = experts // ep
+    counts = [len({e // local for e in s}) for s in itertools.combinations(range(experts), k)]
+    m = moe_model(experts, k)
+    assert ranks_per_token(m, np.array([ep]))[0] == pytest.approx(np.mean(counts), rel=1e-12)
+
+
+def test_contiguous_routing_spans_the_ranks_of_its_window() -> None:
+    # NeMo AutoModel's FakeBalancedGate: token i takes experts 8i..8i+7 of 128; 16 experts
+    # a rank (ep 8): every window inside one rank. 8 experts of 2 per rank, k = 3: windows
+    # start at 0, 3, 6, 1, 4, 7, 2, 5 and each spans two ranks.
+    assert ranks_per_token(moe_model(128, 8), np.array([8]), "contiguous")[0] == 1.0
+    assert ranks_per_token(moe_model(8, 3), np.array([4]), "contiguous")[0] == 2.0
+
+
+def test_flex_dispatch_sends_each_token_once_per_rank() -> None:
+    m = moe_model(8, 2)
+    space = Space(gpus=8, global_batch=8, seq=1024)
+    c = layout_candidates(m, space, "dp=8 ep=4 etp=1 micro_batch=1")
+    lat, bw = np.zeros(1), np.full(1, 1e11)
+    a2a = alltoall_layer_seconds(m, c, 1024, BF16, lat, bw)
+    flex = alltoall_layer_seconds(m, c, 1024, BF16, lat, bw, "flex", "random")
+    d = 4 * (1 - math.comb(6, 2) / math.comb(8, 2))
+    assert flex[0] == pytest.approx(a2a[0] * d / 2, rel=1e-12)
+    # By hand: 1,024 tokens x 2 experts, 3/4 of them to the other ranks, 512 x 2 bytes each,
+    # dispatch and combine forward and backward.
+    assert a2a[0] == pytest.approx(4 * 0.75 * 2048 * 1024 / 1e11, rel=1e-12)
+
+
+def test_megatron_moe_layers_run_no_collective_around_their_mlp() -> None:
+    # tp 2 with sequence parallelism, whole experts: per layer 4 all-reduces' worth (2 for
+    # the attention, 2 for the MLP), plus the embedding's and the head's. Routing each rank's
+    # own tokens leaves the attention's 2: (2L + 2) / (4L + 2) of the gathered case.
+    text = "dp=4 tp=2 ep=4 etp=1 sp=1 micro_batch=1"
+    m = moe_model()
+    on, off = (one(m, 8, text, StepOptions(moe_sequence_split=s))["breakdown"]["tp_comm"]
+               for s in (True, False))
+    assert on / off == pytest.approx((2 * 4 + 2) / (4 * 4 + 2), rel=1e-9)
+    # A shared expert keeps the MLP's collectives; so does an expert split over tp.
+    shared = moe_model(shared=1)
+    assert (one(shared, 8, text, StepOptions(moe_sequence_split=True))["breakdown"]["tp_comm"]
+            == pytest.approx(one(shared, 8, text, StepOptions())["breakdown"]["tp_comm"]))
+    split = "dp=4 tp=2 ep=2 etp=2 sp=1 micro_batch=1"
+    assert (one(m, 8, split, StepOptions(moe_sequence_split=True))["breakdown"]["tp_comm"]
+            == pytest.approx(one(m, 8, split, StepOptions())["breakdown"]["tp_comm"]))
+
+
+def test_a_ring_across_nodes_hides_behind_nvlink_waits() -> None:
+    waits = nvlink_waits((np.array([1.0, 1.0]), np.array([True, False])),
+                         (np.array([2.0, 2.0]), np.array([True, True])),
+                         dp_inside=np.array([False, False]))
+    assert waits.tolist() == [3.0, 2.0]
+    assert nvlink_waits((np.ones(1), np.ones(1, bool)), dp_inside=np.ones(1, bool))[0] == 0.0
+    # DDP over 2 nodes of tp 8: the gradient all-reduce hides behind the last micro-batch's
+    # backward, 2/3 of its compute and of its (exposed) tensor-parallel waits.
+    m = ModelShape("wide", 4, 4096, 32, vocab=1024, context=1024, style="llama", tied=False,
+                   d_ff=16384)
+    space = Space(gpus=16, global_batch=2, seq=1024)
+    b = plan(m, H100, space, BF16, only=layout_candidates(m, space, "dp=2 tp=8 zero=0"),
+             options=StepOptions()).best[0]
+    parts, comm = b["breakdown"], b["breakdown"]["dp_comm"] + b["hidden"]["dp_comm"]
+    window = 2 * (parts["compute"] + parts["tp_comm"]) / 3 + parts["recompute"]
+    assert parts["tp_comm"] > 0 and comm > window
+    assert parts["dp_comm"] == pytest.approx(max(comm - window, comm / 4), rel=1e-9)
+
+
+def test_stated_dispatcher_routing_and_fused_loss_override_the_framework() -> None:
+    keys = layout_step_keys("dp=8 dispatcher=Flex routing=contiguous fused_loss=1")
+    opts = step_options_for(H100, flash=True, framework="megatron", overrides=keys)
+    assert (opts.dispatcher, opts.routing, opts.loss_bytes) == ("flex", "contiguous",
+                                                                FUSED_LOSS_BYTES)
+    plain = step_options_for(H100, flash=True, framework="megatron")
+    assert (plain.dispatcher, plain.routing, plain.loss_bytes) == ("alltoall", "random", 52)
+    assert plain.moe_sequence_split and not step_options_for(
+        H100, flash=True, framework="torchtitan").moe_sequence_split
+    with pytest.raises(SpecError, match=r"dispatcher.*alltoall, flex"):
+        step_options_for(H100, flash=True, overrides={"dispatcher": "deepep"})
+    with pytest.raises(SpecError, match=r"routing.*random, contiguous"):
+        step_options_for(H100, flash=True, overrides={"routing": "greedy"})
