@@ -1,8 +1,9 @@
-"""Checkpoints: resumed runs bitwise equal to uninterrupted ones (FSDP, DDP with async save,
-TP, PP with a tied head, interleaved PP, expert parallel, context parallel, uneven pipeline
-stages, and dp2 x tp2 x pp2), resharded loads within a stated tolerance (experts, context
-parallel and uneven stages too), a SIGKILL in the middle of a save, the safe metadata
-reader, checksums and the manifest.
+"""Checkpoints: resumed runs bitwise equal to uninterrupted ones (FSDP, DDP, TP, PP with a
+tied head, interleaved PP, expert parallel, context parallel, uneven pipeline stages, and
+dp2 x tp2 x pp2; the uninterrupted runs save in the background, the default, the resumed
+ones synchronously), resharded loads within a stated tolerance (experts, context parallel
+and uneven stages too), a SIGKILL in the middle of a save, the safe metadata reader,
+checksums and the manifest. One-process storage tests: test_checkpoint_storage.py.
 
 One launch of two ranks runs every two-rank training in sequence (``run_cases``), so
 the spawn cost is paid once (the run killed in the middle of a save has a launch of its
@@ -113,7 +114,7 @@ def _killed_in_save(root: Path) -> tuple[dict[str, Any], TrainConfig]:
     the folder as the kill left it; and the run that resumes it (in the shared launch)."""
     shape, layout = LAYOUTS["fsdp"]
     cfg = replace(config(root, "killed", shape, **layout), fail_at_step=4, fail_rank=1,
-                  fail_how="kill-in-save")
+                  fail_how="kill-in-save", async_save=False)
     start = time.monotonic()
     error = None
     try:
@@ -139,10 +140,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for name, (shape, layout) in LAYOUTS.items():
         first = config(root, name, shape, **layout)
         plan.append((name, first))
-        # resumed from the uninterrupted run's step 2 into a folder of its own
+        # resumed from the uninterrupted run's step 2 into a folder of its own; the
+        # uninterrupted runs save in the background (the default), the resumed ones not
         resumed = replace(first, checkpoint_dir=str(root / f"{name}-resumed"),
-                          resume_from=str(root / name / "step-2"),
-                          async_save=name == "ddp")
+                          resume_from=str(root / name / "step-2"), async_save=False)
         plan.append((f"{name}-resumed", resumed))
     for name, (source, layout) in RESHARDS.items():
         shape = LAYOUTS[source][0]
@@ -204,6 +205,9 @@ def test_keeps_the_last_checkpoints_and_records_the_run(runs: dict[str, Any]) ->
     assert doc["optimizer"]["betas"] == [0.9, 0.95]
     assert set(doc["files"]) >= {".metadata", "__0_0.distcp", "__1_0.distcp",
                                  "rng/rank-0.json", "rng/rank-1.json"}
+    for name in LAYOUTS:  # saved in the background: the last one whole when the run ended
+        assert not list((root / name).glob("*.tmp")), name
+        assert checkpoint_manifest.verify(root / name / "step-4")["step"] == 4, name
 
 
 @pytest.mark.multiprocess
@@ -266,7 +270,7 @@ def test_corrupt_truncated_or_missing_files_are_named(runs: dict[str, Any],
     data = bytearray(shard.read_bytes())
     data[100] ^= 0xFF
     shard.write_bytes(bytes(data))
-    with pytest.raises(SpecError, match="SHA-256 does not match"):
+    with pytest.raises(SpecError, match="CRC-32 does not match"):
         checkpoint_manifest.verify(step)
     shard.write_bytes(bytes(data[:-10]))
     with pytest.raises(SpecError, match="truncated"):

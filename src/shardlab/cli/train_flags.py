@@ -87,8 +87,10 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--checkpoint-every", type=nonneg_int, default=0,
                    help="save every K steps (and always after the last; 0: only then)")
     g.add_argument("--keep", type=positive_int, default=3, help="checkpoints kept (newest)")
-    g.add_argument("--async-save", action="store_true",
-                   help="dcp.async_save: write in the background while training goes on")
+    g.add_argument("--async-save", action="store_true", default=True,
+                   help="write checkpoints in the background while training goes on "
+                   "(dcp.async_save; the default, where the CPU copy fits in memory); "
+                   "--no-async-save: write them before training goes on")
     g.add_argument("--resume", nargs="?", const="latest", metavar="STEP",
                    help="continue from --checkpoint-dir's latest checkpoint (or STEP's), "
                    "in this run's layout, whatever layout wrote it")

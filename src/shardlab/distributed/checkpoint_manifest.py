@@ -4,25 +4,38 @@ A checkpoint is a folder ``ROOT/step-N`` (N = optimizer steps done; written by
 :class:`shardlab.distributed.checkpoint.Checkpointer`) whose ``manifest.json`` holds the
 format, step, model shape, layout, world size, shardlab and torch versions, the data
 position, the LR scheduler's state, AdamW's hyper-parameters, the loss history so far,
-the size and SHA-256 of every other file, and the SHA-256 of the manifest itself
+the size and CRC-32 of every other file, and the SHA-256 of the manifest itself
 (``manifest_sha256``, over the canonical JSON of the rest). Only folders renamed into
 place with a manifest count (:func:`complete_steps`); a ``*.tmp`` folder a crash left
 behind is ignored.
 
 Before any rank starts, :func:`verify` checks the manifest's own checksum, every file's
-size and SHA-256, and that DCP's metadata is readable by the restricted reader
+size and CRC-32, and that DCP's metadata is readable by the restricted reader
 (:mod:`shardlab.distributed.checkpoint_reader`); :func:`check_compatible` refuses a
 checkpoint whose model shape or data stream differs from the run that loads it.
+
+**Why CRC-32** (format 2; format 1 recorded SHA-256 and still verifies): the file
+checksums are there to catch truncation, a torn or misdirected write and bit rot, not an
+adversary: whoever can rewrite a shard can rewrite the manifest and its own checksum
+too. zlib's CRC-32 (ISO 3309) detects every error burst up to 32 bits and misses
+another change with probability 2^-32, and runs at 2.4 times SHA-256's speed here (3.25
+against 1.35 GB/s, one core, a 264 MB file in the page cache; medians of 7, other jobs
+running); the writer computes it on the bytes as it writes them
+(:mod:`shardlab.distributed.checkpoint_writer`), and :func:`verify` checks the files on
+as many threads as there are files and cores (zlib releases the GIL).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import pickle
 import re
+import zlib
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -34,7 +47,8 @@ from shardlab.data.documents import PreparedDocuments
 from shardlab.distributed.checkpoint_reader import safe_reader
 from shardlab.errors import SpecError
 
-FORMAT = 1
+FORMAT = 2  # 2: files carry a CRC-32; 1 (still read): a SHA-256
+FORMATS = (1, 2)
 MANIFEST = "manifest.json"
 STEP_DIR = re.compile(r"^step-(\d+)$")
 # What a manifest names that must match the run that loads it for the data stream to
@@ -84,7 +98,7 @@ def find(root: str | os.PathLike[str], step: int | None = None) -> Path:
 # --- manifest and checksums ---------------------------------------------------------------
 
 def sha256_file(path: Path) -> str:
-    """Hex SHA-256 of a file, read in 1 MiB pieces."""
+    """Hex SHA-256 of a file, read in 1 MiB pieces (format 1 manifests)."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         for piece in iter(lambda: f.read(1 << 20), b""):
@@ -92,20 +106,60 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def crc32_file(path: Path) -> str:
+    """zlib's CRC-32 of a file as 8 hex digits, over a read-only memory map (no copy out
+    of the page cache) in 64 MiB pieces."""
+    crc = 0
+    with path.open("rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return f"{crc:08x}"
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m, memoryview(m) as view:
+            for start in range(0, len(view), 64 << 20):
+                crc = zlib.crc32(view[start:start + (64 << 20)], crc)
+    return f"{crc:08x}"
+
+
+def _matches(path: Path, info: dict[str, Any]) -> bool:
+    if "crc32" in info:
+        return crc32_file(path) == info["crc32"]
+    return sha256_file(path) == info["sha256"]
+
+
+def _threads(jobs: int) -> int:
+    return max(1, min(jobs, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                      else os.cpu_count() or 1))
+
+
 def _digest(doc: dict[str, Any]) -> str:
     body = {k: v for k, v in doc.items() if k != "manifest_sha256"}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
-def _files(folder: Path) -> dict[str, dict[str, Any]]:
-    return {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size,
-                                               "sha256": sha256_file(p)}
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MANIFEST}
+def _files(folder: Path, known: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    names = [p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*"))
+             if p.is_file() and p.name != MANIFEST]
+    if missing := sorted(set(known) - set(names)):  # written, then gone: never record that
+        raise OSError(f"{folder}: {', '.join(missing)} written but not there")
+    todo = [n for n in names if n not in known]
+    with ThreadPoolExecutor(_threads(len(todo))) as pool:
+        crcs = dict(zip(todo, pool.map(lambda n: crc32_file(folder / n), todo), strict=True))
+    files = {}
+    for n in names:
+        size = (folder / n).stat().st_size
+        if n in known and known[n]["bytes"] != size:  # the writer's count must be the file's
+            raise OSError(f"{folder / n}: {size} bytes on disk, {known[n]['bytes']} written")
+        files[n] = {"bytes": size, "crc32": known[n]["crc32"] if n in known else crcs[n]}
+    return files
 
 
-def write_manifest(folder: Path, doc: dict[str, Any]) -> dict[str, Any]:
-    """Add the files' sizes and hashes and the manifest's own hash; write it atomically."""
-    doc = {**doc, "files": _files(folder)}
+def write_manifest(folder: Path, doc: dict[str, Any],
+                   digests: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Add every file's size and CRC-32 and the manifest's own hash; write it atomically.
+
+    ``digests``: ``{relative name: {"bytes": n, "crc32": hex}}`` the writers computed as
+    they wrote (:class:`~shardlab.distributed.checkpoint_writer.RawWriter`); the other
+    files are read and checksummed here."""
+    doc = {**doc, "files": _files(folder, digests or {})}
     doc["manifest_sha256"] = _digest(doc)
     tmp = folder / (MANIFEST + ".tmp")
     with tmp.open("w") as f:
@@ -129,18 +183,20 @@ def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("manifest_sha256") != _digest(doc):
         raise SpecError("checkpoint", str(path), "manifest checksum does not match its "
                         "contents (corrupt or edited)")
-    if doc.get("format") != FORMAT:
+    if doc.get("format") not in FORMATS:
         raise SpecError("checkpoint", str(path), f"format {doc.get('format')!r}; this "
-                        f"shardlab reads format {FORMAT}")
+                        f"shardlab reads formats {', '.join(map(str, FORMATS))}")
     return doc
 
 
 def verify(folder: str | os.PathLike[str]) -> dict[str, Any]:
-    """The manifest, after checking every file it lists: present, same size, same SHA-256,
-    and DCP's metadata readable by :func:`safe_reader`. SpecError names the first bad file."""
+    """The manifest, after checking every file it lists: present, same size, same
+    checksum (CRC-32; SHA-256 in format 1), and DCP's metadata readable by
+    :func:`safe_reader`. SpecError names the first bad file in the manifest's order."""
     folder = Path(folder)
     doc = read_manifest(folder)
-    for name, info in doc["files"].items():
+    files = doc["files"]
+    for name, info in files.items():  # sizes first: a truncated file costs no read
         # The file's name leads the reason too: an error line clips a long path (value).
         path = folder / name
         if not path.is_file():
@@ -148,9 +204,16 @@ def verify(folder: str | os.PathLike[str]) -> dict[str, Any]:
         if path.stat().st_size != info["bytes"]:
             raise SpecError("checkpoint", str(path), f"{name} has {path.stat().st_size} "
                             f"bytes, the manifest says {info['bytes']} (truncated?)")
-        if sha256_file(path) != info["sha256"]:
-            raise SpecError("checkpoint", str(path), f"{name}: SHA-256 does not match the "
-                            "manifest (corrupt)")
+    with ThreadPoolExecutor(_threads(len(files))) as pool:
+        # The largest files first, so the last thread to finish started early.
+        order = sorted(files, key=lambda n: -files[n]["bytes"])
+        good = dict(zip(order, pool.map(lambda n: _matches(folder / n, files[n]), order),
+                        strict=True))
+    for name, info in files.items():
+        if not good[name]:
+            kind = "CRC-32" if "crc32" in info else "SHA-256"
+            raise SpecError("checkpoint", str(folder / name), f"{name}: {kind} does not "
+                            "match the manifest (corrupt)")
     try:
         safe_reader(folder).read_metadata()
     except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError) as e:
