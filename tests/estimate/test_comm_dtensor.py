@@ -80,3 +80,31 @@ def test_pipeline_stages_split_the_ends() -> None:
 def test_no_tensor_parallelism_sends_nothing() -> None:
     m = shape("llama")
     assert tp_bytes_dtensor(m, layout(m, tp=1)) == [0.0]
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_uneven_stages_move_a_layer_s_bytes(sp: bool) -> None:
+    """stage_layers 3+1 against the even 2+2 of a 4-layer model: rank 0 sends one layer's
+    bytes more and rank 1 one layer's less (the ends stay where they were); the real run
+    of `--tp 2 --pp 2 --stage-layers 3,1` counted these bytes exactly."""
+    m = ModelShape(name="tiny", style="llama", layers=4, d_model=D, heads=4, kv_heads=4,
+                   d_ff=4 * D, vocab=V, context=S, tied=False)
+    even = tp_bytes_dtensor(m, layout(m, pp=2, micro_batch=B // 2, sp=sp))
+    uneven = tp_bytes_dtensor(m, layout(m, pp=2, micro_batch=B // 2, sp=sp,
+                                        stage_layers=(3, 1)))
+    one_layer = uneven[0] - even[0]
+    assert one_layer > 0 and even[1] - uneven[1] == one_layer
+
+
+def test_a_v_schedule_puts_the_head_on_rank_0() -> None:
+    """zb-v places the last chunk (with the head and the logits' gather) on rank 0, with
+    the first (the embedding's all-reduce)."""
+    m = ModelShape(name="tiny", style="llama", layers=4, d_model=D, heads=4, kv_heads=4,
+                   d_ff=4 * D, vocab=V, context=S, tied=False)
+    first, last = tp_bytes_dtensor(m, layout(m, pp=2, micro_batch=B // 4, virtual_stages=2,
+                                             schedule="zb-v"))
+    # 4 micro-batches of 2: the logits' all-gather (half of them sent) and both ends'
+    # all-reduces of the activations (2 (t-1)/t of them) are rank 0's; the layers even.
+    gather = 4 * (B // 4 * S * V * 4) / 2
+    ends = 4 * 2 * (B // 4 * S * D * 4)
+    assert first - last == gather + ends

@@ -40,11 +40,11 @@ Every byte here is what one rank sends with ring collectives (module
 
 from __future__ import annotations
 
-from shardlab.config.layout import Layout
+from shardlab.config.layout import V_SCHEDULES, Layout
 from shardlab.config.model import ModelShape
 from shardlab.estimate.comm import ring_allreduce_bytes, ring_gather_bytes
 from shardlab.estimate.params import norm_params
-from shardlab.estimate.partition import rank_layers
+from shardlab.estimate.partition import chunk_rank, layout_rank_layers
 
 
 def column_linears(m: ModelShape) -> int:
@@ -71,9 +71,12 @@ def tp_bytes_dtensor(m: ModelShape, layout: Layout, loss_parallel: bool = False,
         per_layer = (2 + column_linears(m) + full) * ar
     vocab_parallel = not m.tied
     logits = lay.micro_batch * lay.seq * m.vocab * lay.dtype.activation_bytes
+    # Uneven stages and the V schedules place layers and the head as the schedule does
+    # (the head's chunk is the last one: rank 0 in a V).
+    head = chunk_rank(lay.pp * lay.virtual_stages - 1, lay.pp, lay.schedule in V_SCHEDULES)
     out = []
-    for r, layers in enumerate(rank_layers(m.layers, lay.pp, lay.virtual_stages)):
-        first, last = r == 0, r == lay.pp - 1
+    for r, layers in enumerate(layout_rank_layers(m, lay)):
+        first, last = r == 0, r == head
         per_mb = layers * per_layer
         if vocab_parallel:
             ends = first + last
