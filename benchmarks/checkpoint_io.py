@@ -7,9 +7,9 @@ read back two ways, in one process (a one-rank gloo group) on this machine's dis
 * ``dcp``: what ``shardlab train --checkpoint-dir`` and ``--resume`` do per rank, through
   :class:`~shardlab.distributed.checkpoint.Checkpointer` itself. Save: ``get_state_dict``,
   ``dcp.save`` through :class:`~shardlab.distributed.checkpoint_writer.RawWriter` (raw
-  bytes, CRC-32 while writing, fsync), the manifest, the folder's fsync and its atomic
+  bytes, XXH3-64 while writing, fsync), the manifest, the folder's fsync and its atomic
   rename. Load: :func:`~shardlab.distributed.checkpoint_manifest.verify` (every file's
-  CRC-32, as ``train --resume`` does before any rank starts) and
+  XXH3-64, as ``train --resume`` does before any rank starts) and
   :meth:`~shardlab.distributed.checkpoint.Checkpointer.load` (DCP's load through the
   restricted reader, then ``set_state_dict``);
 * ``torch.save``: the same tensors in one new file, with and without ``os.fsync``, and

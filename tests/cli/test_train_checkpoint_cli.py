@@ -12,8 +12,16 @@ import time
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 from shardlab.cli import main
+from shardlab.cli.train import _print_checkpoints
+from shardlab.config.model import ModelShape
+from shardlab.distributed import checkpoint_async
+from shardlab.distributed.launch import RankContext
+from shardlab.nn.garden import garden_documents, garden_vocab
+from shardlab.train.config import TrainConfig
+from shardlab.train.loop import train_rank
 
 TINY = ["--layers", "2", "--d-model", "32", "--steps", "4", "--checkpoint-every", "2"]
 
@@ -38,6 +46,7 @@ def test_restart_resume_on_one_process_and_bad_checkpoints(
     info = doc["checkpoint"]
     assert info["resumed_at_step"] == 2 and len(info["restarts"]) == 1
     assert info["kept"] == [2, 4] and doc["max_loss_diff"] <= 1e-5  # fp32 parity
+    assert info["async"] is False  # an injected fault saves synchronously
 
     # dp=2 -> one process: resharded on load, the loss within the parity tolerance (in this
     # process: the run above was the real `python -m shardlab` one)
@@ -50,6 +59,7 @@ def test_restart_resume_on_one_process_and_bad_checkpoints(
     assert code == 0, err[-2000:]
     doc = json.loads(out)
     assert doc["world_size"] == 1 and doc["checkpoint"]["resumed_at_step"] == 2
+    assert doc["checkpoint"]["async"] is True  # step 4 was saved in the background
     assert doc["max_loss_diff"] <= 1e-5
 
     # bad input: one line, exit 2, before any rank (fast), nothing written
@@ -75,3 +85,27 @@ def test_restart_resume_on_one_process_and_bad_checkpoints(
     assert "__0_0.distcp" in capsys.readouterr().err
     assert main(["train", "--resume"]) == 2
     assert "needs --checkpoint-dir" in capsys.readouterr().err
+
+
+def test_the_async_label_says_what_the_saves_did(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A run that asks for background saves (the default) on a host short of memory saves
+    synchronously, and its rank reports that, not the request; the summary line then
+    says nothing of async (one rank in this process, one step)."""
+    monkeypatch.setattr(checkpoint_async, "available_bytes", lambda: 1000)
+    shape = ModelShape("tiny", 2, 32, 4, garden_vocab().size, 32, style="llama", tied=False)
+    cfg = TrainConfig(shape=shape, steps=1, docs=garden_documents(20, 0),
+                      checkpoint_dir=str(tmp_path))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        rank = train_rank(RankContext(0, 1, 0, "cpu", "gloo", 30.0), cfg)
+    finally:
+        dist.destroy_process_group()
+    assert cfg.async_save and rank["checkpoint_async"] is False
+    assert "saved synchronously" in capsys.readouterr().err
+    info = {"dir": "D", "resumed_from": None, "restarts": [], "kept": [1],
+            "save_seconds": rank["checkpoint_seconds"]}
+    for ran, label in [(rank["checkpoint_async"], ""), (True, " (async)")]:
+        _print_checkpoints({**info, "async": ran})
+        assert capsys.readouterr().out.endswith(f" s{label}\n")

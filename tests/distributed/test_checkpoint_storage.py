@@ -1,5 +1,5 @@
 """Checkpoint storage in one process: the raw tensor layout read into any region, the
-manifest's CRC-32 and the older SHA-256 format, and saves in the background (complete
+manifest's XXH3-64 and the older SHA-256 format, and saves in the background (complete
 once finished, invisible before, synchronous when memory is short). The runs of every
 layout, resumed and resharded, are tests/distributed/test_checkpoint.py's."""
 
@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+import xxhash
 from torch.distributed.checkpoint.metadata import MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
@@ -97,6 +98,33 @@ def test_raw_items_are_read_into_any_region_and_dtype(tmp_path: Path) -> None:
     shard.write_bytes(shard.read_bytes()[:100])
     with pytest.raises(SpecError, match="truncated"):
         reader.read_data(LoadPlan(items[:1]), Targets()).wait()  # type: ignore[arg-type]
+
+
+def test_each_file_carries_the_xxh3_of_its_bytes(tmp_path: Path) -> None:
+    """The XXH3-64 each writer thread computes while writing is the file's own (xxhash's
+    one-shot over the bytes on disk), the manifest records it (and the metadata's), and a
+    flipped byte is refused naming the file; an empty file's is xxHash's reference value
+    for the empty input (its sanity test: XXH3_64bits of no bytes, seed 0)."""
+    writer = RawWriter(tmp_path)
+    dcp.save({"a": torch.randn(300, 7), "b": torch.arange(1000)}, storage_writer=writer,
+             no_dist=True)
+    assert sorted(writer.digests) == ["__0_0.distcp", "__0_1.distcp"]
+    for name, info in writer.digests.items():
+        data = (tmp_path / name).read_bytes()
+        assert info == {"bytes": len(data), "xxh3_64": xxhash.xxh3_64_hexdigest(data)}
+    checkpoint_manifest.write_manifest(tmp_path, {"format": 2}, writer.digests)
+    files = checkpoint_manifest.verify(tmp_path)["files"]
+    assert files[".metadata"]["xxh3_64"] == xxhash.xxh3_64_hexdigest(
+        (tmp_path / ".metadata").read_bytes())
+    shard = tmp_path / "__0_1.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    with pytest.raises(SpecError, match=r"__0_1\.distcp: XXH3-64 does not match the "
+                                        r"manifest \(corrupt\)"):
+        checkpoint_manifest.verify(tmp_path)
+    (tmp_path / "empty").touch()
+    assert checkpoint_manifest.xxh3_file(tmp_path / "empty") == "2d06800538d394c2"
 
 
 def test_format_1_checkpoints_still_verify_and_load(tmp_path: Path) -> None:

@@ -256,7 +256,7 @@ def _train(args: argparse.Namespace, cfg: TrainConfig, peak: float | None,
             "dir": cfg.checkpoint_dir, "resumed_from": cfg.resume_from or None,
             "resumed_at_step": ranks[0]["resumed_at"], "restarts": restarts,
             "kept": sorted(checkpoint_manifest.complete_steps(cfg.checkpoint_dir)),
-            "save_seconds": saves, "async": cfg.async_save}
+            "save_seconds": saves, "async": ranks[0]["checkpoint_async"]}  # as it ran
     # The run directory `shardlab report run` reads: written whole, then renamed into place.
     tmp = Path(log_dir, "report.json.tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n")

@@ -16,12 +16,12 @@ A checkpoint is a folder ``ROOT/step-N`` (N = optimizer steps done) holding:
   ever written or read (below);
 * ``rng/rank-R.json``: every random generator of rank R (:mod:`shardlab.distributed.rng`);
 * ``manifest.json``: the run's description, the data position, the scheduler's state,
-  AdamW's hyper-parameters, the loss history and the CRC-32 of every file
+  AdamW's hyper-parameters, the loss history and the XXH3-64 of every file
   (:mod:`shardlab.distributed.checkpoint_manifest`, which also finds and verifies
   checkpoints).
 
 **Atomic.** Every rank writes into ``step-N.tmp``, fsyncs its files and leaves the
-CRC-32s it computed while writing in ``digests/rank-R.json``; after a barrier rank 0
+XXH3-64s it computed while writing in ``digests/rank-R.json``; after a barrier rank 0
 puts them (and the small files' own) in the manifest, removes ``digests``, fsyncs the
 folder and renames it to ``step-N``, then fsyncs the parent. A crash or a SIGKILL at
 any moment before the rename leaves only a ``*.tmp`` folder, which loading ignores, so the
@@ -261,7 +261,7 @@ class Checkpointer:
 
     def _rename(self, step: int, tmp: Path, meta: dict[str, Any], writer: RawWriter,
                 group: Any) -> None:
-        # The CRC-32 of this rank's files, as its writer computed them (rank 0 reads no
+        # The XXH3-64 of this rank's files, as its writer computed them (rank 0 reads no
         # other rank's shards); not synced: the folder is read back before the rename.
         (tmp / "digests" / f"rank-{self.rank}.json").write_text(json.dumps(writer.digests))
         dist.barrier(group=group)  # every rank's shards are fsynced, with their digests

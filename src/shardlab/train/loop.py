@@ -191,6 +191,10 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
         board.close()
     return {"rank": ctx.rank, "dp_rank": dp_rank, "pp_rank": pp_rank,
             "resumed_at": first_step, "checkpoint_seconds": ckpt.seconds if ckpt else [],
+            # Whether the saves did run in the background: asked for (cfg.async_save) is
+            # not enough, a host short of memory saves synchronously (checkpoint_async.fits;
+            # the same answer on every rank). False when nothing was saved.
+            "checkpoint_async": bool(ckpt is not None and ckpt.background),
             "tp_rank": mesh["tp"].get_local_rank(), "ep_rank": program.ep_rank,
             "cp_rank": program.cp_rank,
             "routing": routing, "losses": losses, "grad_norms": norms,
