@@ -160,10 +160,11 @@ def attend_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  mask: torch.Tensor) -> torch.Tensor:
     """q [b, hq, sq, hd] over k, v [b, hkv, sk, hd] under ``mask`` [b or 1, 1, sq, sk]
     -> [b, sq, hq*hd]."""
-    group = q.shape[1] // k.shape[1]
-    if group > 1:  # each kv head serves `group` query heads (GQA, Ainslie et al. 2023)
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    # Each kv head serves hq/hkv query heads (GQA, Ainslie et al. 2023). SDPA's enable_gqa
+    # shares them inside the kernel, so backward keeps K and V at kv width; expanding them
+    # first (repeat_interleave) would save them at query width too.
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                         enable_gqa=q.shape[1] != k.shape[1])
     b, _, s, _ = q.shape
     return out.transpose(1, 2).reshape(b, s, -1)
 
