@@ -61,8 +61,8 @@ def main() -> None:
         dims = {d: f"{v['measured'] / v['predicted']:.4f}" if v["predicted"] else "-"
                 for d, v in doc["by_dim"].items()}
         print(f"{name}: wall {wall:.1f} s (dry run {doc['seconds']:.1f} s, "
-              f"{len(doc['roles_run'])} role(s)), the command's own peak RSS "
-              f"{rss / 1e9:.2f} GB (roles fork from the fork server: not counted here)")
+              f"{len(doc['roles_run'])} role(s)), largest role process "
+              f"{doc['host_peak_rss_bytes'] / 1e9:.2f} GB, the command {rss / 1e9:.2f} GB")
         print(f"  busiest rank {doc['busiest_rank']}: peak {doc['peak_bytes'] / 1e9:.2f} GB "
               f"vs predicted {doc['predicted']['peak_bytes'] / 1e9:.2f} GB; ratios "
               + ", ".join(f"{k} {v:.3f}" for k, v in ratio.items() if v is not None)

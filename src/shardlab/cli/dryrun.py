@@ -187,7 +187,8 @@ def dryrun_document(args: argparse.Namespace) -> dict[str, Any]:
                       f"global_batch={cfg.global_batch} seq={cfg.seq} dtype={cfg.dtype}"
                       f"{layout_keys(cfg)}",
             "gpu": args.gpu, "seconds": time.perf_counter() - start,
-            "roles_run": ranks, **doc}
+            "roles_run": ranks,
+            "host_peak_rss_bytes": max(r["host_peak_rss_bytes"] for r in results), **doc}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ Which ranks are worth running (one per pipeline rank) is ``shardlab dryrun``'s
 from __future__ import annotations
 
 import contextlib
+import resource
 import time
 from typing import Any
 
@@ -106,4 +107,7 @@ def run_role(cfg: TrainConfig, rank: int) -> dict[str, Any]:
             "saved_bytes_per_microbatch": saved,
             "state_bytes": held, "comm_step": meter.summary(),
             "flops_by_op": {str(k): int(v) for k, v in flops.get_flop_counts()["Global"].items()},
-            "seconds": time.perf_counter() - start}
+            "seconds": time.perf_counter() - start,
+            # The role process's high-water resident set (Linux reports KiB): what the
+            # dry run of this rank took of the host, torch's pages included.
+            "host_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
