@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from shardlab.calibrate.host import cpu_model
+from shardlab.config.host import cpu_model
 
 CASES = {
     "8b-fsdp": ["llama-3-8b", "--gpus", "64", "--layout", "dp=64", "--seq", "8192",

@@ -53,7 +53,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 import shardlab.distributed.data_parallel as data_parallel
 import shardlab.train.rank as rank_module
-from shardlab.calibrate.host import cpu_model
+from shardlab.config.host import cpu_model
 from shardlab.config.model import ModelShape
 from shardlab.distributed.launch import launch
 from shardlab.nn.data import batches

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shardlab.calibrate import host
 from shardlab.cli import guard
+from shardlab.config import host
 from shardlab.errors import SpecError
 
 

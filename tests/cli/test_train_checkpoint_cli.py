@@ -93,7 +93,8 @@ def test_the_async_label_says_what_the_saves_did(
     """A run that asks for background saves (the default) on a host short of memory saves
     synchronously, and its rank reports that, not the request; the summary line then
     says nothing of async (one rank in this process, one step)."""
-    monkeypatch.setattr(checkpoint_async, "available_bytes", lambda: 1000)
+    monkeypatch.setattr(checkpoint_async, "available_memory_bytes",
+                        lambda: (1000.0, "test"))
     shape = ModelShape("tiny", 2, 32, 4, garden_vocab().size, 32, style="llama", tied=False)
     cfg = TrainConfig(shape=shape, steps=1, docs=garden_documents(20, 0),
                       checkpoint_dir=str(tmp_path))

@@ -202,7 +202,8 @@ def test_background_saves_appear_whole_and_the_last_is_awaited(
 def test_short_memory_saves_synchronously(one_rank: None, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(checkpoint_async, "available_bytes", lambda: 1000)
+    monkeypatch.setattr(checkpoint_async, "available_memory_bytes",
+                        lambda: (1000.0, "test"))
     model, opt, sched = _trained()
     _step(model, opt)
     ckpt = Checkpointer(str(tmp_path / "c"), [model], opt, sched, rank=0, world=1, keep=1,

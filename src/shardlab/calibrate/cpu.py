@@ -57,7 +57,7 @@ from typing import Any
 import torch
 
 from shardlab.calibrate.budget import HARD_CAP, Phases, best_seconds, matmul_side
-from shardlab.calibrate.host import cpu_model, memory_bytes
+from shardlab.config.host import cpu_model, memory_bytes
 from shardlab.config.measured import NAME, PROBE, SCHEMA
 from shardlab.config.model import ModelShape
 from shardlab.errors import require_positive_int, require_positive_number

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shardlab.calibrate.host import available_memory_bytes
+from shardlab.config.host import available_memory_bytes
 from shardlab.errors import SpecError
 from shardlab.units import human_bytes
 
@@ -21,7 +21,7 @@ def check_host_memory(per_process: float, processes: int, what: str,
                       allow_oversubscribe: bool = False) -> None:
     """Refuse (SpecError, so exit 2) when ``processes`` x ``per_process`` bytes, the cost
     model's peak of each process, exceed :data:`HEADROOM` of this host's available memory
-    (:func:`~shardlab.calibrate.host.available_memory_bytes`). ``what`` names the job in
+    (:func:`~shardlab.config.host.available_memory_bytes`). ``what`` names the job in
     the message. Nothing is checked with ``allow_oversubscribe`` or when the available
     memory cannot be read."""
     if allow_oversubscribe:

@@ -21,7 +21,9 @@ thread writes that copy while training goes on. It is safe because of how
 * **memory**: the staged copy holds the rank's whole state (12 bytes per parameter with
   fp32 AdamW) for the run. :func:`fits` allows it only when the copies of every rank on
   this host take at most :data:`MEMORY_SHARE` of the memory the host has available at
-  the first save; otherwise the run saves synchronously (rank 0 says so once).
+  the first save (:func:`shardlab.config.host.available_memory_bytes`: ``MemAvailable``,
+  lowered to what a cgroup v2 limit leaves); otherwise the run saves synchronously
+  (rank 0 says so once).
 
 A run with an injected fault (the hidden ``--fail-at-step`` test flags) saves
 synchronously (``TrainConfig.__post_init__``): the checkpoint its restart resumes from
@@ -33,7 +35,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,26 +42,12 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.tensor import DTensor
 
+from shardlab.config.host import available_memory_bytes
+
 # The staged copies may take at most this share of the memory available when the first
 # save starts: the rest is left for training's own swings (activations freed between
 # steps are allocated again at the next one).
 MEMORY_SHARE = 0.5
-
-
-def available_bytes() -> int | None:
-    """What this host can still allocate: ``MemAvailable`` of ``/proc/meminfo`` (the
-    kernel's estimate without swapping, Linux 3.14+), else free physical pages x page
-    size, else None (unknown)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024  # the file counts kB (KiB)
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def staged_bytes(state: dict[str, Any]) -> int:
@@ -80,12 +67,12 @@ def fits(state: dict[str, Any], world: int, group: Any, rank: int) -> bool:
     torchrun, else all of them (shardlab's own launcher starts them on one host)."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     need = staged_bytes(state) * local
-    have = available_bytes()
-    ok = have is not None and need <= MEMORY_SHARE * have
+    have, _ = available_memory_bytes()  # 0 when unknown: then saved synchronously
+    ok = have > 0 and need <= MEMORY_SHARE * have
     flag = torch.tensor([int(ok)])
     dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
     if not flag.item() and rank == 0:
-        free = "unknown" if have is None else f"{have / 1e9:.2f} GB"
+        free = f"{have / 1e9:.2f} GB" if have > 0 else "unknown"
         sys.stderr.write(f"shardlab: checkpoints are saved synchronously: the background "
                          f"save's CPU copy ({need / 1e9:.2f} GB for {local} ranks on this "
                          f"host) would take more than {MEMORY_SHARE:.0%} of the memory "
