@@ -38,6 +38,14 @@ the dispatched rows, the experts' hidden activations (divided by etp, not tp), t
 combined outputs and the router's probabilities, for the tokens the rank's experts
 actually take (capacity factor, routing imbalance).
 
+Per-operator selective checkpointing (torchtitan's ``selective_ac_option = "op"``,
+:func:`op_checkpoint_layer_bytes`) keeps far less than Korthikanti's selective: the
+block's input (the non-reentrant checkpoint saves its inputs), the outputs of every
+second linear matmul (q, v, gate and down in a SwiGLU block: its policy saves
+``aten.mm`` outputs "except every second mm", counted per block), the attention
+kernel's output with its fp32 log-sum-exp and, with sequence parallelism, the
+reduce-scatters' outputs; everything else is run again in backward.
+
 Beyond the layers (Korthikanti Sec. 4.3): the first stage keeps the embedding's
 dropout mask, the last stage the final norm's and head's inputs and the fp32
 logits for the cross-entropy (4·s·b·V/t bytes).
@@ -121,6 +129,35 @@ def layer_activation_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes
     else:
         core = 0.0 if recompute == "selective" else t.attention_core / tp
     return outside + t.inside_tp / tp + core + routed
+
+
+def op_checkpoint_saves(m: ModelShape) -> tuple[bool, ...]:
+    """Which of a dense block's linear matmuls, in the order its forward calls them (q, k,
+    v, output; then gate, up, down for a gated MLP or up, down), have their outputs saved by
+    torchtitan's per-operator selective checkpointing: every ``aten.mm`` "except every
+    second mm" (``meta[mm_count_key] % 2 == 0`` is recomputed, a fresh counter per block:
+    pytorch/torchtitan ``parallelize_llama.py`` ``_custom_policy``, commits 9dec370 and
+    2887250b), so the 1st, 3rd, 5th and 7th: q, v, gate and down (SwiGLU)."""
+    return tuple(i % 2 == 0 for i in range(4 + m.mlp_matrices))
+
+
+def op_checkpoint_layer_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int = 2,
+                              *, tp: int = 1, sp: bool = False) -> float:
+    """Bytes one dense block keeps for backward under per-operator selective checkpointing,
+    per micro-batch on one tensor-parallel rank (module docstring): the block's input
+    (split by tp with sequence parallelism), the saved matmul outputs
+    (:func:`op_checkpoint_saves`; a column-parallel output is split by tp, a row-parallel
+    one, before its reduce-scatter, is whole), the attention kernel's output and fp32
+    log-sum-exp (split by tp), and with sequence parallelism the two reduce-scatters'
+    outputs (split by tp). Dropout masks: none (torchtitan's Llama has no dropout)."""
+    sb, e, h = seq * micro_batch, elem_bytes, m.d_model
+    widths = [m.q_dim / tp, m.kv_dim / tp, m.kv_dim / tp, h]
+    widths += [m.d_ff / tp] * (m.mlp_matrices - 1) + [h]
+    saved = sum(w for w, keep in zip(widths, op_checkpoint_saves(m), strict=True) if keep)
+    block_input = h / tp if sp else h
+    scatters = 2 * h / tp if sp and tp > 1 else 0.0
+    kernel = m.q_dim / tp
+    return e * sb * (block_input + saved + kernel + scatters) + 4.0 * m.heads * sb / tp
 
 
 def first_stage_extra_bytes(m: ModelShape, micro_batch: int, seq: int, *, tp: int = 1,

@@ -20,6 +20,7 @@ import numpy as np
 
 from shardlab.config.hardware import OPS_PER_LAYER_FORWARD
 from shardlab.config.model import ModelShape
+from shardlab.estimate.activations import op_checkpoint_saves
 from shardlab.estimate.context import causal_imbalance
 from shardlab.plan.efficiency import fraction_of_peak, matmul_seconds
 from shardlab.plan.expert_time import kept_rows, routed_tokens
@@ -47,13 +48,10 @@ class LayerForward:
 def op_checkpoint_matmuls(model: ModelShape) -> tuple[bool, ...]:
     """Which of a dense block's linear matmuls, in the order its forward calls them (q, k,
     v, output; then gate, up, down for a gated MLP or up, down), torchtitan's per-operator
-    selective checkpointing runs again in backward: its policy saves the output of every
-    ``aten.mm`` "except every second mm" (a counter per block, ``mm_count % 2 == 0`` is
-    recomputed: pytorch/torchtitan ``_apply_ac_to_transformer_block``, commits 9dec370 and
-    2887250b), so the 2nd, 4th and 6th: k, output and up (SwiGLU) or k, output and down
-    (a two-matrix MLP)."""
-    calls = 4 + model.mlp_matrices
-    return tuple(i % 2 == 1 for i in range(calls))
+    selective checkpointing runs again in backward: those whose outputs it does not save
+    (:func:`shardlab.estimate.activations.op_checkpoint_saves`), so the 2nd, 4th and 6th:
+    k, output and up (SwiGLU) or k, output and down (a two-matrix MLP)."""
+    return tuple(not saved for saved in op_checkpoint_saves(model))
 
 
 def layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, dev: Device,

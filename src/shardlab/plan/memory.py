@@ -35,6 +35,7 @@ from shardlab.estimate import fp8
 from shardlab.estimate.activations import first_stage_extra_bytes, last_stage_extra_bytes
 from shardlab.estimate.memory import layer_bytes
 from shardlab.estimate.partition import chunk_layers, stage_expert_params, stage_params
+from shardlab.plan.memory_peak import MemoryFacts, op_layer_bytes, transient_bytes
 from shardlab.plan.space import Candidates, unique_rows
 from shardlab.plan.stages import V_INDEX, rank_placement
 
@@ -42,11 +43,17 @@ from shardlab.plan.stages import V_INDEX, rank_placement
 @dataclass(frozen=True)
 class MemoryOptions:
     """Activation conventions: dropout masks kept, fused (flash) attention, the router's
-    imbalance (max/mean tokens per expert; 1: balanced)."""
+    imbalance (max/mean tokens per expert; 1: balanced), what selective recompute keeps
+    (``attention``: Korthikanti's; ``op``: per-operator checkpointing,
+    :func:`shardlab.estimate.activations.op_checkpoint_layer_bytes`) and a framework's
+    memory facts (:class:`~shardlab.plan.memory_peak.MemoryFacts`; None: states and saved
+    activations only, as :func:`shardlab.estimate.memory.stage_memory` counts them)."""
 
     dropout: bool
     flash: bool
     imbalance: float = 1.0
+    selective: str = "attention"
+    facts: MemoryFacts | None = None
 
 
 @dataclass
@@ -61,11 +68,15 @@ class MemoryArrays:
     params: np.ndarray
     stage: np.ndarray
     expert_params: np.ndarray
+    transient: np.ndarray
+    """What the framework holds at its peak beyond states and saved activations
+    (:mod:`shardlab.plan.memory_peak`; 0 without its facts)."""
 
     @property
     def total(self) -> np.ndarray:
-        """Weights + gradients + optimizer state + activations."""
-        return self.weights + self.gradients + self.optimizer + self.activations
+        """Weights + gradients + optimizer state + activations + the transient peak."""
+        return (self.weights + self.gradients + self.optimizer + self.activations
+                + self.transient)
 
 
 COMPARED = 4
@@ -155,8 +166,10 @@ def _activation_tables(model: ModelShape, c: Candidates, seq: int, policy: Dtype
                      dtype=policy, schedule="1f1b", ep=ep, etp=etp,
                      capacity_factor=float(factors[cf]), cp=cp)
         local = seq // cp
+        by_op = opt.selective == "op" and RECOMPUTE[rc] == "selective"
         rows.append((
-            layer_bytes(model, lay, False, opt.dropout, opt.flash, opt.imbalance),
+            op_layer_bytes(model, lay) if by_op
+            else layer_bytes(model, lay, False, opt.dropout, opt.flash, opt.imbalance),
             layer_bytes(model, lay, True, opt.dropout, opt.flash, opt.imbalance),
             first_stage_extra_bytes(model, mb, local, tp=tp, sp=bool(sp), dropout=opt.dropout),
             last_stage_extra_bytes(model, mb, local, elem, tp=tp, sp=bool(sp))))
@@ -227,7 +240,7 @@ def memory_arrays(model: ModelShape, c: Candidates, seq: int, policy: DtypePolic
     order = np.argsort(c.pp, kind="stable")
     depth = c.pp[order]
     keys = ("weights", "gradients", "optimizer", "activations", "params", "stage",
-            "expert_params")
+            "expert_params", "transient")
     out = {k: np.zeros(len(c), dtype=np.int64 if k == "stage" else float) for k in keys}
     start = 0
     while start < len(c):
@@ -284,10 +297,15 @@ def _memory_block(model: ModelShape, c: Candidates, seq: int, policy: DtypePolic
         # fp8 copies and scales of the rank's linear weights, held whole under ZeRO 0-2.
         f_dense, f_moe = _fp8_tables(model, c, policy)
         w = w + np.where(z < 3, dense * col(f_dense) + moe * col(f_moe), 0.0)
-    g = sharded(policy.grad_bytes, 2)
+    facts = opt.facts
+    g = sharded(max(policy.grad_bytes, facts.held_grad_bytes if facts else 0), 2)
     o = sharded(policy.optimizer_bytes, 1)
-    total = np.where(valid, w + g + o + act, -np.inf)
+    trans = np.zeros_like(act) if facts is None else transient_bytes(
+        model, c, seq, policy, facts, dropout=opt.dropout, flash=opt.flash,
+        by_op=opt.selective == "op", rank=rank, dense=dense, moe=moe, head=head)
+    total = np.where(valid, w + g + o + act + trans, -np.inf)
     peak = np.argmax(total, axis=1)
     rows = np.arange(len(c))
     return MemoryArrays(w[rows, peak], g[rows, peak], o[rows, peak], act[rows, peak],
-                        params[rows, peak], rank[rows, peak], experts[rows, peak])
+                        params[rows, peak], rank[rows, peak], experts[rows, peak],
+                        trans[rows, peak])

@@ -4,10 +4,12 @@ the validation table all start here)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from shardlab.config.hardware import Accelerator
 from shardlab.errors import SpecError
 from shardlab.plan.expert_time import DISPATCHERS, ROUTINGS
-from shardlab.plan.overlap import FLASH_KERNELS, FUSED_LOSS_BYTES, REDUCE_BYTES
+from shardlab.plan.overlap import FLASH_KERNELS, FUSED_LOSS_BYTES, FUSED_LOSS_PEAK, REDUCE_BYTES
 from shardlab.plan.overlap import framework as overlap_framework
 from shardlab.plan.search import is_this_machine, layout_flag
 from shardlab.plan.step_inputs import StepOptions
@@ -34,11 +36,15 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
             if value.lower() not in REDUCE_BYTES:
                 raise SpecError(key, value, f"must be one of {', '.join(REDUCE_BYTES)}")
             opts["grad_reduce_bytes"] = REDUCE_BYTES[value.lower()]
+            if opts.get("memory") is not None:
+                opts["memory"] = replace(opts["memory"], reduce_bytes=REDUCE_BYTES[value.lower()])
             continue
         if key == "fused_loss":
             # A stated fused cross-entropy replaces the framework's loss bytes.
             if layout_flag(key, value):
                 opts["loss_bytes"] = FUSED_LOSS_BYTES
+                if opts.get("memory") is not None:
+                    opts["memory"] = replace(opts["memory"], loss_bytes=FUSED_LOSS_PEAK)
             continue
         if key in ("dispatcher", "routing"):
             allowed = DISPATCHERS if key == "dispatcher" else ROUTINGS

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardlab.errors import SpecError
+from shardlab.plan.memory_peak import MemoryFacts
 
 DP_MODES: tuple[str, ...] = ("off", "on", "zero3")
 FLASH_KERNELS: tuple[str, ...] = ("fa2", "fa3", "triton")
@@ -57,6 +58,10 @@ FUSED_LOSS_BYTES = 6
 """``fused_loss=1``: a run that states a fused cross-entropy kernel (Megatron-LM's
 ``--cross-entropy-loss-fusion``, Megatron-Bridge's ``cross_entropy_fusion_impl: te``) moves
 6 B per logit, forward and backward (:attr:`Framework.loss_bytes`' fused figure)."""
+FUSED_LOSS_PEAK = 4.0
+"""``fused_loss=1``: bytes per logit element at a fused cross-entropy's peak (the bf16
+logits and their bf16 gradient, written over them or beside them): no more than the fp32
+logits the saved activations count (:mod:`shardlab.plan.memory_peak`)."""
 REDUCE_BYTES: dict[str, int] = {"bf16": 2, "fp32": 4}
 """``reduce_dtype=``: bytes per gradient element of the data-parallel reduction (a run's
 stated FSDP policy: torch's ``MixedPrecision.reduce_dtype``)."""
@@ -126,6 +131,10 @@ class Framework:
     ``apply_moe_ep_tp`` plan, ``PrepareModuleInputOutput`` from Shard(1) to Replicate):
     False there and in the planner's defaults."""
 
+    memory: MemoryFacts | None = None
+    """What it holds at its memory peak (:mod:`shardlab.plan.memory_peak`); None: the
+    planner counts states and saved activations only."""
+
     def options(self) -> dict[str, object]:
         """The options as StepOptions keywords."""
         return {"overlap_dp": self.overlap_dp, "overlap_tp": self.overlap_tp,
@@ -134,13 +143,20 @@ class Framework:
                 "fp8_cast_bytes": self.fp8_cast_bytes, "flash_kernel": self.flash_kernel,
                 "grad_reduce_bytes": self.grad_reduce_bytes, "selective": self.selective,
                 "loss_bytes": self.loss_bytes, "reduce_each_micro": self.reduce_each_micro,
-                "moe_sequence_split": self.moe_sequence_split}
+                "moe_sequence_split": self.moe_sequence_split, "memory": self.memory}
 
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework(
         "megatron", "off", "off", "interleaved", True, True, fp8_cast_bytes=3,
-        grad_reduce_bytes=4, loss_bytes=52, moe_sequence_split=True, source=
+        grad_reduce_bytes=4, loss_bytes=52, moe_sequence_split=True,
+        memory=MemoryFacts(loss_bytes=6.0, held_grad_bytes=4, reduce_bytes=4, source=
+            "bf16 gradients accumulate in fp32 main_grad buffers (arguments.py: 'bfloat16 "
+            "requires gradient accumulation and all-reduce to be done in fp32'); the "
+            "vocab-parallel cross-entropy casts the bf16 logits to fp32 and works in place "
+            "on them (core_r0.8.0 tensor_parallel/cross_entropy.py: '.float()', 'In-place "
+            "subtraction reduces memory pressure', exp out=): 2 + 4 B per logit at its "
+            "peak"), source=
         "Megatron-LM megatron/training/arguments.py: --overlap-grad-reduce and "
         "--overlap-param-gather are store_true (default off), --tp-comm-overlap store_true "
         "(off), --no-overlap-p2p-communication store_false into overlap_p2p_comm (on; the "
@@ -149,7 +165,14 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework(
         "torchtitan", "on", "off", "off", False, False, tp_overlap_kind="forward",
         flash_kernel="fa2", grad_reduce_bytes=4, selective="op", loss_bytes=36,
-        reduce_each_micro=True, source=
+        reduce_each_micro=True,
+        memory=MemoryFacts(loss_bytes=12.0, reduce_bytes=4, fsdp2_root=True, source=
+            "torchtitan 9dec370: the bf16 logits go to cross_entropy(pred.float()) and "
+            "'del pred' before backward (train.py), so log_softmax's saved fp32 output, the "
+            "nll gradient and log_softmax_backward's fp32 result meet at 12 B per logit; "
+            "FSDP2 root (embedding, norm, output) never resharded, blocks resharded after "
+            "forward except with pp, reduce_dtype float32 (parallelize_llama.py)"),
+        source=
         "torchtitan: FSDP2 prefetches the next layer's all-gather and reduce-scatters on a "
         "side stream (no flag); parallelism.enable_async_tensor_parallel defaults to False; "
         "torch.distributed.pipelining posts a stage's receive just before its compute; "

@@ -68,6 +68,9 @@ class PublishedRun:
     assumed: tuple[str, ...] = field(default=())
     checked: str = ""
     excluded: str = ""
+    measured_memory_gib: float | None = None
+    """The source's measured peak memory per GPU, GiB (torchtitan prints the caching
+    allocator's peak reserved bytes, ``reserved_bytes.all.peak``), or None."""
 
     @property
     def dp(self) -> int:

@@ -40,7 +40,7 @@ def _tt(key: str, model: str, gpus: int, tp: int, pp: int, local: int, mb: int,
         recompute: str, tokens: float, row: str, dtype: str = "bf16", compiled: bool = True,
         options: str = "", virtual: int = 1, role: str = "validation",
         source: str = "torchtitan Llama 3.1 H100 benchmarks, Dec 2024",
-        checked: str = _TT_CHECKED) -> PublishedRun:
+        checked: str = _TT_CHECKED, memory: float | None = None) -> PublishedRun:
     dp = gpus // (tp * pp)
     gbs = local * dp
     return PublishedRun(
@@ -49,46 +49,51 @@ def _tt(key: str, model: str, gpus: int, tp: int, pp: int, local: int, mb: int,
         recompute=recompute, sp=tp > 1, zero=3, micro_batch=mb, virtual=virtual, flash=True,
         dtype=dtype, framework="torchtitan",
         options=f"fused_norm={int(compiled)} {options}".strip(),
-        hardware=_TT_HW, power_cap_w=500, assumed=_TT_ASSUMED, checked=checked)
+        hardware=_TT_HW, power_cap_w=500, assumed=_TT_ASSUMED, checked=checked,
+        measured_memory_gib=memory)
 
 
 _TA = ("torchtitan async-TP benchmark, June 2025",
        "pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (commit "
        "2887250b): 'Llama3 70b on 256 H100s with FSDP=32, TP=8, torch.compile, full AC, "
        "local batch size 16' / 'Llama3 8b on 64 H100s with FSDP=8, TP=8, torch.compile, per "
-       "op SAC, local batch size 12' and their bfloat16 / float8 tensorwise rows")
+       "op SAC, local batch size 12' and their bfloat16 / float8 tensorwise rows; the loss "
+       "compiled with the model at the benchmark's torchtitan 820504e (torchtitan/components/"
+       "loss.py: 'if job_config.training.compile: ... loss_fn = torch.compile(loss_fn)'), "
+       "priced as a fused loss (fused_loss=1)")
 
 
 def _ta(key: str, model: str, gpus: int, local: int, recompute: str, tokens: float,
         dtype: str, async_tp: bool, role: str = "validation") -> PublishedRun:
     return _tt(key, model, gpus, 8, 1, local, local, recompute, tokens,
                f"{dtype}, {'async' if async_tp else 'vanilla'} TP", dtype=dtype,
-               options=f"overlap_tp={int(async_tp)}", role=role, source=_TA[0],
+               options=f"overlap_tp={int(async_tp)} fused_loss=1", role=role, source=_TA[0],
                checked=_TA[1])
 
 
 TT_RUNS: tuple[PublishedRun, ...] = (
     _tt("TT-1 8B FSDP8 eager", "llama-3-8b", 8, 1, 1, 2, 2, "selective", 5762,
-        "Table 1 'FSDP | 5,762'", compiled=False),
+        "Table 1 'FSDP | 5,762'", compiled=False, memory=82.4),
     _tt("TT-2 8B FSDP8", "llama-3-8b", 8, 1, 1, 2, 2, "selective", 6667,
-        "Table 1 'FSDP + torch.compile | 6,667'", role="calibration"),
+        "Table 1 'FSDP + torch.compile | 6,667'", role="calibration", memory=77.0),
     _tt("TT-3 8B FSDP8 fp8", "llama-3-8b", 8, 1, 1, 2, 2, "selective", 8532,
-        "Table 1 'FSDP + torch.compile + Float8 | 8,532'", dtype="fp8", role="calibration"),
+        "Table 1 'FSDP + torch.compile + Float8 | 8,532'", dtype="fp8", role="calibration",
+        memory=76.8),
     _tt("TT-4 8B FSDP128 eager", "llama-3-8b", 128, 1, 1, 2, 2, "selective", 5605,
-        "Table 3 'FSDP | 5,605'", compiled=False),
+        "Table 3 'FSDP | 5,605'", compiled=False, memory=67.0),
     _tt("TT-5 8B FSDP128", "llama-3-8b", 128, 1, 1, 2, 2, "selective", 6514,
-        "Table 3 'FSDP + torch.compile | 6,514'"),
+        "Table 3 'FSDP + torch.compile | 6,514'", memory=62.0),
     _tt("TT-6 8B FSDP128 fp8", "llama-3-8b", 128, 1, 1, 2, 2, "selective", 8380,
-        "Table 3 'FSDP + torch.compile + Float8 | 8,380'", dtype="fp8"),
+        "Table 3 'FSDP + torch.compile + Float8 | 8,380'", dtype="fp8", memory=61.8),
     _tt("TT-7 70B FSDP32 TP8 fp8", "llama-3-70b", 256, 8, 1, 16, 16, "full", 829,
-        "Table 4 '2D | 829'", dtype="fp8", options="overlap_tp=0"),
+        "Table 4 '2D | 829'", dtype="fp8", options="overlap_tp=0", memory=71.9),
     _tt("TT-8 70B FSDP32 TP8 fp8 async", "llama-3-70b", 256, 8, 1, 16, 16, "full", 876,
-        "Table 4 '2D + AsyncTP | 876'", dtype="fp8", options="overlap_tp=1"),
+        "Table 4 '2D + AsyncTP | 876'", dtype="fp8", options="overlap_tp=1", memory=67.6),
     _tt("TT-9 405B 3D 1F1B fp8", "llama-3.1-405b", 512, 8, 8, 32, 4, "full", 100,
-        "Table 5 '1F1B | 100'", dtype="fp8", options="overlap_tp=1"),
+        "Table 5 '1F1B | 100'", dtype="fp8", options="overlap_tp=1", memory=82.5),
     _tt("TT-10 405B 3D interleaved fp8", "llama-3.1-405b", 512, 8, 8, 32, 4, "full", 128,
         "Table 5 'Interleaved 1F1B | 128' (2 chunks per rank assumed)", dtype="fp8",
-        options="overlap_tp=1", virtual=2),
+        options="overlap_tp=1", virtual=2, memory=72.7),
     _ta("TA-1 70B bf16", "llama-3-70b", 256, 16, "full", 597.3, "bf16", False),
     _ta("TA-2 70B bf16 async", "llama-3-70b", 256, 16, "full", 652.4, "bf16", True),
     _ta("TA-3 70B fp8", "llama-3-70b", 256, 16, "full", 809.8, "fp8", False),
@@ -107,7 +112,8 @@ _TT_CP_ASSUMED = ("H100 SXM peaks under the stated 500 W cap", "global batch = F
                   "context_parallel with load-balanced chunks, K/V priced as an all-gather")
 
 
-def _tt_cp(key: str, fsdp: int, cp: int, seq: int, tokens: float) -> PublishedRun:
+def _tt_cp(key: str, fsdp: int, cp: int, seq: int, tokens: float, memory: float
+           ) -> PublishedRun:
     """torchtitan's Table 2: Llama 3.1 8B on 8 GPUs, FSDP x CP, local batch 1, full AC."""
     return PublishedRun(
         f"TT-{key} 8B FSDP{fsdp} CP{cp} fp8", "torchtitan Llama 3.1 H100 benchmarks, Dec 2024",
@@ -116,33 +122,36 @@ def _tt_cp(key: str, fsdp: int, cp: int, seq: int, tokens: float) -> PublishedRu
         f"{tokens:g} tokens/s per GPU (Table 2 'FSDP {fsdp}, CP {cp} | {seq} | {tokens:,}')",
         recompute="full", zero=3, flash=True, dtype="fp8", framework="torchtitan",
         options="fused_norm=1", cp=cp, hardware=_TT_HW, power_cap_w=500,
-        assumed=_TT_CP_ASSUMED,
+        assumed=_TT_CP_ASSUMED, measured_memory_gib=memory,
         checked=_TT_CHECKED + "; Table 2's caption: 'FSDP + CP + torch.compile + Float8. "
         "Llama 3.1 8B model. 8 GPUs. Local batch size 1. Full activation checkpointing.'")
 
 
 TT_CP_RUNS: tuple[PublishedRun, ...] = (
-    _tt_cp("11", 8, 1, 32768, 3890),
-    _tt_cp("12", 4, 2, 65536, 2540),
-    _tt_cp("13", 2, 4, 131072, 1071),
-    _tt_cp("14", 1, 8, 262144, 548),
+    _tt_cp("11", 8, 1, 32768, 3890, 83.9),
+    _tt_cp("12", 4, 2, 65536, 2540, 84.2),
+    _tt_cp("13", 2, 4, 131072, 1071, 84.0),
+    _tt_cp("14", 1, 8, 262144, 548, 84.5),
 )
 
 
-def _th(gpus: int, tokens: float) -> PublishedRun:
+def _th(gpus: int, tokens: float, memory: float) -> PublishedRun:
     return PublishedRun(
         f"TH 8B FSDP{gpus} H200 fp8", "torchtitan community benchmark, Trainy on WhiteFiber",
         get_model("llama-3-8b"), "H200 SXM", gpus, 1, 1, 2 * gpus, 8192,
         tokens_step(2 * gpus, 8192, gpus, tokens), "validation",
         f"{tokens:g} tokens/s per GPU at the 100th iteration", recompute="selective", zero=3,
-        micro_batch=2, flash=True, dtype="fp8", framework="torchtitan", options="fused_norm=1",
+        micro_batch=2, flash=True, dtype="fp8", framework="torchtitan",
+        options="fused_norm=1 fused_loss=1", measured_memory_gib=memory,
         assumed=("H200 SXM at 700 W (not stated)", "sequence 8192 and per-op selective "
                  "checkpointing from the 8B train config", "one 400 Gb/s NIC per GPU "
                  "(stated: 'Mellanox CX-7 per GPU')"),
         checked="pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md "
         "(commit 4a61bd87): rows '| 4 | 10938 | 47.96 |', '| 8 | 10753 | 46.97 |' (nodes, TPS "
         "per GPU, memory) and the command line (local batch 2, compile, float8 with fp8 FSDP "
-        "all-gather)")
+        "all-gather); the loss compiled with the model at e7c0cae (torchtitan/components/"
+        "loss.py build_cross_entropy_loss: 'if job_config.training.compile: ... loss_fn = "
+        "torch.compile(loss_fn)'), priced as a fused loss")
 
 
 def _mpt_model(size: str, layers: int, hidden: int, heads: int) -> ModelShape:
@@ -320,5 +329,5 @@ AM_RUNS: tuple[PublishedRun, ...] = (
 )
 
 
-PYTORCH_RUNS = (*TT_RUNS, *TT_CP_RUNS, _th(32, 10938), _th(64, 10753), *MPT_RUNS, *IBM_RUNS,
-                *IBM_HSDP_RUNS, *AM_RUNS)
+PYTORCH_RUNS = (*TT_RUNS, *TT_CP_RUNS, _th(32, 10938, 47.96), _th(64, 10753, 46.97),
+                *MPT_RUNS, *IBM_RUNS, *IBM_HSDP_RUNS, *AM_RUNS)

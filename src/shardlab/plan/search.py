@@ -131,6 +131,7 @@ def _entries(c: Candidates, idx: np.ndarray, times: dict[str, np.ndarray], mem: 
                                  "gradients": float(mem.gradients[i]),
                                  "optimizer": float(mem.optimizer[i]),
                                  "activations": float(mem.activations[i]),
+                                 "transient": float(mem.transient[i]),
                                  "stage": int(mem.stage[i])},
             "timed_stage": int(times["stage"][i]),
             "train_command": None,
@@ -200,7 +201,8 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
                         f"{space.gpus} devices (most fail: {first})")
     v = c.take(valid)
     mem = memory_arrays(model, v, space.seq, policy,
-                        MemoryOptions(dropout=dropout, flash=options.flash, imbalance=imbalance))
+                        MemoryOptions(dropout=dropout, flash=options.flash, imbalance=imbalance,
+                                      selective=options.selective, facts=options.memory))
     fits = mem.total <= usable
     reason = c.reason.copy()
     reason[np.flatnonzero(valid)[~fits]] = REASONS.index(R_MEMORY)
@@ -217,7 +219,7 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
     f = v.take(keep)
     fmem = type(mem)(*(getattr(mem, k)[keep] for k in ("weights", "gradients", "optimizer",
                                                        "activations", "params", "stage",
-                                                       "expert_params")))
+                                                       "expert_params", "transient")))
     times = step_seconds(model, f, fmem, space.seq, space.global_batch, policy, dev, options)
     order = np.lexsort((fmem.total, times["step"]))[:top]
     best = _entries(f, order, times, fmem, usable, space.global_batch, space.seq,

@@ -16,6 +16,7 @@ from shardlab.config.hardware import Efficiency, Link
 from shardlab.config.runtime import Runtime
 from shardlab.estimate import fp8
 from shardlab.plan.comm_time import pick_link
+from shardlab.plan.memory_peak import MemoryFacts
 from shardlab.plan.overlap import DP_MODES, PP_MODES, TP_MODES, mode
 from shardlab.plan.space import Candidates
 
@@ -100,6 +101,9 @@ class StepOptions:
     routing: str = "random"
     """How a balanced run draws a token's experts (``random``, ``contiguous``:
     :mod:`shardlab.plan.expert_time`)."""
+    memory: MemoryFacts | None = None
+    """The framework's memory facts (:mod:`shardlab.plan.memory_peak`): what the planner's
+    memory per device adds at the framework's peak; None: states and saved activations."""
     moe_sequence_split: bool = False
     """A MoE layer with whole experts (etp 1) and no shared expert dispatches each tensor
     rank's own sequence-parallel tokens, so it runs no tensor-parallel collective around

@@ -1,0 +1,145 @@
+"""What a framework holds at its memory peak beyond the saved state and activations.
+
+:mod:`shardlab.plan.memory` counts the model states and the activations forward saves for
+backward (:mod:`shardlab.estimate.memory`), which is what a step keeps between its
+operators. A framework's measured peak (``torch.cuda.max_memory_reserved``, what
+torchtitan prints; Megatron-LM's ``max allocated``) is larger by what lives only for a
+moment, and by the framework's own choices of what to keep. Given a framework's
+:class:`MemoryFacts` (``shardlab plan --framework``, :data:`shardlab.plan.overlap.
+FRAMEWORKS`), the planner adds, on each pipeline rank it compares:
+
+* **the loss's working set** on the head's rank: ``loss_bytes`` per logit element of the
+  micro-batch (T x V/t, the vocabulary split by tp as Megatron's vocab-parallel loss and
+  torchtitan's ``loss_parallel`` keep it) at the loss's peak, of which the 4 bytes of
+  fp32 logits :func:`~shardlab.estimate.activations.last_stage_extra_bytes` already keeps
+  are not counted twice;
+* **one layer's recompute working set**: backward of a checkpointed layer runs its forward
+  again and holds what it did not save, the layer's activations without recompute less
+  those saved (full recompute: all of it but the input; per-operator checkpointing: the
+  outputs it did not save); not at the same moment as the loss's, so the larger of the
+  two is added;
+* **ZeRO-3's unsharded parameters and gradients**: two layers gathered (the layer in use
+  and the one prefetched; FSDP and DeepSpeed ZeRO-3 both prefetch one) at the gather's
+  bytes, and one layer's unsharded gradient with its copy in the reduction's dtype. FSDP2
+  as torchtitan wraps it (``fsdp2``) also keeps its root unit (embedding, final norm,
+  head) unsharded for the whole step ("the root ... has its value specially set to
+  False", ``fully_shard``'s docstring; torchtitan ``parallelize_llama.py``
+  ``reshard_after_forward=not pp_enabled``) and the head's bf16 gradient until the root's
+  reduce-scatter at the end of backward; with pipeline parallelism it reshards no block
+  after forward and accumulates every block's unsharded gradient in the reduction dtype
+  across micro-batches (FSDP2's ``unsharded_accumulated_grad`` in ``reduce_dtype`` while
+  gradient sync is off for all but the last micro-batch).
+
+``held_grad_bytes``: the bytes of each gradient element the framework keeps (Megatron-LM
+accumulates bf16 runs' gradients in fp32 ``main_grad`` buffers, 4), where the dtype
+policy says fewer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardlab.config.dtypes import DtypePolicy
+from shardlab.config.layout import RECOMPUTE, Layout
+from shardlab.config.model import ModelShape
+from shardlab.estimate.activations import op_checkpoint_layer_bytes
+from shardlab.estimate.memory import layer_bytes
+from shardlab.estimate.partition import layer_params_per_tp_rank
+from shardlab.plan.space import Candidates, unique_rows
+
+HELD_LOGIT_BYTES = 4.0
+"""Bytes per logit element the saved activations already count (fp32 logits)."""
+
+
+@dataclass(frozen=True)
+class MemoryFacts:
+    """A framework's memory facts (module docstring): bytes per logit element at the loss's
+    peak, gradient bytes it holds (0: the policy's), the reduction's bytes per gradient
+    element, and whether ZeRO-3 is FSDP2 as torchtitan wraps it."""
+
+    loss_bytes: float = HELD_LOGIT_BYTES
+    held_grad_bytes: int = 0
+    reduce_bytes: int = 0
+    fsdp2_root: bool = False
+    source: str = ""
+
+
+def op_layer_bytes(model: ModelShape, lay: Layout) -> float:
+    """A dense layer's saved bytes per micro-batch under per-operator checkpointing, on a
+    rank of ``lay`` (its s/cp tokens)."""
+    return op_checkpoint_layer_bytes(model, lay.micro_batch, lay.seq // lay.cp,
+                                     lay.dtype.activation_bytes, tp=lay.tp, sp=lay.sp)
+
+
+def working_tables(model: ModelShape, c: Candidates, seq: int, policy: DtypePolicy,
+                   dropout: bool, flash: bool, by_op: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per layout: the recompute working set of one dense and one MoE layer (bytes; 0
+    without recompute), per distinct (micro-batch, tp, sp, recompute, ep, etp, cp)."""
+    uniq, inv = unique_rows(c.micro_batch, c.tp, c.sp, c.recompute, c.ep, c.etp, c.cp)
+    rows = []
+    for mb, tp, sp, rc, ep, etp, cp in uniq.tolist():
+        kind = RECOMPUTE[rc]
+        if kind == "none":
+            rows.append((0.0, 0.0))
+            continue
+        kw = {"dp": 1, "tp": tp, "pp": 1, "virtual_stages": 1, "zero": 0, "sp": bool(sp),
+              "micro_batch": mb, "global_batch": mb, "seq": seq, "dtype": policy,
+              "schedule": "1f1b", "ep": ep, "etp": etp, "cp": cp}
+        whole = Layout(recompute="none", **kw)  # type: ignore[arg-type]
+        kept = Layout(recompute=kind, **kw)  # type: ignore[arg-type]
+        out = []
+        for moe in (False, True):
+            saved = (op_layer_bytes(model, kept) if by_op and kind == "selective" and not moe
+                     else layer_bytes(model, kept, moe, dropout, flash))
+            out.append(max(layer_bytes(model, whole, moe, dropout, flash) - saved, 0.0))
+        rows.append(tuple(out))
+    table = np.array(rows)[inv.ravel()]
+    return table[:, 0], table[:, 1]
+
+
+def layer_param_tables(model: ModelShape, c: Candidates) -> tuple[np.ndarray, np.ndarray]:
+    """Per layout: parameters of one dense and one MoE layer on a tensor-parallel rank."""
+    uniq, inv = unique_rows(c.tp, c.ep, c.etp)
+    table = np.array([(layer_params_per_tp_rank(model, tp, False),
+                       layer_params_per_tp_rank(model, tp, True, ep, etp))
+                      for tp, ep, etp in uniq.tolist()], float).reshape(-1, 2)[inv.ravel()]
+    return table[:, 0], table[:, 1]
+
+
+def transient_bytes(model: ModelShape, c: Candidates, seq: int, policy: DtypePolicy,
+                    facts: MemoryFacts, *, dropout: bool, flash: bool, by_op: bool,
+                    rank: np.ndarray, dense: np.ndarray, moe: np.ndarray, head: np.ndarray
+                    ) -> np.ndarray:
+    """Bytes at the framework's peak beyond states and saved activations (module
+    docstring), per layout (rows) and compared pipeline rank (columns of ``rank``,
+    ``dense``/``moe``: the rank's dense and MoE layers, ``head``: whether it holds the
+    head)."""
+    col = lambda x: np.asarray(x, float)[:, None]  # noqa: E731 - one layout per row
+    tokens = col(c.micro_batch) * seq / col(c.cp)
+    logits = tokens * model.vocab / col(c.tp)
+    loss = np.where(head, max(facts.loss_bytes - HELD_LOGIT_BYTES, 0.0) * logits, 0.0)
+    w_dense, w_moe = working_tables(model, c, seq, policy, dropout, flash, by_op)
+    working = np.maximum(np.where(dense > 0, col(w_dense), 0.0),
+                         np.where(moe > 0, col(w_moe), 0.0))
+    # ZeRO-3's gathered layers and unsharded gradients (a shard group of one gathers nothing).
+    p_dense, p_moe = layer_param_tables(model, c)
+    layer = np.maximum(np.where(dense > 0, col(p_dense), 0.0),
+                       np.where(moe > 0, col(p_moe), 0.0))
+    gather = policy.gather_bytes or policy.weight_bytes
+    reduce = facts.reduce_bytes or policy.grad_bytes
+    sharded = col((c.zero == 3) & (c.dp_shard * c.cp > 1)) > 0
+    gathered = layer * (2 * gather + policy.grad_bytes + reduce)
+    if facts.fsdp2_root:
+        # Every block of a pipeline rank unsharded, their gradients accumulated unsharded.
+        layers = dense * col(p_dense) + moe * col(p_moe)
+        gathered = np.where(col(c.pp) > 1, layers * (gather + reduce), gathered)
+        # The root's embedding (rank 0) and head (the head's rank; one matrix when tied and
+        # on one rank) in the weights' dtype, and the head's gradient held until the end.
+        root = model.vocab * model.d_model / col(c.tp) * policy.weight_bytes
+        head_matrix = head & ~((rank == 0) & model.tied)
+        gathered = (gathered + np.where(rank == 0, root, 0.0)
+                    + np.where(head_matrix, root, 0.0) + np.where(head, root, 0.0))
+    fsdp = np.where(sharded, gathered, 0.0)
+    return np.maximum(loss, working) + fsdp
