@@ -71,3 +71,23 @@ def test_flash_attention_keeps_only_softmax_statistics(t: int) -> None:
     eager_sel = layer_activation_bytes(m, b, s, 2, tp=t, recompute="selective", dropout=False)
     flash = layer_activation_bytes(m, b, s, 2, tp=t, dropout=False, flash=True)
     assert flash == eager_sel + 4 * 32 * s * b / t
+
+
+def test_op_checkpointing_keeps_the_input_every_other_matmul_and_the_kernel_output() -> None:
+    from shardlab.estimate.activations import op_checkpoint_layer_bytes, op_checkpoint_saves
+
+    m = get_model("llama-3-8b")  # h 4096, q 4096, kv 1024, f 14336, 32 heads
+    # q, k, v, out, gate, up, down: q, v, gate and down saved (torchtitan's every other mm).
+    assert op_checkpoint_saves(m) == (True, False, True, False, True, False, True)
+    b, s = 2, 8192
+    by_hand = 2 * b * s * (4096 + 4096 + 1024 + 4096 + 14336 + 4096) + 4 * 32 * b * s
+    assert_close(op_checkpoint_layer_bytes(m, b, s), float(by_hand), rtol=1e-12, atol=0)
+    # Tensor + sequence parallel: every saved tensor split by t but the down projection's
+    # output before its reduce-scatter; the two reduce-scatters' outputs are added.
+    t = 8
+    split = 2 * b * s * ((4096 + 4096 + 1024 + 4096 + 14336) / t + 4096 + 2 * 4096 / t)
+    assert_close(op_checkpoint_layer_bytes(m, b, s, tp=t, sp=True),
+                 split + 4 * 32 * b * s / t, rtol=1e-12, atol=0)
+    # Less than half of what Korthikanti's selective recompute keeps for this model.
+    kept = layer_activation_bytes(m, b, s, recompute="selective", dropout=False, flash=True)
+    assert op_checkpoint_layer_bytes(m, b, s) < 0.5 * kept

@@ -87,10 +87,14 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    "linear layers multiply in fp8 at the accelerator's fp8 peak, attention "
                    "core, head and router in bf16 (Transformer Engine, torchao float8; needs "
                    "an fp8 GPU, CUDA only)")
-    g.add_argument("--framework", help="megatron, torchtitan or deepspeed: price the step as "
-                   "that framework runs it by default (which communication overlaps compute, "
-                   "fused norms, fused gradient accumulation; see --layout's overlap keys, "
-                   "which override it); default: data-parallel overlap only")
+    g.add_argument("--framework", help="megatron, torchtitan, fsdp or deepspeed: price the "
+                   "step as that framework runs it by default (which communication overlaps "
+                   "compute, fused norms, fused gradient accumulation; see --layout's overlap "
+                   "keys, which override it) and, for megatron and torchtitan, its memory at "
+                   "its peak (the loss's working set, one layer's recompute, FSDP's unsharded "
+                   "layers, Megatron's fp32 gradients, torchtitan's per-op checkpointing: "
+                   "docs/validation.md); default: data-parallel overlap only, memory as "
+                   "states and saved activations")
     g.add_argument("--attention", choices=("flash", "eager"), default="flash",
                    help="flash (default, as budget and today's real runs): a fused kernel "
                    "keeps only softmax statistics; eager: the s x s scores are kept "

@@ -18,6 +18,7 @@ from shardlab.config.dtypes import get_policy
 from shardlab.plan.options import step_options_for
 from shardlab.plan.published import RUNS
 from shardlab.plan.published_run import PublishedRun
+from shardlab.plan.runs_memory import MEMORY_ONLY_RUNS
 from shardlab.plan.search import layout_candidates, layout_step_keys, plan
 from shardlab.plan.space import Space
 
@@ -37,8 +38,9 @@ def predict_memory(run: PublishedRun) -> dict[str, float]:
 
 
 def memory_runs() -> list[PublishedRun]:
-    """The runs that state a measured peak memory per GPU."""
-    return [r for r in RUNS if r.measured_memory_gib is not None]
+    """The runs that state a measured peak memory per GPU (the step-time runs that do, then
+    the memory-only ones)."""
+    return [r for r in RUNS if r.measured_memory_gib is not None] + list(MEMORY_ONLY_RUNS)
 
 
 def memory_errors(runs: list[PublishedRun] | None = None) -> np.ndarray:
@@ -52,8 +54,8 @@ def memory_errors(runs: list[PublishedRun] | None = None) -> np.ndarray:
 def memory_table() -> str:
     """The markdown of docs/validation.md's memory section: per run the measured and
     predicted GiB with the predicted parts, the error, then the mean and the worst."""
-    lines = ["| run | GPUs | layout | measured GiB | predicted GiB | states | saved "
-             "activations | transient | error |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| run | GPUs | layout | measured GiB | figure | predicted GiB | states | saved "
+             "activations | transient | error |", "|---|---|---|---|---|---|---|---|---|---|"]
     errs = []
     for r in memory_runs():
         p = predict_memory(r)
@@ -62,7 +64,8 @@ def memory_table() -> str:
         errs.append((r, err))
         states = (p["weights"] + p["gradients"] + p["optimizer"]) / GIB
         lines.append(f"| {r.name} | {r.gpus} {r.gpu} | {r.short_layout} | "
-                     f"{r.measured_memory_gib:.1f} | {p['memory_per_device'] / GIB:.1f} | "
+                     f"{r.measured_memory_gib:.1f} | {r.memory_figure} | "
+                     f"{p['memory_per_device'] / GIB:.1f} | "
                      f"{states:.1f} | {p['activations'] / GIB:.1f} | "
                      f"{p['transient'] / GIB:.1f} | {err:+.1%} |")
     worst = max(errs, key=lambda x: abs(x[1]))

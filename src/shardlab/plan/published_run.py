@@ -69,8 +69,12 @@ class PublishedRun:
     checked: str = ""
     excluded: str = ""
     measured_memory_gib: float | None = None
-    """The source's measured peak memory per GPU, GiB (torchtitan prints the caching
-    allocator's peak reserved bytes, ``reserved_bytes.all.peak``), or None."""
+    """The source's measured peak memory per GPU, GiB, or None (a run with no measured step,
+    ``measured_step`` NaN, is a memory-only row: :mod:`shardlab.plan.runs_memory`)."""
+    memory_figure: str = "reserved"
+    """What the memory figure is: ``reserved`` (torchtitan prints the caching allocator's
+    ``reserved_bytes.all.peak``) or ``allocated`` (Megatron-LM's ``mem-max-allocated-bytes``,
+    ``allocated_bytes.all.peak``)."""
 
     @property
     def dp(self) -> int:

@@ -132,7 +132,8 @@ def _winner(doc: dict[str, Any], prefix: str) -> Section:
                f"MFU {b['mfu']:.1%}, {human(b['memory_per_device'], 'B')} per device."))
     s.add(table_html((f"memory per device (stage {mb.get('stage', 0)})", "decimal"),
                      [(k, human(mb[k], "B")) for k in ("weights", "gradients", "optimizer",
-                                                        "activations") if k in mb]))
+                                                        "activations", "transient")
+                      if mb.get(k) or k != "transient"]))
     if b.get("train_command"):
         s.add(heading("Run it on this machine"), pre(b["train_command"]))
     piped = next(((i, x) for i, x in enumerate(doc["best"], 1) if x["pp"] > 1), None)

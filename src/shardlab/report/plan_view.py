@@ -126,7 +126,9 @@ def print_plan(doc: dict[str, Any]) -> None:
         show(f"winner's memory per device (stage {mb['stage']}): weights "
              f"{human_bytes(mb['weights'])}, gradients {human_bytes(mb['gradients'])}, "
              f"optimizer {human_bytes(mb['optimizer'])}, activations "
-             f"{human_bytes(mb['activations'])}")
+             f"{human_bytes(mb['activations'])}"
+             + (f", framework's transient peak {human_bytes(mb['transient'])}"
+                if mb.get("transient") else ""))
         if b["train_command"]:
             show(f"run it: {b['train_command']}")
     if doc.get("dry_run_top"):
