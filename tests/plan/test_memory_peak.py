@@ -9,8 +9,9 @@ import pytest
 
 from shardlab.config.catalog import get_model
 from shardlab.config.dtypes import get_policy
+from shardlab.estimate.activations import LOGIT_BYTES
 from shardlab.plan.memory import MemoryOptions, memory_arrays
-from shardlab.plan.memory_peak import HELD_LOGIT_BYTES, MemoryFacts
+from shardlab.plan.memory_peak import MemoryFacts
 from shardlab.plan.overlap import FRAMEWORKS
 from shardlab.plan.published_memory import memory_errors, memory_runs, memory_table
 from shardlab.plan.search import layout_candidates
@@ -35,7 +36,7 @@ def test_without_facts_nothing_is_added() -> None:
 def test_loss_working_set_is_the_framework_bytes_per_logit_beyond_the_held_fp32() -> None:
     model = get_model("llama-3-8b")
     lay = "dp=1 tp=1 pp=1 micro_batch=2 zero=0 recompute=none"
-    base = MemoryFacts(loss_bytes=HELD_LOGIT_BYTES)
+    base = MemoryFacts(loss_bytes=LOGIT_BYTES)
     heavy = replace(base, loss_bytes=12.0)
     got = [_one("llama-3-8b", 1, 2, 8192, lay, "bf16", MemoryOptions(False, True, facts=f))
            for f in (base, heavy)]
@@ -46,7 +47,7 @@ def test_loss_working_set_is_the_framework_bytes_per_logit_beyond_the_held_fp32(
 
 
 def test_full_recompute_holds_one_whole_layer_again() -> None:
-    facts = MemoryFacts(loss_bytes=HELD_LOGIT_BYTES)
+    facts = MemoryFacts(loss_bytes=LOGIT_BYTES)
     full = _one("llama-3-70b", 8, 8, 4096, "dp=1 tp=8 pp=1 micro_batch=1 zero=0 sp=1 "
                 "recompute=full", "bf16", MemoryOptions(False, True, facts=facts))
     none = _one("llama-3-70b", 8, 8, 4096, "dp=1 tp=8 pp=1 micro_batch=1 zero=0 sp=1 "

@@ -167,12 +167,16 @@ def first_stage_extra_bytes(m: ModelShape, micro_batch: int, seq: int, *, tp: in
     return mask / tp if sp else float(mask)
 
 
+LOGIT_BYTES = 4.0
+"""Bytes per logit element the last stage keeps for the loss: the fp32 logits."""
+
+
 def last_stage_extra_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int = 2, *,
                            tp: int = 1, sp: bool = False) -> float:
     """Final norm input, head input and fp32 logits kept by the last stage, per micro-batch."""
     sb = seq * micro_batch
     norm_and_head = 2 * sb * m.d_model * elem_bytes
-    return (norm_and_head / tp if sp else norm_and_head) + 4.0 * sb * m.vocab / tp
+    return (norm_and_head / tp if sp else norm_and_head) + LOGIT_BYTES * sb * m.vocab / tp
 
 
 def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,

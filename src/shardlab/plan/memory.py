@@ -29,13 +29,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardlab.config.dtypes import DtypePolicy
-from shardlab.config.layout import RECOMPUTE, SCHEDULES, Layout
+from shardlab.config.layout import RECOMPUTE, SCHEDULES
 from shardlab.config.model import ModelShape
 from shardlab.estimate import fp8
 from shardlab.estimate.activations import first_stage_extra_bytes, last_stage_extra_bytes
-from shardlab.estimate.memory import layer_bytes
 from shardlab.estimate.partition import chunk_layers, stage_expert_params, stage_params
-from shardlab.plan.memory_peak import MemoryFacts, op_layer_bytes, transient_bytes
+from shardlab.plan.memory_peak import (
+    MemoryFacts,
+    rank_layout,
+    saved_layer_bytes,
+    transient_bytes,
+)
 from shardlab.plan.space import Candidates, unique_rows
 from shardlab.plan.stages import V_INDEX, rank_placement
 
@@ -160,17 +164,13 @@ def _activation_tables(model: ModelShape, c: Candidates, seq: int, policy: Dtype
     elem = policy.activation_bytes
     rows = []
     for mb, tp, sp, rc, ep, etp, cf, cp in uniq.tolist():
-        # The fields the activations read; the rest of the layout does not enter them.
-        lay = Layout(dp=1, tp=tp, pp=1, virtual_stages=1, zero=0, sp=bool(sp),
-                     micro_batch=mb, global_batch=mb, seq=seq, recompute=RECOMPUTE[rc],
-                     dtype=policy, schedule="1f1b", ep=ep, etp=etp,
-                     capacity_factor=float(factors[cf]), cp=cp)
+        lay = rank_layout(seq, policy, mb, tp, bool(sp), RECOMPUTE[rc], ep, etp, cp,
+                          float(factors[cf]))
         local = seq // cp
-        by_op = opt.selective == "op" and RECOMPUTE[rc] == "selective"
+        by_op = opt.selective == "op"
         rows.append((
-            op_layer_bytes(model, lay) if by_op
-            else layer_bytes(model, lay, False, opt.dropout, opt.flash, opt.imbalance),
-            layer_bytes(model, lay, True, opt.dropout, opt.flash, opt.imbalance),
+            saved_layer_bytes(model, lay, False, opt.dropout, opt.flash, by_op, opt.imbalance),
+            saved_layer_bytes(model, lay, True, opt.dropout, opt.flash, by_op, opt.imbalance),
             first_stage_extra_bytes(model, mb, local, tp=tp, sp=bool(sp), dropout=opt.dropout),
             last_stage_extra_bytes(model, mb, local, elem, tp=tp, sp=bool(sp))))
     table = np.array(rows)[inv.ravel()]

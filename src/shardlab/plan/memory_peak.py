@@ -44,13 +44,10 @@ import numpy as np
 from shardlab.config.dtypes import DtypePolicy
 from shardlab.config.layout import RECOMPUTE, Layout
 from shardlab.config.model import ModelShape
-from shardlab.estimate.activations import op_checkpoint_layer_bytes
+from shardlab.estimate.activations import LOGIT_BYTES, op_checkpoint_layer_bytes
 from shardlab.estimate.memory import layer_bytes
 from shardlab.estimate.partition import layer_params_per_tp_rank
 from shardlab.plan.space import Candidates, unique_rows
-
-HELD_LOGIT_BYTES = 4.0
-"""Bytes per logit element the saved activations already count (fp32 logits)."""
 
 
 @dataclass(frozen=True)
@@ -59,18 +56,33 @@ class MemoryFacts:
     peak, gradient bytes it holds (0: the policy's), the reduction's bytes per gradient
     element, and whether ZeRO-3 is FSDP2 as torchtitan wraps it."""
 
-    loss_bytes: float = HELD_LOGIT_BYTES
+    loss_bytes: float = LOGIT_BYTES
     held_grad_bytes: int = 0
     reduce_bytes: int = 0
     fsdp2_root: bool = False
     source: str = ""
 
 
-def op_layer_bytes(model: ModelShape, lay: Layout) -> float:
-    """A dense layer's saved bytes per micro-batch under per-operator checkpointing, on a
-    rank of ``lay`` (its s/cp tokens)."""
-    return op_checkpoint_layer_bytes(model, lay.micro_batch, lay.seq // lay.cp,
-                                     lay.dtype.activation_bytes, tp=lay.tp, sp=lay.sp)
+def rank_layout(seq: int, policy: DtypePolicy, micro_batch: int, tp: int, sp: bool,
+                recompute: str, ep: int, etp: int, cp: int, capacity_factor: float = 0.0
+                ) -> Layout:
+    """A one-rank layout holding the fields a layer's activations read (the rest of a
+    layout does not enter them)."""
+    return Layout(dp=1, tp=tp, pp=1, virtual_stages=1, zero=0, sp=sp, micro_batch=micro_batch,
+                  global_batch=micro_batch, seq=seq, recompute=recompute, dtype=policy,
+                  schedule="1f1b", ep=ep, etp=etp, capacity_factor=capacity_factor, cp=cp)
+
+
+def saved_layer_bytes(model: ModelShape, lay: Layout, moe_layer: bool, dropout: bool,
+                      flash: bool, by_op: bool, imbalance: float = 1.0) -> float:
+    """Bytes one layer saves per micro-batch on a rank of ``lay``: per-operator
+    checkpointing's set (:func:`~shardlab.estimate.activations.op_checkpoint_layer_bytes`,
+    the rank's s/cp tokens) for a dense layer under selective recompute when ``by_op``,
+    else :func:`shardlab.estimate.memory.layer_bytes`."""
+    if by_op and lay.recompute == "selective" and not moe_layer:
+        return op_checkpoint_layer_bytes(model, lay.micro_batch, lay.seq // lay.cp,
+                                         lay.dtype.activation_bytes, tp=lay.tp, sp=lay.sp)
+    return layer_bytes(model, lay, moe_layer, dropout, flash, imbalance)
 
 
 def working_tables(model: ModelShape, c: Candidates, seq: int, policy: DtypePolicy,
@@ -84,17 +96,12 @@ def working_tables(model: ModelShape, c: Candidates, seq: int, policy: DtypePoli
         if kind == "none":
             rows.append((0.0, 0.0))
             continue
-        kw = {"dp": 1, "tp": tp, "pp": 1, "virtual_stages": 1, "zero": 0, "sp": bool(sp),
-              "micro_batch": mb, "global_batch": mb, "seq": seq, "dtype": policy,
-              "schedule": "1f1b", "ep": ep, "etp": etp, "cp": cp}
-        whole = Layout(recompute="none", **kw)  # type: ignore[arg-type]
-        kept = Layout(recompute=kind, **kw)  # type: ignore[arg-type]
-        out = []
-        for moe in (False, True):
-            saved = (op_layer_bytes(model, kept) if by_op and kind == "selective" and not moe
-                     else layer_bytes(model, kept, moe, dropout, flash))
-            out.append(max(layer_bytes(model, whole, moe, dropout, flash) - saved, 0.0))
-        rows.append(tuple(out))
+        whole, kept = (rank_layout(seq, policy, mb, tp, bool(sp), r, ep, etp, cp)
+                       for r in ("none", kind))
+        rows.append(tuple(
+            max(layer_bytes(model, whole, moe, dropout, flash)
+                - saved_layer_bytes(model, kept, moe, dropout, flash, by_op), 0.0)
+            for moe in (False, True)))
     table = np.array(rows)[inv.ravel()]
     return table[:, 0], table[:, 1]
 
@@ -119,7 +126,7 @@ def transient_bytes(model: ModelShape, c: Candidates, seq: int, policy: DtypePol
     col = lambda x: np.asarray(x, float)[:, None]  # noqa: E731 - one layout per row
     tokens = col(c.micro_batch) * seq / col(c.cp)
     logits = tokens * model.vocab / col(c.tp)
-    loss = np.where(head, max(facts.loss_bytes - HELD_LOGIT_BYTES, 0.0) * logits, 0.0)
+    loss = np.where(head, max(facts.loss_bytes - LOGIT_BYTES, 0.0) * logits, 0.0)
     w_dense, w_moe = working_tables(model, c, seq, policy, dropout, flash, by_op)
     working = np.maximum(np.where(dense > 0, col(w_dense), 0.0),
                          np.where(moe > 0, col(w_moe), 0.0))

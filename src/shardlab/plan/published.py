@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -37,9 +38,10 @@ from shardlab.plan.space import Space
 RUNS: tuple[PublishedRun, ...] = PAPER_RUNS + NVIDIA_RUNS + PYTORCH_RUNS
 
 
-def predict(run: PublishedRun, eff: Efficiency | None = None) -> dict[str, float]:
-    """The planner's step seconds and MFU for ``run`` on its accelerator (with ``eff`` in
-    place of the catalog's efficiency curve, when given)."""
+def priced(run: PublishedRun, eff: Efficiency | None = None) -> dict[str, Any]:
+    """The planner's entry for ``run``'s layout on its accelerator, as ``shardlab plan
+    --layout`` prices it (with ``eff`` in place of the catalog's efficiency curve, when
+    given): step seconds, MFU, memory per device and their breakdowns."""
     acc = run.accelerator()
     if eff is not None:
         acc = replace(acc, efficiency=eff)
@@ -49,7 +51,12 @@ def predict(run: PublishedRun, eff: Efficiency | None = None) -> dict[str, float
                                overrides=layout_step_keys(run.options))
     p = plan(run.model, acc, space, get_policy(run.dtype), top=1, only=only, options=options,
              dropout=run.model.style == "gpt")
-    best = p.best[0]
+    return p.best[0]
+
+
+def predict(run: PublishedRun, eff: Efficiency | None = None) -> dict[str, float]:
+    """The planner's step seconds and MFU for ``run`` (:func:`priced`)."""
+    best = priced(run, eff)
     return {"step_seconds": best["step_seconds"], "mfu": best["mfu"]}
 
 

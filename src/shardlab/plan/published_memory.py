@@ -14,26 +14,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardlab.config.dtypes import get_policy
-from shardlab.plan.options import step_options_for
-from shardlab.plan.published import RUNS
+from shardlab.plan.published import RUNS, priced
 from shardlab.plan.published_run import PublishedRun
 from shardlab.plan.runs_memory import MEMORY_ONLY_RUNS
-from shardlab.plan.search import layout_candidates, layout_step_keys, plan
-from shardlab.plan.space import Space
 
 GIB = 2.0**30
 
 
 def predict_memory(run: PublishedRun) -> dict[str, float]:
     """The planner's memory per device for ``run`` (bytes) with its breakdown."""
-    acc = run.accelerator()
-    space = Space(gpus=run.gpus, global_batch=run.global_batch, seq=run.seq)
-    only = layout_candidates(run.model, space, run.layout_text)
-    options = step_options_for(acc, flash=run.flash, framework=run.framework,
-                               overrides=layout_step_keys(run.options))
-    best = plan(run.model, acc, space, get_policy(run.dtype), top=1, only=only,
-                options=options, dropout=run.model.style == "gpt").best[0]
+    best = priced(run)
     return {"memory_per_device": best["memory_per_device"], **best["memory_breakdown"]}
 
 
