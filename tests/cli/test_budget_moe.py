@@ -8,6 +8,7 @@ import pytest
 
 from shardlab.cli import main
 from shardlab.config.catalog import get_model
+from shardlab.config.hardware import get_accelerator
 from shardlab.config.layout import make_layout
 from shardlab.estimate.expert import expert_alltoall_bytes, rank_state_bytes
 
@@ -35,7 +36,16 @@ def test_mixtral_with_ep_answers_params_states_alltoall_and_time(
     assert doc["moe"]["alltoall_bytes_per_step"] == doc["comm"]["ep_bytes_per_step"]
     # 32 layers x 1 micro-batch x 4 all-to-alls of 7/8 of 32,768 x 2 rows of 4,096 bf16.
     assert doc["comm"]["ep_bytes_per_step"] == 32 * 4 * 7 / 8 * 65_536 * 4096 * 2
-    assert doc["time"]["train_days"] > 0 and doc["comm"]["ep_link"]
+    assert doc["time"]["train_days"] > 0
+    # ep 8 x etp 2 spans 16 ranks, two nodes of 4 members each: 3/7 of the bytes go to
+    # peers in the node over NVLink, 4/7 over the network at the same time.
+    h100 = get_accelerator("H100")
+    nvl, net = h100.intra_link, h100.inter_link
+    assert doc["comm"]["ep_link"] == f"{nvl.name} and {net.name}"
+    sent, calls = doc["comm"]["ep_bytes_per_step"], 32 * 4
+    assert doc["comm"]["ep_alltoall_seconds"] == pytest.approx(
+        calls * (3 * nvl.latency + 4 * net.latency)
+        + max(sent * 3 / 7 / nvl.bandwidth, sent * 4 / 7 / net.bandwidth), rel=1e-12)
     assert doc["flops"]["moe_forward_per_token"]["routed"] > 0
 
 

@@ -12,7 +12,12 @@ from shardlab.config.dtypes import get_policy
 from shardlab.config.hardware import get_accelerator
 from shardlab.config.model import ModelShape, MoE
 from shardlab.errors import SpecError
-from shardlab.plan.expert_time import alltoall_layer_seconds, ranks_per_token
+from shardlab.plan.expert_time import (
+    alltoall_layer_seconds,
+    ep_members_per_node,
+    groups_per_token,
+    ranks_per_token,
+)
 from shardlab.plan.options import step_options_for
 from shardlab.plan.overlap import FUSED_LOSS_BYTES, nvlink_waits
 from shardlab.plan.search import layout_candidates, layout_step_keys, plan
@@ -21,6 +26,7 @@ from shardlab.plan.step_time import StepOptions
 
 H100 = get_accelerator("h100")
 BF16 = get_policy("bf16")
+LINK = H100.efficiency.link_fraction if H100.efficiency else 1.0
 
 
 def moe_model(experts: int = 8, k: int = 2, shared: int = 0, layers: int = 4) -> ModelShape:
@@ -66,6 +72,59 @@ def test_flex_dispatch_sends_each_token_once_per_rank() -> None:
     # By hand: 1,024 tokens x 2 experts, 3/4 of them to the other ranks, 512 x 2 bytes each,
     # dispatch and combine forward and backward.
     assert a2a[0] == pytest.approx(4 * 0.75 * 2048 * 1024 / 1e11, rel=1e-12)
+
+
+def test_an_ep_group_across_nodes_sends_only_its_remote_rows_over_the_network() -> None:
+    # ep 16 over 2 nodes of 8: of the T·k rows spread over 16 ranks, 7/16 go to peers in
+    # the node (NVLink) and 8/16 to the other node (one NIC), both at once.
+    m = moe_model(16, 2)
+    space = Space(gpus=16, global_batch=16, seq=1024)
+    c = layout_candidates(m, space, "dp=16 ep=16 etp=1 micro_batch=1")
+    assert ep_members_per_node(c, np.ones(1), 8).tolist() == [8]
+    nvl, net = (np.zeros(1), np.full(1, 4e11)), (np.zeros(1), np.full(1, 4e10))
+    rows = 1024 * 2 * 512 * 2  # bytes of the T·k rows, bf16
+    across = alltoall_layer_seconds(m, c, 1024, BF16, *nvl, inter=net, per_node=np.array([8]))
+    assert across[0] == pytest.approx(4 * max(rows * 7 / 16 / 4e11, rows * 8 / 16 / 4e10),
+                                      rel=1e-12)
+    # Inside one node (per_node = ep) it is the old single-link figure.
+    inside = alltoall_layer_seconds(m, c, 1024, BF16, *nvl, inter=net, per_node=np.array([16]))
+    assert inside[0] == pytest.approx(
+        alltoall_layer_seconds(m, c, 1024, BF16, *nvl)[0], rel=1e-12)
+    assert inside[0] == pytest.approx(4 * rows * 15 / 16 / 4e11, rel=1e-12)
+    # Latency: 7 NVLink peers and 8 remote ones.
+    slow = alltoall_layer_seconds(m, c, 1024, BF16, np.full(1, 1e-6), nvl[1],
+                                  inter=(np.full(1, 1e-5), net[1]), per_node=np.array([8]))
+    assert slow[0] - across[0] == pytest.approx(4 * (7e-6 + 8e-5), rel=1e-9)
+
+
+def test_the_planner_prices_an_ep_group_across_nodes_on_both_links() -> None:
+    # 16 H100 in 2 nodes, ep 16, one micro-batch of one sequence, 4 layers.
+    m = moe_model(16, 2)
+    space = Space(gpus=16, global_batch=16, seq=1024)
+    c = layout_candidates(m, space, "dp=16 ep=16 etp=1 micro_batch=1")
+    b = one(m, 16, "dp=16 ep=16 etp=1 micro_batch=1", StepOptions())
+    nvl = (np.full(1, H100.intra_link.latency), np.full(1, H100.intra_link.bandwidth * LINK))
+    net = (np.full(1, H100.inter_link.latency), np.full(1, H100.inter_link.bandwidth * LINK))
+    per_layer = alltoall_layer_seconds(m, c, 1024, BF16, *nvl, inter=net,
+                                       per_node=np.array([8]))
+    assert b["breakdown"]["ep_comm"] == pytest.approx(4 * per_layer[0], rel=1e-9)
+    # Less than every row on the NIC (the network only), more than every row on NVLink.
+    assert 4 * alltoall_layer_seconds(m, c, 1024, BF16, *net)[0] > b["breakdown"]["ep_comm"]
+    assert 4 * alltoall_layer_seconds(m, c, 1024, BF16, *nvl)[0] < b["breakdown"]["ep_comm"]
+
+
+def test_flex_across_nodes_sends_a_token_once_per_remote_node() -> None:
+    # DeepEP's internode dispatch: over RDMA each token goes once to each other node holding
+    # one of its experts; 2 nodes of 8 experts each, k = 2 random experts of 16.
+    m = moe_model(16, 2)
+    d_node = 2 * (1 - math.comb(8, 2) / math.comb(16, 2))
+    assert groups_per_token(m, np.array([2]))[0] == pytest.approx(d_node, rel=1e-12)
+    space = Space(gpus=16, global_batch=16, seq=1024)
+    c = layout_candidates(m, space, "dp=16 ep=16 etp=1 micro_batch=1")
+    nvl, net = (np.zeros(1), np.full(1, 1e15)), (np.zeros(1), np.full(1, 4e10))
+    flex = alltoall_layer_seconds(m, c, 1024, BF16, *nvl, "flex", "random", net,
+                                  np.array([8]))
+    assert flex[0] == pytest.approx(4 * 1024 * d_node / 2 * 512 * 2 / 4e10, rel=1e-9)
 
 
 def test_megatron_moe_layers_run_no_collective_around_their_mlp() -> None:

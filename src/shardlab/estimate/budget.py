@@ -150,6 +150,11 @@ def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
     # tensor ranks join the ep group: Megatron-LM's expert mesh, torchtitan), strided by
     # the cp ranks between dp ranks when cp > 1.
     link_ep = link(lay.ep * lay.etp * lay.cp)
+    # Across nodes, gpus_per_node/(etp·cp) members of the ep group share each node.
+    ep_node = (lay.ep if lay.ep * lay.etp * lay.cp <= acc.gpus_per_node
+               else max(1, acc.gpus_per_node // (lay.etp * lay.cp)))
+    ep_link_name = (link_ep.name if ep_node == lay.ep
+                    else f"{acc.intra_link.name} and {acc.inter_link.name}")
     ep_bytes = expert_alltoall_bytes(m, lay)
     cp_bytes = cp_bytes_per_step(m, lay)
     dp_inside, dp_across = layout_dp_bytes(dense, experts, lay)
@@ -235,7 +240,7 @@ def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
             "dp_bytes_per_step_by_zero": {
                 str(z): sum(layout_dp_bytes(dense, experts, lay, z)) for z in range(4)},
             "dp_link": link_dp.name, "dp_replica_link": link_replica.name,
-            "tp_link": link_tp.name, "ep_link": link_ep.name, "cp_link": link_cp.name,
+            "tp_link": link_tp.name, "ep_link": ep_link_name, "cp_link": link_cp.name,
             # One all-reduce of the gradients over all dp x cp replicas (DDP's, ZeRO-0).
             "dp_allreduce_seconds": (
                 grad_allreduce(dense, groups.dense * groups.replicas, link_replica)
@@ -245,8 +250,9 @@ def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
                 grad_allreduce(dense / groups.dense, groups.replicas, link_replica)
                 + grad_allreduce(experts / groups.experts, groups.expert_replicas,
                                  link_replica)),
-            "ep_alltoall_seconds": alltoall_seconds(ep_bytes, lay.ep, link_ep,
-                                                    alltoall_calls(m, lay)),
+            "ep_alltoall_seconds": alltoall_seconds(ep_bytes, lay.ep, acc.intra_link,
+                                                    alltoall_calls(m, lay), acc.inter_link,
+                                                    ep_node),
             "cp_seconds": cp_seconds(m, lay, link_cp),
         },
         "cp": cp_section(m, lay, link_cp.name),

@@ -98,12 +98,23 @@ def ring_gather_seconds(nbytes: float, p: int, link: Link) -> float:
     return (p - 1) * link.latency + ring_gather_bytes(nbytes, p) / link.bandwidth
 
 
-def alltoall_seconds(nbytes: float, p: int, link: Link, calls: int = 1) -> float:
+def alltoall_seconds(nbytes: float, p: int, link: Link, calls: int = 1,
+                     inter: Link | None = None, per_node: int | None = None) -> float:
     """Alpha-beta time of ``calls`` all-to-alls in which one rank sends ``nbytes`` in all
-    to its p - 1 peers (pairwise exchange, Thakur et al. 2005): calls·(p-1)·α + n·β."""
+    to its p - 1 peers (pairwise exchange, Thakur et al. 2005): calls·(p-1)·α + n·β on
+    ``link``. A group with ``per_node`` = k < p members in each node sends the (k-1)/(p-1)
+    for its node's peers on ``link`` and the rest on ``inter`` (one NIC) at once, the
+    slower setting the time: calls·((k-1)·α + (p-k)·α_inter) + max of the two n·β
+    (NVIDIA/nccl-tests issue 267: an all-to-all gets one NIC)."""
     if p <= 1:
         return 0.0
-    return calls * (p - 1) * link.latency + nbytes / link.bandwidth
+    k = p if inter is None or per_node is None else max(1, min(per_node, p))
+    if k == p:
+        return calls * (p - 1) * link.latency + nbytes / link.bandwidth
+    assert inter is not None
+    near, far = nbytes * (k - 1) / (p - 1), nbytes * (p - k) / (p - 1)
+    return (calls * ((k - 1) * link.latency + (p - k) * inter.latency)
+            + max(near / link.bandwidth, far / inter.bandwidth))
 
 
 # ---------------------------------------------------------------------------

@@ -27,6 +27,20 @@ what the balanced case means), D = ep·(1 - C(E - E/ep, k)/C(E, k)) (the expecte
 of ranks, of E/ep experts each, that a random k-subset touches); ``contiguous``, token i
 takes experts (i·k + j) mod E, j < k (NeMo AutoModel's ``FakeBalancedGate``, commit
 8d9bfb90e), D the mean number of ranks such a window spans.
+
+**An ep group across nodes** (k members in each of ep/k nodes) moves each byte once, on the
+link to its destination, and both links at once: an NCCL all-to-all is p - 1 concurrent
+sends, those to the k - 1 peers in the node over NVLink and the others over the rank's
+one NIC ("Alltoall cannot aggregate the bandwidth of multiple NICs", NVIDIA/nccl-tests
+issue 267), so of the rows spread evenly over ep ranks (k-1)/ep cross NVLink and
+(ep-k)/ep the network, and the slower of the two sets the time. DeepEP's internode
+kernels (the flex dispatcher across nodes) send a token once per remote node that holds
+one of its experts over RDMA and forward it there over NVLink ("Normal kernels with
+NVLink and RDMA forwarding", DeepEP docs/legacy.md at dd758ca; its dispatch layout counts
+``num_tokens_per_rdma_rank``): T·D_node·(n-1)/n rows on the NIC, D_node the distinct
+nodes of n = ep/k (:func:`groups_per_token` over nodes), and every distinct remote rank's
+copy on NVLink. DeepEP measured 43-58 GB/s of RDMA "bottleneck bandwidth" for EP 16-64
+on 400 Gb/s NICs there: the NIC's rate, as the inter-node link here prices it.
 """
 
 from __future__ import annotations
@@ -46,25 +60,33 @@ ROUTINGS: tuple[str, ...] = ("random", "contiguous")
 """How a balanced run draws each token's experts (``routing=``): module docstring."""
 
 
-def ranks_per_token(model: ModelShape, ep: np.ndarray, routing: str = "random"
-                    ) -> np.ndarray:
-    """D: the mean number of distinct ranks of the ep group (E/ep consecutive experts
-    each) that one token's k experts lie on, per layout (module docstring)."""
+def groups_per_token(model: ModelShape, groups: np.ndarray, routing: str = "random"
+                     ) -> np.ndarray:
+    """The mean number of distinct groups, of E/g consecutive experts each, that one
+    token's k experts lie on, per layout (g = ``groups``: ranks of an ep group, or its
+    nodes; module docstring)."""
     e = model.moe
     assert e is not None
     big, k = e.experts, e.experts_per_token
-    uniq, inv = np.unique(np.asarray(ep, np.int64), return_inverse=True)
+    uniq, inv = np.unique(np.asarray(groups, np.int64), return_inverse=True)
     out = []
     for p in uniq.tolist():
         local = big // max(p, 1)
         if routing == "contiguous":
-            # Token i's window starts at (i·k) mod E; its ranks repeat with period E.
+            # Token i's window starts at (i·k) mod E; its groups repeat with period E.
             spans = [len({((i * k + j) % big) // local for j in range(k)}) for i in range(big)]
             out.append(float(np.mean(spans)))
         else:
             miss = math.comb(big - local, k) / math.comb(big, k)
             out.append(p * (1.0 - miss))
     return np.asarray(out, float)[inv.ravel()]
+
+
+def ranks_per_token(model: ModelShape, ep: np.ndarray, routing: str = "random"
+                    ) -> np.ndarray:
+    """D: the mean number of distinct ranks of the ep group (E/ep consecutive experts
+    each) that one token's k experts lie on, per layout (module docstring)."""
+    return groups_per_token(model, ep, routing)
 
 
 def kept_rows(model: ModelShape, tokens: np.ndarray, capacity_factor: np.ndarray
@@ -86,25 +108,48 @@ def routed_tokens(c: Candidates, seq: int) -> np.ndarray:
     return np.where(c.sp & (c.etp == 1), tokens / c.tp, tokens)
 
 
+def ep_members_per_node(c: Candidates, cp: np.ndarray, gpus_per_node: int) -> np.ndarray:
+    """Members of each layout's ep group in one node: the group is drawn from the dp ranks,
+    strided by the cp ranks between them, so it spans ep·etp·cp consecutive ranks: all ep
+    while that fits a node of ``gpus_per_node``, else gpus_per_node/(etp·cp), at least 1."""
+    span = c.ep * c.etp * cp
+    return np.where(span <= gpus_per_node, c.ep, np.maximum(gpus_per_node // (c.etp * cp), 1))
+
+
 def alltoall_layer_seconds(m: ModelShape, c: Candidates, seq: int, policy: DtypePolicy,
                            latency: np.ndarray, bandwidth: np.ndarray,
-                           dispatcher: str = "alltoall", routing: str = "random"
-                           ) -> np.ndarray:
+                           dispatcher: str = "alltoall", routing: str = "random",
+                           inter: tuple[np.ndarray, np.ndarray] | None = None,
+                           per_node: np.ndarray | None = None) -> np.ndarray:
     """Seconds of one layer's expert-parallel all-to-alls per micro-batch (dispatch and
-    combine, forward, backward and, under full recompute, forward again) on the link of
-    ``latency`` (s) and ``bandwidth`` (bytes/s) per layout, averaged over the model's
-    layers (dense ones have none). Each rank sends (ep-1)/ep of its rows: the T·k kept
-    assignments (``alltoall``), or each token once per rank its experts lie on, T·D times
-    the kept share (``flex``: module docstring)."""
+    combine, forward, backward and, under full recompute, forward again), averaged over
+    the model's layers (dense ones have none). Each rank sends (ep-1)/ep of its rows: the
+    T·k kept assignments (``alltoall``), or each token once per rank its experts lie on,
+    T·D times the kept share (``flex``: module docstring). ``latency`` (s) and
+    ``bandwidth`` (bytes/s) are the link inside a node; an ep group with ``per_node``
+    members in each node (None: all in one) sends its remote share over ``inter``, the
+    network link, at the same time (module docstring)."""
     if m.moe is None or not m.moe_layers:
         return np.zeros(len(c))
     ep = c.ep.astype(float)
+    k_node = ep if per_node is None else np.clip(np.asarray(per_node, float), 1.0, ep)
+    nodes = ep / k_node
     tokens = routed_tokens(c, seq)
     rows = kept_rows(m, tokens, c.capacity_factor)
+    row_bytes = m.d_model * policy.activation_bytes
     if dispatcher == "flex":
-        rows = rows / m.moe.experts_per_token * ranks_per_token(m, c.ep, routing)
-    sent = (ep - 1) / ep * rows * (m.d_model * policy.activation_bytes)
-    one = (ep - 1) * latency + sent / bandwidth
+        share = rows / m.moe.experts_per_token  # each token's kept share
+        local = share * ranks_per_token(m, c.ep, routing) * (ep - 1) / ep
+        node_groups = np.maximum(np.rint(nodes), 1).astype(np.int64)
+        remote = share * groups_per_token(m, node_groups, routing) * (nodes - 1) / nodes
+        hops = nodes - 1
+    else:
+        local, remote = rows * (k_node - 1) / ep, rows * (ep - k_node) / ep
+        hops = ep - k_node
+    lat_net, bw_net = (latency, bandwidth) if inter is None else inter
+    one = ((k_node - 1) * latency + hops * lat_net
+           + np.maximum(local * row_bytes / bandwidth,
+                        np.where(remote > 0, remote * row_bytes / bw_net, 0.0)))
     calls = 2.0 * np.where(c.recompute == RECOMPUTE.index("full"), 3.0, 2.0)
     return np.where(c.ep > 1, calls * one, 0.0) * (m.moe_layers / m.layers)
 

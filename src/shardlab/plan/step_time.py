@@ -74,9 +74,9 @@ context-parallel rank), on devices of dense peak P (:class:`Device`):
   (:mod:`shardlab.plan.expert_time`, ``dispatcher`` and ``routing``). The ep group spans
   ep·etp consecutive ranks (expert tensor innermost, then ep; with etp = 1 the tensor
   ranks are part of the ep group, as Megatron-LM's expert mesh and torchtitan place them):
-  inside a node while ep·etp <= devices per node, else on the inter-node link. The
-  routed experts' matmuls are those of the rank's experts/ep experts, each on the rows
-  it receives (ep·T·k/E balanced, capped by the capacity factor), at width f/etp.
+  inside a node while ep·etp <= devices per node, else the rows for other nodes on the
+  network and the rest on NVLink at once. The routed experts' matmuls: the rank's E/ep
+  experts, each on the rows it receives (ep·T·k/E, capped by capacity), at width f/etp.
 * **bubble**: the schedule's idle ratio (:mod:`shardlab.plan.bubble`) times the
   busiest rank's busy time per step (compute + recompute + tp_comm + ep_comm +
   cp_comm): with unequal stages the slowest one sets the pipeline's pace.
@@ -143,7 +143,7 @@ from shardlab.plan.comm_time import (
     send_seconds,
 )
 from shardlab.plan.efficiency import matmul_seconds
-from shardlab.plan.expert_time import alltoall_layer_seconds, moe_split_share
+from shardlab.plan.expert_time import alltoall_layer_seconds, ep_members_per_node, moe_split_share
 from shardlab.plan.layer_time import cp_balance, layer_forward
 from shardlab.plan.memory import MemoryArrays, zero_group_arrays
 from shardlab.plan.memory_bound import fp8_cast_seconds, layer_elementwise_elements
@@ -238,11 +238,11 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
                                 opt.overlap_tp)
                    for g, s in zip(windows, (1.0, 1.0, mlp_share, mlp_share), strict=True))
 
-    # Expert-parallel all-to-alls per layer (averaged over dense and MoE layers, as above):
-    # dispatch + combine, forward, backward and the recomputed forward. The ep group is
-    # drawn from the dp ranks, strided by the cp ranks between them.
-    per_layer_a2a = alltoall_layer_seconds(m, c, seq, policy, *dev.link(
-        "all_to_all", c.ep * c.etp * cp <= dev.gpus_per_node), opt.dispatcher, opt.routing)
+    # Expert-parallel all-to-alls per layer (averaged over dense and MoE layers, as above),
+    # over NVLink and, for a group across nodes, the network at once (ep_members_per_node).
+    nvl, net = (dev.link("all_to_all", np.full(len(c), x)) for x in (True, False))
+    per_layer_a2a = alltoall_layer_seconds(m, c, seq, policy, *nvl, opt.dispatcher, opt.routing,
+                                           net, ep_members_per_node(c, cp, gpn))
 
     # Context parallel: per layer and micro-batch the K/V all-gathers forward (twice under
     # full recompute) and the reduce-scatter of their gradients backward, each of the
