@@ -184,6 +184,29 @@ MB_RUNS: tuple[PublishedRun, ...] = (
         "moe_permute_fusion; the recipe's overlap_grad_reduce and overlap_param_gather. The "
         "25.11 table re-measured the same layout (FP8-CS, dropless, force-balanced) at 5,275 "
         "tokens/s per GPU, half this row"),
+    PublishedRun(
+        "MB Qwen3-30B-A3B EP16", "Megatron-Bridge performance summary, 26.04 DGX-H100",
+        QWEN3_30B, "H100 SXM", 16, 1, 1, 1024, 4096, tokens_step(1024, 4096, 16, 8901),
+        "validation", "8,901 tokens/s per GPU", recompute="none", zero=1, micro_batch=1,
+        flash=True, dtype="fp8", ep=16, etp=1,
+        options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 dispatcher=flex",
+        assumed=("HybridEP (NVLink within a node, RDMA across the two) priced as DeepEP's "
+                 "internode dispatch: each token once per remote node holding one of its "
+                 "experts", "force-balanced routing: each token's 8 experts a uniform "
+                 "random draw", *_DGX),
+        checked="row '| DGX-H100 | 16 | FP8 | 1024 | 1 | 4096 | 0 | 1 | 1 | 1 | n/a | 16 | 8901 | "
+        "205 |' (26.04 NeMo Container; 26.04.01 8960 and 26.06 8826 for the same layout) and "
+        "its footnote 'In MoE training benchmarks, we force-balance the token distribution "
+        "among experts and all benchmarks are token-dropless' (docs/performance-summary.md at "
+        "74695a06d); scripts/performance/configs/qwen/qwen3_workload_base_configs.py "
+        "QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1: num_gpus 16, global_batch_size 1024, "
+        "expert_model_parallel_size 16, moe_a2a_overlap False, moe_flex_dispatcher_backend "
+        "'hybridep'; utils/precision.py: fp8 'hybrid', recipe 'tensorwise' (current "
+        "scaling), fp8_param_gather, first/last layers not bf16; no CUDA graphs and no "
+        "recompute in the FP8 config; ddp overlap_grad_reduce, overlap_param_gather, "
+        "distributed optimizer, grad_reduce_in_fp32 False; cross_entropy_fusion_impl te; "
+        "moe_grouped_gemm, moe_permute_fusion, moe_router_fusion, "
+        "moe_router_force_load_balancing (set_qwen3_common_configs)"),
 )
 
 
