@@ -14,6 +14,7 @@ from shardlab.estimate.budget import Assumptions, model_budget
 from shardlab.estimate.memory import stage_memory
 from shardlab.plan import fit as fit_module
 from shardlab.plan.fit import CATEGORIES, PAIRS_KEPT, FitChange, explain_fit
+from shardlab.plan.options import step_options_for
 from shardlab.plan.search import USABLE_MEMORY, layout_candidates, plan
 from shardlab.plan.space import Space
 
@@ -188,3 +189,24 @@ def test_a_moe_layout_is_offered_more_expert_parallelism_priced_as_budget_prices
     whole = explain_fit(mixtral, make_layout(mixtral, gpus=16, ep=8, zero=1, seq=4096,
                                              global_batch=16), H100, capacity=40e9)
     assert ("ep=16", "ep=16 must divide dp (16) and the experts (8)") in whole.skipped
+
+
+@pytest.mark.parametrize("layout", [
+    make_layout(LLAMA3_8B, gpus=8, zero=3, recompute="full", seq=2048),
+    make_layout(LLAMA3_8B, gpus=16, tp=2, pp=2, zero=1, sp=True, micro_batch=2,
+                global_batch=64, seq=4096, recompute="selective"),
+])
+def test_layout_memory_without_facts_is_the_budgets_and_with_them_adds_a_transient(
+        layout: Layout) -> None:
+    plain = fit_module.layout_memory(LLAMA3_8B, layout, step_options_for(H100, flash=True),
+                                     dropout=False)
+    peak = max(stage_memory(LLAMA3_8B, layout, False, True), key=lambda s: s.total)
+    assert plain["transient"] == 0.0
+    assert plain["total"] == pytest.approx(peak.total, rel=1e-12)
+    megatron = fit_module.layout_memory(
+        LLAMA3_8B, layout, step_options_for(H100, flash=True, framework="megatron"),
+        dropout=False)
+    # Megatron-LM's fp32 main gradients at least (the pipeline's first rank has no loss).
+    assert megatron["gradients"] > plain["gradients"] and megatron["total"] > plain["total"]
+    assert megatron["total"] == pytest.approx(sum(megatron[k] for k in (*CATEGORIES,
+                                                                        "transient")))

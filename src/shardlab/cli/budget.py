@@ -24,8 +24,9 @@ from shardlab.config.model import ModelShape
 from shardlab.config.resolve import load_model
 from shardlab.errors import SpecError, require_int_at_most
 from shardlab.estimate.budget import Assumptions, model_budget, params_budget
-from shardlab.plan.fit import explain_fit
+from shardlab.plan.fit import explain_fit, layout_memory
 from shardlab.plan.options import step_options_for
+from shardlab.plan.overlap import framework as overlap_framework
 from shardlab.report.budget_view import print_budget
 
 
@@ -126,6 +127,11 @@ def register(sub: Any) -> None:
     add_hardware_args(p)
     add_cluster_args(p)
     add_assumption_args(p)
+    p.add_argument("--framework", help="megatron or torchtitan (fsdp, deepspeed: no memory "
+                   "facts): also give the memory per device at that framework's peak, as "
+                   "`shardlab plan --layout ... --framework` counts it (its loss's working "
+                   "set, one layer's recompute, FSDP's unsharded layers, Megatron's fp32 "
+                   "gradients, torchtitan's per-operator checkpointing); needs a MODEL")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(run=run)
 
@@ -201,6 +207,22 @@ def fit_advice(model: ModelShape, layout: Layout, acc: Accelerator, a: Assumptio
                        imbalance=a.routing_imbalance).as_dict()
 
 
+def framework_memory(model: ModelShape, layout: Layout, acc: Accelerator, a: Assumptions,
+                     doc: dict[str, Any], name: str) -> dict[str, Any]:
+    """The budget's ``memory.framework`` object: the busiest device's bytes as the planner
+    counts them with framework ``name``'s memory facts (:func:`shardlab.plan.fit.
+    layout_memory`; ``transient``: what it holds at its peak beyond states and saved
+    activations), their total and whether that fits the budget's capacity."""
+    fw = overlap_framework(name)
+    options = step_options_for(acc, flash=a.attention == "flash", framework=fw.name)
+    mem = layout_memory(model, layout, options, dropout=doc["assumptions"]["dropout"],
+                        imbalance=a.routing_imbalance)
+    facts = options.memory
+    return {"name": fw.name, "per_device": mem, "fits": mem["total"] <= doc["memory"]["capacity"],
+            "source": facts.source if facts is not None else "no memory facts: states and "
+            "saved activations only"}
+
+
 def run(args: argparse.Namespace) -> int:
     """Compute the budget and print it (tables, or one JSON document with --json)."""
 
@@ -213,7 +235,12 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("dtype", args.dtype, "fp8 training runs only on CUDA GPUs (torchao "
                         "float8, Transformer Engine): this machine's CPU cannot run it")
     matmul_peaks(acc, policy.compute, policy.linear_compute)  # fp8 on an A100: one line
+    if args.framework is not None:
+        overlap_framework(args.framework)  # an unknown name: one line listing the known ones
     if args.params is not None:
+        if args.framework is not None:
+            raise SpecError("framework", args.framework, "needs a MODEL: a framework's peak "
+                            "is of its layers' activations and its logits")
         for name, value, default in (("ep", args.ep, 1), ("etp", args.etp, None),
                                      ("capacity_factor", args.capacity_factor, 0.0)):
             if value != default:
@@ -244,6 +271,9 @@ def run(args: argparse.Namespace) -> int:
         model, layout = model_and_layout(args)
         doc = model_budget(model, layout, acc, a)
         doc["fit"] = fit_advice(model, layout, acc, a, doc)
+        if args.framework is not None:
+            doc["memory"]["framework"] = framework_memory(model, layout, acc, a, doc,
+                                                          args.framework)
     if args.json:
         print_json(doc)
     else:

@@ -281,9 +281,7 @@ def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity
                for c in CATEGORIES}
     binding = min(CATEGORIES, key=lambda c: (without[c], -now[c]))
 
-    base = Knobs(lay.dp, lay.tp, lay.pp, lay.virtual_stages, lay.schedule, lay.zero, lay.sp,
-                 lay.recompute, lay.micro_batch, lay.ep, lay.etp, lay.cp, lay.dp_replicate,
-                 lay.stage_layers)
+    base = _knobs(lay)
     space = Space(gpus=lay.gpus, global_batch=lay.global_batch, seq=lay.seq,
                   gpus_per_node=node, train_only=train_only,
                   capacity_factor=lay.capacity_factor)
@@ -303,6 +301,27 @@ def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity
                        mem_opt, options, node, train_only)
     return FitAdvice(float(peak.total), now, peak.stage, capacity, peak.total <= capacity,
                      binding, without, step_now, changes, pairs, skipped)
+
+
+def _knobs(lay: Layout) -> Knobs:
+    """``lay``'s knobs."""
+    return Knobs(lay.dp, lay.tp, lay.pp, lay.virtual_stages, lay.schedule, lay.zero, lay.sp,
+                 lay.recompute, lay.micro_batch, lay.ep, lay.etp, lay.cp, lay.dp_replicate,
+                 lay.stage_layers)
+
+
+def layout_memory(model: ModelShape, layout: Layout, options: StepOptions, *, dropout: bool,
+                  imbalance: float = 1.0) -> dict[str, float]:
+    """Bytes on ``layout``'s busiest device as ``shardlab plan --layout`` counts them with
+    ``options`` (a framework's selective-recompute convention and memory facts, ``plan
+    --framework``): the four categories, ``transient`` (the framework's peak beyond states
+    and saved activations: :mod:`shardlab.plan.memory_peak`) and ``total``."""
+    lay = layout
+    c = _candidates([_knobs(lay)], lay.global_batch, lay.capacity_factor)
+    mem = memory_arrays(model, c, lay.seq, lay.dtype, MemoryOptions(
+        dropout, options.flash, imbalance, options.selective, options.memory))
+    out = {n: float(getattr(mem, n)[0]) for n in (*CATEGORIES, "transient")}
+    return {**out, "total": float(mem.total[0])}
 
 
 def _would_be(kind: str, base: Knobs) -> str:

@@ -98,6 +98,14 @@ def _memory(b: dict[str, Any]) -> None:
         show(f"  activations: {human_bytes(mem['activations_per_layer'])} per layer per "
              f"micro-batch x {mem['inflight_microbatches']:g} in flight on stage "
              f"{mem['peak_stage']} (the busiest)")
+    if mem.get("framework"):
+        f = mem["framework"]
+        fd = f["per_device"]
+        fits = "[green]fits[/green]" if f["fits"] else "[red]does not fit[/red]"
+        show(f"  at {f['name']}'s peak (plan --framework): activations "
+             f"{human_bytes(fd['activations'])}, + {human_bytes(fd['transient'])} held only "
+             f"for a moment (its loss, one layer's recompute, unsharded layers): "
+             f"{human_bytes(fd['total'])} per device, {fits}")
     z = mem["by_zero_stage"]
     show(table("Model states per device by ZeRO stage (decimal)", ("stage", "weights", "gradients",
                                                           "optimizer", "total"),
