@@ -44,6 +44,9 @@ def shardlab(*argv: str) -> subprocess.CompletedProcess[str]:
     (["llama-3-8b", "--gpus", "8", "--layout", "pp=2 stage_layers=32+0"], "stage_layers"),
     (["llama-3-8b", "--gpus", "64", "--dp-replicate", "3"], "dp_replicate=3: must divide"),
     (["llama-3-8b", "--gpus", "8", "--cp", "2", "--layout", "cp=2"], "cp=2: is given twice"),
+    # A zero degree once divided the device count by zero (a traceback).
+    (["llama-3-8b", "--gpus", "8", "--layout", "tp=0"], "tp=0: must be a positive integer"),
+    (["llama-3-8b", "--gpus", "8", "--layout", "pp=0"], "pp=0: must be a positive integer"),
 ])
 def test_bad_input_is_one_line_before_anything_runs(argv: list[str], field: str,
                                                     capsys: pytest.CaptureFixture[str]

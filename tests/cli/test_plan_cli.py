@@ -80,6 +80,10 @@ def test_human_view(capsys: pytest.CaptureFixture[str]) -> None:
     # model called 'flags' the user never named.
     (["llama-3-8b", "--gpus", "8", "--layout", "tp=2 sp=banana", *GB8], "sp='banana': must"),
     (["llama-3-8b", "--gpus", "8", "--layout", "dp=8 dp=4", *GB8], "given twice"),
+    # A zero degree once divided the default dp by zero (a traceback).
+    (["llama-3-8b", "--gpus", "8", "--layout", "tp=0", *GB8], "tp=0: must be a positive"),
+    (["llama-3-8b", "--gpus", "8", "--layout", "pp=0", *GB8], "pp=0: must be a positive"),
+    (["llama-3-8b", "--gpus", "8", "--layout", "cp=0", *GB8], "cp=0: must be a positive"),
     (["--gpus", "1e9", *GB8], "gpus=1000000000: must be <= 1,048,576 (2^20)"),
     (["--gpus", "1e30", *GB8], "(2^20)"),
     (["--layers", "1000000", "--gpus", "8", *GB8], "layers=1000000: must be <= 4,096"),

@@ -14,7 +14,7 @@ from shardlab.cli.plan import model_from_args
 from shardlab.config.layout import make_layout, parse_stage_layers
 from shardlab.config.limits import MAX_GPUS
 from shardlab.dryrun.compare import role_ranks
-from shardlab.errors import SpecError, require_int_at_most
+from shardlab.errors import SpecError, require_int_at_most, require_positive_int
 from shardlab.plan.search import layout_sp, parse_layout
 from shardlab.plan.space import DP_MODE_OF_ZERO
 from shardlab.report.dryrun_view import print_dryrun
@@ -102,8 +102,8 @@ def config_from(args: argparse.Namespace) -> TrainConfig:
     raw = _flags_into_layout(args, parse_layout(args.layout))
     tp, pp, virtual = _int(raw, "tp", 1), _int(raw, "pp", 1), _int(raw, "virtual", 1)
     cp, replicas = _int(raw, "cp", 1), _int(raw, "dp_replicate", 1)
-    if cp < 1:
-        raise SpecError("cp", cp, "must be a positive integer")
+    for key, value in (("tp", tp), ("pp", pp), ("cp", cp)):
+        require_positive_int(key, value)  # before gpus is divided by them
     if args.gpus % (cp * tp * pp):
         what = f"tp*pp ({tp * pp})" if cp == 1 else f"cp*tp*pp ({cp * tp * pp})"
         raise SpecError("gpus", args.gpus, f"must be a multiple of {what}")

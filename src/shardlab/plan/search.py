@@ -26,7 +26,7 @@ from shardlab.config.layout import RECOMPUTE, SCHEDULES, make_layout, parse_stag
 from shardlab.config.measured import NAME
 from shardlab.config.model import ModelShape
 from shardlab.config.resolve import model_field, model_label
-from shardlab.errors import SpecError
+from shardlab.errors import SpecError, require_positive_int
 from shardlab.plan.efficiency import efficiency_of
 from shardlab.plan.memory import MemoryOptions, memory_arrays
 from shardlab.plan.rules import R_MEMORY, REASONS, check_rules
@@ -306,6 +306,8 @@ def layout_candidates(model: ModelShape, space: Space, text: str) -> Candidates:
 
     tp, pp, virtual = integer("tp", 1), integer("pp", 1), integer("virtual", 1)
     cp = integer("cp", 1)
+    for key, value in (("tp", tp), ("pp", pp), ("cp", cp)):
+        require_positive_int(key, value)  # before dp's default divides by them
     dp = integer("dp", max(1, space.gpus // (tp * pp * cp)))
     sp = layout_sp(raw)
     split = (parse_stage_layers(raw["stage_layers"]) if "stage_layers" in raw
