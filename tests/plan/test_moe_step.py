@@ -14,6 +14,7 @@ from shardlab.config.model import ModelShape, MoE
 from shardlab.errors import SpecError
 from shardlab.plan.expert_time import (
     alltoall_layer_seconds,
+    dropped_train_flops,
     ep_members_per_node,
     groups_per_token,
     ranks_per_token,
@@ -177,3 +178,18 @@ def test_stated_dispatcher_routing_and_fused_loss_override_the_framework() -> No
         step_options_for(H100, flash=True, overrides={"dispatcher": "deepep"})
     with pytest.raises(SpecError, match=r"routing.*random, contiguous"):
         step_options_for(H100, flash=True, overrides={"routing": "greedy"})
+
+
+def test_mfu_counts_only_the_assignments_a_capacity_factor_keeps() -> None:
+    # 8 experts top-2, 1,024 tokens a rank: 2,048 assignments, 256 an expert if balanced;
+    # capacity 0.25 keeps ceil(0.25 x 256) = 64 of them an expert, a quarter.
+    m = moe_model(8, 2)
+    space = Space(gpus=8, global_batch=8, seq=1024)
+    c = layout_candidates(m, space, "dp=8 ep=4 etp=1 micro_batch=1 capacity_factor=0.25")
+    routed = 6.0 * 3 * 512 * 256 * 2 * 4  # x 3 matrices, d 512, f 256, top-2, 4 MoE layers
+    assert dropped_train_flops(m, c, 1024)[0] == pytest.approx(routed * 0.75, rel=1e-12)
+    dropless = layout_candidates(m, space, "dp=8 ep=4 etp=1 micro_batch=1")
+    assert dropped_train_flops(m, dropless, 1024)[0] == 0.0
+    # Dropping nearly every assignment once put the MFU above 100%.
+    text = "dp=8 ep=4 etp=1 micro_batch=1 capacity_factor=0.0001"
+    assert one(m, 8, text, StepOptions())["mfu"] < 1.0

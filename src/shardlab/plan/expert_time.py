@@ -101,6 +101,20 @@ def kept_rows(model: ModelShape, tokens: np.ndarray, capacity_factor: np.ndarray
     return np.where(capacity_factor > 0, np.minimum(assigned, cap), assigned)
 
 
+def dropped_train_flops(m: ModelShape, c: Candidates, seq: int) -> np.ndarray:
+    """Training FLOPs per token the routed experts skip for the assignments a capacity
+    factor drops (forward and backward, 3 x 2 per weight a row passes), per layout: 0 for
+    a dense model or dropless routing. A step's model FLOPs are the work done, so the MFU
+    of a capped layout counts only the kept assignments."""
+    e = m.moe
+    if e is None or not m.moe_layers:
+        return np.zeros(len(c))
+    tokens = routed_tokens(c, seq)
+    kept = kept_rows(m, tokens, c.capacity_factor) / (tokens * e.experts_per_token)
+    routed = 6.0 * m.mlp_matrices * m.d_model * e.expert_d_ff * e.experts_per_token
+    return routed * m.moe_layers * (1.0 - kept)
+
+
 def routed_tokens(c: Candidates, seq: int) -> np.ndarray:
     """T per rank and micro-batch (:func:`shardlab.estimate.expert.layout_tokens`): b·s/cp,
     over tp under sequence parallelism with whole experts."""

@@ -135,6 +135,7 @@ from shardlab.config.dtypes import DtypePolicy
 from shardlab.config.layout import RECOMPUTE
 from shardlab.config.model import ModelShape
 from shardlab.estimate.flops import flops_per_token
+from shardlab.plan import expert_time as ex
 from shardlab.plan.bubble import bubble_ratios
 from shardlab.plan.comm_time import (
     allreduce_seconds,
@@ -143,18 +144,10 @@ from shardlab.plan.comm_time import (
     send_seconds,
 )
 from shardlab.plan.efficiency import matmul_seconds
-from shardlab.plan.expert_time import alltoall_layer_seconds, ep_members_per_node, moe_split_share
 from shardlab.plan.layer_time import cp_balance, layer_forward
 from shardlab.plan.memory import MemoryArrays, zero_group_arrays
 from shardlab.plan.memory_bound import fp8_cast_seconds, layer_elementwise_elements
-from shardlab.plan.overlap import (
-    dp_on,
-    hidden_behind,
-    nvlink_waits,
-    pp_exposed,
-    pp_on,
-    tp_exposed,
-)
+from shardlab.plan.overlap import dp_on, hidden_behind, nvlink_waits, pp_exposed, pp_on, tp_exposed
 from shardlab.plan.space import Candidates
 from shardlab.plan.stages import timed_ranks
 from shardlab.plan.step_inputs import Device, StepOptions, runtime_overhead
@@ -229,7 +222,7 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     # all-gathers, one all-reduce's time.
     again = np.select([full, selective & c.sp & by_op], [2.0, 1.0], 0.0)
     # The share of layers whose MLP has its two collectives (moe_split_share: the rest).
-    mlp_share = 1.0 - moe_split_share(m, c, opt.moe_sequence_split)
+    mlp_share = 1.0 - ex.moe_split_share(m, c, opt.moe_sequence_split)
     # Each collective (half an all-reduce) rides only beside its own matmul (windows).
     tp_all = (2.0 + 2.0 * mlp_share + again * (1.0 + mlp_share) / 2) * one_ar
     half = one_ar / 2
@@ -241,8 +234,8 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     # Expert-parallel all-to-alls per layer (averaged over dense and MoE layers, as above),
     # over NVLink and, for a group across nodes, the network at once (ep_members_per_node).
     nvl, net = (dev.link("all_to_all", np.full(len(c), x)) for x in (True, False))
-    per_layer_a2a = alltoall_layer_seconds(m, c, seq, policy, *nvl, opt.dispatcher, opt.routing,
-                                           net, ep_members_per_node(c, cp, gpn))
+    per_layer_a2a = ex.alltoall_layer_seconds(m, c, seq, policy, *nvl, opt.dispatcher, opt.routing,
+                                              net, ex.ep_members_per_node(c, cp, gpn))
 
     # Context parallel: per layer and micro-batch the K/V all-gathers forward (twice under
     # full recompute) and the reduce-scatter of their gradients backward, each of the
@@ -368,7 +361,9 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
              "pp_comm": pp_comm, "ep_comm": ep_comm, "cp_comm": cp_comm, "dp_comm": dp_comm,
              "bubble": bubble, "optimizer": optimizer, "overhead": overhead}
     step = sum(parts.values())
-    model_flops = flops_per_token(m, seq).train * global_batch * seq
+    # Model FLOPs: the work done (a capacity factor's dropped assignments are not).
+    model_flops = (flops_per_token(m, seq).train - ex.dropped_train_flops(m, c, seq)) * (
+        global_batch * seq)
     gpus = c.gpus.astype(float)
     return {**parts, "step": step, "mfu": model_flops / (step * gpus * dev.peak),
             "stage": rank[rows, pick],
