@@ -80,6 +80,7 @@ def test_human_view(capsys: pytest.CaptureFixture[str]) -> None:
     # model called 'flags' the user never named.
     (["llama-3-8b", "--gpus", "8", "--layout", "tp=2 sp=banana", *GB8], "sp='banana': must"),
     (["llama-3-8b", "--gpus", "8", "--layout", "dp=8 dp=4", *GB8], "given twice"),
+    (["llama-3-8b", "--gpus", "8", "--top", "100000", *GB8], "must be at most 1,000"),
     # A zero degree once divided the default dp by zero (a traceback).
     (["llama-3-8b", "--gpus", "8", "--layout", "tp=0", *GB8], "tp=0: must be a positive"),
     (["llama-3-8b", "--gpus", "8", "--layout", "pp=0", *GB8], "pp=0: must be a positive"),

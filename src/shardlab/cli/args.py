@@ -50,6 +50,16 @@ def positive_int(text: str) -> int:
     return _integer(text, 1)
 
 
+def positive_int_at_most(high: int) -> Any:
+    """A type: an integer from 1 to ``high`` (a count whose output or time grows with it)."""
+    def check(text: str) -> int:
+        value = _integer(text, 1)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"{clip(repr(text))} must be at most {high:,}")
+        return value
+    return check
+
+
 def nonneg_int(text: str) -> int:
     """An integer >= 0 (``"0"``, ``"8"``; also ``"1e3"``)."""
     return _integer(text, 0)

@@ -9,7 +9,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from shardlab.cli.args import add_shape_args, build_shape, nonneg_float, positive_int, shape_flags
+from shardlab.cli.args import (
+    add_shape_args,
+    build_shape,
+    nonneg_float,
+    positive_int,
+    positive_int_at_most,
+    shape_flags,
+)
 from shardlab.cli.budget import add_cluster_args, apply_cluster_args, imbalance_arg
 from shardlab.cli.job import check_emit_path, emit_config
 from shardlab.cli.output import print_json
@@ -40,6 +47,10 @@ from shardlab.plan.search import (
 )
 from shardlab.plan.space import TRAIN_SCHEDULES, TRAIN_ZERO, Space
 from shardlab.report.plan_view import print_plan
+
+MAX_TOP = 1000
+"""The most layouts ``--top`` shows: 1,000 rows already take seconds to draw (a hundred
+thousand ran past a minute), and no one reads past them."""
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -110,7 +121,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="MoE: max/mean tokens per expert the router produces; routed "
                    "activations are sized for it (default 1.0: balanced)")
     g = p.add_argument_group("search")
-    g.add_argument("--top", type=positive_int, default=5, help="layouts to show")
+    g.add_argument("--top", type=positive_int_at_most(MAX_TOP), default=5,
+                   help=f"layouts to show (at most {MAX_TOP:,})")
     g.add_argument("--max-tp", type=positive_int, help="largest tp (default: devices per node)")
     g.add_argument("--max-pp", type=positive_int, help="largest pp (default: the layers)")
     g.add_argument("--max-virtual", type=positive_int, default=8,
