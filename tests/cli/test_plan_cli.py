@@ -80,7 +80,6 @@ def test_human_view(capsys: pytest.CaptureFixture[str]) -> None:
     # model called 'flags' the user never named.
     (["llama-3-8b", "--gpus", "8", "--layout", "tp=2 sp=banana", *GB8], "sp='banana': must"),
     (["llama-3-8b", "--gpus", "8", "--layout", "dp=8 dp=4", *GB8], "given twice"),
-    (["llama-3-8b", "--gpus", "8", "--top", "100000", *GB8], "must be at most 1,000"),
     # A zero degree once divided the default dp by zero (a traceback).
     (["llama-3-8b", "--gpus", "8", "--layout", "tp=0", *GB8], "tp=0: must be a positive"),
     (["llama-3-8b", "--gpus", "8", "--layout", "pp=0", *GB8], "pp=0: must be a positive"),
@@ -100,6 +99,15 @@ def test_bad_input_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: 
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and field in err and err.startswith("shardlab plan: error:")
     assert len(err) < 300 and "'flags'" not in err
+
+
+def test_top_is_bounded(capsys: pytest.CaptureFixture[str]) -> None:
+    # --top 100000 once drew a table for more than a minute.
+    with pytest.raises(SystemExit) as stop:
+        main(["plan", "llama-3-8b", "--gpus", "8", "--top", "100000", *GB8])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--top: '100000' must be at most 1,000" in err
 
 
 def test_budget_and_plan_give_a_layout_the_same_memory(
