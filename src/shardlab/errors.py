@@ -64,3 +64,13 @@ def require_positive_number(field: str, value: object) -> float:
     if not (x > 0 and x != float("inf")):
         raise SpecError(field, value, "must be a finite number > 0")
     return x
+
+
+def require_number_in(field: str, value: object, low: float, high: float, unit: str) -> float:
+    """Return ``value`` as a float when it is a number from ``low`` to ``high`` (a physical
+    quantity in ``unit``: far outside the range it is a typo, and the figures computed from
+    it overflow or lose all precision), else raise SpecError naming the range."""
+    x = require_positive_number(field, value)
+    if not low <= x <= high:
+        raise SpecError(field, value, f"must be from {low:g} to {high:g} {unit}")
+    return x

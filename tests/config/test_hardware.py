@@ -1,5 +1,6 @@
 """Hardware catalog: dense peaks from the spec sheets, loose names, user TOML files."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -7,11 +8,11 @@ import pytest
 from shardlab.config.hardware import (
     ACCELERATORS,
     get_accelerator,
-    load_hardware_file,
     matmul_peaks,
     power_capped,
     with_nics,
 )
+from shardlab.config.hardware_file import find_accelerator, load_hardware_file
 from shardlab.errors import SpecError
 
 
@@ -58,7 +59,7 @@ gpus_per_node = 16
 intra_link = "NVLink 4"
 inter_link = "EFA"
 ''')
-    acc = get_accelerator("trainium2", f)
+    acc = find_accelerator("trainium2", f)
     assert acc.peak("bf16") == 667e12 and acc.gpus_per_node == 16
     assert acc.inter_link.bandwidth == 25e9
     accels, links = load_hardware_file(f)
@@ -70,8 +71,9 @@ inter_link = "EFA"
     ('[[accelerator]]\nname="x"\npeak_flops={bf16=-1}\nmemory_bytes=1\nmemory_bandwidth=1\n'
      'power_watts=1\nintra_link="NVLink 4"\ninter_link="100 GbE"\n',
      "accelerator[0].peak_flops.bf16"),
-    ('[[accelerator]]\nname="x"\npeak_flops={bf16=1}\nmemory_bytes=1\nmemory_bandwidth=1\n'
-     'power_watts=1\nintra_link="warp drive"\ninter_link="100 GbE"\n', "accelerator[0].intra_link"),
+    ('[[accelerator]]\nname="x"\npeak_flops={bf16=1e15}\nmemory_bytes=1e9\n'
+     'memory_bandwidth=1e12\npower_watts=500\nintra_link="warp drive"\ninter_link="100 GbE"\n',
+     "accelerator[0].intra_link"),
     ("this is = not toml [", "hardware_file"),
 ])
 def test_bad_user_file_names_the_field(tmp_path: Path, text: str, field: str) -> None:
@@ -80,6 +82,29 @@ def test_bad_user_file_names_the_field(tmp_path: Path, text: str, field: str) ->
     with pytest.raises(SpecError) as e:
         load_hardware_file(f)
     assert e.value.field == field
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    # 1e308 bytes overflowed the inference roofline, a 1e308 or 1e-300 FLOP/s peak gave a
+    # division by zero or NaN steps: typos, refused with the range.
+    ("memory_bytes", "1e308", "must be from 1e+06 to 1e+15 bytes"),
+    ("peak_flops", "{ bf16 = 1e308 }", "must be from 1e+06 to 1e+18 FLOP/s"),
+    ("peak_flops", "{ bf16 = 1e-300 }", "must be from 1e+06 to 1e+18 FLOP/s"),
+    ("memory_bandwidth", "1e-3", "must be from 1000 to 1e+15 bytes/s"),
+    ("power_watts", "1e9", "must be from 1 to 100000 W"),
+    ("intra_link", "{ name = \"l\", bandwidth = 1e20, latency = 1e-6 }",
+     "must be from 1000 to 1e+15 bytes/s"),
+    ("intra_link", "{ name = \"l\", bandwidth = 1e11, latency = 100 }",
+     "must be from 1e-09 to 10 s"),
+])
+def test_a_number_far_outside_its_range_is_refused(tmp_path: Path, key: str, value: str,
+                                                   message: str) -> None:
+    lines = [line if not line.startswith(key) else f"{key} = {value}"
+             for line in GOOD_ACCELERATOR.format(name="Z").splitlines()]
+    f = tmp_path / "hw.toml"
+    f.write_text("[[accelerator]]\n" + "\n".join(lines) + "\n")
+    with pytest.raises(SpecError, match=re.escape(message)):
+        load_hardware_file(f)
 
 
 def test_missing_file(tmp_path: Path) -> None:
@@ -136,7 +161,7 @@ def test_a_file_entry_with_its_own_name_and_source(tmp_path: Path) -> None:
     accels, _ = load_hardware_file(f)
     assert accels["H100 SXM"] == ACCELERATORS["H100 SXM"]
     assert accels["H100 SXM (our cluster)"].source == "our bench"
-    assert get_accelerator("H100 SXM (our cluster)", f).peak("bf16") == 1e15
+    assert find_accelerator("H100 SXM (our cluster)", f).peak("bf16") == 1e15
 
 
 def test_a_device_is_not_read_as_a_hardware_file() -> None:

@@ -12,7 +12,8 @@ from typing import Any
 from shardlab.cli.args import positive_float, positive_int
 from shardlab.cli.output import print_json
 from shardlab.config.catalog import MODELS
-from shardlab.config.hardware import ACCELERATORS, LINKS, load_hardware_file
+from shardlab.config.hardware import ACCELERATORS, LINKS
+from shardlab.config.hardware_file import load_hardware_file
 from shardlab.config.measured import load_measurement, measurement_path
 from shardlab.errors import SpecError
 from shardlab.estimate.params import count_params

@@ -23,8 +23,8 @@ from shardlab.config.hardware import (
     Accelerator,
     Efficiency,
     Link,
-    get_accelerator,
 )
+from shardlab.config.hardware_file import find_accelerator
 from shardlab.config.runtime import parse_runtime
 from shardlab.errors import SpecError
 from shardlab.units import human
@@ -251,7 +251,7 @@ def accelerator_or_measured(name: str, hardware_file: str | Path | None = None,
 
     Those two names (any case) read :func:`load_measurement` (``path`` as there); no
     stored measurement is a SpecError telling to run ``shardlab hardware --measure``.
-    Every other name goes to :func:`shardlab.config.hardware.get_accelerator`.
+    Every other name goes to :func:`shardlab.config.hardware_file.find_accelerator`.
     """
     if name.strip().lower() in NAMES:
         acc = load_measurement(path)
@@ -260,4 +260,4 @@ def accelerator_or_measured(name: str, hardware_file: str | Path | None = None,
             raise SpecError("gpu", name, f"no stored CPU measurement at {where}: run "
                             "`shardlab hardware --measure` first")
         return acc
-    return get_accelerator(name, hardware_file)
+    return find_accelerator(name, hardware_file)
