@@ -289,6 +289,13 @@ BAD_INPUT: list[tuple[str, list[str], list[str]]] = [
     ("mfu-zero", ["llama-3-8b", "--mfu", "0"], ["--mfu", "0"]),
     ("mfu-above-one", ["llama-3-8b", "--mfu", "1.5"], ["--mfu", "1.5"]),
     ("mfu-not-a-number", ["llama-3-8b", "--mfu", "abc"], ["--mfu", "abc"]),
+    # Accepted once: an HFU above 100%, a 300-digit step time, an infinite cost.
+    ("mfu-one-with-flash", ["llama-3-8b", "--mfu", "1"], ["mfu=1.0", "HFU of 103.7%",
+                                                          "at most 0.964"]),
+    ("mfu-tiny", ["llama-3-8b", "--mfu", "1e-300"], ["--mfu", "from 0.0001 to 1"]),
+    ("price-huge", ["llama-3-8b", "--price-per-gpu-hour", "1e308"],
+     ["--price-per-gpu-hour", "from 0 to 1e+06"]),
+    ("tokens-huge", ["llama-3-8b", "--tokens", "1e308"], ["--tokens", "from 1 to 1e+18"]),
     ("tp-not-dividing-heads", ["llama-3-8b", "--tp", "3"], ["tp", "3", "heads"]),
     ("zero-4", ["llama-3-8b", "--zero", "4"], ["zero", "4"]),
     ("recompute-unknown", ["llama-3-8b", "--recompute", "sometimes"],

@@ -81,12 +81,16 @@ def nonneg_float(text: str) -> float:
     return value
 
 
-def fraction(text: str) -> float:
-    """A number in (0, 1]."""
-    value = positive_float(text)
-    if value > 1:
-        raise argparse.ArgumentTypeError(f"{clip(repr(text))} must be in (0, 1]")
-    return value
+def number_in(low: float, high: float) -> Any:
+    """A type: a number from ``low`` to ``high`` (an assumption whose extremes only
+    overflow or print nonsense: a price of 1e308, an MFU of 1e-300)."""
+    def check(text: str) -> float:
+        value = _number(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{clip(repr(text))} must be from {low:g} to "
+                                             f"{high:g}")
+        return value
+    return check
 
 
 _SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from shardlab.cli.args import (
-    fraction,
     nonneg_float,
     nonneg_int,
+    number_in,
     param_count,
     positive_float,
     positive_int,
@@ -139,10 +139,12 @@ def register(sub: Any) -> None:
 def add_assumption_args(p: argparse.ArgumentParser) -> None:
     """What the budget takes as given (MFU, tokens, price, attention kernel, decoding)."""
     g = p.add_argument_group("assumptions")
-    g.add_argument("--tokens", type=positive_float, help="training tokens (default 20 x params)")
-    g.add_argument("--mfu", type=fraction, default=0.4, help="model FLOPs utilisation, (0, 1]")
-    g.add_argument("--price-per-gpu-hour", type=positive_float, default=2.0,
-                   help="USD per device-hour (assumption, default 2.0)")
+    g.add_argument("--tokens", type=number_in(1.0, 1e18),
+                   help="training tokens, at most 1e18 (default 20 x params)")
+    g.add_argument("--mfu", type=number_in(1e-4, 1.0), default=0.4,
+                   help="model FLOPs utilisation, 0.0001 to 1 (and an HFU of at most 1)")
+    g.add_argument("--price-per-gpu-hour", type=number_in(0.0, 1e6), default=2.0,
+                   help="USD per device-hour, 0 to 1e6 (assumption, default 2.0)")
     g.add_argument("--causal", action="store_true",
                    help="count causal attention at half the s x s FLOPs")
     g.add_argument("--attention", choices=("flash", "eager"), default="flash",

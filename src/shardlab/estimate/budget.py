@@ -25,6 +25,7 @@ from shardlab.config.dtypes import DtypePolicy
 from shardlab.config.hardware import Accelerator, matmul_peaks
 from shardlab.config.layout import Layout
 from shardlab.config.model import ModelShape
+from shardlab.errors import SpecError
 from shardlab.estimate import fp8
 from shardlab.estimate.budget_sections import alltoall_calls, cp_seconds, cp_section, moe_section
 from shardlab.estimate.comm import (
@@ -107,6 +108,10 @@ def effective_peak(acc: Accelerator, policy: DtypePolicy, share: float) -> float
 def _time(flops: float, tokens_per_step: float, per_step: float, gpus: int, acc: Accelerator,
           policy: DtypePolicy, a: Assumptions, hardware_ratio: float,
           share: float = 1.0) -> dict[str, Any]:
+    if a.mfu * hardware_ratio > 1:
+        raise SpecError("mfu", a.mfu, f"means an HFU of {a.mfu * hardware_ratio:.1%}: this "
+                        f"recompute and attention make the hardware do {hardware_ratio:.3f}x "
+                        f"the model FLOPs, so the MFU must be at most {1 / hardware_ratio:.3f}")
     peak = effective_peak(acc, policy, share)
     t = train_time(flops, gpus, peak, a.mfu, a.price_per_gpu_hour, acc.power_watts)
     step = per_step / (gpus * peak * a.mfu)
