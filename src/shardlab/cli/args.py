@@ -57,6 +57,7 @@ def positive_int_at_most(high: int) -> Any:
         if value > high:
             raise argparse.ArgumentTypeError(f"{clip(repr(text))} must be at most {high:,}")
         return value
+    check.kind = int  # type: ignore[attr-defined]  # a job file's key holds an integer
     return check
 
 
@@ -90,6 +91,7 @@ def number_in(low: float, high: float) -> Any:
             raise argparse.ArgumentTypeError(f"{clip(repr(text))} must be from {low:g} to "
                                              f"{high:g}")
         return value
+    check.kind = float  # type: ignore[attr-defined]  # a job file's key holds a number
     return check
 
 

@@ -79,6 +79,8 @@ _FLOATS = (positive_float, nonneg_float, float)
 def _kind(action: argparse.Action) -> type:
     if isinstance(action, argparse._StoreTrueAction):
         return bool
+    if hasattr(action.type, "kind"):  # a bounded type of shardlab.cli.args
+        return action.type.kind  # type: ignore[union-attr, no-any-return]
     if action.type in _INTS:
         return int
     if action.type in _FLOATS:
