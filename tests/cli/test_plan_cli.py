@@ -80,6 +80,14 @@ def test_human_view(capsys: pytest.CaptureFixture[str]) -> None:
     # model called 'flags' the user never named.
     (["llama-3-8b", "--gpus", "8", "--layout", "tp=2 sp=banana", *GB8], "sp='banana': must"),
     (["llama-3-8b", "--gpus", "8", "--layout", "dp=8 dp=4", *GB8], "given twice"),
+    # Once one silently won: a search flag beside one layout, a flag against a key.
+    (["llama-3-8b", "--gpus", "8", "--cp", "2", "--layout", "cp=4", *GB8],
+     "cp='2': searches layouts, and --layout prices one"),
+    (["llama-3-8b", "--gpus", "8", "--max-tp", "2", "--layout", "tp=8", *GB8], "max_tp=2"),
+    (["llama-3-8b", "--gpus", "8", "--no-overlap-dp", "--layout", "overlap_dp=on", *GB8],
+     "overlap_dp='on': is given by --layout and by --no-overlap-dp"),
+    (["llama-3-8b", "--gpus", "8", "--attention", "eager", "--layout", "flash_kernel=fa3",
+      *GB8], "flash_kernel='fa3': names a fused attention kernel"),
     # A zero degree once divided the default dp by zero (a traceback).
     (["llama-3-8b", "--gpus", "8", "--layout", "tp=0", *GB8], "tp=0: must be a positive"),
     (["llama-3-8b", "--gpus", "8", "--layout", "pp=0", *GB8], "pp=0: must be a positive"),

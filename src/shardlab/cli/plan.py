@@ -48,6 +48,12 @@ from shardlab.plan.search import (
 from shardlab.plan.space import TRAIN_SCHEDULES, TRAIN_ZERO, Space
 from shardlab.report.plan_view import print_plan
 
+SEARCH_DEFAULTS: dict[str, Any] = {
+    "max_tp": None, "max_pp": None, "max_virtual": 8, "micro_batches": (1, 2, 4, 8),
+    "zero": (0, 1, 2, 3), "recompute": RECOMPUTE, "schedules": SCHEDULES, "ep": None,
+    "cp": None, "dp_replicate": None}
+"""The search flags' defaults: a --layout of one layout takes none of the others."""
+
 MAX_TOP = 1000
 """The most layouts ``--top`` shows: 1,000 rows already take seconds to draw (a hundred
 thousand ran past a minute), and no one reads past them."""
@@ -125,11 +131,12 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help=f"layouts to show (at most {MAX_TOP:,})")
     g.add_argument("--max-tp", type=positive_int, help="largest tp (default: devices per node)")
     g.add_argument("--max-pp", type=positive_int, help="largest pp (default: the layers)")
-    g.add_argument("--max-virtual", type=positive_int, default=8,
+    g.add_argument("--max-virtual", type=positive_int, default=SEARCH_DEFAULTS["max_virtual"],
                    help="most model chunks per pipeline rank (at most 4,096)")
-    g.add_argument("--micro-batches", type=_int_list, default=(1, 2, 4, 8),
+    g.add_argument("--micro-batches", type=_int_list, default=SEARCH_DEFAULTS["micro_batches"],
                    help="micro-batch sizes to try (sequences), e.g. 1,2,4,8")
-    g.add_argument("--zero", type=_int_list, default=(0, 1, 2, 3), help="ZeRO stages to try")
+    g.add_argument("--zero", type=_int_list, default=SEARCH_DEFAULTS["zero"],
+                   help="ZeRO stages to try")
     g.add_argument("--recompute", type=_names(RECOMPUTE), default=RECOMPUTE,
                    help="recompute modes to try, e.g. none,selective")
     g.add_argument("--schedules", type=_names(SCHEDULES), default=SCHEDULES,
@@ -170,6 +177,26 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    'dispatcher=alltoall|flex and routing=random|contiguous its MoE token '
                    'dispatcher; a --layout of only these keys searches '
                    'with them')
+
+
+def check_layout_against_flags(args: argparse.Namespace, one_layout: bool,
+                               step_keys: dict[str, str]) -> None:
+    """SpecError where --layout and a flag disagree, instead of one silently winning: a
+    search flag beside one layout, ``overlap_dp`` beside --no-overlap-dp, a fused
+    kernel named with eager attention."""
+    if one_layout:
+        for name, default in SEARCH_DEFAULTS.items():
+            value = getattr(args, name)
+            if value != default:
+                shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
+                raise SpecError(name, shown, "searches layouts, and --layout prices one: give "
+                                "it in --layout or leave it out")
+    if args.no_overlap_dp and "overlap_dp" in step_keys:
+        raise SpecError("overlap_dp", step_keys["overlap_dp"], "is given by --layout and by "
+                        "--no-overlap-dp: give one")
+    if args.attention == "eager" and "flash_kernel" in step_keys:
+        raise SpecError("flash_kernel", step_keys["flash_kernel"], "names a fused attention "
+                        "kernel, and --attention eager keeps the s x s scores: give one")
 
 
 def register(sub: Any) -> None:
@@ -265,6 +292,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         cp=args.cp, dp_replicate=args.dp_replicate, stage_layers=split)
     # A --layout of step-time keys alone sets options for the search.
     given = args.layout and set(parse_layout(args.layout, STEP_KEYS)) - set(step_keys)
+    check_layout_against_flags(args, bool(given), step_keys)
     only = layout_candidates(model, space, args.layout) if given else None
     dropout = args.dropout if args.dropout is not None else model.style == "gpt"
     options = step_options_for(acc, flash=args.attention == "flash",
