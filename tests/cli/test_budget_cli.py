@@ -296,6 +296,8 @@ BAD_INPUT: list[tuple[str, list[str], list[str]]] = [
     ("price-huge", ["llama-3-8b", "--price-per-gpu-hour", "1e308"],
      ["--price-per-gpu-hour", "from 0 to 1e+06"]),
     ("tokens-huge", ["llama-3-8b", "--tokens", "1e308"], ["--tokens", "from 1 to 1e+18"]),
+    ("decode-context-huge", ["llama-3-8b", "--decode-context", "1e8"],
+     ["--decode-context", "at most 16,777,216"]),
     ("tp-not-dividing-heads", ["llama-3-8b", "--tp", "3"], ["tp", "3", "heads"]),
     ("zero-4", ["llama-3-8b", "--zero", "4"], ["zero", "4"]),
     ("recompute-unknown", ["llama-3-8b", "--recompute", "sometimes"],

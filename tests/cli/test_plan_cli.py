@@ -88,6 +88,12 @@ def test_human_view(capsys: pytest.CaptureFixture[str]) -> None:
      "overlap_dp='on': is given by --layout and by --no-overlap-dp"),
     (["llama-3-8b", "--gpus", "8", "--attention", "eager", "--layout", "flash_kernel=fa3",
       *GB8], "flash_kernel='fa3': names a fused attention kernel"),
+    # Once misleading or silent: HSDP without ZeRO, sp=True, an empty dtype, micro-batch 0.
+    (["llama-3-8b", "--gpus", "8", "--dp-replicate", "2", "--zero", "0", *GB8],
+     "dp_replicate='2': needs ZeRO >= 1"),
+    (["llama-3-8b", "--gpus", "8", "--layout", "sp=1 tp=1", *GB8], "sp=1: sequence parallel"),
+    (["llama-3-8b", "--gpus", "8", "--dtype", "", *GB8], "dtype='': must be one of"),
+    (["llama-3-8b", "--gpus", "8", "--micro-batches", "0", *GB8], "micro_batches=0"),
     # A zero degree once divided the default dp by zero (a traceback).
     (["llama-3-8b", "--gpus", "8", "--layout", "tp=0", *GB8], "tp=0: must be a positive"),
     (["llama-3-8b", "--gpus", "8", "--layout", "pp=0", *GB8], "pp=0: must be a positive"),

@@ -13,12 +13,13 @@ from shardlab.cli.args import (
     param_count,
     positive_float,
     positive_int,
+    positive_int_at_most,
 )
 from shardlab.cli.output import print_json
 from shardlab.config.dtypes import get_policy
 from shardlab.config.hardware import Accelerator, matmul_peaks, power_capped, with_nics
 from shardlab.config.layout import RECOMPUTE, SCHEDULES, Layout, make_layout, parse_stage_layers
-from shardlab.config.limits import MAX_GPUS
+from shardlab.config.limits import MAX_CONTEXT, MAX_GPUS
 from shardlab.config.measured import NAME, accelerator_or_measured
 from shardlab.config.model import ModelShape
 from shardlab.config.resolve import load_model
@@ -49,7 +50,8 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="bf16",
                    help="dtype policy: bf16 fp16 amp-bf16 bf16-pure fp32 fp8 (fp8: bf16 mixed "
                    "precision with the linear layers in fp8, as Transformer Engine and "
-                   "torchao run it; needs an fp8 GPU such as H100, CUDA only)")
+                   "torchao run it; needs an accelerator with an fp8 peak: H100, H200, MI300X; "
+                   "shardlab train runs it on CUDA GPUs only)")
     g.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
     g.add_argument("--ep", type=positive_int, default=1,
                    help="expert-parallel degree (MoE): ranks of the dp group that split the "
@@ -154,8 +156,9 @@ def add_assumption_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dropout", action=argparse.BooleanOptionalAction, default=None,
                    help="dropout masks in activation memory (default: gpt yes, llama no)")
     g.add_argument("--decode-batch", type=positive_int, default=1, help="sequences decoded at once")
-    g.add_argument("--decode-context", type=positive_int,
-                   help="tokens of context per decoded sequence (default: model context)")
+    g.add_argument("--decode-context", type=positive_int_at_most(MAX_CONTEXT),
+                   help="tokens of context per decoded sequence, at most 2^24 (default: "
+                   "model context)")
     g.add_argument("--routing-imbalance", type=imbalance_arg, default=1.0,
                    help="MoE: max/mean tokens per expert the router produces (a run's "
                    "routing_imbalance); routed activations are sized for it (default 1.0: "

@@ -103,7 +103,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    "bf16 means torch autocast as `shardlab train --dtype bf16`); fp8: the "
                    "linear layers multiply in fp8 at the accelerator's fp8 peak, attention "
                    "core, head and router in bf16 (Transformer Engine, torchao float8; needs "
-                   "an fp8 GPU, CUDA only)")
+                   "an accelerator with an fp8 peak: H100, H200, MI300X; shardlab train "
+                   "runs it on CUDA GPUs only)")
     g.add_argument("--framework", help="megatron, torchtitan, fsdp or deepspeed: price the "
                    "step as that framework runs it by default (which communication overlaps "
                    "compute, fused norms, fused gradient accumulation; see --layout's overlap "
@@ -242,7 +243,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     here = is_this_machine(acc)
     notes = []
     if here:
-        dtype = args.dtype or "fp32"
+        dtype = "fp32" if args.dtype is None else args.dtype
         if dtype == "fp8":
             raise SpecError("dtype", dtype, "fp8 training runs only on CUDA GPUs (torchao "
                             "float8, Transformer Engine): this machine's CPU cannot run it; "
@@ -252,7 +253,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
                             "(what shardlab train runs)")
         policy = get_policy("amp-bf16" if dtype == "bf16" else "fp32")
     else:
-        dtype = args.dtype or "bf16"
+        dtype = "bf16" if args.dtype is None else args.dtype
         policy = get_policy(dtype)
         matmul_peaks(acc, policy.compute, policy.linear_compute)  # fp8 on an A100: one line
         if policy.is_fp8:
@@ -272,7 +273,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         raise SpecError("ep", ",".join(map(str, args.ep)), dense)
     if model.moe is None and args.capacity_factor:
         raise SpecError("capacity_factor", args.capacity_factor, dense)
-    for name in ("ep", "cp", "dp_replicate"):
+    for name in ("ep", "cp", "dp_replicate", "micro_batches"):
         if 0 in (getattr(args, name) or ()):
             raise SpecError(name, 0, "must be a positive integer")
     split = parse_stage_layers(args.stage_layers)
@@ -282,7 +283,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         gpus=args.gpus, global_batch=args.global_batch, seq=seq,
         gpus_per_node=args.gpus_per_node or acc.gpus_per_node, max_tp=args.max_tp,
         max_pp=args.max_pp, max_virtual=args.max_virtual,
-        micro_batches=tuple(sorted(set(args.micro_batches) - {0})) or (1,),
+        micro_batches=tuple(sorted(set(args.micro_batches))),
         # This machine, and a plan whose layouts are dry-run: what shardlab train runs.
         zero=tuple(z for z in args.zero if not runnable or z in TRAIN_ZERO) or (0,),
         recompute=args.recompute,

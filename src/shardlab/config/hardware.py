@@ -121,9 +121,9 @@ def matmul_peaks(acc: Accelerator, compute: str, linear: str) -> tuple[float, fl
     One-line SpecError naming the dtype and the accelerator when it lists no such peak
     (fp8 on an A100: Ampere's tensor cores have no fp8)."""
     if linear not in acc.peak_flops:
+        hint = "; fp8 needs an fp8 tensor core (H100, H200, MI300X)" if linear == "fp8" else ""
         raise SpecError("dtype", linear, f"{acc.name} has no {linear} matmul (it lists "
-                        f"{', '.join(sorted(acc.peak_flops))}); fp8 needs an fp8 tensor core "
-                        "(H100, H200, MI300X)")
+                        f"{', '.join(sorted(acc.peak_flops))}){hint}")
     return acc.peak(compute), acc.peak(linear)
 
 

@@ -185,7 +185,7 @@ def make_layout(model: ModelShape, *, gpus: int | None = None, dp: int | None = 
     if model.moe is not None and (etp is None or etp > 1) and model.moe.expert_d_ff % tp:
         raise SpecError("tp", tp, f"must divide moe.expert_d_ff ({model.moe.expert_d_ff})")
     if sp and tp == 1:
-        raise SpecError("sp", sp, "sequence parallel needs tp > 1")
+        raise SpecError("sp", int(sp), "sequence parallel needs tp > 1")
     if sp and seq % tp:
         raise SpecError("seq", seq, f"must be divisible by tp ({tp}) with sequence parallel")
 

@@ -309,6 +309,10 @@ def enumerate_space(model: ModelShape, sp: Space) -> Candidates:
             given = sp.ep[0] if len(sp.ep) == 1 else ",".join(map(str, sp.ep))
             raise SpecError("ep", given, "divides no mesh's dp and the "
                             f"experts ({model.moe.experts}) on {sp.gpus} devices")
+        if sp.dp_replicate is not None and 1 not in sp.dp_replicate and max(sp.zero) < 1:
+            raise SpecError("dp_replicate", ",".join(map(str, sp.dp_replicate)), "needs "
+                            "ZeRO >= 1 (HSDP shards inside each replica): add 1, 2 or 3 to "
+                            "--zero")
         for name in ("cp", "dp_replicate"):
             given = getattr(sp, name)
             if given is not None and 1 not in given:
