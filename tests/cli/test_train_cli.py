@@ -366,7 +366,7 @@ def test_bad_input_before_any_rank(capsys: pytest.CaptureFixture[str], argv: lis
     (["--tp", "2", "--etp", "3"], "etp=3: must be 1 (whole experts) or tp (2)"),
     (["--tp", "2", "--etp", "2", "--expert-d-ff", "33", "--shared-experts", "0"],
      "tp=2: must divide moe.expert_d_ff (33)"),
-    (["--tp", "2", "--sp"], "sp=True"),
+    (["--tp", "2", "--sp"], "sp=1"),
     (["--aux-loss-coef", "nan"], "--aux-loss-coef"),
 ])
 def test_moe_bad_input_before_any_rank(capsys: pytest.CaptureFixture[str], argv: list[str],

@@ -174,7 +174,7 @@ def test_fp8_peaks_are_twice_bf16_where_the_datasheet_has_them() -> None:
         acc = get_accelerator(name)
         assert matmul_peaks(acc, "bf16", "fp8") == (acc.peak("bf16"),
                                                      pytest.approx(2 * acc.peak("bf16"), rel=1e-3))
-    with pytest.raises(SpecError, match="A100 SXM 80GB has no fp8 matmul.*fp8 tensor core"):
+    with pytest.raises(SpecError, match=r"A100 SXM 80GB has no fp8 matmul.*fp8 tensor core"):
         matmul_peaks(get_accelerator("a100"), "bf16", "fp8")
     # Another missing dtype is not told about fp8 (it once was).
     with pytest.raises(SpecError) as e:

@@ -88,8 +88,8 @@ def register(sub: Any) -> None:
     g.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     g.add_argument("--seed", type=nonneg_int, default=0)
     g.add_argument("--lr", type=number_in(1e-9, 1.0), default=1e-3,
-                   help="AdamW learning rate, 1e-9 to 1 (beyond 1 the weights blow up to NaN "
-                   "and no check can pass)")
+                   help="AdamW learning rate, 1e-9 to 1 (a rate of 1e3 blew the weights up "
+                   "to NaN, and a check of NaN against NaN fails)")
     g.add_argument("--adam-eps", type=positive_float, default=1e-6,
                    help="AdamW epsilon (1e-6: see docs/guide/simulate.md on fp32 checks)")
     p.add_argument("--allow-oversubscribe", action="store_true",

@@ -9,7 +9,6 @@ from shardlab.cli.args import (
     add_shape_args,
     nonneg_float,
     nonneg_int,
-    number_in,
     positive_float,
     positive_int,
 )
@@ -56,8 +55,7 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
                    help="sequences per micro-batch (0: a data-parallel rank's whole share, "
                    "or with pp > 1 the largest giving the schedule enough micro-batches)")
     g.add_argument("--steps", type=positive_int, default=20)
-    g.add_argument("--lr", type=number_in(1e-9, 1.0), default=3e-3,
-                   help="AdamW learning rate, 1e-9 to 1")
+    g.add_argument("--lr", type=positive_float, default=3e-3)
     g.add_argument("--warmup", type=nonneg_int, default=2)
     g.add_argument("--clip", type=positive_float, default=1.0)
     g.add_argument("--aux-loss-coef", type=nonneg_float, default=AUX_COEF,

@@ -122,7 +122,7 @@ def layout_for(shape: ModelShape, par: Parallel, global_batch: int, seq: int,
     without HSDP (:mod:`shardlab.sim.engine`, :mod:`shardlab.sim.data_parallel`).
     """
     if shape.moe is not None and par.sp:
-        raise SpecError("sp", par.sp, "the simulator's MoE layers route whole sequences on "
+        raise SpecError("sp", int(par.sp), "the simulator's MoE layers route whole sequences on "
                         "every tensor rank: run them without sequence parallelism")
     if shape.moe is not None and par.cp > 1:
         raise SpecError("cp", par.cp, "the simulator runs context parallel on dense models "

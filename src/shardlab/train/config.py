@@ -214,7 +214,7 @@ def check_moe(cfg: TrainConfig) -> None:
         raise SpecError("dp_mode", "ddp", "cannot hold expert-parallel experts (DDP would "
                         "average different experts over dp); use fsdp with --ep")
     if cfg.sp:
-        raise SpecError("sp", True, "is not built for mixture-of-experts models (the MoE "
+        raise SpecError("sp", 1, "is not built for mixture-of-experts models (the MoE "
                         "layer routes whole sequences); leave out --sp")
     shared = cfg.shape.moe.shared_experts * cfg.shape.moe.shared_d_ff
     if shared % cfg.tp:
