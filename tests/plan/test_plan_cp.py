@@ -18,6 +18,7 @@ from shardlab.estimate.memory import peak_stage, stage_memory
 from shardlab.plan import space
 from shardlab.plan.choices import fewer_at_ends, fewer_at_ends_ks
 from shardlab.plan.memory import MemoryOptions, memory_arrays
+from shardlab.plan.options import step_options_for
 from shardlab.plan.rules import R_HSDP, REASONS
 from shardlab.plan.search import layout_candidates, plan
 from shardlab.plan.space import Space, enumerate_search, enumerate_space
@@ -90,6 +91,28 @@ def test_cp_comm_is_the_budgets_bytes_on_the_cp_link() -> None:
         link.bandwidth * eff.link_fraction)
     assert best["breakdown"]["cp_comm"] == pytest.approx(want, rel=1e-9)
     assert best["memory_per_device"] == pytest.approx(doc["memory"]["per_device"]["total"])
+
+
+def test_torchtitans_ring_moves_every_query_heads_kv_and_fp32_gradients() -> None:
+    # torchtitan repeats K/V to all 32 query heads before attention (4x the 8 kv heads'
+    # bytes); torch's ring gathers them forward, again for the recompute and in backward,
+    # and passes dK/dV round in fp32 (twice bf16's bytes): 3 gathers + one 2x-byte pass.
+    sp = Space(gpus=64, global_batch=8, seq=131072)
+    text = "dp=8 cp=8 zero=3 recompute=full"
+    only = layout_candidates(LLAMA3_8B, sp, text)
+    megatron = plan(LLAMA3_8B, H100, sp, BF16, only=only,
+                    options=step_options_for(H100, flash=True, framework="megatron")).best[0]
+    titan = plan(LLAMA3_8B, H100, sp, BF16, only=only,
+                 options=step_options_for(H100, flash=True, framework="torchtitan")).best[0]
+    link, eff = H100.intra_link, H100.efficiency
+    assert eff is not None
+    kv = 131072 * 2 * 1024 * 2  # bytes of one sequence's K and V, 8 heads of 128, bf16
+    gather = 7 * link.latency + 7 / 8 * 4 * kv / (link.bandwidth * eff.link_fraction)
+    grads = 7 * link.latency + 7 / 8 * 8 * kv / (link.bandwidth * eff.link_fraction)
+    assert titan["breakdown"]["cp_comm"] == pytest.approx(32 * (3 * gather + grads), rel=1e-9)
+    assert megatron["breakdown"]["cp_comm"] == pytest.approx(
+        32 * 3 * (7 * link.latency + 7 / 8 * kv / (link.bandwidth * eff.link_fraction)),
+        rel=1e-9)
 
 
 def test_hsdp_replicas_all_reduce_across_nodes_and_gather_inside() -> None:

@@ -134,6 +134,13 @@ class Framework:
     memory: MemoryFacts | None = None
     """What it holds at its memory peak (:mod:`shardlab.plan.memory_peak`); None: the
     planner counts states and saved activations only."""
+    cp_expanded_kv: bool = False
+    """Whether its context parallel moves K and V repeated to every query head, gathers
+    them again in backward and passes their gradients around the ring in fp32: torchtitan
+    9dec370 calls ``repeat_kv`` before SDPA (models/llama/model.py), and torch 2.6's
+    ``context_parallel`` (distributed/tensor/experimental/_attention.py) all-gathers K/V
+    forward and again in backward (rotate method ``allgather``, torchtitan's default) and
+    rotates dK/dV in fp32 (``convert_to_f32``). Megatron-LM's ring passes the kv heads."""
 
     def options(self) -> dict[str, object]:
         """The options as StepOptions keywords."""
@@ -143,7 +150,8 @@ class Framework:
                 "fp8_cast_bytes": self.fp8_cast_bytes, "flash_kernel": self.flash_kernel,
                 "grad_reduce_bytes": self.grad_reduce_bytes, "selective": self.selective,
                 "loss_bytes": self.loss_bytes, "reduce_each_micro": self.reduce_each_micro,
-                "moe_sequence_split": self.moe_sequence_split, "memory": self.memory}
+                "moe_sequence_split": self.moe_sequence_split, "memory": self.memory,
+                "cp_expanded_kv": self.cp_expanded_kv}
 
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
@@ -165,7 +173,7 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework(
         "torchtitan", "on", "off", "off", False, False, tp_overlap_kind="forward",
         flash_kernel="fa2", grad_reduce_bytes=4, selective="op", loss_bytes=36,
-        reduce_each_micro=True,
+        reduce_each_micro=True, cp_expanded_kv=True,
         memory=MemoryFacts(loss_bytes=12.0, reduce_bytes=4, fsdp2_root=True, source=
             "torchtitan 9dec370: the bf16 logits go to cross_entropy(pred.float()) and "
             "'del pred' before backward (train.py), so log_softmax's saved fp32 output, the "

@@ -108,6 +108,11 @@ class StepOptions:
     """A MoE layer with whole experts (etp 1) and no shared expert dispatches each tensor
     rank's own sequence-parallel tokens, so it runs no tensor-parallel collective around
     its MLP (Megatron-LM: :attr:`shardlab.plan.overlap.Framework.moe_sequence_split`)."""
+    cp_expanded_kv: bool = False
+    """Context parallel as torch's ``context_parallel`` runs under torchtitan: K and V
+    repeated to every query head before attention, gathered again in backward, their
+    gradients passed around the ring in fp32
+    (:attr:`shardlab.plan.overlap.Framework.cp_expanded_kv`)."""
 
     def __post_init__(self) -> None:
         for name, allowed in (("overlap_dp", DP_MODES), ("overlap_tp", TP_MODES),

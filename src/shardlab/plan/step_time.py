@@ -239,11 +239,14 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
 
     # Context parallel: per layer and micro-batch the K/V all-gathers forward (twice under
     # full recompute) and the reduce-scatter of their gradients backward, each of the
-    # whole b·s·2·kv_dim/t K and V: (cp-1)α + (cp-1)/cp·n/B.
-    kv_bytes = mb * seq * 2.0 * m.kv_dim / tp * policy.activation_bytes
-    one_kv = gather_seconds(kv_bytes, cp, *dev.link("all_gather", cp * tp <= gpn,
-                                                    members_per_node(cp, tp, gpn)))
-    per_layer_cp = np.where(full, 3.0, 2.0) * one_kv
+    # whole b·s·2·kv_dim/t K and V: (cp-1)α + (cp-1)/cp·n/B. torch's ring under torchtitan
+    # (cp_expanded_kv): K/V of every query head, gathered again backward, fp32 gradients.
+    kv_bytes = (mb * seq * 2.0 * (m.q_dim if opt.cp_expanded_kv else m.kv_dim) / tp
+                * policy.activation_bytes)
+    link_cp = dev.link("all_gather", cp * tp <= gpn, members_per_node(cp, tp, gpn))
+    one_kv = gather_seconds(kv_bytes, cp, *link_cp)
+    per_layer_cp = np.where(full, 3.0, 2.0) * one_kv + (gather_seconds(
+        kv_bytes * 4 / policy.activation_bytes, cp, *link_cp) if opt.cp_expanded_kv else 0.0)
 
     # The ranks that can be the busiest: their layers, embedding and head.
     layers, emb, with_head, rank = timed_ranks(m.layers, pp, v, c.split, c.splits, c.schedule)
