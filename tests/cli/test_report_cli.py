@@ -33,6 +33,14 @@ def test_budget_page_escapes_a_hostile_model_name(tmp_path: Path,
     assert said.startswith(f"wrote {out} (") and "4 charts" in said and "8 figure files" in said
 
 
+def test_budget_page_takes_the_cluster_facts_budget_takes(tmp_path: Path) -> None:
+    # A 500 W cap: the page's peak is the capped one, as `shardlab budget` prints it.
+    out = tmp_path / "b.html"
+    assert main(["report", "budget", "llama-3-8b", "--gpus", "8", "--power-cap-w", "500",
+                 "--nics-per-node", "4", "--nic-gbps", "100", "-o", str(out)]) == 0
+    assert "884.07 TFLOP/s dense bf16" in out.read_text()  # 989 x (500/700)^(1/3)
+
+
 def test_plan_page(tmp_path: Path) -> None:
     out = tmp_path / "p.html"
     assert main(["report", "plan", "gpt3-175b", "--gpus", "1024", "--global-batch", "1536",

@@ -19,8 +19,10 @@ from shardlab.cli import dryrun
 from shardlab.cli.args import Parser
 from shardlab.cli.budget import (
     add_assumption_args,
+    add_cluster_args,
     add_hardware_args,
     add_layout_args,
+    apply_cluster_args,
     assumptions_from,
     model_and_layout,
 )
@@ -62,6 +64,7 @@ def register(sub: Any) -> None:
     b.add_argument("model", help="catalog name or path to a Hugging Face config.json")
     add_layout_args(b)
     add_hardware_args(b)
+    add_cluster_args(b)
     add_assumption_args(b)
     _add_output_args(b, "budget-report.html")
     b.set_defaults(run=run_budget)
@@ -132,7 +135,7 @@ def run_budget(args: argparse.Namespace) -> int:
     """``shardlab report budget``."""
 
     out, figures = _outputs(args)
-    acc = accelerator_or_measured(args.gpu, args.hardware_file)
+    acc = apply_cluster_args(accelerator_or_measured(args.gpu, args.hardware_file), args)
     model, layout = model_and_layout(args)
     title, subtitle, sections = budget_page(model, layout, acc, assumptions_from(args))
     return _write(title, subtitle, sections, out, figures)
