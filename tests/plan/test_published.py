@@ -110,3 +110,17 @@ def test_doc_reports_the_held_out_figures() -> None:
     text = DOC.read_text(encoding="utf-8")
     assert f"**held out {mean:.1%} ({n} runs)**" in text
     assert f"worst {worst:.1%}" in text
+
+
+def test_a_run_taken_apart(capsys: pytest.CaptureFixture[str]) -> None:
+    # `python -m shardlab.plan.published --run TT-2`: the run's facts, its predicted step
+    # and where it goes, the same figures the table prints.
+    assert published.main(["--run", "TT-2 "]) == 0
+    out = capsys.readouterr().out
+    run = next(r for r in RUNS if r.name.startswith("TT-2 "))
+    p = published.predict(run)
+    assert out.startswith(f"{run.name} (calibration)")
+    assert f"predicted {p['step_seconds']:.3f} s" in out and "step (s): compute" in out
+    assert published.main(["--run", "no such run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "run='no such run': no run's name contains it" in err

@@ -19,6 +19,7 @@ single node from each of two stacks (torchtitan 8B; NeMo Llama 2 7B).
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -186,5 +187,47 @@ def table() -> str:
     return "\n".join(lines)
 
 
+def explain(run: PublishedRun) -> str:
+    """One run taken apart (``python -m shardlab.plan.published --run NAME``): its facts,
+    the layout and options priced, predicted beside measured, where the predicted step
+    goes (exposed and hidden seconds) and the memory per device by category."""
+    best = priced(run)
+    err = best["step_seconds"] / run.measured_step - 1
+    parts = ", ".join(f"{k} {v:.3f}" for k, v in best["breakdown"].items() if v)
+    hidden = ", ".join(f"{k} {v:.3f}" for k, v in best["hidden"].items() if v) or "none"
+    memory = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in best["memory_breakdown"].items()
+                       if k != "stage" and v)
+    lines = [f"{run.name} ({run.role}{', excluded' if run.excluded else ''}): {run.source}",
+             f"  {run.gpus} x {run.gpu}, {run.framework or 'no framework named'}, "
+             f"--layout \"{run.layout_text}\"",
+             f"  measured {run.measured_step:.3f} s ({run.measured_from}); predicted "
+             f"{best['step_seconds']:.3f} s, {err:+.1%}; MFU predicted {best['mfu']:.1%}",
+             f"  step (s): {parts}", f"  hidden (s): {hidden}",
+             f"  memory per device (GiB): {memory}",
+             *(f"  assumed: {a}" for a in run.assumed), f"  checked: {run.checked}"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The validation table, or with ``--run TEXT`` every run whose name contains TEXT
+    taken apart (:func:`explain`); exit 2 with one line when none does."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m shardlab.plan.published",
+                                 description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--run", help="explain the runs whose name contains this text")
+    args = ap.parse_args(argv)
+    if args.run is None:
+        print(table())
+        return 0
+    found = [r for r in RUNS if args.run.lower() in r.name.lower()]
+    if not found:
+        print(f"{ap.prog}: error: run={args.run!r}: no run's name contains it (e.g. "
+              f"{RUNS[0].name!r})", file=sys.stderr)
+        return 2
+    print("\n\n".join(explain(r) for r in found))
+    return 0
+
+
 if __name__ == "__main__":
-    print(table())
+    sys.exit(main())
