@@ -107,6 +107,12 @@ def test_a_number_far_outside_its_range_is_refused(tmp_path: Path, key: str, val
         load_hardware_file(f)
 
 
+def test_a_stated_nic_speed_has_its_range() -> None:
+    with pytest.raises(SpecError, match=re.escape("nic_gbps=1e+308: must be from 0.001 to "
+                                                  "1e+07 Gb/s")):
+        with_nics(get_accelerator("h100"), 8, 1e308)
+
+
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="cannot be read"):
         load_hardware_file(tmp_path / "nope.toml")

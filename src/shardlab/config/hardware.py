@@ -25,6 +25,7 @@ from shardlab.config.lookup import find
 from shardlab.config.runtime import Runtime
 from shardlab.errors import (
     SpecError,
+    require_number_in,
     require_positive_int,
     require_positive_number,
 )
@@ -158,7 +159,7 @@ def with_nics(acc: Accelerator, nics_per_node: int | None = None,
     nics = node if nics_per_node is None else require_positive_int("nics_per_node",
                                                                    nics_per_node)
     gbps = (acc.inter_link.bandwidth * 8 / 1e9 if nic_gbps is None
-            else require_positive_number("nic_gbps", nic_gbps))
+            else require_number_in("nic_gbps", nic_gbps, 1e-3, 1e7, "Gb/s"))
     link = Link(f"{nics} x {gbps:g} Gb/s per node", nics * gbps * 1e9 / 8 / node,
                 acc.inter_link.latency, f"stated: {nics} NICs of {gbps:g} Gb/s per node of "
                 f"{node} devices; latency of {acc.inter_link.name}")
