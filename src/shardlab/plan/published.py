@@ -18,6 +18,7 @@ single node from each of two stacks (torchtitan 8B; NeMo Llama 2 7B).
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import sys
 from collections.abc import Callable
@@ -211,8 +212,6 @@ def explain(run: PublishedRun) -> str:
 def main(argv: list[str] | None = None) -> int:
     """The validation table, or with ``--run TEXT`` every run whose name contains TEXT
     taken apart (:func:`explain`); exit 2 with one line when none does."""
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m shardlab.plan.published",
                                  description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--run", help="explain the runs whose name contains this text")
