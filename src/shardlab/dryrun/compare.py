@@ -17,7 +17,9 @@ Which dry-run figure meets which prediction:
   (the trackers' ``Activation`` and ``Inputs`` types), which also holds what autograd
   does not save (a stage's outputs kept by the schedule, the loss's inputs);
 * ``temporaries``: what else is alive at the peak (FSDP's gathered weights and
-  gradients, communication buffers, activation gradients): the cost model has no term;
+  gradients, communication buffers, activation gradients): the cost model counts what
+  FSDP keeps gathered for the whole step inside a pipeline (the stage's blocks and its
+  unsharded fp32 gradients: :mod:`shardlab.train.report_fsdp`), no other;
 * ``peak_bytes``: the tracker's peak, against the cost model's sum.
 
 Beyond the trackers' sight (on a GPU): the CUDA context and kernels
@@ -36,6 +38,7 @@ from shardlab.train.report import (
     predicted_activation_bytes,
     predicted_state_bytes,
 )
+from shardlab.train.report_fsdp import pipeline_fsdp_bytes
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "temporaries")
 """The categories of a role's memory, in the cost model's terms."""
@@ -64,7 +67,7 @@ def predicted_role(cfg: Any, pp_rank: int) -> dict[str, float]:
            "optimizer": float(states.optimizer),
            "activations": held_microbatches(cfg, pp_rank)
            * predicted_activation_bytes(cfg, pp_rank),
-           "temporaries": 0.0}
+           "temporaries": pipeline_fsdp_bytes(cfg, pp_rank)}
     out["peak_bytes"] = sum(out[c] for c in CATEGORIES)
     return out
 

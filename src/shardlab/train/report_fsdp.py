@@ -1,0 +1,44 @@
+"""What FSDP holds for a whole step when it runs inside shardlab's pipeline, beyond the
+model states and the saved activations the cost model counts.
+
+torch's pipelining stage, given an FSDP2 module, calls ``set_reshard_after_backward(False)``
+and turns gradient sync off for every micro-batch but the last
+(``_PipelineStageBase.backward_maybe_with_nosync``, torch/distributed/pipelining/stage.py):
+once a micro-batch has run backward the stage stays gathered, and each later micro-batch
+adds its gradients into unsharded buffers in the reduction dtype (fp32) until the last one
+reduce-scatters them. A rank of pipeline stage p then holds, besides its shards, its
+blocks' parameters gathered at the compute dtype and every parameter's unsharded gradient
+in fp32. ``shardlab dryrun llama-3-8b --gpus 8 --layout "dp=4 pp=2 zero=3 micro_batch=1
+recompute=full" --seq 2048`` measures both on rank 0 at its forward peak: "Unsharded
+Param" 6.98 GB (16 blocks x 218 M parameters x 2 B) and 16.09 GB of fp32 gradients (its
+4.02 B parameters x 4 B), 2.3x the states and activations the cost model had counted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardlab.estimate.partition import layer_params_per_tp_rank, rank_layers, stage_params
+from shardlab.train.report_cp import shard_ranks
+
+GRAD_ACCUMULATE_BYTES = 4
+"""FSDP2's unsharded gradient accumulation dtype in shardlab: fp32 (``reduce_dtype``)."""
+
+
+def pipeline_fsdp_bytes(cfg: Any, pp_rank: int) -> float:
+    """Bytes a rank of pipeline stage ``pp_rank`` holds gathered for the step (module
+    docstring): its blocks' parameters at the compute dtype (2 B under bf16, else 4) plus
+    all its parameters' unsharded fp32 gradients. 0 without a pipeline, without FSDP
+    (DDP, or a shard group of one), with a single micro-batch (no accumulation), or for a
+    mixture of experts (its experts shard over another group; not measured)."""
+    if (cfg.pp == 1 or cfg.dp_mode == "ddp" or shard_ranks(cfg) == 1
+            or cfg.microbatches == 1 or cfg.shape.moe is not None):
+        return 0.0
+    vocab_parallel = cfg.tp > 1 and not cfg.shape.tied
+    psi = stage_params(cfg.shape, cfg.tp, cfg.pp, cfg.virtual_stages,
+                       vocab_parallel=vocab_parallel, stage_layers=cfg.stage_layers)[pp_rank]
+    blocks = (rank_layers(cfg.shape.layers, cfg.pp, cfg.virtual_stages,
+                          cfg.stage_layers)[pp_rank]
+              * layer_params_per_tp_rank(cfg.shape, cfg.tp, moe_layer=False))
+    compute = 2 if cfg.dtype == "bf16" else 4
+    return float(blocks * compute + psi * GRAD_ACCUMULATE_BYTES)
