@@ -138,9 +138,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="micro-batch sizes to try (sequences), e.g. 1,2,4,8")
     g.add_argument("--zero", type=_int_list, default=SEARCH_DEFAULTS["zero"],
                    help="ZeRO stages to try")
-    g.add_argument("--recompute", type=_names(RECOMPUTE), default=RECOMPUTE,
+    g.add_argument("--recompute", type=_names(RECOMPUTE), default=SEARCH_DEFAULTS["recompute"],
                    help="recompute modes to try, e.g. none,selective")
-    g.add_argument("--schedules", type=_names(SCHEDULES), default=SCHEDULES,
+    g.add_argument("--schedules", type=_names(SCHEDULES), default=SEARCH_DEFAULTS["schedules"],
                    help=f"pipeline schedules to try ({', '.join(SCHEDULES)})")
     g.add_argument("--ep", type=_int_list,
                    help="expert-parallel degrees to try (MoE), e.g. 1,8 (default: every "

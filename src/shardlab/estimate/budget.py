@@ -41,6 +41,7 @@ from shardlab.estimate.context import (
     cp_bytes_per_step,
 )
 from shardlab.estimate.expert import (
+    ep_members_per_node,
     expert_alltoall_bytes,
     moe_flops_per_token,
     rank_params_split,
@@ -155,9 +156,7 @@ def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
     # tensor ranks join the ep group: Megatron-LM's expert mesh, torchtitan), strided by
     # the cp ranks between dp ranks when cp > 1.
     link_ep = link(lay.ep * lay.etp * lay.cp)
-    # Across nodes, gpus_per_node/(etp·cp) members of the ep group share each node.
-    ep_node = (lay.ep if lay.ep * lay.etp * lay.cp <= acc.gpus_per_node
-               else max(1, acc.gpus_per_node // (lay.etp * lay.cp)))
+    ep_node = int(ep_members_per_node(lay.ep, lay.etp, lay.cp, acc.gpus_per_node))
     ep_link_name = (link_ep.name if ep_node == lay.ep
                     else f"{acc.intra_link.name} and {acc.inter_link.name}")
     ep_bytes = expert_alltoall_bytes(m, lay)

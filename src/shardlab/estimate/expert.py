@@ -40,6 +40,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
 
 from shardlab.config.layout import V_SCHEDULES, Layout
 from shardlab.config.model import ModelShape
@@ -225,3 +228,12 @@ def rank_state_bytes(m: ModelShape, layout: Layout, vocab_parallel: bool = True
     g = zero_groups(lay)
     return [split_state_bytes(d, x, lay.dtype, lay.zero, g.dense, g.experts)
             for d, x in rank_params_split(m, lay, vocab_parallel)]
+
+
+def ep_members_per_node(ep: Any, etp: Any, cp: Any, gpus_per_node: int) -> Any:
+    """Members of an ep group in one node (ints or numpy arrays of them): the group is drawn
+    from the dp ranks, strided by the cp ranks between them, so it spans ep·etp·cp
+    consecutive ranks: all ep while that fits a node of ``gpus_per_node``, else
+    gpus_per_node/(etp·cp), at least 1."""
+    return np.where(ep * etp * cp <= gpus_per_node, ep,
+                    np.maximum(gpus_per_node // (etp * cp), 1))

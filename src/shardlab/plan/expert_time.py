@@ -52,6 +52,8 @@ import numpy as np
 from shardlab.config.dtypes import DtypePolicy
 from shardlab.config.layout import RECOMPUTE
 from shardlab.config.model import ModelShape
+from shardlab.estimate.expert import ep_members_per_node as ep_node_members
+from shardlab.estimate.expert import moe_flops_per_token
 from shardlab.plan.space import Candidates
 
 DISPATCHERS: tuple[str, ...] = ("alltoall", "flex")
@@ -111,8 +113,7 @@ def dropped_train_flops(m: ModelShape, c: Candidates, seq: int) -> np.ndarray:
         return np.zeros(len(c))
     tokens = routed_tokens(c, seq)
     kept = kept_rows(m, tokens, c.capacity_factor) / (tokens * e.experts_per_token)
-    routed = 6.0 * m.mlp_matrices * m.d_model * e.expert_d_ff * e.experts_per_token
-    return routed * m.moe_layers * (1.0 - kept)
+    return 3.0 * moe_flops_per_token(m)["routed"] * (1.0 - kept)
 
 
 def routed_tokens(c: Candidates, seq: int) -> np.ndarray:
@@ -123,11 +124,9 @@ def routed_tokens(c: Candidates, seq: int) -> np.ndarray:
 
 
 def ep_members_per_node(c: Candidates, cp: np.ndarray, gpus_per_node: int) -> np.ndarray:
-    """Members of each layout's ep group in one node: the group is drawn from the dp ranks,
-    strided by the cp ranks between them, so it spans ep·etp·cp consecutive ranks: all ep
-    while that fits a node of ``gpus_per_node``, else gpus_per_node/(etp·cp), at least 1."""
-    span = c.ep * c.etp * cp
-    return np.where(span <= gpus_per_node, c.ep, np.maximum(gpus_per_node // (c.etp * cp), 1))
+    """Members of each layout's ep group in one node
+    (:func:`shardlab.estimate.expert.ep_members_per_node` over the layouts)."""
+    return ep_node_members(c.ep, c.etp, cp, gpus_per_node)
 
 
 def alltoall_layer_seconds(m: ModelShape, c: Candidates, seq: int, policy: DtypePolicy,

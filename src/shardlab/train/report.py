@@ -32,7 +32,7 @@ from shardlab.train.report_cp import (
     shard_position,
     shard_ranks,
 )
-from shardlab.train.report_fsdp import pipeline_fsdp_bytes
+from shardlab.train.report_fsdp import pipeline_fsdp_bytes, rank_params, vocab_parallel
 from shardlab.train.report_moe import (
     ep_groups,
     expert_tp_bytes,
@@ -206,15 +206,11 @@ def predicted_state_bytes(cfg: Any, pp_rank: int) -> StateBytes:
     """Weights, gradients and AdamW moments (bytes) a rank of pipeline stage ``pp_rank``
     holds: its parameters under ZeRO-3 over FSDP's shard group (dp x cp; dp/R x cp under
     HSDP) or replicated (DDP, or one rank)."""
-    # A tied embedding and head stay whole on every tensor-parallel rank (tensor_parallel.py).
-    vocab_parallel = cfg.tp > 1 and not cfg.shape.tied
     if cfg.shape.moe is not None:  # experts sharded over expert_dp, the rest over dp
-        return rank_state_bytes(cfg.shape, run_layout(cfg), vocab_parallel)[pp_rank]
+        return rank_state_bytes(cfg.shape, run_layout(cfg), vocab_parallel(cfg))[pp_rank]
     policy = get_policy("amp-bf16" if cfg.dtype == "bf16" else "fp32")
     zero = 0 if cfg.grad_ranks == 1 or cfg.dp_mode == "ddp" else 3
-    psi = stage_params(cfg.shape, cfg.tp, cfg.pp, cfg.virtual_stages,
-                       vocab_parallel=vocab_parallel, stage_layers=cfg.stage_layers)
-    return zero_state_bytes(psi[pp_rank], policy, zero, shard_ranks(cfg))
+    return zero_state_bytes(rank_params(cfg, pp_rank), policy, zero, shard_ranks(cfg))
 
 
 def held_microbatches(cfg: Any, pp_rank: int) -> float:
@@ -271,12 +267,12 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     share = cfg.global_batch // cfg.dp
     lay = run_layout(cfg)
     psi = stage_params(cfg.shape, cfg.tp, cfg.pp, cfg.virtual_stages,
-                       vocab_parallel=cfg.tp > 1 and not cfg.shape.tied,
+                       vocab_parallel=vocab_parallel(cfg),
                        stage_layers=cfg.stage_layers)
     n = shard_ranks(cfg)  # FSDP's shard group: dp x cp (dp/R x cp under HSDP)
     if cfg.shape.moe is None:
         padded = fsdp2_padded_params(cfg.shape, cfg.tp, cfg.pp, n, cfg.virtual_stages,
-                                     vocab_parallel=cfg.tp > 1 and not cfg.shape.tied,
+                                     vocab_parallel=vocab_parallel(cfg),
                                      stage_layers=cfg.stage_layers)
         expert_padded = [0] * cfg.pp
     else:  # FSDP shards the dense parameters over dp, the experts over expert_dp

@@ -25,6 +25,19 @@ GRAD_ACCUMULATE_BYTES = 4
 """FSDP2's unsharded gradient accumulation dtype in shardlab: fp32 (``reduce_dtype``)."""
 
 
+def vocab_parallel(cfg: Any) -> bool:
+    """Whether the embedding and head split over tp: not when tied, which stay whole on
+    every tensor-parallel rank (tensor_parallel.py)."""
+    return cfg.tp > 1 and not cfg.shape.tied
+
+
+def rank_params(cfg: Any, pp_rank: int) -> int:
+    """Parameters of a dense model on one rank of pipeline stage ``pp_rank``."""
+    return stage_params(cfg.shape, cfg.tp, cfg.pp, cfg.virtual_stages,
+                        vocab_parallel=vocab_parallel(cfg),
+                        stage_layers=cfg.stage_layers)[pp_rank]
+
+
 def pipeline_fsdp_bytes(cfg: Any, pp_rank: int) -> float:
     """Bytes a rank of pipeline stage ``pp_rank`` holds gathered for the step (module
     docstring): its blocks' parameters at the compute dtype (2 B under bf16, else 4) plus
@@ -34,11 +47,8 @@ def pipeline_fsdp_bytes(cfg: Any, pp_rank: int) -> float:
     if (cfg.pp == 1 or cfg.dp_mode == "ddp" or shard_ranks(cfg) == 1
             or cfg.microbatches == 1 or cfg.shape.moe is not None):
         return 0.0
-    vocab_parallel = cfg.tp > 1 and not cfg.shape.tied
-    psi = stage_params(cfg.shape, cfg.tp, cfg.pp, cfg.virtual_stages,
-                       vocab_parallel=vocab_parallel, stage_layers=cfg.stage_layers)[pp_rank]
     blocks = (rank_layers(cfg.shape.layers, cfg.pp, cfg.virtual_stages,
                           cfg.stage_layers)[pp_rank]
               * layer_params_per_tp_rank(cfg.shape, cfg.tp, moe_layer=False))
     compute = 2 if cfg.dtype == "bf16" else 4
-    return float(blocks * compute + psi * GRAD_ACCUMULATE_BYTES)
+    return float(blocks * compute + rank_params(cfg, pp_rank) * GRAD_ACCUMULATE_BYTES)
