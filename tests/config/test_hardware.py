@@ -26,7 +26,21 @@ def test_dense_bf16_peaks_not_sparse() -> None:
     assert ACCELERATORS["MI300X"].memory_bytes == 192e9
 
 
+def test_blackwell_peaks_are_half_the_sparse_tables() -> None:
+    """NVIDIA's Blackwell tables quote tensor figures with sparsity: HGX B200 72 PFLOPS fp8
+    for 8 GPUs, GB200 NVL72 720 PFLOPS for 72; dense is half. fp32 (75, 80 TFLOP/s) is the
+    non-tensor rate; a GB200's NVLink domain is the whole rack of 72."""
+    b200, gb200 = ACCELERATORS["B200"], ACCELERATORS["GB200"]
+    assert b200.peak("fp8") == 72e15 / 8 / 2 and gb200.peak("fp8") == 720e15 / 72 / 2
+    assert b200.peak("bf16") == b200.peak("fp8") / 2 and gb200.peak("bf16") == 2.5e15
+    assert (b200.gpus_per_node, gb200.gpus_per_node) == (8, 72)
+    assert b200.memory_bytes == 1440e9 / 8  # DGX B200: 1,440 GB for 8 GPUs
+    assert b200.intra_link.bandwidth == gb200.intra_link.bandwidth == 1.8e12 / 2
+    assert b200.efficiency is None  # no published run calibrates Blackwell yet
+
+
 @pytest.mark.parametrize(("query", "name"), [
+    ("b200", "B200"), ("GB200 NVL72", "GB200"),
     ("A100", "A100 SXM 80GB"), ("a100-80gb", "A100 SXM 80GB"), ("h100", "H100 SXM"),
     ("H200", "H200 SXM"), ("mi300x", "MI300X"), ("a100 sxm 40gb", "A100 SXM 40GB"),
 ])

@@ -50,8 +50,8 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="bf16",
                    help="dtype policy: bf16 fp16 amp-bf16 bf16-pure fp32 fp8 (fp8: bf16 mixed "
                    "precision with the linear layers in fp8, as Transformer Engine and "
-                   "torchao run it; needs an accelerator with an fp8 peak: H100, H200, MI300X; "
-                   "shardlab train runs it on CUDA GPUs only)")
+                   "torchao run it; needs an accelerator with an fp8 peak: H100, H200, B200, "
+                   "GB200, MI300X; shardlab train runs it on CUDA GPUs only)")
     g.add_argument("--schedule", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
     g.add_argument("--ep", type=positive_int, default=1,
                    help="expert-parallel degree (MoE): ranks of the dp group that split the "

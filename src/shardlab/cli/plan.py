@@ -103,8 +103,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    "bf16 means torch autocast as `shardlab train --dtype bf16`); fp8: the "
                    "linear layers multiply in fp8 at the accelerator's fp8 peak, attention "
                    "core, head and router in bf16 (Transformer Engine, torchao float8; needs "
-                   "an accelerator with an fp8 peak: H100, H200, MI300X; shardlab train "
-                   "runs it on CUDA GPUs only)")
+                   "an accelerator with an fp8 peak: H100, H200, B200, GB200, MI300X; "
+                   "shardlab train runs it on CUDA GPUs only)")
     g.add_argument("--framework", help="megatron, torchtitan, fsdp or deepspeed: price the "
                    "step as that framework runs it by default (which communication overlaps "
                    "compute, fused norms, fused gradient accumulation; see --layout's overlap "

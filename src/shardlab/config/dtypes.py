@@ -34,7 +34,7 @@ element, plus the fp32 scaling factors (:mod:`shardlab.estimate.fp8`). Under ZeR
 weights are all-gathered in fp8 (torchao ``enable_fsdp_float8_all_gather``; Megatron's
 ``--fp8-param-gather``): ``gather_bytes`` = 1, half the bf16 gather, and the gathered
 copy is transient like FSDP's bf16 one. Real fp8 training needs an fp8 tensor core
-(H100, H200, MI300X): it runs on CUDA only, never on a CPU.
+(H100, H200, B200, GB200, MI300X): it runs on CUDA only, never on a CPU.
 """
 
 from __future__ import annotations

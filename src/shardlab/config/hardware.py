@@ -122,7 +122,8 @@ def matmul_peaks(acc: Accelerator, compute: str, linear: str) -> tuple[float, fl
     One-line SpecError naming the dtype and the accelerator when it lists no such peak
     (fp8 on an A100: Ampere's tensor cores have no fp8)."""
     if linear not in acc.peak_flops:
-        hint = "; fp8 needs an fp8 tensor core (H100, H200, MI300X)" if linear == "fp8" else ""
+        hint = ("; fp8 needs an fp8 tensor core (H100, H200, B200, GB200, MI300X)"
+                if linear == "fp8" else "")
         raise SpecError("dtype", linear, f"{acc.name} has no {linear} matmul (it lists "
                         f"{', '.join(sorted(acc.peak_flops))}){hint}")
     return acc.peak(compute), acc.peak(linear)
@@ -172,6 +173,8 @@ LINKS: dict[str, Link] = {k.name: k for k in (
     Link("PCIe 5.0 x16", 64e9, 10e-6, "PCI-SIG: 32 GT/s x 16 lanes, 128b/130b; " + _LAT),
     Link("NVLink 3", 300e9, 5e-6, "NVIDIA A100 datasheet: 600 GB/s both directions; " + _LAT),
     Link("NVLink 4", 450e9, 5e-6, "NVIDIA H100 datasheet: 900 GB/s both directions; " + _LAT),
+    Link("NVLink 5", 900e9, 5e-6, "NVIDIA Blackwell (HGX B200, GB200 NVL72): 1.8 TB/s per GPU "
+         "both directions; " + _LAT),
     Link("Infinity Fabric", 448e9, 5e-6,
          "AMD MI300X datasheet: 7 links x 64 GB/s per direction; " + _LAT),
     Link("IB HDR 200G", 25e9, 10e-6, "NVIDIA ConnectX-6: 200 Gb/s per NIC; " + _LAT),
@@ -181,8 +184,20 @@ LINKS: dict[str, Link] = {k.name: k for k in (
 
 
 def _gpu(name: str, flops: dict[str, float], mem: float, bw: float, watts: float,
-         intra: str, inter: str, source: str, eff: Efficiency | None = None) -> Accelerator:
-    return Accelerator(name, flops, mem, bw, watts, LINKS[intra], LINKS[inter], 8, source, eff)
+         intra: str, inter: str, source: str, eff: Efficiency | None = None,
+         per_node: int = 8) -> Accelerator:
+    return Accelerator(name, flops, mem, bw, watts, LINKS[intra], LINKS[inter], per_node,
+                       source, eff)
+
+
+# Blackwell: NVIDIA's tables give tensor-core figures "with sparsity" (HGX B200: "FP8/FP6
+# Tensor Core* 72 PFLOPS" for 8 GPUs, "* With sparsity"; GB200 NVL72 "720 PFLOPS" for 72 =
+# 10 per GPU); the dense figures here are half. fp32 is the non-tensor rate. No published
+# run calibrates a curve for them yet: the planner uses its stated default (efficiency.py).
+_BLACKWELL = ("NVIDIA Blackwell tables (HGX B200 and GB200 NVL72 columns), dense = half the "
+              "'with sparsity' tensor figures; DGX B200 user guide: 1,440 GB for 8 GPUs, 8 "
+              "ConnectX-7 400 Gb/s; DGX GB200 user guide: 4 GPUs and 4 ConnectX-7 400G per "
+              "tray, 72 GPUs in one NVLink domain")
 
 
 # Efficiency curves fitted by shardlab.plan.published.fit on the calibration runs of
@@ -234,6 +249,15 @@ ACCELERATORS: dict[str, Accelerator] = {a.name: a for a in (
     _gpu("A100 SXM 40GB", {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
          40e9, 1.555e12, 400, "NVLink 3", "IB HDR 200G",
          "NVIDIA A100 Tensor Core GPU datasheet (SXM 40GB), dense figures", A100_EFFICIENCY),
+    _gpu("B200", {"bf16": 2250e12, "fp16": 2250e12, "fp8": 4500e12, "tf32": 1100e12,
+                  "fp32": 75e12},
+         180e9, 7.7e12, 1000, "NVLink 5", "IB NDR 400G",
+         "HGX B200 (8 per node, up to 1,000 W each): " + _BLACKWELL),
+    _gpu("GB200", {"bf16": 2500e12, "fp16": 2500e12, "fp8": 5000e12, "tf32": 1250e12,
+                   "fp32": 80e12},
+         186e9, 8e12, 1200, "NVLink 5", "IB NDR 400G",
+         "GB200 NVL72 (72 per NVLink domain, a node here; up to 1,200 W each): " + _BLACKWELL,
+         per_node=72),
     _gpu("MI300X", {"bf16": 1307.4e12, "fp16": 1307.4e12, "fp8": 2614.9e12, "tf32": 653.7e12,
                     "fp32": 163.4e12},
          192e9, 5.3e12, 750, "Infinity Fabric", "IB NDR 400G",
@@ -245,6 +269,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "H200 SXM": ("h200", "nvidia h200"),
     "A100 SXM 80GB": ("a100", "a100-80gb", "nvidia a100"),
     "A100 SXM 40GB": ("a100-40gb",),
+    "B200": ("nvidia b200", "hgx b200", "dgx b200"),
+    "GB200": ("gb200 nvl72", "nvidia gb200"),
     "MI300X": ("amd mi300x", "mi300"),
 }
 

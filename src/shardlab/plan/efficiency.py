@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardlab.config.hardware import Accelerator, Efficiency
+from shardlab.config.hardware import A100_EFFICIENCY, Accelerator, Efficiency
 
 DEFAULT = Efficiency(
-    0.5, 64.0, 5e-6, 0.8,
+    0.5, A100_EFFICIENCY.half_intensity, A100_EFFICIENCY.op_overhead,
+    A100_EFFICIENCY.link_fraction,
     "assumed for an accelerator without a calibrated curve: half the dense peak for large "
-    "matmuls, the A100/H100 fit's half_intensity, 5 µs per launch, 80% of link bandwidth")
+    "matmuls; the A100 fit's half_intensity, cost per launch and link fraction (the H100 "
+    "curve takes the same three)")
 
 CPU_DEFAULT = Efficiency(
     1.0, 16.0, 20e-6, 1.0,
