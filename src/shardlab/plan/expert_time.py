@@ -129,20 +129,19 @@ def ep_members_per_node(c: Candidates, cp: np.ndarray, gpus_per_node: int) -> np
     return ep_node_members(c.ep, c.etp, cp, gpus_per_node)
 
 
-def alltoall_layer_seconds(m: ModelShape, c: Candidates, seq: int, policy: DtypePolicy,
-                           latency: np.ndarray, bandwidth: np.ndarray,
-                           dispatcher: str = "alltoall", routing: str = "random",
-                           inter: tuple[np.ndarray, np.ndarray] | None = None,
-                           per_node: np.ndarray | None = None) -> np.ndarray:
-    """Seconds of one layer's expert-parallel all-to-alls per micro-batch (dispatch and
-    combine, forward, backward and, under full recompute, forward again), averaged over
-    the model's layers (dense ones have none). Each rank sends (ep-1)/ep of its rows: the
-    T·k kept assignments (``alltoall``), or each token once per rank its experts lie on,
-    T·D times the kept share (``flex``: module docstring). ``latency`` (s) and
+def alltoall_seconds(m: ModelShape, c: Candidates, seq: int, policy: DtypePolicy,
+                     latency: np.ndarray, bandwidth: np.ndarray,
+                     dispatcher: str = "alltoall", routing: str = "random",
+                     inter: tuple[np.ndarray, np.ndarray] | None = None,
+                     per_node: np.ndarray | None = None) -> np.ndarray:
+    """Seconds of one MoE layer's one all-to-all (a dispatch, or a combine: the same rows
+    come back) per micro-batch, per layout; 0 where ep = 1. Each rank sends (ep-1)/ep of its
+    rows: the T·k kept assignments (``alltoall``), or each token once per rank its experts
+    lie on, T·D times the kept share (``flex``: module docstring). ``latency`` (s) and
     ``bandwidth`` (bytes/s) are the link inside a node; an ep group with ``per_node``
     members in each node (None: all in one) sends its remote share over ``inter``, the
     network link, at the same time (module docstring)."""
-    if m.moe is None or not m.moe_layers:
+    if m.moe is None:
         return np.zeros(len(c))
     ep = c.ep.astype(float)
     k_node = ep if per_node is None else np.clip(np.asarray(per_node, float), 1.0, ep)
@@ -163,8 +162,23 @@ def alltoall_layer_seconds(m: ModelShape, c: Candidates, seq: int, policy: Dtype
     one = ((k_node - 1) * latency + hops * lat_net
            + np.maximum(local * row_bytes / bandwidth,
                         np.where(remote > 0, remote * row_bytes / bw_net, 0.0)))
+    return np.where(c.ep > 1, one, 0.0)
+
+
+def alltoall_layer_seconds(m: ModelShape, c: Candidates, seq: int, policy: DtypePolicy,
+                           latency: np.ndarray, bandwidth: np.ndarray,
+                           dispatcher: str = "alltoall", routing: str = "random",
+                           inter: tuple[np.ndarray, np.ndarray] | None = None,
+                           per_node: np.ndarray | None = None) -> np.ndarray:
+    """Seconds of one layer's expert-parallel all-to-alls per micro-batch (dispatch and
+    combine, forward, backward and, under full recompute, forward again: each one
+    :func:`alltoall_seconds`), averaged over the model's layers (dense ones have none)."""
+    if m.moe is None or not m.moe_layers:
+        return np.zeros(len(c))
+    one = alltoall_seconds(m, c, seq, policy, latency, bandwidth, dispatcher, routing, inter,
+                           per_node)
     calls = 2.0 * np.where(c.recompute == RECOMPUTE.index("full"), 3.0, 2.0)
-    return np.where(c.ep > 1, calls * one, 0.0) * (m.moe_layers / m.layers)
+    return calls * one * (m.moe_layers / m.layers)
 
 
 def moe_split_share(m: ModelShape, c: Candidates, split: bool) -> np.ndarray:
