@@ -15,20 +15,23 @@ from shardlab.plan.space import Space, enumerate_space
 
 
 @pytest.mark.parametrize(("name", "gpus", "batch", "seq", "dropout", "flash", "cf", "imbalance",
-                          "dtype"), [
-    ("llama-3-70b", 64, 128, 4096, False, True, 0.0, 1.0, "bf16"),
-    ("gpt3-175b", 64, 64, 2048, True, False, 0.0, 1.0, "bf16"),
-    ("mixtral-8x7b", 16, 32, 4096, False, True, 0.0, 1.0, "bf16"),
-    ("mixtral-8x7b", 32, 64, 1024, False, True, 1.25, 1.7, "bf16"),
+                          "dtype", "fold"), [
+    ("llama-3-70b", 64, 128, 4096, False, True, 0.0, 1.0, "bf16", False),
+    ("gpt3-175b", 64, 64, 2048, True, False, 0.0, 1.0, "bf16", False),
+    ("mixtral-8x7b", 16, 32, 4096, False, True, 0.0, 1.0, "bf16", False),
+    ("mixtral-8x7b", 32, 64, 1024, False, True, 1.25, 1.7, "bf16", False),
     # fp8: the linear weights' fp8 copies and scales, ZeRO 0-2 only.
-    ("llama-3-70b", 64, 128, 4096, False, True, 0.0, 1.0, "fp8"),
-    ("mixtral-8x7b", 16, 32, 4096, False, True, 0.0, 1.0, "fp8"),
+    ("llama-3-70b", 64, 128, 4096, False, True, 0.0, 1.0, "fp8", False),
+    ("mixtral-8x7b", 16, 32, 4096, False, True, 0.0, 1.0, "fp8", False),
+    # The expert mesh folded over tp x cp x dp (Megatron-Core, torchtitan): ep up to 8 > dp.
+    ("mixtral-8x7b", 16, 32, 4096, False, True, 0.0, 1.0, "bf16", True),
+    ("mixtral-8x7b", 32, 64, 1024, False, True, 1.25, 1.7, "fp8", True),
 ])
 def test_memory_arrays_equal_stage_memory(name: str, gpus: int, batch: int, seq: int,
                                           dropout: bool, flash: bool, cf: float,
-                                          imbalance: float, dtype: str) -> None:
+                                          imbalance: float, dtype: str, fold: bool) -> None:
     model = get_model(name)
-    sp = Space(gpus=gpus, global_batch=batch, seq=seq, capacity_factor=cf)
+    sp = Space(gpus=gpus, global_batch=batch, seq=seq, capacity_factor=cf, expert_fold=fold)
     c = enumerate_space(model, sp)
     v = c.take(c.reason < 0)
     policy = get_policy(dtype)
@@ -43,7 +46,7 @@ def test_memory_arrays_equal_stage_memory(name: str, gpus: int, batch: int, seq:
                              seq=seq, recompute=lay["recompute"], schedule=lay["schedule"],
                              ep=lay["ep"], etp=lay["etp"], capacity_factor=cf, dtype=dtype,
                              cp=lay["cp"], stage_layers=lay["stage_layers"],
-                             dp_replicate=lay["dp_replicate"])
+                             dp_replicate=lay["dp_replicate"], expert_fold=fold)
         peak = peak_stage(stage_memory(model, layout, dropout, flash, imbalance))
         assert mem.total[i] == pytest.approx(peak.total, rel=1e-9)
         assert mem.weights[i] == pytest.approx(peak.states.weights, rel=1e-9)
@@ -52,6 +55,8 @@ def test_memory_arrays_equal_stage_memory(name: str, gpus: int, batch: int, seq:
         assert mem.params[i] == peak.params
         if model.moe is not None:
             assert mem.expert_params[i] == rank_params_split(model, layout)[peak.stage][1]
+    if fold:  # the folded space holds layouts the unfolded one cannot express
+        assert np.any(v.ep > v.dp)
 
 
 def test_inflight_equals_the_estimate_for_every_schedule() -> None:

@@ -290,7 +290,10 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         schedules=tuple(s for s in args.schedules if not runnable or s in TRAIN_SCHEDULES)
         or ("1f1b",),
         train_only=train_only, ep=args.ep, capacity_factor=args.capacity_factor,
-        cp=args.cp, dp_replicate=args.dp_replicate, stage_layers=split)
+        cp=args.cp, dp_replicate=args.dp_replicate, stage_layers=split,
+        # Megatron-Core and torchtitan fold their experts onto a mesh of their own;
+        # shardlab train draws the ep group from dp.
+        expert_fold=overlap_framework(args.framework).expert_fold and not train_only)
     # A --layout of step-time keys alone sets options for the search.
     given = args.layout and set(parse_layout(args.layout, STEP_KEYS)) - set(step_keys)
     check_layout_against_flags(args, bool(given), step_keys)
@@ -314,7 +317,8 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
                              schedule=given["schedule"], ep=given["ep"], etp=given["etp"],
                              capacity_factor=given["capacity_factor"], cp=given["cp"],
                              stage_layers=given["stage_layers"],
-                             dp_replicate=given["dp_replicate"])
+                             dp_replicate=given["dp_replicate"],
+                             expert_fold=space.expert_fold)
         fit = explain_fit(model, layout, acc, capacity=result.device_memory, dropout=dropout,
                           options=options, gpus_per_node=space.gpus_per_node,
                           train_only=train_only, imbalance=args.routing_imbalance).as_dict()

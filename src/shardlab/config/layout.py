@@ -66,6 +66,10 @@ class Layout:
     cp: int = 1
     stage_layers: tuple[int, ...] = ()
     dp_replicate: int = 1
+    expert_fold: bool = False
+    """The expert layers take their own mesh over the stage's tp x cp x dp ranks (Megatron-
+    Core's parallel folding, torchtitan's sparse mesh): ep divides tp·cp·dp/etp and each
+    expert is replicated over tp·cp·dp/(ep·etp) ranks (:attr:`expert_replicas`)."""
 
     @property
     def dp_shard(self) -> int:
@@ -74,8 +78,17 @@ class Layout:
 
     @property
     def expert_dp(self) -> int:
-        """Replicas of each expert: dp / ep (ZeRO shards expert state over these)."""
-        return self.dp // self.ep
+        """Replicas of each expert per cp rank: dp / ep (ZeRO shards expert state over
+        these x cp); with :attr:`expert_fold`, :attr:`expert_replicas` / cp rounded down."""
+        return max(self.expert_replicas // self.cp, 1) if self.expert_fold else self.dp // self.ep
+
+    @property
+    def expert_replicas(self) -> int:
+        """Ranks of a stage holding the same expert shard: dp/ep x cp, or with
+        :attr:`expert_fold` tp·cp·dp/(ep·etp)."""
+        if self.expert_fold:
+            return self.dp * self.cp * (self.tp // self.etp) // self.ep
+        return self.dp // self.ep * self.cp
 
     @property
     def gpus(self) -> int:
@@ -124,7 +137,7 @@ def make_layout(model: ModelShape, *, gpus: int | None = None, dp: int | None = 
                 schedule: str | None = None, ep: int = 1, etp: int | None = None,
                 capacity_factor: float = 0.0, cp: int = 1,
                 stage_layers: tuple[int, ...] | list[int] | None = None,
-                dp_replicate: int = 1) -> Layout:
+                dp_replicate: int = 1, expert_fold: bool = False) -> Layout:
     """Resolve defaults and check every constraint; raise SpecError naming the bad field.
 
     ``dp`` defaults to gpus / (tp * pp) (or 1 without ``gpus``); ``global_batch`` to
@@ -133,7 +146,8 @@ def make_layout(model: ModelShape, *, gpus: int | None = None, dp: int | None = 
     interleaved-1f1b when virtual_stages > 1. Each count is bounded
     (:mod:`shardlab.config.limits`): gpus, dp, tp, pp <= 2^20, virtual_stages <= 4,096,
     micro_batch and global_batch <= 2^24 sequences, seq <= 2^24 tokens.
-    ``ep`` must divide dp and the routed experts; ``etp`` (default tp) is 1 or tp;
+    ``ep`` must divide dp (with ``expert_fold``, tp·cp·dp/etp) and the routed experts;
+    ``etp`` (default tp) is 1 or tp;
     ``capacity_factor`` is 0 (dropless) or a finite number > 0 (module docstring).
     ``cp`` must split ``seq`` into 2*cp equal chunks; ``stage_layers`` has pp*virtual_stages
     counts >= 1 summing to the layers; ``dp_replicate`` divides dp and needs ZeRO >= 1.
@@ -222,7 +236,8 @@ def make_layout(model: ModelShape, *, gpus: int | None = None, dp: int | None = 
                         f"gives {m} micro-batches per replica; dualpipev needs at least "
                         f"2*pp ({2 * pp})")
     etp = tp if etp is None else etp
-    check_expert_layout(model, dp=dp, tp=tp, ep=ep, etp=etp, capacity_factor=capacity_factor)
+    check_expert_layout(model, dp=dp, tp=tp, ep=ep, etp=etp, capacity_factor=capacity_factor,
+                        cp=cp, fold=expert_fold)
     if cp > 1 and seq % (2 * cp):
         raise SpecError("cp", cp, f"must split seq ({seq}) into 2*cp={2 * cp} equal chunks "
                         "(each rank holds chunks i and 2cp-1-i)")
@@ -240,7 +255,7 @@ def make_layout(model: ModelShape, *, gpus: int | None = None, dp: int | None = 
                         "shards: with zero=0 nothing is sharded)")
     return Layout(dp, tp, pp, virtual_stages, zero, sp, micro_batch, global_batch, seq,
                   recompute, policy, schedule, ep, etp, float(capacity_factor), cp, stages,
-                  dp_replicate)
+                  dp_replicate, expert_fold)
 
 
 def parse_stage_layers(text: str | None) -> tuple[int, ...]:
@@ -281,11 +296,12 @@ def check_stage_layers(model: ModelShape, chunks: int,
 
 
 def check_expert_layout(model: ModelShape, *, dp: int, tp: int, ep: int, etp: int,
-                        capacity_factor: float) -> None:
+                        capacity_factor: float, cp: int = 1, fold: bool = False) -> None:
     """SpecError naming ep, etp or capacity_factor when the expert layout cannot be built:
-    ep must divide dp (the ep group is drawn from the data-parallel ranks) and the
-    routed experts; etp is 1 or tp; capacity_factor is 0 (dropless) or a finite number
-    > 0. A dense model takes only ep=1 and no capacity factor."""
+    ep must divide dp (the ep group is drawn from the data-parallel ranks; with ``fold``,
+    the expert mesh's tp·cp·dp/etp ranks) and the routed experts; etp is 1 or tp;
+    capacity_factor is 0 (dropless) or a finite number > 0. A dense model takes only ep=1
+    and no capacity factor."""
     require_int_at_most("ep", require_positive_int("ep", ep), MAX_GPUS)
     require_positive_int("etp", etp)
     if etp not in (1, tp):
@@ -304,6 +320,10 @@ def check_expert_layout(model: ModelShape, *, dp: int, tp: int, ep: int, etp: in
         return
     if model.moe.experts % ep:
         raise SpecError("ep", ep, f"must divide moe.experts ({model.moe.experts})")
-    if dp % ep:
+    if fold and (dp * cp * (tp // etp)) % ep:
+        region = dp * cp * (tp // etp)
+        raise SpecError("ep", ep, f"must divide tp*cp*dp/etp ({region}): the ranks of a "
+                        "stage the framework's expert mesh folds")
+    if not fold and dp % ep:
         raise SpecError("ep", ep, f"must divide dp ({dp}): the expert-parallel group is "
                         "drawn from the data-parallel ranks")

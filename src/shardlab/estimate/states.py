@@ -88,6 +88,8 @@ def zero_groups(lay: Layout) -> ZeroGroups:
     routed experts over expert_dp x cp, or (dp_shard/ep) x cp with dp_replicate replicas
     when ep divides dp_shard under HSDP."""
     r = lay.dp_replicate
-    if r > 1 and lay.dp_shard % lay.ep == 0:
-        return ZeroGroups(lay.dp_shard * lay.cp, lay.dp_shard // lay.ep * lay.cp, r, r)
-    return ZeroGroups(lay.dp_shard * lay.cp, lay.expert_dp * lay.cp, r, 1)
+    fold = lay.cp * (lay.tp // lay.etp) if lay.expert_fold else 1  # ranks per dp rank
+    after = 1 if lay.expert_fold else lay.cp  # unfolded, expert shards also span cp
+    if r > 1 and lay.dp_shard * fold % lay.ep == 0:
+        return ZeroGroups(lay.dp_shard * lay.cp, lay.dp_shard * fold // lay.ep * after, r, r)
+    return ZeroGroups(lay.dp_shard * lay.cp, lay.expert_replicas, r, 1)

@@ -119,13 +119,22 @@ def split_choices(layers: int, pp: int, v: int, fixed: tuple[int, ...] = (),
                   for k in fewer_at_ends_ks(layers, chunks, ks))]
 
 
-def expert_choices(model: ModelShape, dp: int, tp: int, eps: tuple[int, ...] | None = None
-                   ) -> list[tuple[int, int]]:
-    """(ep, etp) pairs a mesh of ``dp`` x ``tp`` allows (module docstring): (1, tp) for a
-    dense model; else each ep dividing dp and the experts (of ``eps`` when given) with
-    etp = tp, then etp = 1 when tp > 1."""
+def expert_choices(model: ModelShape, dp: int, tp: int, eps: tuple[int, ...] | None = None,
+                   cp: int = 1, fold: bool = False) -> list[tuple[int, int]]:
+    """(ep, etp) pairs a mesh of ``dp`` x ``cp`` x ``tp`` allows (module docstring): (1, tp)
+    for a dense model; else each ep dividing the experts (of ``eps`` when given) and dp with
+    etp = tp, then etp = 1 when tp > 1. With ``fold`` (the framework's expert layers take
+    their own mesh: :attr:`~shardlab.plan.overlap.Framework.expert_fold`) ep divides
+    dp·cp with etp = tp and dp·cp·tp with etp = 1."""
     if model.moe is None:
         return [(1, tp)]
     experts = model.moe.experts
-    out = [(e, tp) for e in divisors(dp) if experts % e == 0 and (eps is None or e in eps)]
-    return out + ([(e, 1) for e, _ in out] if tp > 1 else [])
+
+    def eps_of(ranks: int) -> list[int]:
+        return [e for e in divisors(ranks) if experts % e == 0 and (eps is None or e in eps)]
+
+    if not fold:
+        out = [(e, tp) for e in eps_of(dp)]
+        return out + ([(e, 1) for e, _ in out] if tp > 1 else [])
+    return [(e, tp) for e in eps_of(dp * cp)] + (
+        [(e, 1) for e in eps_of(dp * cp * tp)] if tp > 1 else [])

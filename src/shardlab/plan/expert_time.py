@@ -125,8 +125,10 @@ def routed_tokens(c: Candidates, seq: int) -> np.ndarray:
 
 def ep_members_per_node(c: Candidates, cp: np.ndarray, gpus_per_node: int) -> np.ndarray:
     """Members of each layout's ep group in one node
-    (:func:`shardlab.estimate.expert.ep_members_per_node` over the layouts)."""
-    return ep_node_members(c.ep, c.etp, cp, gpus_per_node)
+    (:func:`shardlab.estimate.expert.ep_members_per_node` over the layouts); a folded expert
+    mesh (:attr:`~shardlab.plan.space.Candidates.fold`) puts its ep ranks etp apart with no
+    cp rank between them."""
+    return ep_node_members(c.ep, c.etp, 1 if c.fold else cp, gpus_per_node)
 
 
 def alltoall_seconds(m: ModelShape, c: Candidates, seq: int, policy: DtypePolicy,

@@ -177,8 +177,8 @@ class FitAdvice:
                 "skipped": [{"change": c, "reason": r} for c, r in self.skipped]}
 
 
-def _moves(k: Knobs, gpus_per_node: int, train_only: bool, experts: int = 0, seq: int = 0
-           ) -> list[tuple[str, Knobs | None, str]]:
+def _moves(k: Knobs, gpus_per_node: int, train_only: bool, experts: int = 0, seq: int = 0,
+           fold: bool = False) -> list[tuple[str, Knobs | None, str]]:
     """(kind, changed knobs or None, why not) of every one-knob change from ``k``; values
     that are no change (a ZeRO stage at or below the current one) are left out.
     ``experts``: the model's routed experts (0: dense, no ep change); ``seq``: the
@@ -216,9 +216,10 @@ def _moves(k: Knobs, gpus_per_node: int, train_only: bool, experts: int = 0, seq
         out.append(("sp", dataclasses.replace(k, sp=True) if k.tp > 1 else None,
                     "" if k.tp > 1 else "sequence parallelism needs tp > 1"))
     if experts:
-        e = 2 * k.ep
-        why = ("" if k.dp % e == 0 and experts % e == 0 else
-               f"ep={e} must divide dp ({k.dp}) and the experts ({experts})")
+        e, ranks = 2 * k.ep, k.dp * (k.cp * k.tp // k.etp if fold else 1)  # expert mesh
+        why = ("" if ranks % e == 0 and experts % e == 0 else
+               f"ep={e} must divide {'tp*cp*dp/etp' if fold else 'dp'} ({ranks}) and the "
+               f"experts ({experts})")
         out.append(("ep", None if why else dataclasses.replace(k, ep=e), why))
     if seq and not train_only:
         c = 2 * k.cp
@@ -228,8 +229,8 @@ def _moves(k: Knobs, gpus_per_node: int, train_only: bool, experts: int = 0, seq
     return out
 
 
-def _candidates(states: list[Knobs], global_batch: int, capacity_factor: float = 0.0
-                ) -> Candidates:
+def _candidates(states: list[Knobs], global_batch: int, capacity_factor: float = 0.0,
+                fold: bool = False) -> Candidates:
     """``states`` as the planner's :class:`Candidates` (reason -1: checked afterwards)."""
     def col(values: list[int]) -> np.ndarray:
         return np.array(values, dtype=np.int64)
@@ -245,7 +246,7 @@ def _candidates(states: list[Knobs], global_batch: int, capacity_factor: float =
                       np.full(len(states), -1, dtype=np.int64), col([s.ep for s in states]),
                       col([s.etp for s in states]), np.full(len(states), capacity_factor),
                       col([s.cp for s in states]), col([s.dp_replicate for s in states]),
-                      col([splits.index(s.stage_layers) for s in states]), splits)
+                      col([splits.index(s.stage_layers) for s in states]), splits, fold)
 
 
 def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity: float,
@@ -284,9 +285,9 @@ def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity
     base = _knobs(lay)
     space = Space(gpus=lay.gpus, global_batch=lay.global_batch, seq=lay.seq,
                   gpus_per_node=node, train_only=train_only,
-                  capacity_factor=lay.capacity_factor)
+                  capacity_factor=lay.capacity_factor, expert_fold=lay.expert_fold)
     experts = model.moe.experts if model.moe is not None else 0
-    singles = _moves(base, node, train_only, experts, lay.seq)
+    singles = _moves(base, node, train_only, experts, lay.seq, lay.expert_fold)
     skipped = [(_would_be(kind, base), why) for kind, k, why in singles if k is None]
     tried = [k for _, k, _ in singles if k is not None]
     valid, rejected = _check(model, space, tried)
@@ -317,7 +318,7 @@ def layout_memory(model: ModelShape, layout: Layout, options: StepOptions, *, dr
     --framework``): the four categories, ``transient`` (the framework's peak beyond states
     and saved activations: :mod:`shardlab.plan.memory_peak`) and ``total``."""
     lay = layout
-    c = _candidates([_knobs(lay)], lay.global_batch, lay.capacity_factor)
+    c = _candidates([_knobs(lay)], lay.global_batch, lay.capacity_factor, lay.expert_fold)
     mem = memory_arrays(model, c, lay.seq, lay.dtype, MemoryOptions(
         dropout, options.flash, imbalance, options.selective, options.memory))
     out = {n: float(getattr(mem, n)[0]) for n in (*CATEGORIES, "transient")}
@@ -336,7 +337,7 @@ def _check(model: ModelShape, space: Space, states: list[Knobs]
     """``states`` split by the planner's rules: (valid, [(invalid, the rule it breaks)])."""
     if not states:
         return [], []
-    c = _candidates(states, space.global_batch, space.capacity_factor)
+    c = _candidates(states, space.global_batch, space.capacity_factor, space.expert_fold)
     check_rules(model, space, c)
     valid = [s for s, r in zip(states, c.reason.tolist(), strict=True) if r < 0]
     bad = [(s, REASONS[r]) for s, r in zip(states, c.reason.tolist(), strict=True) if r >= 0]
@@ -348,7 +349,7 @@ def _price(model: ModelShape, lay: Layout, acc: Accelerator, base: Knobs, states
            ) -> tuple[float, list[FitChange]]:
     """The current step (seconds) and each of ``states`` priced, all in one pass of the
     planner's memory and step-time arrays (the current layout first)."""
-    c = _candidates([base, *states], lay.global_batch, lay.capacity_factor)
+    c = _candidates([base, *states], lay.global_batch, lay.capacity_factor, lay.expert_fold)
     mem = memory_arrays(model, c, lay.seq, lay.dtype, mem_opt)
     dev, _ = device_of(acc, lay.dtype, lay.gpus)
     step = step_seconds(model, c, mem, lay.seq, lay.global_batch, lay.dtype, dev,
@@ -383,7 +384,7 @@ def _pairs(model: ModelShape, lay: Layout, acc: Accelerator, base: Knobs,
             continue
         for kind2, second, _ in _moves(first, node, train_only,
                                        model.moe.experts if model.moe is not None else 0,
-                                       lay.seq):
+                                       lay.seq, lay.expert_fold):
             later = KINDS.index(kind2) > KINDS.index(kind)
             if second is not None and second not in seen and (
                     later or (kind2 == kind and kind in REPEATABLE)):

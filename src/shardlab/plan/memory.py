@@ -261,9 +261,10 @@ def zero_group_arrays(c: Candidates) -> tuple[np.ndarray, np.ndarray, np.ndarray
                                                np.ndarray]:
     """:func:`shardlab.estimate.states.zero_groups` over arrays: (dense shard group, expert
     shard group, dense replicas, expert replicas) per layout."""
-    shard = c.dp_shard
-    hsdp = (c.dp_replicate > 1) & (shard % c.ep == 0)
-    experts = np.where(hsdp, shard // c.ep, c.dp // c.ep) * c.cp
+    shard, fold = c.dp_shard, c.expert_fold_ranks  # fold: expert-mesh ranks per dp rank
+    after = 1 if c.fold else c.cp  # unfolded, an expert's shards also span cp
+    hsdp = (c.dp_replicate > 1) & (shard * fold % c.ep == 0)
+    experts = np.where(hsdp, shard * fold // c.ep, c.dp * fold // c.ep) * after
     return shard * c.cp, experts, c.dp_replicate, np.where(hsdp, c.dp_replicate, 1)
 
 

@@ -142,6 +142,20 @@ class Framework:
     forward and again in backward (rotate method ``allgather``, torchtitan's default) and
     rotates dK/dV in fp32 (``convert_to_f32``). Megatron-LM's ring passes the kv heads."""
 
+    expert_fold: bool = False
+    """Whether its expert layers take their own mesh over each pipeline stage's tp x cp x dp
+    ranks ("parallel folding"): each expert split etp ways (etp innermost), ep groups of
+    consecutive etp-strided ranks, the rest expert data parallel, so ep need only divide
+    tp·cp·dp/etp and an expert's states shard over tp·cp·dp/(ep·etp) replicas. Megatron-Core
+    (parallel_state.py at d98e8a64: ``expert_decoder_rank_generator = RankGenerator(
+    tp=expert_tensor_parallel_size, ep=expert_model_parallel_size, dp=expert_data_parallel_
+    size, ...)``, ``expert_data_parallel_size = world_size // expert_tensor_model_pipeline_
+    parallel_size``; the MoE report, arXiv 2603.07685, Section 3.3) and torchtitan
+    (parallel_dims.py at b5bcd76c: the sparse mesh ``["pp", "dp_replicate", "efsdp", "ep"]``,
+    "expert_parallel_degree must divide dp_shard * cp * tp", ``efsdp = fsdp * tp // ep``).
+    Without it (shardlab's own runtime, DeepSpeed) the ep group is drawn from dp and an
+    expert is replicated over dp/ep x cp ranks."""
+
     def options(self) -> dict[str, object]:
         """The options as StepOptions keywords."""
         return {"overlap_dp": self.overlap_dp, "overlap_tp": self.overlap_tp,
@@ -157,7 +171,7 @@ class Framework:
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework(
         "megatron", "off", "off", "interleaved", True, True, fp8_cast_bytes=3,
-        grad_reduce_bytes=4, loss_bytes=52, moe_sequence_split=True,
+        grad_reduce_bytes=4, loss_bytes=52, moe_sequence_split=True, expert_fold=True,
         memory=MemoryFacts(loss_bytes=6.0, held_grad_bytes=4, reduce_bytes=4, source=
             "bf16 gradients accumulate in fp32 main_grad buffers (arguments.py: 'bfloat16 "
             "requires gradient accumulation and all-reduce to be done in fp32'); the "
@@ -173,7 +187,7 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework(
         "torchtitan", "on", "off", "off", False, False, tp_overlap_kind="forward",
         flash_kernel="fa2", grad_reduce_bytes=4, selective="op", loss_bytes=36,
-        reduce_each_micro=True, cp_expanded_kv=True,
+        reduce_each_micro=True, cp_expanded_kv=True, expert_fold=True,
         memory=MemoryFacts(loss_bytes=12.0, reduce_bytes=4, fsdp2_root=True, source=
             "torchtitan 9dec370: the bf16 logits go to cross_entropy(pred.float()) and "
             "'del pred' before backward (train.py), so log_softmax's saved fp32 output, the "

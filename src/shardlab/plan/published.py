@@ -30,6 +30,7 @@ import numpy as np
 from shardlab.config.dtypes import get_policy
 from shardlab.config.hardware import Efficiency, get_accelerator
 from shardlab.plan.options import step_options_for
+from shardlab.plan.overlap import framework as overlap_framework
 from shardlab.plan.published_run import PublishedRun
 from shardlab.plan.runs_nvidia import NVIDIA_RUNS
 from shardlab.plan.runs_papers import PAPER_RUNS
@@ -47,7 +48,8 @@ def priced(run: PublishedRun, eff: Efficiency | None = None) -> dict[str, Any]:
     acc = run.accelerator()
     if eff is not None:
         acc = replace(acc, efficiency=eff)
-    space = Space(gpus=run.gpus, global_batch=run.global_batch, seq=run.seq)
+    space = Space(gpus=run.gpus, global_batch=run.global_batch, seq=run.seq,
+                  expert_fold=overlap_framework(run.framework).expert_fold)
     only = layout_candidates(run.model, space, run.layout_text)
     options = step_options_for(acc, flash=run.flash, framework=run.framework,
                                overrides=layout_step_keys(run.options))

@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # the space calls these rules: types only, no import cycle
     from shardlab.plan.space import Candidates, Space
 
 R_TP = "tp does not divide heads, kv heads or d_ff"
-R_EP = "ep does not divide dp or the experts"
+R_EP = "ep does not divide dp (tp·cp·dp/etp folded) or the experts"
 R_CHUNKS = "pp x virtual stages exceeds the layers"
 R_BATCH = "global batch not a multiple of dp x micro-batch"
 R_CP = "cp does not cut seq into 2 x cp equal chunks"
@@ -41,7 +41,7 @@ def check_rules(model: ModelShape, sp: Space, c: Candidates) -> None:
         bad_tp |= (c.etp > 1) & (model.moe.expert_d_ff % c.tp != 0)
     _mark(c, bad_tp, R_TP)
     experts = model.moe.experts if model.moe is not None else 1
-    _mark(c, (c.dp % c.ep != 0) | (experts % c.ep != 0), R_EP)
+    _mark(c, (c.dp * c.expert_fold_ranks % c.ep != 0) | (experts % c.ep != 0), R_EP)
     _mark(c, c.pp * c.virtual > model.layers, R_CHUNKS)
     _mark(c, sp.global_batch % (c.dp * c.micro_batch) != 0, R_BATCH)
     _mark(c, (c.cp > 1) & (sp.seq % (2 * c.cp) != 0), R_CP)

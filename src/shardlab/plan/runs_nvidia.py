@@ -246,6 +246,15 @@ ZQ_RUNS: tuple[PublishedRun, ...] = (
     _zq("TP4 PP8 EP8", 4, 8, 4, 8, 1, 1, "none", 29.0, 167,
         "run_235b.sh before d95e6e5, 'Intra-node EP + large TP solution': TP 4, PP 8, VPP 4, "
         "EP 8, --moe-router-force-load-balancing --moe-router-aux-loss-fusion, no recompute"),
+    # EP 32 over DP 16: the expert layers fold the two tensor ranks (Megatron-Core's parallel
+    # folding, ETP 1, EDP 1), expressible since the planner folds for --framework megatron.
+    _zq("TP2 PP8 EP32", 2, 8, 4, 32, 1, 1, "none", 19.7, 245,
+        "the row '| 235B | DeepEP | H100 | BF16 | 256 | 4096 | 2 | 1 | 32 | 8 | 1 | 1 | 4 | 16 "
+        "| / | 1 | 2048 | 128 | norm, act | 19.7 | 245 |' (code moe_dev(f3e6c5), in the README "
+        "since 8017e11, May 2025; its twin with '+1f1b overlap', 17.6 s, runs the EP "
+        "all-to-all overlap shardlab does not price and is left out); recompute 'norm, act' "
+        "(Megatron's selective --recompute-modules layernorm moe_act: the norms and the "
+        "experts' activation run again, memory-bound work priced as no recompute)"),
 )
 
 NVIDIA_RUNS = MW_RUNS + NM_RUNS + MB_RUNS + ZQ_RUNS

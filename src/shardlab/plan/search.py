@@ -318,7 +318,8 @@ def layout_candidates(model: ModelShape, space: Space, text: str) -> Candidates:
                       recompute=raw.get("recompute", "none"), schedule=raw.get("schedule"),
                       ep=integer("ep", 1), etp=integer("etp", tp),
                       capacity_factor=layout_capacity_factor(raw, space.capacity_factor),
-                      cp=cp, stage_layers=split, dp_replicate=integer("dp_replicate", 1))
+                      cp=cp, stage_layers=split, dp_replicate=integer("dp_replicate", 1),
+                      expert_fold=space.expert_fold)
     one = lambda x: np.array([x], dtype=np.int64)  # noqa: E731
     splits = ((), lay.stage_layers) if lay.stage_layers else ((),)
     c = Candidates(one(lay.dp), one(lay.tp), one(lay.pp), one(lay.virtual_stages),
@@ -326,7 +327,7 @@ def layout_candidates(model: ModelShape, space: Space, text: str) -> Candidates:
                    one(RECOMPUTE.index(lay.recompute)), one(lay.micro_batch),
                    one(lay.microbatches), one(-1), one(lay.ep), one(lay.etp),
                    np.array([lay.capacity_factor]), one(lay.cp), one(lay.dp_replicate),
-                   one(len(splits) - 1), splits)
+                   one(len(splits) - 1), splits, space.expert_fold)
     if space.train_only:
         if lay.dp > 1 and lay.zero not in TRAIN_ZERO:
             raise SpecError("zero", lay.zero, "shardlab train runs ZeRO 0 (ddp), 2 "

@@ -77,6 +77,9 @@ class Space:
     """Expert-parallel degrees to try (MoE): None, every divisor of dp that divides the
     experts; values that do not divide a mesh's dp or the experts are skipped there."""
     capacity_factor: float = 0.0
+    expert_fold: bool = False
+    """The framework folds its expert layers onto their own mesh
+    (:attr:`~shardlab.plan.overlap.Framework.expert_fold`): ep divides tp·cp·dp/etp."""
     cp: tuple[int, ...] | None = None
     """Context-parallel degrees to try: None, the long-sequence default
     (:mod:`shardlab.plan.choices`);
@@ -157,6 +160,8 @@ class Candidates:
     dp_replicate: np.ndarray
     split: np.ndarray
     splits: tuple[tuple[int, ...], ...] = ((),)
+    fold: bool = False
+    """Shared: the expert layers take their own mesh (:attr:`Space.expert_fold`)."""
 
     def __len__(self) -> int:
         return len(self.dp)
@@ -175,6 +180,12 @@ class Candidates:
     def gpus(self) -> np.ndarray:
         """Devices of each layout: dp x cp x tp x pp."""
         return self.dp * self.cp * self.tp * self.pp
+
+    @property
+    def expert_fold_ranks(self) -> np.ndarray:
+        """Ranks of a stage's expert mesh per data-parallel rank: cp·tp/etp with folding
+        (the expert mesh spans tp·cp·dp/etp ranks), 1 without (it spans dp)."""
+        return self.cp * (self.tp // self.etp) if self.fold else np.ones_like(self.dp)
 
     def layout(self, i: int) -> dict[str, object]:
         """Layout ``i`` as plain values: dp, tp, pp, virtual_stages, micro_batch, ...,
@@ -231,7 +242,7 @@ def _meshes(model: ModelShape, sp: Space
                 if pp > max_pp:
                     continue
                 dp = sp.gpus // (tp * cp * pp)
-                experts = expert_choices(model, dp, tp, sp.ep)
+                experts = expert_choices(model, dp, tp, sp.ep, cp, sp.expert_fold)
                 if not experts:
                     continue
                 runs = []
@@ -247,8 +258,10 @@ def _meshes(model: ModelShape, sp: Space
                     runs.append((SCHEDULES.index(name), vs))
                 replicas = replica_choices(dp, cp, tp, sp.gpus_per_node, sp.dp_replicate)
                 for r in replicas:
-                    # HSDP of a MoE: the ep group must fit in one replica's dp/R ranks.
-                    ex = [(e, et) for e, et in experts if r == 1 or (dp // r) % e == 0]
+                    # HSDP of a MoE: the ep group must fit in one replica's dp/R ranks
+                    # (x cp·tp/etp with folding).
+                    ex = [(e, et) for e, et in experts if r == 1 or (
+                        (dp // r) * (cp * (tp // et) if sp.expert_fold else 1)) % e == 0]
                     if ex:
                         out += [(dp, cp, tp, pp, sched, vs, ex, r) for sched, vs in runs]
     return out
@@ -344,7 +357,8 @@ def enumerate_space(model: ModelShape, sp: Space) -> Candidates:
     m = sp.global_batch // (dp * mb)
     c = Candidates(dp, tp, pp, v, sched, zero, spar, rc_idx[rc_i], mb, m,
                    np.full(total, -1, dtype=np.int64), ep, etp,
-                   np.full(total, float(sp.capacity_factor)), cp, rep, split, tuple(splits))
+                   np.full(total, float(sp.capacity_factor)), cp, rep, split, tuple(splits),
+                   sp.expert_fold)
     check_rules(model, sp, c)
     return c
 

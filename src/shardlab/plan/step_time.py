@@ -288,7 +288,8 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     dense = mem.params - mem.expert_params
     on = dp_on(opt.overlap_dp, c.zero)
     # A ring that leaves the node also hides behind the waits on NVLink collectives.
-    nvlink = nvlink_waits((tp_mb, tp <= gpn), (ep_mb, c.ep * c.etp * cp <= gpn),
+    ep_span = c.ep * c.etp * (1 if c.fold else cp)  # a folded mesh has no cp rank inside
+    nvlink = nvlink_waits((tp_mb, tp <= gpn), (ep_mb, ep_span <= gpn),
                           (cp_mb, cp * tp <= gpn),
                           dp_inside=np.where(c.zero == 0, inside_r, inside_d))
     fwd_window = (comp_mb + nvlink) / 3
@@ -299,8 +300,7 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
                     else policy.grad_bytes)
 
     # A ring leaves each node through the NICs of the group's members there (comm_time):
-    # dense groups stride t (HSDP's replicas t·dp_shard·cp), expert groups ep·etp.
-    estride = c.ep * c.etp * cp
+    # dense groups stride t (HSDP's replicas t·dp_shard·cp), expert groups ep·etp(·cp).
 
     def over(collective: str, fn: Callable[..., np.ndarray], nbytes: float,
              ranks: np.ndarray, expert_ranks: np.ndarray, inside: np.ndarray,
@@ -310,7 +310,7 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
         ``per``) over their groups of ``ranks`` and ``expert_ranks``."""
         link = dev.link(collective, inside, members_per_node(ranks, stride, gpn))
         elink = dev.link(collective, inside, members_per_node(
-            expert_ranks, stride * estride // np.maximum(tp, 1), gpn))
+            expert_ranks, stride * ep_span // np.maximum(tp, 1), gpn))
         experts = fn(mem.expert_params * nbytes / per[1], expert_ranks, *elink)
         # A dense model has no expert collective to pay the latency of.
         return (fn(dense * nbytes / per[0], ranks, *link)
