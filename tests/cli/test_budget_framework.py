@@ -39,6 +39,23 @@ def test_budget_gives_the_plans_memory_at_the_frameworks_peak(
     assert f["fits"] == (f["per_device"]["total"] <= budget["memory"]["capacity"])
 
 
+def test_a_moe_budget_folds_the_experts_as_the_plan_does(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Mixtral, tp 4 x dp 2, ep 2 with whole experts: Megatron-Core folds the experts over
+    the 8 ranks (each expert replicated 4 ways), as plan --framework megatron prices it;
+    the budget's own figure keeps the ep group drawn from dp (shardlab train's)."""
+    argv = ("--gpus", "8", "--tp", "4", "--ep", "2", "--etp", "1", "--zero", "1",
+            "--sp", "--recompute", "full", "--seq", "4096", "--gpu", "h100")
+    budget = doc_of(capsys, "budget", "mixtral-8x7b", *argv, "--framework", "megatron")
+    plan = doc_of(capsys, "plan", "mixtral-8x7b", "--gpus", "8", "--global-batch", "2",
+                  "--seq", "4096", "--gpu", "h100", "--layout",
+                  "dp=2 tp=4 ep=2 etp=1 zero=1 sp=1 micro_batch=1 recompute=full",
+                  "--framework", "megatron")["best"][0]
+    f = budget["memory"]["framework"]["per_device"]
+    assert f["optimizer"] == plan["memory_breakdown"]["optimizer"]
+    assert f["optimizer"] < budget["memory"]["per_device"]["optimizer"]
+
+
 def test_a_framework_without_memory_facts_adds_nothing(
         capsys: pytest.CaptureFixture[str]) -> None:
     f = doc_of(capsys, "budget", "llama-3-8b", *LAYOUT, "--framework", "fsdp")["memory"][

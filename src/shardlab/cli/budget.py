@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -220,8 +221,9 @@ def framework_memory(model: ModelShape, layout: Layout, acc: Accelerator, a: Ass
     activations), their total and whether that fits the budget's capacity."""
     fw = overlap_framework(name)
     options = step_options_for(acc, flash=a.attention == "flash", framework=fw.name)
-    mem = layout_memory(model, layout, options, dropout=doc["assumptions"]["dropout"],
-                        imbalance=a.routing_imbalance)
+    # Megatron-Core and torchtitan fold the experts over tp x cp x dp, as plan prices them.
+    mem = layout_memory(model, replace(layout, expert_fold=fw.expert_fold), options,
+                        dropout=doc["assumptions"]["dropout"], imbalance=a.routing_imbalance)
     facts = options.memory
     return {"name": fw.name, "per_device": mem, "fits": mem["total"] <= doc["memory"]["capacity"],
             "source": facts.source if facts is not None else "no memory facts: states and "
