@@ -82,6 +82,9 @@ def test_layout_takes_ep_etp_and_capacity_and_budget_agrees(
     doc = json.loads(capsys.readouterr().out)
     assert b["memory_per_device"] == pytest.approx(doc["memory"]["per_device"]["total"],
                                                    rel=1e-12)
+    # Pairs split on spaces or commas; a comma inside stage_layers continues its value.
+    assert parse_layout("tp=2,pp=2 stage_layers=15,17,zero=1") == {
+        "tp": "2", "pp": "2", "stage_layers": "15,17", "zero": "1"}
 
 
 def test_dense_models_get_no_ep_and_train_commands_name_it() -> None:

@@ -176,9 +176,9 @@ def test_uneven_stages_take_their_layers_time(capsys: pytest.CaptureFixture[str]
      "stages=1000: must be <= 256"),
     (["--kind", "gpipe", "--stages", "1", "--microbatches", "5000"],
      "microbatches=5000: must be <= 4096"),
-    (["--kind", "interleaved-1f1b", "--stages", "1", "--microbatches", "1", "--virtual",
-      "140000"], "virtual=140000: interleaved-1f1b on 1 stages x 140000 chunk(s) x 1 "
-     "micro-batches x 2 would run 280,000 actions; at most 262,144"),
+    (["--kind", "interleaved-1f1b", "--stages", "2", "--microbatches", "2", "--virtual",
+      "140000"], "virtual=140000: interleaved-1f1b on 2 stages x 140000 chunk(s) x 2 "
+     "micro-batches x 2 would run 1,120,000 actions; at most 262,144"),
     (["--kind", "zb-h2", "--stages", "256", "--microbatches", "400"],
      "microbatches=400: zb-h2 on 256 stages x 1 chunk(s) x 400 micro-batches x 3 would run "
      "307,200 actions; at most 262,144 (fewer micro-batches: at most 341)"),
@@ -203,6 +203,9 @@ def test_uneven_stages_take_their_layers_time(capsys: pytest.CaptureFixture[str]
     (["--kind", "1f1b", "--stages", "2", "--microbatches", "2", "--trace", "a.json",
       "--actions-out", "a.json"], "actions-out='a.json': is also --trace's file"),
     (["--stages", "2", "--microbatches", "2"], "--kind"),
+    # Once ran: one stage has nothing to interleave (make_layout refuses it too).
+    (["--kind", "interleaved-1f1b", "--stages", "1", "--microbatches", "4"],
+     "stages=1: must be >= 2 for interleaved-1f1b"),
 ])
 def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                monkeypatch: pytest.MonkeyPatch, argv: list[str],

@@ -207,7 +207,10 @@ def test_a_power_cap_scales_matmul_peaks_by_the_cube_root() -> None:
     capped = power_capped(h100, 500)
     assert capped.peak("bf16") == pytest.approx(989e12 * (500 / 700) ** (1 / 3))
     assert capped.memory_bandwidth == h100.memory_bandwidth and capped.power_watts == 500
-    assert power_capped(h100, 900).peak("bf16") == h100.peak("bf16")  # no gain above TDP
+    with pytest.raises(SpecError, match=r"power_cap_w=900: must be at most H100 SXM's board "
+                       r"power \(700 W\)"):
+        power_capped(h100, 900)  # once a silent no-op
+    assert power_capped(h100, 700).peak("bf16") == h100.peak("bf16")
 
 
 def test_nics_per_node_share_the_node_s_network() -> None:

@@ -275,6 +275,9 @@ def run(args: argparse.Namespace) -> int:
     layers = parse_stage_layers(args.stage_layers)
     if args.kind == "all":
         return _run_all(args, d, layers, KINDS)
+    if args.kind == "interleaved-1f1b" and args.stages < 2:
+        # As a layout: one stage has no pipeline to interleave (its chunks run in turn).
+        raise SpecError("stages", args.stages, "must be >= 2 for interleaved-1f1b")
     files = _outputs(args)
     n = check_size(args.kind, args.stages, args.microbatches, args.virtual)
     for flag in ("png", "svg"):

@@ -143,9 +143,12 @@ def power_capped(acc: Accelerator, watts: float) -> Accelerator:
     """``acc`` under a power cap of ``watts``: every matmul peak times
     (min(watts, power)/power)^(1/3) (:data:`POWER_EXPONENT`), power_watts the cap."""
     cap = require_positive_number("power_cap_w", watts)
-    scale = (min(cap, acc.power_watts) / acc.power_watts) ** (1 / POWER_EXPONENT)
+    if cap > acc.power_watts:  # a cap above the board power caps nothing
+        raise SpecError("power_cap_w", watts, f"must be at most {acc.name}'s board power "
+                        f"({acc.power_watts:g} W)")
+    scale = (cap / acc.power_watts) ** (1 / POWER_EXPONENT)
     return replace(acc, peak_flops={k: v * scale for k, v in acc.peak_flops.items()},
-                   power_watts=min(cap, acc.power_watts),
+                   power_watts=cap,
                    source=f"{acc.source}; capped at {cap:g} W: matmul peaks x {scale:.3f}")
 
 

@@ -14,6 +14,7 @@ rule) and so that share of the measured peak, and memory / gpus bytes.
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -248,7 +249,16 @@ def parse_layout(text: str, extra: tuple[str, ...] = ()) -> dict[str, str]:
     is refused: which one was meant?)."""
     out: dict[str, str] = {}
     known = LAYOUT_KEYS + extra
-    for item in text.replace(",", " ").split():
+    # Pairs are separated by spaces or commas; a comma inside a value (stage_layers=16,16)
+    # continues that value.
+    items: list[str] = []
+    for piece in re.split(r"[\s,]+", text.strip()):
+        if piece and "=" not in piece and items and re.fullmatch(r"[0-9+]+", piece) \
+                and items[-1].startswith("stage_layers="):
+            items[-1] += "," + piece
+        elif piece:
+            items.append(piece)
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep or not value:
             raise SpecError("layout", item, "must be key=value")
