@@ -23,6 +23,10 @@ PUBLISHED = {
     "mistral-7b": 7_241_732_096,
     "mixtral-8x7b": 46_702_792_704,
     "qwen2.5-7b": 7_615_616_512,
+    # Qwen3 safetensors index totals / 2 (bf16): with the q_norm and k_norm scales.
+    "qwen3-8b": 8_190_735_360,
+    "qwen3-30b-a3b": 30_532_122_624,
+    "qwen3-235b-a22b": 235_093_634_560,
     "hypo-100b": 101_209_569_280,
 }
 

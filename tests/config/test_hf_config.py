@@ -35,6 +35,10 @@ CATALOG_CASES = [
     ("mistral-7b", 7_241_732_096),
     ("mixtral-8x7b", 46_702_792_704),
     ("qwen2.5-7b", 7_615_616_512),
+    # Qwen3: the published files' fields (written out here), q_norm/k_norm included.
+    ("qwen3-8b", 8_190_735_360),
+    ("qwen3-30b-a3b", 30_532_122_624),
+    ("qwen3-235b-a22b", 235_093_634_560),
     ("gpt2", 124_439_808),
 ]
 
@@ -276,7 +280,7 @@ def test_moe_shapes_mixtral_cannot_hold_are_refused(shape: ModelShape, named: st
 @pytest.mark.parametrize("model_type", ["qwen2_moe", "bert", "", None, 3])
 def test_unknown_model_type(tmp_path: Path, model_type: object) -> None:
     with pytest.raises(SpecError, match=r"^model_type=.*must be one of llama, mistral, mixtral, "
-                                        "qwen2, gpt2"):
+                                        "qwen2, qwen3, qwen3_moe, gpt2"):
         shape_from_hf_config(edited(tmp_path, "llama-3-8b", model_type=model_type))
 
 
@@ -376,3 +380,36 @@ def test_any_junk_value_gives_notes_or_a_spec_error(stem: str, style: str) -> No
                      {"type": None}, {"rope_theta": "x"}]:
             with contextlib.suppress(SpecError):
                 assert isinstance(check_computable({**config, key: junk}, style), list)
+
+
+def test_qwen3_reads_its_query_key_norms_and_experts() -> None:
+    dense = shape_from_hf_config(DATA / "qwen3-8b.json")
+    assert dense.qk_norm and dense.head_dim == 128 and dense.moe is None
+    moe = shape_from_hf_config(DATA / "qwen3-235b-a22b.json")
+    assert moe.moe == MoE(experts=128, experts_per_token=8, expert_d_ff=1536)
+    # By hand, per layer (d=4096, q=64*128=8192, k=v=4*128=512, 128 experts of 1536):
+    #   attention 4096*8192*2 + 2*4096*512 = 71,303,168; q/k norms 2*128 = 256
+    #   experts 128*3*4096*1536 = 2,415,919,104; router 4096*128 = 524,288; norms 8,192
+    # = 2,487,755,008 per layer, x94 = 233,848,970,752; embedding and head 2*151936*4096 =
+    # 1,244,659,712; final norm 4,096: 235,093,634,560.
+    assert count_params(moe).total == 235_093_634_560
+
+
+@pytest.mark.parametrize(("changes", "named"), [
+    ({"head_dim": ...}, "head_dim=None: is missing"),
+    ({"num_key_value_heads": ...}, "num_key_value_heads=None: is missing"),
+    ({"attention_bias": True}, "attention_bias=True: is not supported"),
+    ({"use_sliding_window": True}, "use_sliding_window=True: is not supported"),
+    ({"mlp_only_layers": [0, 1]}, "mlp_only_layers=[0, 1]: must be empty"),
+    ({"decoder_sparse_step": 2}, "mlp_only_layers=[]: must be empty"),
+    ({"num_experts_per_tok": 200}, "num_experts_per_tok=200: must be <= num_experts (128)"),
+])
+def test_qwen3_fields_shardlab_cannot_hold_are_refused(tmp_path: Path, changes: dict,
+                                                       named: str) -> None:
+    with pytest.raises(SpecError, match="^" + re.escape(named)):
+        shape_from_hf_config(edited(tmp_path, "qwen3-30b-a3b", **changes))
+
+
+def test_a_qwen3_shape_exports_nothing() -> None:
+    with pytest.raises(SpecError, match=r"^qk_norm=True: shardlab's model has no query/key"):
+        hf_family(get_model("qwen3-8b"))

@@ -27,6 +27,7 @@ from shardlab.cli.output import print_json
 from shardlab.config.hardware import LINKS
 from shardlab.config.layout import parse_stage_layers
 from shardlab.config.lookup import find
+from shardlab.config.model import require_buildable
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.report.simulate_view import print_simulation
@@ -113,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
     vocab = garden_vocab().size
     shape_flags(args, f"MODEL ({args.model})" if args.model is not None else None)
     shape = build_shape(args, vocab)
+    require_buildable(shape)
     if args.zero > 3:
         raise SpecError("zero", args.zero, "must be 0, 1, 2 or 3")
     if args.etp != 1:

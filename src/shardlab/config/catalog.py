@@ -45,6 +45,15 @@ MODELS: dict[str, ModelShape] = {m.name: m for m in (
            moe=MoE(experts=8, experts_per_token=2, expert_d_ff=14336), rope_theta=1e6),
     _llama("qwen2.5-7b", "Qwen/Qwen2.5-7B", 28, 3584, 28, 4, 18944, 152064, 131072,
            qkv_bias=True, rope_theta=1e6),
+    # Qwen3: head_dim 128 whatever the width, RMSNorm on each head's query and key.
+    _llama("qwen3-8b", "Qwen/Qwen3-8B", 36, 4096, 32, 8, 12288, 151936, 40960,
+           head_dim=128, qk_norm=True, rope_theta=1e6),
+    _llama("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", 48, 2048, 32, 4, 6144, 151936, 40960,
+           head_dim=128, qk_norm=True, rope_theta=1e6,
+           moe=MoE(experts=128, experts_per_token=8, expert_d_ff=768)),
+    _llama("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", 94, 4096, 64, 4, 12288, 151936, 40960,
+           head_dim=128, qk_norm=True, rope_theta=1e6,
+           moe=MoE(experts=128, experts_per_token=8, expert_d_ff=1536)),
     ModelShape("hypo-100b", 80, 10240, 80, vocab=50257, context=2048, style="gpt", tied=True,
                source="the seed calculator's hypothetical GPT-3-style 100B model "
                       "(80 layers, d=10240, 80 heads of 128, GPT-2 BPE vocabulary)"),
@@ -56,6 +65,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "llama-3-8b": ("meta-llama-3-8b", "llama3-8b"),
     "llama-3-70b": ("meta-llama-3-70b", "llama3-70b"),
     "llama-3.1-405b": ("llama-405b",),
+    "qwen3-30b-a3b": ("qwen3-30b",),
+    "qwen3-235b-a22b": ("qwen3-235b",),
     "hypo-100b": ("100b", "hypothetical-100b"),
 }
 

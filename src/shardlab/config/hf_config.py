@@ -31,6 +31,14 @@ that builds the weights from it:
 * ``qwen2`` (Qwen2Config): the llama fields with biases on q, k, v but not o
   (Qwen2Attention, hard-wired); an absent ``num_key_value_heads`` is the class default
   32, an explicit null means ``num_attention_heads``.
+* ``qwen3`` (Qwen3Config) and ``qwen3_moe`` (Qwen3MoeConfig): the llama fields, an
+  RMSNorm of ``head_dim`` on each head's query and key (Qwen3Attention's ``q_norm``,
+  ``k_norm``: ``qk_norm``), no biases (``attention_bias`` true is refused, as llama's);
+  ``head_dim`` and ``num_key_value_heads`` must be given (every published file gives
+  them). ``qwen3_moe`` adds ``num_experts``, ``num_experts_per_tok`` and
+  ``moe_intermediate_size`` (Qwen3MoeSparseMoeBlock, a bias-free router); a MoE block in
+  every layer: ``decoder_sparse_step`` 1 and no ``mlp_only_layers``. ``use_sliding_window``
+  true is refused. shardlab prices these shapes; its runtime does not build them.
 * ``gpt2`` (GPT2Config): ``n_embd``, ``n_layer``, ``n_head``, ``n_positions`` (absent:
   the older ``n_ctx``), ``vocab_size``, ``n_inner`` (absent or null: 4 * ``n_embd``,
   GPT2Block), ``tie_word_embeddings`` (absent: true, the PretrainedConfig default);
@@ -66,19 +74,22 @@ from shardlab.errors import SpecError
 
 Config = dict[str, Any]
 
-FAMILIES: tuple[str, ...] = ("llama", "mistral", "mixtral", "qwen2", "gpt2")
+FAMILIES: tuple[str, ...] = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe",
+                             "gpt2")
 ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "MixtralForCausalLM": "mixtral",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
     "GPT2LMHeadModel": "gpt2",
 }
 
 # What an *absent* num_key_value_heads means: the config class's own default
 # (None for Llama, then = heads; a literal 8 for Mistral/Mixtral, 32 for Qwen2).
 _ABSENT_KV_HEADS: dict[str, int | None] = {"llama": None, "mistral": 8, "mixtral": 8,
-                                           "qwen2": 32}
+                                           "qwen2": 32, "qwen3": None, "qwen3_moe": None}
 _MISSING = object()
 # GPT2Config's default activation is gelu_new: the same tanh approximation of GELU as
 # gelu_pytorch_tanh (transformers' NewGELUActivation), which export writes.
@@ -248,6 +259,29 @@ def _qwen2(r: _Reader) -> dict[str, Any]:
     return {**_rotary(r), "qkv_bias": True}
 
 
+def _qwen3(r: _Reader) -> dict[str, Any]:
+    r.refuse_true("attention_bias", "Qwen3Attention then biases q, k, v and o; "
+                                    "ModelShape models q/k/v biases only")
+    r.refuse_true("use_sliding_window", "shardlab's attention sees the whole causal prefix")
+    r.positive_int("head_dim")  # required: the classes' defaults differ from d / heads
+    r.positive_int("num_key_value_heads")
+    return {**_rotary(r), "qk_norm": True}
+
+
+def _qwen3_moe(r: _Reader) -> dict[str, Any]:
+    fields = _qwen3(r)
+    experts = r.positive_int("num_experts")
+    top_k = r.positive_int("num_experts_per_tok")
+    if top_k > experts:
+        raise SpecError("num_experts_per_tok", top_k, f"must be <= num_experts ({experts})")
+    if r.config.get("decoder_sparse_step", 1) != 1 or r.config.get("mlp_only_layers"):
+        raise SpecError("mlp_only_layers", r.config.get("mlp_only_layers"), "must be empty "
+                        "with decoder_sparse_step 1: ModelShape's dense layers lead the model")
+    fields["moe"] = MoE(experts=experts, experts_per_token=top_k,
+                        expert_d_ff=r.positive_int("moe_intermediate_size"))
+    return fields
+
+
 def _gpt2(r: _Reader) -> dict[str, Any]:
     r.refuse_true("add_cross_attention", "it adds encoder-attention weights to every block")
     d_model = r.positive_int("n_embd")
@@ -266,7 +300,8 @@ def _gpt2(r: _Reader) -> dict[str, Any]:
 
 
 _BUILDERS: dict[str, Callable[[_Reader], dict[str, Any]]] = {
-    "llama": _llama, "mistral": _rotary, "mixtral": _mixtral, "qwen2": _qwen2, "gpt2": _gpt2,
+    "llama": _llama, "mistral": _rotary, "mixtral": _mixtral, "qwen2": _qwen2,
+    "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "gpt2": _gpt2,
 }
 
 

@@ -11,7 +11,11 @@ from shardlab.errors import SpecError
 
 
 def hf_family(shape: ModelShape) -> str:
-    """``llama``, ``qwen2``, ``gpt2`` or ``mixtral``: the family a shape exports to."""
+    """``llama``, ``qwen2``, ``gpt2`` or ``mixtral``: the family a shape exports to. A
+    shape with query/key norms (Qwen3) is refused: shardlab's model does not build them."""
+    if shape.qk_norm:
+        raise SpecError("qk_norm", True, "shardlab's model has no query/key norms (Qwen3): "
+                        "budget and plan price this shape; export and import need one without")
     if shape.moe is not None:
         _check_mixtral(shape)
         return "mixtral"

@@ -6,7 +6,8 @@ Two styles cover the models shardlab knows:
   with two matrices, learned absolute positions (GPT-2, GPT-3).
 * ``llama``: RMSNorm (scale only), no biases (except q/k/v biases where
   ``qkv_bias`` is set, as in the Qwen2 family), SwiGLU MLP with three matrices,
-  rotary positions with no parameters (Llama, Mistral, Mixtral, Qwen2).
+  rotary positions with no parameters (Llama, Mistral, Mixtral, Qwen2); ``qk_norm``
+  adds an RMSNorm of head_dim on each head's query and key (Qwen3).
 
 Mixture-of-experts layers (``moe``) replace the MLP with ``experts`` expert MLPs
 of width ``expert_d_ff``, a linear router of ``d_model x experts`` and
@@ -119,6 +120,10 @@ class ModelShape:
     style: Style = "gpt"
     tied: bool = True
     qkv_bias: bool = False
+    qk_norm: bool = False
+    """RMSNorm over each head's query and key before rotary (Qwen3: ``q_norm``/``k_norm``,
+    head_dim weights each). Priced by budget and plan; shardlab's runtime does not build
+    it (train, simulate, dryrun, export and import refuse such a shape)."""
     moe: MoE | None = None
     rope_theta: float = ROPE_THETA
     source: str = field(default="", compare=False)
@@ -189,5 +194,14 @@ class ModelShape:
                if self.moe else "")
         return (f"{self.style} L={self.layers} d={self.d_model} heads={self.heads}{gqa} "
                 f"hd={self.head_dim} ff={self.d_ff} V={self.vocab} ctx={self.context}"
-                f"{' tied' if self.tied else ''}{moe}"
+                f"{' tied' if self.tied else ''}{' qk_norm' if self.qk_norm else ''}{moe}"
                 f"{f' rope_theta={self.rope_theta:g}' if self.rope_theta != ROPE_THETA else ''}")
+
+
+def require_buildable(shape: ModelShape) -> None:
+    """One-line SpecError for a shape shardlab's runtime model does not build: query/key
+    norms (Qwen3, :attr:`ModelShape.qk_norm`), which budget and plan price."""
+    if shape.qk_norm:
+        raise SpecError("qk_norm", True, f"{shape.name}: shardlab's model has no query/key "
+                        "norms (Qwen3); budget and plan price this shape, but train, simulate "
+                        "and dryrun need one without")

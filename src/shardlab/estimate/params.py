@@ -3,7 +3,7 @@
 Per layer (d = d_model, q = heads*head_dim, k = kv_heads*head_dim, f = d_ff):
 
 * attention: Q d*q, K and V d*k each, output q*d; gpt style adds the biases
-  q + 2k + d, ``qkv_bias`` adds q + 2k.
+  q + 2k + d, ``qkv_bias`` adds q + 2k, ``qk_norm`` two RMSNorm scales of head_dim.
 * dense MLP: gpt 2*d*f + f + d (GELU, biases); llama 3*d*f (SwiGLU, no biases).
 * norms: two per layer plus a final one; LayerNorm 2d each, RMSNorm d each.
 * MoE layer: ``experts`` routed MLPs of width expert_d_ff, one shared MLP of width
@@ -30,7 +30,13 @@ def attention_params(m: ModelShape) -> int:
         n += m.q_dim + 2 * m.kv_dim + m.d_model
     elif m.qkv_bias:
         n += m.q_dim + 2 * m.kv_dim
-    return n
+    return n + qk_norm_params(m)
+
+
+def qk_norm_params(m: ModelShape) -> int:
+    """The query and key norms' scales of one layer (Qwen3's q_norm, k_norm): 2·head_dim,
+    the same on every head and every tensor-parallel rank; 0 without ``qk_norm``."""
+    return 2 * m.head_dim if m.qk_norm else 0
 
 
 def mlp_params(m: ModelShape, d_ff: int) -> int:

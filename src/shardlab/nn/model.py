@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from shardlab.config.model import LN_EPS, RMS_EPS, ROPE_THETA, ModelShape
+from shardlab.config.model import LN_EPS, RMS_EPS, ROPE_THETA, ModelShape, require_buildable
 from shardlab.errors import SpecError
 from shardlab.nn.mlp import MLP
 from shardlab.nn.moe import MoEFeedForward, MoEOptions
@@ -205,6 +205,7 @@ class TransformerLM(nn.Module):
     def __init__(self, shape: ModelShape, dtype: torch.dtype = torch.float32,
                  seed: int = 0, moe_options: MoEOptions | None = None) -> None:
         super().__init__()
+        require_buildable(shape)
         self.shape = shape
         self.embed = nn.Embedding(shape.vocab, shape.d_model, dtype=dtype)
         self.pos = (nn.Embedding(shape.context, shape.d_model, dtype=dtype)

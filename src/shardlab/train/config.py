@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from shardlab.config.layout import make_layout
-from shardlab.config.model import ModelShape
+from shardlab.config.model import ModelShape, require_buildable
 from shardlab.errors import SpecError
 
 DP_MODES = ("fsdp", "fsdp-zero2", "ddp")
@@ -137,6 +137,7 @@ def auto_micro_batch(global_batch: int, dp: int, pp: int, schedule: str) -> int:
 
 def check_config(cfg: TrainConfig) -> None:
     """Every constraint the mesh and the model impose, as one-line SpecErrors."""
+    require_buildable(cfg.shape)  # before any rank starts
     check_moe(cfg)
     if cfg.dp_mode not in DP_MODES:
         raise SpecError("dp_mode", cfg.dp_mode, f"must be one of {', '.join(DP_MODES)}")
