@@ -12,14 +12,13 @@ from shardlab.config.runtime import Overhead, Runtime
 from shardlab.estimate.flops import flops_per_token
 from shardlab.estimate.operators import layer_operators
 from shardlab.plan.efficiency import fraction_of_peak, matmul_intensity
-from shardlab.plan.layer_time import layer_forward
+from shardlab.plan.layer_time import layer_forward, probe_elementwise_bandwidth
 from shardlab.plan.memory_bound import layer_elementwise_elements
 from shardlab.plan.search import device_of, layout_candidates, plan
 from shardlab.plan.space import Space
 from shardlab.plan.step_time import (
     PARTS,
     StepOptions,
-    probe_elementwise_bandwidth,
 )
 
 H100 = get_accelerator("h100")

@@ -99,7 +99,7 @@ class Accelerator:
     layer_probe: dict[str, float] | None = field(default=None, compare=False)
     """A measured CPU only: one llama layer's forward + backward on one thread (``batch``,
     ``seq``, ``d_model``, ``heads``, ``d_ff`` and ``seconds``), from which the planner
-    derives what its memory-bound operators cost (:func:`shardlab.plan.step_time.
+    derives what its memory-bound operators cost (:func:`shardlab.plan.layer_time.
     probe_elementwise_bandwidth`)."""
     runtime: Runtime | None = field(default=None, compare=False)
     """A measured CPU only: gloo's collective rates and the runtime's fixed costs per

@@ -29,6 +29,7 @@ from shardlab.config.model import ModelShape
 from shardlab.config.resolve import model_field, model_label
 from shardlab.errors import SpecError, require_positive_int
 from shardlab.plan.efficiency import efficiency_of
+from shardlab.plan.layer_time import probe_elementwise_bandwidth
 from shardlab.plan.memory import MemoryOptions, memory_arrays
 from shardlab.plan.rules import R_MEMORY, REASONS, check_rules
 from shardlab.plan.space import (
@@ -44,7 +45,6 @@ from shardlab.plan.step_time import (
     PARTS,
     Device,
     StepOptions,
-    probe_elementwise_bandwidth,
     step_seconds,
 )
 

@@ -45,7 +45,7 @@ class Device:
     elementwise_bandwidth: float = 0.0
     """Bytes/s at which the memory-bound operators' counted bytes move; 0: the memory
     bandwidth. This machine's comes from its measured layer
-    (:func:`probe_elementwise_bandwidth`)."""
+    (:func:`shardlab.plan.layer_time.probe_elementwise_bandwidth`)."""
     linear_peak: float = 0.0
 
     def link(self, collective: str, inside: np.ndarray,

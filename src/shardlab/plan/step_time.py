@@ -372,26 +372,3 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
             "stage": rank[rows, pick],
             "hidden_tp_comm": micro * tp_all_mb - tp_comm,
             "hidden_pp_comm": messages * message - pp_comm, "hidden_dp_comm": dp_all - dp_comm}
-
-
-def probe_elementwise_bandwidth(probe: dict[str, float], dev: Device, flash: bool = True
-                                ) -> float | None:
-    """The rate (bytes/s) at which this machine's memory-bound operators move the bytes the
-    model counts, from one layer timed forward + backward on one thread (``probe``, see
-    :mod:`shardlab.calibrate.cpu`): the measured seconds less the model's matmul and
-    attention-core time for that layer (3 x forward), over the model's memory-bound bytes
-    (forward + twice that in backward, fp32). Eager RMSNorm, rotary embedding and SwiGLU
-    make several passes over what the operator table counts once, so this is well below
-    the copy bandwidth. None when the matmuls alone take the measured time."""
-    shape = ModelShape("probe", 1, int(probe["d_model"]), int(probe["heads"]), vocab=16,
-                       context=int(probe["seq"]), style="llama", tied=False,
-                       d_ff=int(probe["d_ff"]))
-    one = np.ones(1, dtype=np.int64)
-    batch = one * int(probe["batch"])
-    layer = layer_forward(shape, int(probe["seq"]), one, batch, dev, moe_layer=False)
-    elements, _ = layer_elementwise_elements(shape, int(probe["seq"]), one, batch,
-                                             np.zeros(1, bool), flash)
-    left = probe["seconds"] - 3 * float((layer.matmul + layer.core)[0])
-    if left <= 0:
-        return None
-    return 3 * float(elements[0]) * 4 / left
