@@ -8,14 +8,17 @@ import math
 import numpy as np
 import pytest
 
+from shardlab.config.catalog import get_model
 from shardlab.config.dtypes import get_policy
 from shardlab.config.hardware import get_accelerator
 from shardlab.config.model import ModelShape, MoE
 from shardlab.errors import SpecError
 from shardlab.plan.expert_time import (
+    SM_CARVE_OUT,
     alltoall_layer_seconds,
     dropped_train_flops,
     ep_members_per_node,
+    ep_overlap,
     groups_per_token,
     ranks_per_token,
 )
@@ -193,3 +196,30 @@ def test_mfu_counts_only_the_assignments_a_capacity_factor_keeps() -> None:
     # Dropping nearly every assignment once put the MFU above 100%.
     text = "dp=8 ep=4 etp=1 micro_batch=1 capacity_factor=0.0001"
     assert one(m, 8, text, StepOptions())["mfu"] < 1.0
+
+
+def test_ep_overlap_hides_the_paired_all_to_alls_at_a_carve_out() -> None:
+    """Megatron-Core's merged FWD-BWD (the MoE report, Section 4.2.3): without a pipeline
+    the first forward and the last backward stay exposed (1 of m), the rest hides behind
+    the paired compute as far as it lasts, which runs 20% slower meanwhile; a pipeline
+    needs the interleaved schedule, full recompute none of it."""
+    sp = Space(gpus=16, global_batch=64, seq=4096)
+    c = layout_candidates(get_model("mixtral-8x7b"), sp, "dp=16 ep=8 micro_batch=1")
+    m = float(c.microbatches[0])  # 4
+    ep, comp = np.array([2.0]), np.array([10.0])
+    exposed, hidden, slow = ep_overlap(ep, comp, c, True)
+    assert hidden[0] == pytest.approx(2.0 * (1 - 1 / m))
+    assert exposed[0] == pytest.approx(2.0 / m) and slow[0] == pytest.approx(SM_CARVE_OUT
+                                                                             * hidden[0])
+    # The window limits it: compute shorter than the all-to-alls.
+    assert ep_overlap(np.array([20.0]), comp, c, True)[1][0] == pytest.approx(10 * (1 - 1 / m))
+    assert ep_overlap(ep, comp, c, False)[1][0] == 0.0
+    for text in ("dp=8 pp=2 ep=8 micro_batch=1", "dp=16 ep=8 micro_batch=1 recompute=full"):
+        other = layout_candidates(get_model("mixtral-8x7b"), sp, text)
+        assert ep_overlap(ep, comp, other, True)[1][0] == 0.0
+    # Interleaved: rank 0's warm-up 2(pp-1) + (v-1)·pp + 1 forwards stay unpaired.
+    inter = layout_candidates(get_model("mixtral-8x7b"), Space(gpus=16, global_batch=128,
+                                                               seq=4096),
+                              "dp=8 pp=2 virtual=2 ep=8 micro_batch=1")
+    warm, passes = 2 * 1 + 1 * 2 + 1, float(inter.microbatches[0]) * 2
+    assert ep_overlap(ep, comp, inter, True)[1][0] == pytest.approx(2.0 * (1 - warm / passes))

@@ -51,7 +51,7 @@ def test_fsdp_stacks_state_their_kernel_and_reduction_with_a_source() -> None:
 def test_moe_runs_state_their_dispatcher_loss_and_recompute_with_a_source() -> None:
     # Each MoE row's dispatcher, fused loss and recompute are what its recipe says.
     moe = [r for r in RUNS if r.model.moe is not None]
-    assert len(moe) == 6
+    assert len(moe) == 8
     for r in moe:
         deepep = "flex" in r.checked or "enable_deepep" in r.checked
         assert ("dispatcher=flex" in r.options) == deepep
@@ -60,6 +60,9 @@ def test_moe_runs_state_their_dispatcher_loss_and_recompute_with_a_source() -> N
         assert ("fused_loss=1" in r.options) == ("cross-entropy-loss-fusion" in r.checked
                                                  or "cross_entropy_fusion_impl te" in r.checked)
         assert ("routing=contiguous" in r.options) == ("FakeBalancedGate" in r.checked)
+        assert ("overlap_ep=1" in r.options) == (
+            "overlap_moe_expert_parallel_comm" in r.checked
+            or "1F1B all-to-all overlap" in r.checked)
         if "activation_checkpointing true" in r.checked or "full recompute" in r.checked:
             assert r.recompute == "full"
 

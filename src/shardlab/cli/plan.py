@@ -171,7 +171,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    'and parameter all-gather per bucket or layer behind backward/forward), '
                    'overlap_tp (tensor-parallel collectives split alongside their matmuls: '
                    "Megatron's --tp-comm-overlap, torch async TP), overlap_pp (pipeline "
-                   "sends/receives behind the next chunk's compute), fused_norm (RMSNorm in "
+                   "sends/receives behind the next chunk's compute), overlap_ep (MoE "
+                   "all-to-alls beside another micro-batch's compute: Megatron's "
+                   "--overlap-moe-expert-parallel-comm), fused_norm (RMSNorm in "
                    'one kernel, else eager torch); flash_kernel=fa2|fa3|triton and '
                    'reduce_dtype=bf16|fp32 name the attention kernel and FSDP gradient '
                    'reduction a run used, fused_loss=1 a fused cross-entropy, '

@@ -50,7 +50,7 @@ import math
 import numpy as np
 
 from shardlab.config.dtypes import DtypePolicy
-from shardlab.config.layout import RECOMPUTE
+from shardlab.config.layout import RECOMPUTE, SCHEDULES
 from shardlab.config.model import ModelShape
 from shardlab.estimate.expert import ep_members_per_node as ep_node_members
 from shardlab.estimate.expert import moe_flops_per_token
@@ -181,6 +181,41 @@ def alltoall_layer_seconds(m: ModelShape, c: Candidates, seq: int, policy: Dtype
                            per_node)
     calls = 2.0 * np.where(c.recompute == RECOMPUTE.index("full"), 3.0, 2.0)
     return calls * one * (m.moe_layers / m.layers)
+
+
+SM_CARVE_OUT = 0.2
+"""How much slower the matmuls run beside an overlapped all-to-all, whose kernels hold SMs
+of their own: "DeepEP uses 20 SMs per GPU and introduces roughly 20% GEMM-efficiency
+overhead" (Megatron-Core MoE report, arXiv 2603.07685, Section 4.2.3; the same share is
+charged to NCCL's all-to-all, whose channels also take SMs)."""
+
+
+def ep_overlap(ep_step: np.ndarray, compute_step: np.ndarray, c: Candidates,
+               on: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(exposed, hidden, slowdown) seconds per step of the expert-parallel all-to-alls
+    under Megatron-Core's EP overlap (``--overlap-moe-expert-parallel-comm``, ``overlap_ep``):
+    the forward of one micro-batch runs merged with the backward of another on two streams,
+    each one's dispatch and combine beside the other's attention and MLP (the MoE report,
+    Section 4.2.3: "The first FWD and last BWD remain on the end-to-end critical path").
+    The warm-up forwards and cool-down backwards are unpaired: on the first pipeline rank
+    w = 2(pp-1) + (v-1)·pp + 1 of its m·v forward passes (Megatron-LM schedules.py: the
+    interleaved warm-up, "one extra micro-batch forward step" with the overlap), 1 of m
+    without a pipeline; their share of the all-to-alls stays exposed. The paired rest hides
+    behind the paired passes' compute as far as it lasts, and that compute runs
+    :data:`SM_CARVE_OUT` slower while it does. Megatron allows it with ep > 1, an
+    interleaved schedule when pp > 1, and no full recompute (transformer_config.py);
+    elsewhere, or ``on`` false, everything stays exposed."""
+    if not on:
+        zero = np.zeros_like(ep_step)
+        return ep_step, zero, zero
+    pp, v = c.pp.astype(float), c.virtual.astype(float)
+    allowed = (((c.pp == 1) | (c.schedule == SCHEDULES.index("interleaved-1f1b")))
+               & (c.recompute != RECOMPUTE.index("full")) & (c.ep > 1))
+    warm = np.where(c.pp == 1, 1.0, 2 * (pp - 1) + (v - 1) * pp + 1)
+    unpaired = np.minimum(1.0, warm / (c.microbatches * v))
+    hidden = np.where(allowed, np.minimum(ep_step * (1 - unpaired),
+                                          compute_step * (1 - unpaired)), 0.0)
+    return ep_step - hidden, hidden, SM_CARVE_OUT * hidden
 
 
 def moe_split_share(m: ModelShape, c: Candidates, split: bool) -> np.ndarray:

@@ -199,11 +199,33 @@ MB_RUNS: tuple[PublishedRun, ...] = (
         "distributed optimizer, grad_reduce_in_fp32 False; cross_entropy_fusion_impl te; "
         "moe_grouped_gemm, moe_permute_fusion, moe_router_fusion, "
         "moe_router_force_load_balancing (set_qwen3_common_configs)"),
+    PublishedRun(
+        "MB Qwen3-235B-A22B EP32", "Megatron-Bridge performance summary, 26.04 DGX-H100",
+        QWEN3_235B, "H100 SXM", 256, 2, 8, 8192, 4096, tokens_step(8192, 4096, 256, 1686),
+        "validation", "1,686 tokens/s per GPU", recompute="none", sp=True, zero=1,
+        micro_batch=1, virtual=4, flash=True, dtype="fp8", ep=32, etp=1,
+        stage_layers=fewer_at_ends(94, 32, 1),
+        options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 overlap_ep=1",
+        assumed=("force-balanced routing: each token's 8 experts a uniform random draw",
+                 *_DGX),
+        checked="row '| DGX-H100 | 256 | FP8 | 8192 | 1 | 4096 | 0 | 2 | 8 | 1 | 4 | 32 | 1686 | "
+        "250 |' (26.04 NeMo Container, docs/performance-summary.md at 74695a06d; the same "
+        "layout 1,633 in 26.02, 1,611 in 26.02.01, 1,712 in 26.04.01) and its force-balance, "
+        "dropless footnote; scripts/performance/configs/qwen/qwen3_workload_base_configs.py at "
+        "v0.4.0 (0fbfe7d3e): QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_FP8_CS_V2 = V1 with "
+        "global_batch_size 8192, V1: num_gpus 256, TP 2, PP 8, VP 4, EP 32, ETP 1, "
+        "moe_a2a_overlap True (overlap_moe_expert_parallel_comm, delay_wgrad_compute); "
+        "qwen3_llm_pretrain.py qwen3_235b_a22b_pretrain_config_h100: moe_token_dispatcher_type "
+        "alltoall, CommOverlapConfig(tp_comm_overlap=False); fp8 current scaling (tensorwise) "
+        "with fp8_param_gather; no recompute, no CUDA graphs; ddp overlap_grad_reduce, "
+        "overlap_param_gather, distributed optimizer, grad_reduce_in_fp32 False; "
+        "cross_entropy_fusion_impl te; account_for_embedding/loss_in_pipeline_split (96 slots "
+        "over 32 chunks: 2+3x30+2)"),
 )
 
 
 def _zq(key: str, tp: int, pp: int, vp: int, ep: int, zero: int, mbs: int, recompute: str,
-        step: float, tflops: int, command: str) -> PublishedRun:
+        step: float, tflops: int, command: str, extra: str = "") -> PublishedRun:
     # 94 layers plus the embedding and the loss counted as a layer each
     # (--account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split):
     # 96 = 3 per chunk, the first and the last chunk one layer fewer.
@@ -213,7 +235,7 @@ def _zq(key: str, tp: int, pp: int, vp: int, ep: int, zero: int, mbs: int, recom
         QWEN3_235B, "H100 SXM", 256, tp, pp, 2048, 4096, step, "validation",
         f"step time {step} s ({tflops} TFLOP/s per GPU)", recompute=recompute, sp=True,
         zero=zero, micro_batch=mbs, virtual=vp, flash=True, ep=ep, etp=1, stage_layers=split,
-        options="overlap_dp=1 fused_loss=1 dispatcher=flex",
+        options="overlap_dp=1 fused_loss=1 dispatcher=flex" + extra,
         assumed=("Megatron's --moe-router-force-load-balancing (random logits: each token's "
                  "8 experts a uniform random draw)",),
         checked="the README's table rows (dispatcher DeepEP, system, precision BF16, GPUs 256, "
@@ -224,8 +246,9 @@ def _zq(key: str, tp: int, pp: int, vp: int, ep: int, zero: int, mbs: int, recom
         "--moe-router-dtype fp32, --cross-entropy-loss-fusion (te), --account-for-embedding- "
         "and --account-for-loss-in-pipeline-split, --use-distributed-optimizer, "
         "--overlap-grad-reduce, --overlap-param-gather, --sequence-parallel; no "
-        "--tp-comm-overlap (sbatch_benchmarking.sh adds it for bf16 only later) and no "
-        "--overlap-moe-expert-parallel-comm (A2A_OVERLAP unset); " + command)
+        "--tp-comm-overlap (sbatch_benchmarking.sh adds it for bf16 only later)"
+        + ("" if "overlap_ep" in extra else
+           " and no --overlap-moe-expert-parallel-comm (A2A_OVERLAP unset)") + "; " + command)
 
 
 ZQ_RUNS: tuple[PublishedRun, ...] = (
@@ -243,10 +266,15 @@ ZQ_RUNS: tuple[PublishedRun, ...] = (
     _zq("TP2 PP8 EP32", 2, 8, 4, 32, 1, 1, "none", 19.7, 245,
         "the row '| 235B | DeepEP | H100 | BF16 | 256 | 4096 | 2 | 1 | 32 | 8 | 1 | 1 | 4 | 16 "
         "| / | 1 | 2048 | 128 | norm, act | 19.7 | 245 |' (code moe_dev(f3e6c5), in the README "
-        "since 8017e11, May 2025; its twin with '+1f1b overlap', 17.6 s, runs the EP "
-        "all-to-all overlap shardlab does not price and is left out); recompute 'norm, act' "
-        "(Megatron's selective --recompute-modules layernorm moe_act: the norms and the "
-        "experts' activation run again, memory-bound work priced as no recompute)"),
+        "since 8017e11, May 2025); recompute 'norm, act' (Megatron's selective "
+        "--recompute-modules layernorm moe_act: the norms and the experts' activation run "
+        "again, memory-bound work priced as no recompute)"),
+    _zq("TP2 PP8 EP32 A2A overlap", 2, 8, 4, 32, 1, 1, "none", 17.6, 276,
+        "the row '| 235B | DeepEP | H100 | BF16 | 256 | 4096 | 2 | 1 | 32 | 8 | 1 | 1 | 4 | 16 "
+        "| / | 1 | 2048 | 128 | norm, act | 17.6 | 276 | | | +1f1b overlap | moe_dev(f3e6c5) |', "
+        "the EP 32 row above with Megatron's 1F1B all-to-all overlap "
+        "(--overlap-moe-expert-parallel-comm, the MoE report's merged FWD-BWD); recompute "
+        "'norm, act' priced as no recompute", extra=" overlap_ep=1"),
 )
 
 NVIDIA_RUNS = MW_RUNS + NM_RUNS + MB_RUNS + ZQ_RUNS

@@ -108,6 +108,10 @@ class StepOptions:
     """A MoE layer with whole experts (etp 1) and no shared expert dispatches each tensor
     rank's own sequence-parallel tokens, so it runs no tensor-parallel collective around
     its MLP (Megatron-LM: :attr:`shardlab.plan.overlap.Framework.moe_sequence_split`)."""
+    overlap_ep: bool = False
+    """The MoE all-to-alls overlapped with another micro-batch's compute, as Megatron-Core's
+    ``--overlap-moe-expert-parallel-comm`` runs them (:func:`shardlab.plan.expert_time.
+    ep_overlap`); off in every framework's defaults (Megatron's flag is store_true)."""
     cp_expanded_kv: bool = False
     """Context parallel as torch's ``context_parallel`` runs under torchtitan: K and V
     repeated to every query head before attention, gathered again in backward, their

@@ -154,7 +154,7 @@ from shardlab.plan.step_inputs import Device, StepOptions, runtime_overhead
 
 PARTS: tuple[str, ...] = ("compute", "recompute", "tp_comm", "pp_comm", "ep_comm", "cp_comm",
                           "dp_comm", "bubble", "optimizer", "overhead")
-HIDDEN: tuple[str, ...] = ("tp_comm", "pp_comm", "dp_comm")
+HIDDEN: tuple[str, ...] = ("tp_comm", "pp_comm", "ep_comm", "dp_comm")
 """The communication parts that overlap may hide: ``hidden_<part>`` seconds beside each."""
 DEFAULT_OPTIONS = StepOptions()
 """The step-time model's options when none are given (a fused kernel, dp overlap)."""
@@ -262,14 +262,19 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     comp_mb, rec_mb, tp_mb, ep_mb, cp_mb = (x[rows, pick]
                                             for x in (comp_r, rec_r, tp_r, ep_r, cp_r))
     tp_all_mb = (layers * col(tp_all) + ends * col(one_ar))[rows, pick]
-    busy_mb = comp_mb + rec_mb + tp_mb + ep_mb + cp_mb
 
     # Gradient accumulation in eager torch: every micro-batch after the first adds its
     # gradients into the held ones (read both, write one: 3 x the rank's gradient bytes).
     accumulate = 0.0 if opt.fused_accumulation else (
         (micro - 1) * 3 * mem.params * policy.grad_bytes / dev.memory_bandwidth)
-    compute, recompute, tp_comm = micro * comp_mb + accumulate, micro * rec_mb, micro * tp_mb
-    ep_comm, cp_comm = micro * ep_mb, micro * cp_mb
+    # EP overlap (overlap_ep): the all-to-alls of paired micro-batches beside each other's
+    # compute, which their SMs slow (expert_time.ep_overlap).
+    ep_comm, ep_hidden, ep_slow = ex.ep_overlap(micro * ep_mb, micro * comp_mb, c,
+                                                opt.overlap_ep)
+    compute, recompute, tp_comm = (micro * comp_mb + accumulate + ep_slow, micro * rec_mb,
+                                   micro * tp_mb)
+    cp_comm = micro * cp_mb
+    busy_mb = comp_mb + rec_mb + tp_mb + (ep_comm + ep_slow) / micro + cp_mb
     bubble = bubble_ratios(c.schedule, pp, c.microbatches, v) * micro * busy_mb
 
     # Point-to-point: 2·v messages per micro-batch of T·h/t activations.
@@ -289,7 +294,7 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     on = dp_on(opt.overlap_dp, c.zero)
     # A ring that leaves the node also hides behind the waits on NVLink collectives.
     ep_span = c.ep * c.etp * (1 if c.fold else cp)  # a folded mesh has no cp rank inside
-    nvlink = nvlink_waits((tp_mb, tp <= gpn), (ep_mb, ep_span <= gpn),
+    nvlink = nvlink_waits((tp_mb, tp <= gpn), (ep_comm / micro, ep_span <= gpn),
                           (cp_mb, cp * tp <= gpn),
                           dp_inside=np.where(c.zero == 0, inside_r, inside_d))
     fwd_window = (comp_mb + nvlink) / 3
@@ -371,4 +376,5 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     return {**parts, "step": step, "mfu": model_flops / (step * gpus * dev.peak),
             "stage": rank[rows, pick],
             "hidden_tp_comm": micro * tp_all_mb - tp_comm,
-            "hidden_pp_comm": messages * message - pp_comm, "hidden_dp_comm": dp_all - dp_comm}
+            "hidden_pp_comm": messages * message - pp_comm, "hidden_dp_comm": dp_all - dp_comm,
+            "hidden_ep_comm": ep_hidden}

@@ -56,7 +56,8 @@ def _options_line(doc: dict[str, Any]) -> str:
         return ""
     fw = doc.get("framework") or "none given"
     return (f"step options ({fw}; --layout keys override): overlap_dp {o['overlap_dp']}, "
-            f"overlap_tp {o['overlap_tp']}, overlap_pp {o['overlap_pp']}, fused_norm "
+            f"overlap_tp {o['overlap_tp']}, overlap_pp {o['overlap_pp']}, "
+            + ("overlap_ep 1, " if o.get("overlap_ep") else "") + "fused_norm "
             f"{int(o['fused_norm'])}, attention {o['flash_kernel'] if o['flash'] else 'eager'}"
             + (f", gradients reduced in {8 * o['grad_reduce_bytes']}-bit"
                if o.get("grad_reduce_bytes") else ""))
@@ -90,7 +91,7 @@ def print_plan(doc: dict[str, Any]) -> None:
              and (k != "ep_comm" or moe)}
     dry = bool(doc.get("dry_run_top"))
     # Communication overlapped with compute: a "hidden" column beside each part that has any.
-    hidden = [k for k in ("tp_comm", "pp_comm", "dp_comm")
+    hidden = [k for k in ("tp_comm", "pp_comm", "ep_comm", "dp_comm")
               if any(b.get("hidden", {}).get(k, 0.0) > 5e-4 for b in doc["best"])]
     for i, b in enumerate(doc["best"], 1):
         mem = human_bytes(b["memory_per_device"]).split(" (")[0]
