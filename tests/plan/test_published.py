@@ -51,7 +51,7 @@ def test_fsdp_stacks_state_their_kernel_and_reduction_with_a_source() -> None:
 def test_moe_runs_state_their_dispatcher_loss_and_recompute_with_a_source() -> None:
     # Each MoE row's dispatcher, fused loss and recompute are what its recipe says.
     moe = [r for r in RUNS if r.model.moe is not None]
-    assert len(moe) == 8
+    assert len(moe) == 12
     for r in moe:
         deepep = "flex" in r.checked or "enable_deepep" in r.checked
         assert ("dispatcher=flex" in r.options) == deepep
@@ -94,6 +94,7 @@ def test_no_fit_sees_a_validation_run(monkeypatch: pytest.MonkeyPatch) -> None:
     ("A100 SXM 80GB", ("peak_fraction", "half_intensity")),
     ("H100 SXM", ("peak_fraction",)),
     ("H100 SXM", ("fp8_peak_fraction",)),
+    ("GB200", ("fp8_peak_fraction",)),
 ])
 def test_stored_curve_is_the_fit_on_calibration_runs_only(gpu: str, free: tuple[str, ...]
                                                           ) -> None:

@@ -196,7 +196,7 @@ def _gpu(name: str, flops: dict[str, float], mem: float, bw: float, watts: float
 # Blackwell: NVIDIA's tables give tensor-core figures "with sparsity" (HGX B200: "FP8/FP6
 # Tensor Core* 72 PFLOPS" for 8 GPUs, "* With sparsity"; GB200 NVL72 "720 PFLOPS" for 72 =
 # 10 per GPU); the dense figures here are half. fp32 is the non-tensor rate. No published
-# run calibrates a curve for them yet: the planner uses its stated default (efficiency.py).
+# run on them calibrated a curve before Megatron-Bridge's (BLACKWELL_EFFICIENCY below).
 _BLACKWELL = ("NVIDIA Blackwell tables (HGX B200 and GB200 NVL72 columns), dense = half the "
               "'with sparsity' tensor figures; DGX B200 user guide: 1,440 GB for 8 GPUs, 8 "
               "ConnectX-7 400 Gb/s; DGX GB200 user guide: 4 GPUs and 4 ConnectX-7 400G per "
@@ -231,6 +231,14 @@ H100_EFFICIENCY = Efficiency(
     "half_intensity, op_overhead and link_fraction taken from the A100 fit",
     fp8_peak_fraction=0.677,
     flash_fractions=_HOPPER_FLASH)
+BLACKWELL_EFFICIENCY = Efficiency(
+    H100_EFFICIENCY.peak_fraction, H100_EFFICIENCY.half_intensity,
+    H100_EFFICIENCY.op_overhead, H100_EFFICIENCY.link_fraction,
+    "fp8_peak_fraction fitted on one fp8 calibration run, Megatron-Bridge 26.04's Llama 3.1 "
+    "405B FP8 on 256 GB200 (TP 4, PP 16, VP 4; plan/runs_blackwell.py); no bf16 Blackwell "
+    "run calibrates the rest, so peak_fraction, half_intensity, op_overhead and "
+    "link_fraction are the H100 curve's; no attention-kernel cap",
+    fp8_peak_fraction=0.564)
 
 
 ACCELERATORS: dict[str, Accelerator] = {a.name: a for a in (
@@ -255,12 +263,12 @@ ACCELERATORS: dict[str, Accelerator] = {a.name: a for a in (
     _gpu("B200", {"bf16": 2250e12, "fp16": 2250e12, "fp8": 4500e12, "tf32": 1100e12,
                   "fp32": 75e12},
          180e9, 7.7e12, 1000, "NVLink 5", "IB NDR 400G",
-         "HGX B200 (8 per node, up to 1,000 W each): " + _BLACKWELL),
+         "HGX B200 (8 per node, up to 1,000 W each): " + _BLACKWELL, BLACKWELL_EFFICIENCY),
     _gpu("GB200", {"bf16": 2500e12, "fp16": 2500e12, "fp8": 5000e12, "tf32": 1250e12,
                    "fp32": 80e12},
          186e9, 8e12, 1200, "NVLink 5", "IB NDR 400G",
          "GB200 NVL72 (72 per NVLink domain, a node here; up to 1,200 W each): " + _BLACKWELL,
-         per_node=72),
+         BLACKWELL_EFFICIENCY, per_node=72),
     _gpu("MI300X", {"bf16": 1307.4e12, "fp16": 1307.4e12, "fp8": 2614.9e12, "tf32": 653.7e12,
                     "fp32": 163.4e12},
          192e9, 5.3e12, 750, "Infinity Fabric", "IB NDR 400G",

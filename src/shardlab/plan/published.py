@@ -32,13 +32,14 @@ from shardlab.config.hardware import Efficiency, get_accelerator
 from shardlab.plan.options import step_options_for
 from shardlab.plan.overlap import framework as overlap_framework
 from shardlab.plan.published_run import PublishedRun
+from shardlab.plan.runs_blackwell import BLACKWELL_RUNS
 from shardlab.plan.runs_nvidia import NVIDIA_RUNS
 from shardlab.plan.runs_papers import PAPER_RUNS
 from shardlab.plan.runs_pytorch import PYTORCH_RUNS
 from shardlab.plan.search import layout_candidates, layout_step_keys, plan
 from shardlab.plan.space import Space
 
-RUNS: tuple[PublishedRun, ...] = PAPER_RUNS + NVIDIA_RUNS + PYTORCH_RUNS
+RUNS: tuple[PublishedRun, ...] = PAPER_RUNS + NVIDIA_RUNS + PYTORCH_RUNS + BLACKWELL_RUNS
 
 
 def priced(run: PublishedRun, eff: Efficiency | None = None) -> dict[str, Any]:
@@ -49,6 +50,7 @@ def priced(run: PublishedRun, eff: Efficiency | None = None) -> dict[str, Any]:
     if eff is not None:
         acc = replace(acc, efficiency=eff)
     space = Space(gpus=run.gpus, global_batch=run.global_batch, seq=run.seq,
+                  gpus_per_node=acc.gpus_per_node,
                   expert_fold=overlap_framework(run.framework).expert_fold)
     only = layout_candidates(run.model, space, run.layout_text)
     options = step_options_for(acc, flash=run.flash, framework=run.framework,
@@ -139,6 +141,7 @@ def _device(r: PublishedRun) -> str:
 GROUPS: dict[str, Callable[[PublishedRun], bool]] = {
     "A100": lambda r: r.gpu.startswith("A100"),
     "H100/H200": lambda r: r.gpu.startswith(("H100", "H200")),
+    "B200/GB200": lambda r: r.gpu in ("B200", "GB200"),
     "fp8": lambda r: r.dtype == "fp8",
     "MoE": lambda r: r.model.moe is not None,
     "Megatron-LM / NeMo": lambda r: r.framework == "megatron",

@@ -9,8 +9,8 @@ dispatcher against HybridEP (token-based, like DeepEP: ``dispatcher=flex`` here)
 :func:`shardlab.plan.expert_time.alltoall_seconds`, the function ``shardlab plan`` times
 every MoE layer's all-to-alls with, on the same links (H100: NVLink 4 inside a DGX node of
 8, the rank's one 400 Gb/s NIC across nodes, at the H100 curve's ``link_fraction``; GB200:
-NVLink 5 across the whole NVL72 domain, at the default curve's). No constant is fitted on
-these cells. What the report leaves unstated is assumed and said:
+NVLink 5 across the whole NVL72 domain, at the Blackwell curve's, the H100 fit's 80%).
+No constant is fitted on these cells. What the report leaves unstated is assumed and said:
 DeepSeek-V3's top-8 routing (the report's model for these sizes), 4096 tokens per rank
 (micro-batch 1), a bf16 payload, and each token's experts a uniform random draw
 (``routing=random``; a trained router with DeepSeek-V3's node limit touches fewer nodes).
