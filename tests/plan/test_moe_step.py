@@ -13,6 +13,7 @@ from shardlab.config.dtypes import get_policy
 from shardlab.config.hardware import get_accelerator
 from shardlab.config.model import ModelShape, MoE
 from shardlab.errors import SpecError
+from shardlab.estimate.fp8 import cast_bytes
 from shardlab.plan.expert_time import (
     SM_CARVE_OUT,
     alltoall_layer_seconds,
@@ -22,6 +23,7 @@ from shardlab.plan.expert_time import (
     groups_per_token,
     ranks_per_token,
 )
+from shardlab.plan.memory_bound import permute_seconds
 from shardlab.plan.options import step_options_for
 from shardlab.plan.overlap import FUSED_LOSS_BYTES, nvlink_waits
 from shardlab.plan.search import layout_candidates, layout_step_keys, plan
@@ -223,3 +225,28 @@ def test_ep_overlap_hides_the_paired_all_to_alls_at_a_carve_out() -> None:
                               "dp=8 pp=2 virtual=2 ep=8 micro_batch=1")
     warm, passes = 2 * 1 + 1 * 2 + 1, float(inter.microbatches[0]) * 2
     assert ep_overlap(ep, comp, inter, True)[1][0] == pytest.approx(2.0 * (1 - warm / passes))
+
+
+def test_permutation_moves_each_kept_row_both_ways() -> None:
+    """Per MoE layer and direction: (3R + T)·h elements (the permute reads and writes the R
+    kept rows, the unpermute reads them and writes the T tokens), averaged over the layers;
+    a dense model none."""
+    m = get_model("mixtral-8x7b")  # top 2 of 8, every layer MoE
+    c = layout_candidates(m, Space(gpus=8, global_batch=8, seq=4096), "dp=8 ep=8")
+    tokens, rows = 4096.0, 4096.0 * 2
+    expect = (3 * rows + tokens) * 4096 * 2 / 1e12
+    assert permute_seconds(m, c, 4096, 2, 1e12)[0] == pytest.approx(expect, rel=1e-12)
+    dense = get_model("llama-3-8b")
+    d = layout_candidates(dense, Space(gpus=8, global_batch=8, seq=4096), "dp=8")
+    assert permute_seconds(dense, d, 4096, 2, 1e12)[0] == 0.0
+
+
+def test_fp8_casts_of_a_moe_layer_quantize_every_routed_copy() -> None:
+    """The MLP's first linear reads, and its last writes, k copies of each token in a MoE
+    layer (k = 2 for Mixtral): (1 + k)·T·h forward input and backward gradient elements
+    where a dense layer has 2·T·h."""
+    m = get_model("mixtral-8x7b")
+    one = cast_bytes(m, 4096.0, 1.0, False, 0.0, 1, 1.0)
+    two = cast_bytes(m, 4096.0, 1.0, False, 0.0, 1, 2.0)
+    assert two[0] - one[0] == pytest.approx(4096 * 4096)
+    assert two[1] - one[1] == pytest.approx(4096 * 4096)

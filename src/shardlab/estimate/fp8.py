@@ -106,17 +106,22 @@ def mean_width(m: ModelShape) -> float:
 
 def cast_bytes(m: ModelShape, tokens: np.ndarray | float, tp: np.ndarray | float,
                sp: np.ndarray | bool, weights: np.ndarray | float,
-               per_element: int = ACTIVATION_CAST_BYTES) -> tuple[np.ndarray, np.ndarray]:
+               per_element: int = ACTIVATION_CAST_BYTES,
+               mlp_copies: np.ndarray | float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) bytes one layer's fp8 casts move on one rank per micro-batch of
     ``tokens`` tokens (module docstring), ``weights`` its linear weight elements.
     Forward: the inputs of QKV and the MLP's first linear (T·h, T·h/t with sequence
     parallelism) and of the output and down projections (T·q/t, T·f/t), plus the weights;
-    backward: the gradients of the four outputs (T·(q+2kv)/t, T·h, T·(mm-1)·f/t, T·h)."""
+    backward: the gradients of the four outputs (T·(q+2kv)/t, T·h, T·(mm-1)·f/t, T·h).
+    ``mlp_copies``: the copies of each token the MLP's first linear reads and its last
+    writes (1; a MoE layer's routed experts quantize each of a token's k permuted rows,
+    plus one for a shared expert), averaged over the layers."""
     t = np.asarray(tp, float)
     tok = np.asarray(tokens, float)
     h, f = m.d_model, mean_width(m)
-    inputs = tok * (2 * h / np.where(sp, t, 1.0) + (m.q_dim + f) / t)
-    grads = tok * ((m.q_dim + 2 * m.kv_dim + (m.mlp_matrices - 1) * f) / t + 2 * h)
+    inputs = tok * ((1 + mlp_copies) * h / np.where(sp, t, 1.0) + (m.q_dim + f) / t)
+    grads = tok * ((m.q_dim + 2 * m.kv_dim + (m.mlp_matrices - 1) * f) / t
+                   + (1 + mlp_copies) * h)
     return (per_element * inputs + WEIGHT_CAST_BYTES * np.asarray(weights, float),
             per_element * grads)
 

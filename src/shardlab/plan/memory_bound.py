@@ -11,6 +11,7 @@ import numpy as np
 from shardlab.config.model import ModelShape
 from shardlab.estimate import fp8
 from shardlab.estimate.fp8 import mean_width
+from shardlab.plan.expert_time import kept_rows, routed_tokens
 from shardlab.plan.space import Candidates
 
 EAGER_NORM_PASSES = 9
@@ -51,9 +52,34 @@ def fp8_cast_seconds(m: ModelShape, c: Candidates, seq: int, bandwidth: float,
     (:func:`shardlab.estimate.fp8.cast_bytes`, dense and MoE layers averaged)."""
     w = np.array([fp8.linear_weights(m, int(t), False) for t in c.tp], float)
     tokens = c.micro_batch * seq / c.cp  # a context-parallel rank's tokens
-    if m.moe_layers:
+    copies: np.ndarray | float = 1.0
+    if m.moe_layers and m.moe is not None:
         w_moe = np.array([fp8.linear_weights(m, int(t), True, int(e), int(et))
                           for t, e, et in zip(c.tp, c.ep, c.etp, strict=True)], float)
         w = ((m.layers - m.moe_layers) * w + m.moe_layers * w_moe) / m.layers
-    fwd, bwd = fp8.cast_bytes(m, tokens, c.tp, c.sp, w, per_element)
+        # Each routed row is quantized for its expert (T·k rows), a shared expert's input once.
+        routed = routed_tokens(c, seq)
+        moe = kept_rows(m, routed, c.capacity_factor) / routed + bool(m.moe.shared_experts)
+        share = m.moe_layers / m.layers
+        copies = (1 - share) + share * moe
+    fwd, bwd = fp8.cast_bytes(m, tokens, c.tp, c.sp, w, per_element, copies)
     return fwd / bandwidth, bwd / bandwidth
+
+
+def permute_seconds(m: ModelShape, c: Candidates, seq: int, element_bytes: float,
+                    bandwidth: float) -> np.ndarray:
+    """Seconds of one layer's token permutation and unpermutation per micro-batch, each of
+    forward and backward (averaged over the layers: dense ones have none). Grouped experts
+    need each expert's rows contiguous: a fused permute copies every kept assignment from
+    the token's row to its expert's slot (R rows of h read and written), the unpermute
+    reads them back and writes each token's weighted sum (R read, T written; Megatron-Core
+    MoE report, arXiv 2603.07685, Section 4.3.3: "All accumulation is performed in FP32
+    precision"), backward the same copies the other way: (3R + T)·h elements each way, R
+    the rank's kept rows (:func:`shardlab.plan.expert_time.kept_rows`), T its routed
+    tokens, at the memory-bound operators' ``bandwidth``."""
+    if m.moe is None or not m.moe_layers:
+        return np.zeros(len(c))
+    tokens = routed_tokens(c, seq)
+    rows = kept_rows(m, tokens, c.capacity_factor)
+    elements = (3.0 * rows + tokens) * m.d_model
+    return elements * element_bytes / bandwidth * (m.moe_layers / m.layers)

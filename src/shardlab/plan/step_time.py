@@ -146,7 +146,11 @@ from shardlab.plan.comm_time import (
 from shardlab.plan.efficiency import matmul_seconds
 from shardlab.plan.layer_time import cp_balance, layer_forward
 from shardlab.plan.memory import MemoryArrays, zero_group_arrays
-from shardlab.plan.memory_bound import fp8_cast_seconds, layer_elementwise_elements
+from shardlab.plan.memory_bound import (
+    fp8_cast_seconds,
+    layer_elementwise_elements,
+    permute_seconds,
+)
 from shardlab.plan.overlap import dp_on, hidden_behind, nvlink_waits, pp_exposed, pp_on, tp_exposed
 from shardlab.plan.space import Candidates
 from shardlab.plan.stages import timed_ranks
@@ -195,6 +199,9 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     # fp8: each layer's casts, forward (again under full recompute) and backward.
     cast_f, cast_b = (fp8_cast_seconds(m, c, seq, ew_bw, opt.fp8_cast_bytes) if policy.is_fp8
                       else (np.zeros(len(c)), np.zeros(len(c))))
+    # A MoE layer's token permutation and unpermutation, each way (memory_bound), beside them.
+    perm = permute_seconds(m, c, seq, policy.activation_bytes, ew_bw)
+    cast_f, cast_b = cast_f + perm, cast_b + perm
     tokens = mb * seq / cp  # a context-parallel rank's tokens of a micro-batch
     head = matmul_seconds(2.0 * tokens * m.d_model * m.vocab / tp, tokens, m.d_model,
                           m.vocab / tp, dev.peak, dev.eff)
