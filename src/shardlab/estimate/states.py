@@ -86,7 +86,8 @@ def zero_groups(lay: Layout) -> ZeroGroups:
     """:class:`ZeroGroups` of a layout: dense parameters over dp_shard x cp with
     dp_replicate replicas (:func:`shardlab.estimate.context.shard_group` reads it),
     routed experts over expert_dp x cp, or (dp_shard/ep) x cp with dp_replicate replicas
-    when ep divides dp_shard under HSDP."""
+    when ep divides dp_shard under HSDP; with :attr:`~shardlab.config.layout.Layout.
+    expert_fold` over tp·cp·dp/(ep·etp) (tp·cp·dp_shard/(ep·etp) per HSDP replica)."""
     r = lay.dp_replicate
     fold = lay.cp * (lay.tp // lay.etp) if lay.expert_fold else 1  # ranks per dp rank
     after = 1 if lay.expert_fold else lay.cp  # unfolded, expert shards also span cp

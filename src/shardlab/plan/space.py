@@ -74,8 +74,9 @@ class Space:
     sp: tuple[bool, ...] = (False, True)
     train_only: bool = False
     ep: tuple[int, ...] | None = None
-    """Expert-parallel degrees to try (MoE): None, every divisor of dp that divides the
-    experts; values that do not divide a mesh's dp or the experts are skipped there."""
+    """Expert-parallel degrees to try (MoE): None, every divisor of dp (with
+    :attr:`expert_fold`, of tp·cp·dp/etp) that divides the experts; values that do not
+    divide them are skipped there."""
     capacity_factor: float = 0.0
     expert_fold: bool = False
     """The framework folds its expert layers onto their own mesh

@@ -30,7 +30,9 @@ context-parallel rank), on devices of dense peak P (:class:`Device`):
   :func:`shardlab.estimate.operators.layer_operators` (each reads its inputs and
   writes its output), per tensor-parallel rank (norms and adds on T·h, or T·h/t with
   sequence parallelism; the rest split t ways), timed at the memory bandwidth
-  (roofline: Williams et al. 2009); backward moves twice the forward's bytes.
+  (roofline: Williams et al. 2009); backward moves twice the forward's bytes. A MoE
+  layer also permutes its tokens to their experts and back, (3R + T)·h elements each way
+  (:func:`shardlab.plan.memory_bound.permute_seconds`).
 * **gradient accumulation** (part of compute, eager torch only: ``fused_accumulation``
   off): each micro-batch after the first adds its gradients into the held ones, 3 x the
   rank's gradient bytes (read both, write one) at the memory bandwidth. Megatron fuses
