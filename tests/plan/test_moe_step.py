@@ -4,6 +4,7 @@ data-parallel ring that hides behind NVLink collectives."""
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -23,10 +24,11 @@ from shardlab.plan.expert_time import (
     groups_per_token,
     ranks_per_token,
 )
+from shardlab.plan.layer_time import layer_forward
 from shardlab.plan.memory_bound import permute_seconds
 from shardlab.plan.options import step_options_for
 from shardlab.plan.overlap import FUSED_LOSS_BYTES, nvlink_waits
-from shardlab.plan.search import layout_candidates, layout_step_keys, plan
+from shardlab.plan.search import device_of, layout_candidates, layout_step_keys, plan
 from shardlab.plan.space import Space
 from shardlab.plan.step_time import StepOptions
 
@@ -250,3 +252,18 @@ def test_fp8_casts_of_a_moe_layer_quantize_every_routed_copy() -> None:
     two = cast_bytes(m, 4096.0, 1.0, False, 0.0, 1, 2.0)
     assert two[0] - one[0] == pytest.approx(4096 * 4096)
     assert two[1] - one[1] == pytest.approx(4096 * 4096)
+
+
+def test_each_local_experts_matmuls_are_launches_of_their_own() -> None:
+    """A MoE layer's fixed launch costs: the dense MLP's three operators replaced by two
+    matmuls per local expert and five more (router matmul and top-k, permute, activation,
+    unpermute), at the curve's op_overhead each: 9 + 2·E/ep + 5 operators."""
+    m = get_model("mixtral-8x7b")  # 8 experts
+    dev = device_of(H100, BF16, 8)[0]
+    bare = replace(dev, eff=replace(dev.eff, op_overhead=0.0))
+    for ep in (2, 8):
+        c = layout_candidates(m, Space(gpus=8, global_batch=8, seq=4096), f"dp=8 ep={ep}")
+        launch = (layer_forward(m, 4096, c.tp, c.micro_batch, dev, moe_layer=True, c=c).matmul
+                  - layer_forward(m, 4096, c.tp, c.micro_batch, bare, moe_layer=True,
+                                  c=c).matmul)
+        assert float(launch[0]) == pytest.approx((9 + 2 * 8 / ep + 5) * dev.eff.op_overhead)

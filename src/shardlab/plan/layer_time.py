@@ -119,7 +119,14 @@ def layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, d
         core = core_flops / (dev.peak * np.minimum(fraction_of_peak(intensity, dev.eff), cap))
     else:
         core = matmul_seconds(core_flops, queries, m.head_dim, seq, dev.peak, dev.eff)
-    secs = secs + OPS_PER_LAYER_FORWARD * dev.eff.op_overhead
+    ops: np.ndarray | float = OPS_PER_LAYER_FORWARD
+    if moe_layer and m.moe is not None:
+        # In place of the dense MLP's three operators: each local expert's two matmul
+        # launches (grouped experts are separate GEMMs: the MoE report, Sec. 4.3.1, "each
+        # requiring a separate kernel launch"), the router's matmul and top-k, the
+        # permute, the activation and the unpermute.
+        ops = OPS_PER_LAYER_FORWARD - 3 + 2 * m.moe.experts / c.ep.astype(float) + 5
+    secs = secs + ops * dev.eff.op_overhead
     windows = tuple(np.asarray(x, float) + 0.0 * t for x in (qkv, out, mlp_in, mlp_out))
     return LayerForward(np.asarray(secs, float), np.asarray(core, float),
                         np.asarray(redo, float) + 0.0 * t, windows)

@@ -17,7 +17,8 @@ context-parallel rank), on devices of dense peak P (:class:`Device`):
   faster than its authors' measured share of the peak (``flash_kernel``: FlashAttention-2
   35% of an H100, FlashAttention-3 75%, llm-foundry's Triton kernel FlashAttention-2's share
   over 2.26: :data:`shardlab.config.hardware.H100_EFFICIENCY`); plus a fixed cost per
-  operator launch (12 per layer forward, twice that backward)
+  operator launch (12 per layer forward, twice that backward; a MoE layer 9 + 2 per
+  local expert + 5)
   (:mod:`shardlab.plan.layer_time`). The full s x s stays priced although a causal fused
   kernel skips the masked half: halving it was tried and left torchtitan's runs 8-15%
   fast (docs/validation.md).
