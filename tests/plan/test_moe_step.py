@@ -254,16 +254,20 @@ def test_fp8_casts_of_a_moe_layer_quantize_every_routed_copy() -> None:
     assert two[1] - one[1] == pytest.approx(4096 * 4096)
 
 
-def test_each_local_experts_matmuls_are_launches_of_their_own() -> None:
-    """A MoE layer's fixed launch costs: the dense MLP's three operators replaced by two
-    matmuls per local expert and five more (router matmul and top-k, permute, activation,
-    unpermute), at the curve's op_overhead each: 9 + 2·E/ep + 5 operators."""
+def test_each_local_experts_matmuls_are_launches_of_their_own_in_fp8() -> None:
+    """A MoE layer's fixed launch costs: the dense MLP's three operators replaced by the
+    experts' matmuls and five more (router matmul and top-k, permute, activation,
+    unpermute), at the curve's op_overhead each: in bf16 one grouped kernel per matmul
+    (9 + 2 + 5), in fp8 one GEMM per local expert (9 + 2·E/ep + 5)."""
     m = get_model("mixtral-8x7b")  # 8 experts
-    dev = device_of(H100, BF16, 8)[0]
-    bare = replace(dev, eff=replace(dev.eff, op_overhead=0.0))
-    for ep in (2, 8):
-        c = layout_candidates(m, Space(gpus=8, global_batch=8, seq=4096), f"dp=8 ep={ep}")
-        launch = (layer_forward(m, 4096, c.tp, c.micro_batch, dev, moe_layer=True, c=c).matmul
-                  - layer_forward(m, 4096, c.tp, c.micro_batch, bare, moe_layer=True,
-                                  c=c).matmul)
-        assert float(launch[0]) == pytest.approx((9 + 2 * 8 / ep + 5) * dev.eff.op_overhead)
+    for dtype, per_expert in (("bf16", False), ("fp8", True)):
+        dev = device_of(H100, get_policy(dtype), 8)[0]
+        bare = replace(dev, eff=replace(dev.eff, op_overhead=0.0))
+        for ep in (2, 8):
+            c = layout_candidates(m, Space(gpus=8, global_batch=8, seq=4096), f"dp=8 ep={ep}")
+            launch = (layer_forward(m, 4096, c.tp, c.micro_batch, dev, moe_layer=True,
+                                    c=c).matmul
+                      - layer_forward(m, 4096, c.tp, c.micro_batch, bare, moe_layer=True,
+                                      c=c).matmul)
+            ops = 9 + (2 * 8 / ep if per_expert else 2) + 5
+            assert float(launch[0]) == pytest.approx(ops * dev.eff.op_overhead)

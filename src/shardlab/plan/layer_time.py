@@ -121,11 +121,14 @@ def layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, d
         core = matmul_seconds(core_flops, queries, m.head_dim, seq, dev.peak, dev.eff)
     ops: np.ndarray | float = OPS_PER_LAYER_FORWARD
     if moe_layer and m.moe is not None:
-        # In place of the dense MLP's three operators: each local expert's two matmul
-        # launches (grouped experts are separate GEMMs: the MoE report, Sec. 4.3.1, "each
-        # requiring a separate kernel launch"), the router's matmul and top-k, the
-        # permute, the activation and the unpermute.
-        ops = OPS_PER_LAYER_FORWARD - 3 + 2 * m.moe.experts / c.ep.astype(float) + 5
+        # In place of the dense MLP's three operators: the experts' two matmuls, the
+        # router's matmul and top-k, the permute, the activation and the unpermute. In bf16
+        # the experts' matmuls are one grouped kernel each (CUTLASS grouped GEMM); in fp8
+        # one cuBLASLt GEMM per local expert on several streams (the MoE report, Sec.
+        # 4.3.2: "Multi-stream launch of cuBLASLt GEMMs ... per-tensor FP8, blockwise FP8,
+        # MXFP8"; the CUTLASS one "only supports BF16"), each a launch of its own.
+        grouped = 2 * m.moe.experts / c.ep.astype(float) if dev.linear_peak else 2.0
+        ops = OPS_PER_LAYER_FORWARD - 3 + grouped + 5
     secs = secs + ops * dev.eff.op_overhead
     windows = tuple(np.asarray(x, float) + 0.0 * t for x in (qkv, out, mlp_in, mlp_out))
     return LayerForward(np.asarray(secs, float), np.asarray(core, float),
