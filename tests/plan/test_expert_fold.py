@@ -94,8 +94,9 @@ def test_plan_megatron_prices_ep_beyond_dp_and_shards_expert_states(
                  "--framework", "megatron", "--json"])
     out = capsys.readouterr()
     assert code == 0, out.err
-    best = json.loads(out.out)["best"][0]
-    assert best["ep"] == 8 and best["dp"] == 4
+    doc = json.loads(out.out)
+    best = doc["best"][0]
+    assert best["ep"] == 8 and best["dp"] == 4 and doc["expert_fold"] is True
     # Without a folding framework the same layout is refused on one line, exit 2.
     code = main(["plan", *FLAGS, "--gpus", "64", "--global-batch", "64", "--layout", layout])
     err = capsys.readouterr().err.strip().splitlines()

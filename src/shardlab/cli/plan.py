@@ -348,6 +348,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         "gpu_source": acc.source,
         # The step-time options priced: the framework's defaults, then --layout's keys.
         "framework": None if args.framework is None else fw.name,
+        "expert_fold": space.expert_fold,
         "step_options": {**asdict(options), "framework_source": fw.source},
         # A dtype with no fast kernel on this measured CPU: priced at its measured slow rate.
         "notes": notes + result.notes + [n for n in (slow_dtype_note(acc, dtype),) if n],
