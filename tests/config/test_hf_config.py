@@ -401,7 +401,7 @@ def test_qwen3_reads_its_query_key_norms_and_experts() -> None:
     ({"attention_bias": True}, "attention_bias=True: is not supported"),
     ({"use_sliding_window": True}, "use_sliding_window=True: is not supported"),
     ({"mlp_only_layers": [0, 1]}, "mlp_only_layers=[0, 1]: must be empty"),
-    ({"decoder_sparse_step": 2}, "mlp_only_layers=[]: must be empty"),
+    ({"decoder_sparse_step": 2}, "decoder_sparse_step=2: must be 1"),
     ({"num_experts_per_tok": 200}, "num_experts_per_tok=200: must be <= num_experts (128)"),
 ])
 def test_qwen3_fields_shardlab_cannot_hold_are_refused(tmp_path: Path, changes: dict,

@@ -274,9 +274,12 @@ def _qwen3_moe(r: _Reader) -> dict[str, Any]:
     top_k = r.positive_int("num_experts_per_tok")
     if top_k > experts:
         raise SpecError("num_experts_per_tok", top_k, f"must be <= num_experts ({experts})")
-    if r.config.get("decoder_sparse_step", 1) != 1 or r.config.get("mlp_only_layers"):
-        raise SpecError("mlp_only_layers", r.config.get("mlp_only_layers"), "must be empty "
-                        "with decoder_sparse_step 1: ModelShape's dense layers lead the model")
+    why = "a MoE block in every layer (ModelShape's dense layers lead the model)"
+    if r.config.get("decoder_sparse_step", 1) != 1:
+        raise SpecError("decoder_sparse_step", r.config["decoder_sparse_step"],
+                        f"must be 1: {why}")
+    if r.config.get("mlp_only_layers"):
+        raise SpecError("mlp_only_layers", r.config["mlp_only_layers"], f"must be empty: {why}")
     fields["moe"] = MoE(experts=experts, experts_per_token=top_k,
                         expert_d_ff=r.positive_int("moe_intermediate_size"))
     return fields
