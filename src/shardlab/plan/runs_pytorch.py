@@ -7,6 +7,8 @@
   power limit"; tokens/s per GPU at the 90th iteration.
 * TA: pytorch/torchtitan ``benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md`` (June
   2025, same hosts): vanilla against async TP, bf16 against fp8 tensorwise.
+* TT405: pytorch/torchtitan ``docs/performance.md`` at 3faaa1a0d (Aug 2024): Llama 3.1
+  405B on 128 HBM2e H100s, FSDP 16 x TP 8, bf16, Float8, Float8 + async TP.
 * TH: pytorch/torchtitan ``benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md``:
   Llama 3.1 8B on 32 and 64 H200, fp8 with fp8 FSDP all-gathers.
 * MPT: mosaicml/llm-foundry ``scripts/train/benchmarking/README.md`` (commit 49521837):
@@ -63,6 +65,16 @@ _TA = ("torchtitan async-TP benchmark, June 2025",
        "priced as a fused loss (fused_loss=1)")
 
 
+_T405 = ("torchtitan docs/performance.md, Aug 2024",
+         "pytorch/torchtitan docs/performance.md at 3faaa1a0d (Aug 2024): 'Llama 3.1 (405B) "
+         "on 128 H100 (94GB memory)', 'we only tested 2D parallelism (FSDP2 + Tensor "
+         "Parallel)', 'local batch size 2 (global batch size = local batch size 2 * number "
+         "of FSDP ranks 16 = 32)', footnote 'HBM2e based lower TDP SXM H100(95GB)' (the "
+         "Dec 2024 file's hosts, 500 W assumed); no torch.compile named (eager norms and "
+         "loss); sequence 8192 checked: 109 tokens/s x (6N + 12 L h s) over 989 TFLOP/s is "
+         "the table's 29.0% MFU")
+
+
 def _ta(key: str, model: str, gpus: int, local: int, recompute: str, tokens: float,
         dtype: str, async_tp: bool, role: str = "validation") -> PublishedRun:
     return _tt(key, model, gpus, 8, 1, local, local, recompute, tokens,
@@ -102,6 +114,15 @@ TT_RUNS: tuple[PublishedRun, ...] = (
     _ta("TA-6 8B bf16 async", "llama-3-8b", 64, 12, "selective", 4809.4, "bf16", True),
     _ta("TA-7 8B fp8", "llama-3-8b", 64, 12, "selective", 5078.1, "fp8", False),
     _ta("TA-8 8B fp8 async", "llama-3-8b", 64, 12, "selective", 5570.1, "fp8", True),
+    # Aug 2024: 405B on 128 of the same HBM2e H100s, FSDP 16 x TP 8, eager.
+    *(_tt(f"TT405-{i} 405B FSDP16 TP8{label}", "llama-3.1-405b", 128, 8, 1, 2, 2, "full",
+          tokens, f"'| 405B | 2 | full | {tokens} | {mfu} | {opts}'", dtype=dtype,
+          compiled=False, options=f"overlap_tp={int(async_tp)}", source=_T405[0],
+          checked=_T405[1])
+      for i, (label, tokens, mfu, opts, dtype, async_tp) in enumerate((
+          ("", 109, "29.0%[^1]", "None", "bf16", False),
+          (" fp8", 177, "23.46%[^2]", "Float8", "fp8", False),
+          (" fp8 async", 185, "24.52%", "Float8 + Async TP", "fp8", True)), start=1)),
 )
 
 
