@@ -4,6 +4,7 @@ it on one line before any process starts (``ModelShape.qk_norm``)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +38,19 @@ def test_plan_prices_qwen3_235b_with_its_experts_folded(
     best = doc["best"][0]
     assert "qk_norm" in doc["model_shape"] and (best["ep"], best["dp"]) == (32, 16)
     assert best["breakdown"]["ep_comm"] > 0
+
+
+def test_plan_for_this_machine_hands_over_no_train_command_for_it(
+        capsys: pytest.CaptureFixture[str], cpu_home: Path, tmp_path: Path) -> None:
+    """A tiny Qwen3 shape planned for this machine: priced, but no `shardlab train` command,
+    which would refuse it."""
+    config = {"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+              "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 64,
+              "tie_word_embeddings": False}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert main(["plan", str(path), "--gpu", "cpu", "--gpus", "2", "--global-batch", "8",
+                 "--seq", "32", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["best"] and all(b["train_command"] is None for b in doc["best"])

@@ -27,7 +27,7 @@ from shardlab.plan.expert_time import (
 from shardlab.plan.layer_time import layer_forward
 from shardlab.plan.memory_bound import permute_seconds
 from shardlab.plan.options import step_options_for
-from shardlab.plan.overlap import FUSED_LOSS_BYTES, nvlink_waits
+from shardlab.plan.overlap import FRAMEWORKS, FUSED_LOSS_BYTES, nvlink_waits
 from shardlab.plan.search import device_of, layout_candidates, layout_step_keys, plan
 from shardlab.plan.space import Space
 from shardlab.plan.step_time import StepOptions
@@ -254,20 +254,21 @@ def test_fp8_casts_of_a_moe_layer_quantize_every_routed_copy() -> None:
     assert two[1] - one[1] == pytest.approx(4096 * 4096)
 
 
-def test_each_local_experts_matmuls_are_launches_of_their_own_in_fp8() -> None:
+def test_each_local_experts_matmuls_are_launches_of_their_own_in_megatron() -> None:
     """A MoE layer's fixed launch costs: the dense MLP's three operators replaced by the
     experts' matmuls and five more (router matmul and top-k, permute, activation,
-    unpermute), at the curve's op_overhead each: in bf16 one grouped kernel per matmul
-    (9 + 2 + 5), in fp8 one GEMM per local expert (9 + 2·E/ep + 5)."""
+    unpermute), at the curve's op_overhead each: one grouped kernel per matmul (9 + 2 + 5),
+    or with Megatron-Core's Transformer Engine experts one GEMM per local expert
+    (9 + 2·E/ep + 5)."""
     m = get_model("mixtral-8x7b")  # 8 experts
-    for dtype, per_expert in (("bf16", False), ("fp8", True)):
-        dev = device_of(H100, get_policy(dtype), 8)[0]
-        bare = replace(dev, eff=replace(dev.eff, op_overhead=0.0))
+    dev = device_of(H100, BF16, 8)[0]
+    bare = replace(dev, eff=replace(dev.eff, op_overhead=0.0))
+    for per_expert in (False, True):
         for ep in (2, 8):
             c = layout_candidates(m, Space(gpus=8, global_batch=8, seq=4096), f"dp=8 ep={ep}")
-            launch = (layer_forward(m, 4096, c.tp, c.micro_batch, dev, moe_layer=True,
-                                    c=c).matmul
-                      - layer_forward(m, 4096, c.tp, c.micro_batch, bare, moe_layer=True,
-                                      c=c).matmul)
+            kw = {"moe_layer": True, "c": c, "expert_launches": per_expert}
+            launch = (layer_forward(m, 4096, c.tp, c.micro_batch, dev, **kw).matmul
+                      - layer_forward(m, 4096, c.tp, c.micro_batch, bare, **kw).matmul)
             ops = 9 + (2 * 8 / ep if per_expert else 2) + 5
             assert float(launch[0]) == pytest.approx(ops * dev.eff.op_overhead)
+    assert FRAMEWORKS["megatron"].expert_launches and not FRAMEWORKS["torchtitan"].expert_launches

@@ -294,8 +294,8 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         train_only=train_only, ep=args.ep, capacity_factor=args.capacity_factor,
         cp=args.cp, dp_replicate=args.dp_replicate, stage_layers=split,
         # Megatron-Core and torchtitan fold their experts onto a mesh of their own;
-        # shardlab train draws the ep group from dp.
-        expert_fold=overlap_framework(args.framework).expert_fold and not train_only)
+        # shardlab train (this machine, or a dry run of the top layouts) draws ep from dp.
+        expert_fold=overlap_framework(args.framework).expert_fold and not runnable)
     # A --layout of step-time keys alone sets options for the search.
     given = args.layout and set(parse_layout(args.layout, STEP_KEYS)) - set(step_keys)
     check_layout_against_flags(args, bool(given), step_keys)
@@ -306,7 +306,8 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
                                overrides=step_keys)
     fw = overlap_framework(args.framework)
     result = plan(model, acc, space, policy, top=args.top, dropout=dropout, options=options,
-                  train_prefix=f"shardlab train {model_flags}" if here else None,
+                  train_prefix=(f"shardlab train {model_flags}"
+                                if here and not model.qk_norm else None),
                   train_dtype=dtype, only=only, imbalance=args.routing_imbalance)
     fit = None
     if only is not None and not result.best[0]["fits"]:

@@ -58,7 +58,8 @@ def op_checkpoint_matmuls(model: ModelShape) -> tuple[bool, ...]:
 def layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, dev: Device,
                   moe_layer: bool, c: Candidates | None = None, flash: bool = False,
                   kernel: str = "fa3", cp: np.ndarray | int = 1,
-                  balance: np.ndarray | float = 1.0) -> LayerForward:
+                  balance: np.ndarray | float = 1.0,
+                  expert_launches: bool = False) -> LayerForward:
     """One layer's forward on one tp rank of a cp rank (its b·s/cp tokens; a MoE layer's
     experts as ``c``'s ep, etp and capacity factor place them); the linear layers at
     ``linear_peak``, the router and the core at ``peak``; ``balance``: the causal load
@@ -122,12 +123,11 @@ def layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, d
     ops: np.ndarray | float = OPS_PER_LAYER_FORWARD
     if moe_layer and m.moe is not None:
         # In place of the dense MLP's three operators: the experts' two matmuls, the
-        # router's matmul and top-k, the permute, the activation and the unpermute. In bf16
-        # the experts' matmuls are one grouped kernel each (CUTLASS grouped GEMM); in fp8
-        # one cuBLASLt GEMM per local expert on several streams (the MoE report, Sec.
-        # 4.3.2: "Multi-stream launch of cuBLASLt GEMMs ... per-tensor FP8, blockwise FP8,
-        # MXFP8"; the CUTLASS one "only supports BF16"), each a launch of its own.
-        grouped = 2 * m.moe.experts / c.ep.astype(float) if dev.linear_peak else 2.0
+        # router's matmul and top-k, the permute, the activation and the unpermute. The
+        # experts' matmuls are one grouped kernel each (torch._grouped_mm), or with
+        # ``expert_launches`` one GEMM per local expert (Megatron-Core's Transformer Engine
+        # experts: Framework.expert_launches).
+        grouped = 2 * m.moe.experts / c.ep.astype(float) if expert_launches else 2.0
         ops = OPS_PER_LAYER_FORWARD - 3 + grouped + 5
     secs = secs + ops * dev.eff.op_overhead
     windows = tuple(np.asarray(x, float) + 0.0 * t for x in (qkv, out, mlp_in, mlp_out))

@@ -142,6 +142,12 @@ class Framework:
     forward and again in backward (rotate method ``allgather``, torchtitan's default) and
     rotates dK/dV in fp32 (``convert_to_f32``). Megatron-LM's ring passes the kv heads."""
 
+    expert_launches: bool = False
+    """Whether each local expert's matmuls are kernel launches of their own: Megatron-Core's
+    default experts (``moe_use_legacy_grouped_gemm`` False: ``TEGroupedMLP``, Transformer
+    Engine's GroupedLinear, "Multi-stream launch of cuBLASLt GEMMs": the MoE report, arXiv
+    2603.07685, Sec. 4.3.2). torchtitan's experts are one ``torch._grouped_mm`` kernel
+    per matmul, as the planner's default counts them."""
     expert_fold: bool = False
     """Whether its expert layers take their own mesh over each pipeline stage's tp x cp x dp
     ranks ("parallel folding"): each expert split etp ways (etp innermost), ep groups of
@@ -165,13 +171,15 @@ class Framework:
                 "grad_reduce_bytes": self.grad_reduce_bytes, "selective": self.selective,
                 "loss_bytes": self.loss_bytes, "reduce_each_micro": self.reduce_each_micro,
                 "moe_sequence_split": self.moe_sequence_split, "memory": self.memory,
-                "cp_expanded_kv": self.cp_expanded_kv}
+                "cp_expanded_kv": self.cp_expanded_kv,
+                "expert_launches": self.expert_launches}
 
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework(
         "megatron", "off", "off", "interleaved", True, True, fp8_cast_bytes=3,
         grad_reduce_bytes=4, loss_bytes=52, moe_sequence_split=True, expert_fold=True,
+        expert_launches=True,
         memory=MemoryFacts(loss_bytes=6.0, held_grad_bytes=4, reduce_bytes=4, source=
             "bf16 gradients accumulate in fp32 main_grad buffers (arguments.py: 'bfloat16 "
             "requires gradient accumulation and all-reduce to be done in fp32'); the "

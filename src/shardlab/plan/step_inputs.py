@@ -108,6 +108,9 @@ class StepOptions:
     """A MoE layer with whole experts (etp 1) and no shared expert dispatches each tensor
     rank's own sequence-parallel tokens, so it runs no tensor-parallel collective around
     its MLP (Megatron-LM: :attr:`shardlab.plan.overlap.Framework.moe_sequence_split`)."""
+    expert_launches: bool = False
+    """Each local expert's matmuls launch apart (Megatron-Core's Transformer Engine experts:
+    :attr:`shardlab.plan.overlap.Framework.expert_launches`); else one grouped kernel each."""
     overlap_ep: bool = False
     """The MoE all-to-alls overlapped with another micro-batch's compute, as Megatron-Core's
     ``--overlap-moe-expert-parallel-comm`` runs them (:func:`shardlab.plan.expert_time.

@@ -17,8 +17,8 @@ context-parallel rank), on devices of dense peak P (:class:`Device`):
   faster than its authors' measured share of the peak (``flash_kernel``: FlashAttention-2
   35% of an H100, FlashAttention-3 75%, llm-foundry's Triton kernel FlashAttention-2's share
   over 2.26: :data:`shardlab.config.hardware.H100_EFFICIENCY`); plus a fixed cost per
-  operator launch (12 per layer forward, twice that backward; a MoE layer 9 + 2 per
-  local expert + 5)
+  operator launch (12 per layer forward, twice that backward; a MoE layer 9 + 2 + 5, or
+  9 + 2 per local expert + 5 where the framework launches each expert's GEMMs apart)
   (:mod:`shardlab.plan.layer_time`). The full s x s stays priced although a causal fused
   kernel skips the masked half: halving it was tried and left torchtitan's runs 8-15%
   fast (docs/validation.md).
@@ -186,7 +186,8 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     windows = dense_l.tp_windows
     if m.moe_layers:
         moe_l = layer_forward(m, seq, tp, mb, dev, moe_layer=True, c=c, flash=opt.flash,
-                              kernel=opt.flash_kernel, cp=cp, balance=balance)
+                              kernel=opt.flash_kernel, cp=cp, balance=balance,
+                              expert_launches=opt.expert_launches)
         w = m.moe_layers / m.layers
         mat_l, core_l, redo_l = ((1 - w) * a + w * b for a, b in (
             (mat_l, moe_l.matmul), (core_l, moe_l.core), (redo_l, moe_l.op_recompute)))
