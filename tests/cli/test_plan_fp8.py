@@ -98,11 +98,30 @@ def test_frameworks_set_their_defaults_and_the_layout_overrides(
     assert mine["overlap_tp"] == "forward" and mine["fused_norm"] is True  # async TP
 
 
+def test_unfused_gradient_accumulation_costs_its_own_pass(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Megatron's --no-gradient-accumulation-fusion: each micro-batch after the first adds its
+    # gradients in a pass of its own, 3 x the rank's gradient bytes at the memory bandwidth.
+    argv = ["llama-3-8b", "--gpus", "8", "--global-batch", "32", "--seq", "4096",
+            "--framework", "megatron", "--layout",
+            "dp=2 pp=4 zero=1 micro_batch=1 recompute=none schedule=1f1b"]
+    fused = plan_json(capsys, *argv[:-1], argv[-1] + " fused_accumulation=1")
+    split = plan_json(capsys, *argv[:-1], argv[-1] + " fused_accumulation=0")
+    assert fused["step_options"]["fused_accumulation"] is True
+    assert split["step_options"]["fused_accumulation"] is False
+    a, b = fused["best"][0], split["best"][0]
+    params = b["memory_breakdown"]["weights"] / 2  # bf16 weights on the busiest rank
+    pass_s = 3 * params * 2 / 3.35e12  # bf16 gradients at the H100's 3.35 TB/s
+    extra = b["breakdown"]["compute"] - a["breakdown"]["compute"]
+    assert extra == pytest.approx((b["microbatches"] - 1) * pass_s, rel=0.05)
+
+
 def test_help_documents_the_overlap_keys(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["plan", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for words in ("overlap_dp", "overlap_tp", "overlap_pp", "fused_norm", "--framework",
+    for words in ("overlap_dp", "overlap_tp", "overlap_pp", "fused_norm", "fused_accumulation",
+                  "--framework",
                   "--nics-per-node", "--nic-gbps", "--power-cap-w", "fp8"):
         assert words in text
 

@@ -174,7 +174,10 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    "sends/receives behind the next chunk's compute), overlap_ep (MoE "
                    "all-to-alls beside another micro-batch's compute: Megatron's "
                    "--overlap-moe-expert-parallel-comm), fused_norm (RMSNorm in "
-                   'one kernel, else eager torch); flash_kernel=fa2|fa3|triton and '
+                   'one kernel, else eager torch), fused_accumulation (the weight-gradient '
+                   "matmul adds into the held gradient, else a separate pass per micro-batch: "
+                   "Megatron's --no-gradient-accumulation-fusion is 0); "
+                   'flash_kernel=fa2|fa3|triton and '
                    'reduce_dtype=bf16|fp32 name the attention kernel and FSDP gradient '
                    'reduction a run used, fused_loss=1 a fused cross-entropy, '
                    'dispatcher=alltoall|flex and routing=random|contiguous its MoE token '

@@ -233,7 +233,8 @@ LAYOUT_KEYS = ("dp", "tp", "pp", "virtual", "micro_batch", "zero", "sp", "recomp
                "schedule", "ep", "etp", "capacity_factor", "cp", "stage_layers",
                "dp_replicate")
 STEP_KEYS = ("overlap_dp", "overlap_tp", "overlap_pp", "overlap_ep", "fused_norm",
-             "flash_kernel", "reduce_dtype", "fused_loss", "dispatcher", "routing")
+             "fused_accumulation", "flash_kernel", "reduce_dtype", "fused_loss", "dispatcher",
+             "routing")
 """``--layout`` keys of ``shardlab plan`` that set step-time options, not the layout
 (:class:`~shardlab.plan.step_time.StepOptions`, :mod:`shardlab.plan.overlap`)."""
 
