@@ -3,7 +3,7 @@
 The runs (:class:`~shardlab.plan.published_run.PublishedRun`) live by origin:
 :mod:`~shardlab.plan.runs_papers` (Narayanan 2021, Korthikanti 2022, MT-NLG, Llama 3,
 MegaScale, BLOOM), :mod:`~shardlab.plan.runs_nvidia` (Megatron-LM, NeMo, Megatron-Bridge,
-the MoE model zoo) and :mod:`~shardlab.plan.runs_pytorch` (torchtitan, MosaicML, IBM
+the MoE model zoo), :mod:`~shardlab.plan.runs_pytorch` (torchtitan, MosaicML, IBM
 fms-fsdp, NeMo AutoModel), :mod:`~shardlab.plan.runs_blackwell` (Megatron-Bridge on B200 and
 GB200) and :mod:`~shardlab.plan.runs_functional` (Megatron-LM's own memory-and-speed
 tests). Context parallel, HSDP and uneven-stage runs are among them
