@@ -94,6 +94,7 @@ def test_no_fit_sees_a_validation_run(monkeypatch: pytest.MonkeyPatch) -> None:
     ("A100 SXM 80GB", ("peak_fraction", "half_intensity")),
     ("H100 SXM", ("peak_fraction",)),
     ("H100 SXM", ("fp8_peak_fraction",)),
+    ("GB200", ("peak_fraction",)),
     ("GB200", ("fp8_peak_fraction",)),
 ])
 def test_stored_curve_is_the_fit_on_calibration_runs_only(gpu: str, free: tuple[str, ...]

@@ -196,7 +196,8 @@ def _gpu(name: str, flops: dict[str, float], mem: float, bw: float, watts: float
 # Blackwell: NVIDIA's tables give tensor-core figures "with sparsity" (HGX B200: "FP8/FP6
 # Tensor Core* 72 PFLOPS" for 8 GPUs, "* With sparsity"; GB200 NVL72 "720 PFLOPS" for 72 =
 # 10 per GPU); the dense figures here are half. fp32 is the non-tensor rate. No published
-# run on them calibrated a curve before Megatron-Bridge's (BLACKWELL_EFFICIENCY below).
+# run on them calibrated a curve before Megatron-Bridge's fp8 and NVIDIA's dgxc bf16 ones
+# (BLACKWELL_EFFICIENCY below).
 _BLACKWELL = ("NVIDIA Blackwell tables (HGX B200 and GB200 NVL72 columns), dense = half the "
               "'with sparsity' tensor figures; DGX B200 user guide: 1,440 GB for 8 GPUs, 8 "
               "ConnectX-7 400 Gb/s; DGX GB200 user guide: 4 GPUs and 4 ConnectX-7 400G per "
@@ -232,13 +233,14 @@ H100_EFFICIENCY = Efficiency(
     fp8_peak_fraction=0.677,
     flash_fractions=_HOPPER_FLASH)
 BLACKWELL_EFFICIENCY = Efficiency(
-    H100_EFFICIENCY.peak_fraction, H100_EFFICIENCY.half_intensity,
+    0.535, H100_EFFICIENCY.half_intensity,
     H100_EFFICIENCY.op_overhead, H100_EFFICIENCY.link_fraction,
-    "fp8_peak_fraction fitted on one fp8 calibration run, Megatron-Bridge 26.04's Llama 3.1 "
-    "405B FP8 on 256 GB200 (TP 4, PP 16, VP 4; plan/runs_blackwell.py); no bf16 Blackwell "
-    "run calibrates the rest, so peak_fraction, half_intensity, op_overhead and "
-    "link_fraction are the H100 curve's; no attention-kernel cap",
-    fp8_peak_fraction=0.564)
+    "peak_fraction fitted on one bf16 calibration run, NVIDIA dgxc-benchmarking's Llama 3.1 "
+    "405B bf16 on 256 GB200 (TP 4, PP 8, CP 2, VP 8; plan/runs_dgxc.py), then "
+    "fp8_peak_fraction on its fp8 twin, Megatron-Bridge 26.04's Llama 3.1 405B FP8 on 256 "
+    "GB200 (TP 4, PP 16, VP 4; plan/runs_blackwell.py); half_intensity, op_overhead and "
+    "link_fraction are the H100 curve's (two runs fit two numbers); no attention-kernel cap",
+    fp8_peak_fraction=0.601)
 
 
 ACCELERATORS: dict[str, Accelerator] = {a.name: a for a in (

@@ -5,8 +5,9 @@ The runs (:class:`~shardlab.plan.published_run.PublishedRun`) live by origin:
 MegaScale, BLOOM), :mod:`~shardlab.plan.runs_nvidia` (Megatron-LM, NeMo, Megatron-Bridge,
 the MoE model zoo), :mod:`~shardlab.plan.runs_pytorch` (torchtitan, MosaicML, IBM
 fms-fsdp, NeMo AutoModel), :mod:`~shardlab.plan.runs_blackwell` (Megatron-Bridge on B200 and
-GB200) and :mod:`~shardlab.plan.runs_functional` (Megatron-LM's own memory-and-speed
-tests). Context parallel, HSDP and uneven-stage runs are among them
+GB200), :mod:`~shardlab.plan.runs_dgxc` (NVIDIA's bf16 GB200 benchmarks) and
+:mod:`~shardlab.plan.runs_functional` (Megatron-LM's own memory-and-speed tests). Context
+parallel, HSDP and uneven-stage runs are among them
 (issue 17: NeMo's Llama 3 8B and 70B with CP 2, Megatron-Bridge's 405B with CP 2 and
 uneven stages, torchtitan's 8B FSDP x CP series, fms-fsdp's 7B HSDP, Llama 3 405B with
 its first and last stage one layer fewer). Each is ``calibration`` (the efficiency curves of
@@ -35,6 +36,7 @@ from shardlab.plan.options import step_options_for
 from shardlab.plan.overlap import framework as overlap_framework
 from shardlab.plan.published_run import PublishedRun
 from shardlab.plan.runs_blackwell import BLACKWELL_RUNS
+from shardlab.plan.runs_dgxc import DGXC_RUNS
 from shardlab.plan.runs_functional import FUNCTIONAL_RUNS
 from shardlab.plan.runs_nvidia import NVIDIA_RUNS
 from shardlab.plan.runs_papers import PAPER_RUNS
@@ -43,7 +45,7 @@ from shardlab.plan.search import layout_candidates, layout_step_keys, plan
 from shardlab.plan.space import Space
 
 RUNS: tuple[PublishedRun, ...] = (PAPER_RUNS + NVIDIA_RUNS + PYTORCH_RUNS + BLACKWELL_RUNS
-                                  + FUNCTIONAL_RUNS)
+                                  + DGXC_RUNS + FUNCTIONAL_RUNS)
 
 
 def priced(run: PublishedRun, eff: Efficiency | None = None) -> dict[str, Any]:
