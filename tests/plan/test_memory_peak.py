@@ -78,7 +78,7 @@ def test_megatron_holds_fp32_gradients_and_torchtitan_fsdp2_keeps_the_root() -> 
 def test_published_peaks_within_the_documented_error() -> None:
     errs = memory_errors()
     names = [r.name for r in memory_runs()]
-    assert len(errs) >= 19
+    assert len(errs) >= 23
     # Megatron-LM's own 7B runs without recompute: within 3% of their allocated peaks.
     for name, e in zip(names, errs, strict=True):
         if name.startswith("MLM"):

@@ -24,7 +24,7 @@ def test_runs_are_named_split_and_consistent() -> None:
         # Only checked figures are fitted or averaged; an excluded run says why.
         assert (r.role == "unverified") == r.checked.startswith("NOT")
         assert not r.excluded or r.role == "validation"
-    for gpu in ("A100 SXM 80GB", "H100 SXM"):
+    for gpu in ("A100 SXM 80GB", "H100 SXM", "GB200"):
         assert curve_runs(gpu) and curve_runs(gpu, "validation")
     # The spread: at least 20 held-out runs, A100 and H100, dense and MoE, 8 to
     # 16,384 GPUs, fp8 among them.
@@ -67,6 +67,31 @@ def test_moe_runs_state_their_dispatcher_loss_and_recompute_with_a_source() -> N
             assert r.recompute == "full"
 
 
+def test_unfused_gradient_accumulation_is_priced_where_a_run_states_it() -> None:
+    # Megatron's --no-gradient-accumulation-fusion (Megatron-Bridge: gradient_accumulation_
+    # fusion False) is the layout key fused_accumulation=0, on exactly the runs that say so.
+    stated = [r for r in RUNS if "no-gradient-accumulation-fusion" in r.checked
+              or "gradient_accumulation_fusion False" in r.checked]
+    assert len(stated) >= 8
+    for r in RUNS:
+        assert ("fused_accumulation=0" in r.options) == (r in stated), r.name
+
+
+def test_dgxc_rows_carry_their_launch_flags_and_step() -> None:
+    # Each DGXC row's layout is the launch.sh flags its checked field quotes, and its step
+    # time is the table's figure.
+    rows = [r for r in RUNS if r.name.startswith("DGXC")]
+    assert len(rows) == 32 and sum(r.role == "calibration" for r in rows) == 1
+    for r in rows:
+        for flag, value in (("-tp", r.tp), ("-pp", r.pp), ("-cp", r.cp),
+                            ("-gb", r.global_batch), ("-mb", r.micro_batch)):
+            assert f"{flag} {value} " in r.checked + " " or f"{flag} {value};" in r.checked, (
+                r.name, flag)
+        quoted = {float(x) for x in re.findall(r"'(\d+\.\d+)'", r.checked)}
+        assert r.measured_step in quoted, r.name
+        assert r.global_batch % (r.dp * r.micro_batch) == 0, r.name
+
+
 def test_kor22_selective_rows_match_the_readme_mfu() -> None:
     # The check each row states: its own shape, batch and time give the README's MFU.
     rows = [r for r in RUNS if r.name.startswith("KOR22") and r.sp]
@@ -87,6 +112,8 @@ def test_no_fit_sees_a_validation_run(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(published, "errors", spy)
     fit("H100 SXM", free=("fp8_peak_fraction",), rounds=1)
     fit("A100 SXM 80GB", free=("peak_fraction",), rounds=1)
+    fit("GB200", free=("peak_fraction",), rounds=1)
+    fit("GB200", free=("fp8_peak_fraction",), rounds=1)
     assert seen and set(seen) == {"calibration"}
 
 

@@ -5,18 +5,23 @@ The runs (:class:`~shardlab.plan.published_run.PublishedRun`) live by origin:
 MegaScale, BLOOM), :mod:`~shardlab.plan.runs_nvidia` (Megatron-LM, NeMo, Megatron-Bridge,
 the MoE model zoo), :mod:`~shardlab.plan.runs_pytorch` (torchtitan, MosaicML, IBM
 fms-fsdp, NeMo AutoModel), :mod:`~shardlab.plan.runs_blackwell` (Megatron-Bridge on B200 and
-GB200), :mod:`~shardlab.plan.runs_dgxc` (NVIDIA's bf16 GB200 benchmarks) and
+GB200), :mod:`~shardlab.plan.runs_dgxc` (NVIDIA's DGX Cloud benchmarks, bf16 and fp8 on
+GB200 and H100) and
 :mod:`~shardlab.plan.runs_functional` (Megatron-LM's own memory-and-speed tests). Context
 parallel, HSDP and uneven-stage runs are among them
 (issue 17: NeMo's Llama 3 8B and 70B with CP 2, Megatron-Bridge's 405B with CP 2 and
 uneven stages, torchtitan's 8B FSDP x CP series, fms-fsdp's 7B HSDP, Llama 3 405B with
 its first and last stage one layer fewer). Each is ``calibration`` (the efficiency curves of
 :mod:`shardlab.config.hardware` are fitted on them, :func:`fit`), ``validation`` (held out:
-never used in a fit) or ``unverified``. The calibration runs were chosen before any of
-the new runs was predicted: the paper runs the project always fitted on, and for the H100
-curve one run per software stack (Llama 3 8,192 GPUs; torchtitan 8B FSDP8 compiled;
-Megatron-Core 16B; MosaicML MPT-7B on 128 GPUs), for its fp8 fraction one fp8 run on a
-single node from each of two stacks (torchtitan 8B; NeMo Llama 2 7B).
+never used in a fit) or ``unverified``. The A100 and H100 calibration runs were chosen
+before any of the new runs was predicted: the paper runs the project always fitted on,
+and for the H100 curve one run per software stack (Llama 3 8,192 GPUs; torchtitan 8B
+FSDP8 compiled; Megatron-Core 16B; MosaicML MPT-7B on 128 GPUs), for its fp8 fraction one
+fp8 run on a single node from each of two stacks (torchtitan 8B; NeMo Llama 2 7B). The
+Blackwell curve has two, each chosen when its kind first arrived: Megatron-Bridge's Llama
+3.1 405B FP8 on 256 GB200 for the fp8 fraction, and later its bf16 twin from NVIDIA's
+dgxc-benchmarking for the bf16 share, picked after the bf16 GB200 rows had been priced
+on the borrowed H100 share (docs/validation.md says so).
 """
 
 from __future__ import annotations

@@ -9,10 +9,11 @@
   ``checked`` field of each run says which). FP8 is current (tensorwise) scaling, MXFP8
   32-element block scaling; both run the linear layers in fp8 and are priced alike.
 
-No published Blackwell run calibrated a curve before these: the Blackwell curve takes its
-bf16 shape (``peak_fraction``, ``half_intensity``) from the H100 fit and fits only
-``fp8_peak_fraction``, on the one calibration run below (Llama 3.1 405B FP8, a plain
-3-D layout with no CUDA graph, offload or recompute); the rest are held out.
+The Blackwell curve fits ``fp8_peak_fraction`` on the calibration run below (Llama 3.1 405B
+FP8, a plain 3-D layout with no CUDA graph, offload or recompute) and ``peak_fraction`` on
+its bf16 twin in :mod:`shardlab.plan.runs_dgxc` (NVIDIA dgxc-benchmarking's Llama 3.1 405B
+bf16 on 256 GB200); ``half_intensity``, the launch cost and the link fraction are the
+H100 fit's. The rest are held out.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ LLAMA_RUNS: tuple[PublishedRun, ...] = (
            "use_megatron_fsdp True (optim_grads_params), cpu_offloading_num_layers 40, GBS "
            "256; fsdp_double_buffer, gradient_accumulation_fusion False "
            "(llama3_llm_pretrain.py); " + _PLAIN, zero=3,
+           options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 fused_accumulation=0",
            assumed=("the activations of 40 layers offloaded to the Grace CPU over NVLink-C2C "
                     "and back, overlapped with compute: not priced",)),
     _llama("Llama3-8B GB200 FP8", "llama-3-8b", "GB200", 8, 128, 2, 1, 1, 1, 31508,

@@ -1,8 +1,9 @@
 """NVIDIA's DGX Cloud benchmarking recipes: bf16 and fp8 on GB200 NVL72 and on H100.
 
 DGXC: NVIDIA/dgxc-benchmarking, tags v25.05 to v25.05.05 (v25.05.05, c5c765f2, quoted;
-the figures are the same in every v25.05.x tag, the H100 405B row from v25.05.01):
-``llama3.1/README.md`` and ``nemotron/README.md`` give each run's layout table (TP, PP,
+the H100 rows appear in v25.05.01, Grok-1's H100 figures changed in v25.05.02 and the 405B
+H100 layout's GA in v25.05.05; the rest is the same in every v25.05.x tag):
+``llama3.1/``, ``nemotron/`` and ``grok1/README.md`` give each run's layout table (TP, PP,
 CP, VP, MBS, GBS, DP, GA) and its "Training step time (seconds per step)", the mean of
 iterations 11-44 of a 50-step run on mock data (``common/parse_train_timing.sh``). The
 runs launch NeMo 25.04's ``scripts/performance/llm/pretrain_llama31_405b.py`` and
@@ -52,7 +53,7 @@ from shardlab.config.catalog import get_model
 from shardlab.config.model import ModelShape, MoE
 from shardlab.plan.choices import fewer_at_ends
 from shardlab.plan.published_run import PublishedRun
-from shardlab.plan.runs_nvidia import _DGX, _NEMOTRON_340B
+from shardlab.plan.runs_nvidia import DGX_H100, NEMOTRON_4_340B
 
 _SRC = "NVIDIA dgxc-benchmarking v25.05.x (NeMo 25.04)"
 _SET = ("no recompute, no offload (set_primary_perf_configs with recompute_layers 0 and "
@@ -65,7 +66,7 @@ _PRECISION = {"bf16": "bf16_mixed (no fp8)",
 _GB200 = ("DGX GB200: 4 GPUs per tray, 4 x ConnectX-7 400 Gb/s per tray, NVL72 racks (the "
           "jobs run in 16-tray segments: one NVLink domain per 64 GPUs)",)
 # NullTokenizer(256000) adds one token; Megatron pads to a multiple of 128 x TP.
-_NEMOTRON = {"340b": replace(_NEMOTRON_340B, vocab=257024),
+_NEMOTRON = {"340b": replace(NEMOTRON_4_340B, vocab=257024),
              "15b": ModelShape("nemotron-4-15b", 32, 6144, 48, vocab=256256, context=4096,
                                kv_heads=8, d_ff=24576, style="gpt", tied=False,
                                source="NeMo Nemotron4Config15B: 32 layers, 6144, 48 heads, 8 "
@@ -93,7 +94,7 @@ def _grok(gpu: str, gpus: int, step: float, dtype: str, table: str) -> Published
         sp=True, zero=1, micro_batch=1, virtual=vp, flash=True, cp=cp, dtype=dtype, ep=8,
         etp=etp, capacity_factor=1.0,
         options="overlap_dp=1 overlap_tp=1 reduce_dtype=bf16 fused_loss=1",
-        assumed=(*(_GB200 if gb200 else _DGX),
+        assumed=(*(_GB200 if gb200 else DGX_H100),
                  "capacity factor 1.0 padded to capacity: every expert runs its capacity of "
                  "rows (balanced routing priced)",
                  *(("Transformer Engine's per-layer CUDA graphs (--cuda_graphs true) not "
@@ -117,7 +118,7 @@ def _run(key: str, model: str, gpu: str, gpus: int, tp: int, pp: int, cp: int, v
         sp=tp > 1, zero=1, micro_batch=mbs, virtual=vp, flash=True, cp=cp,
         stage_layers=split or (), dtype=dtype,
         options="overlap_dp=1 overlap_tp=1 reduce_dtype=bf16 fused_loss=1",
-        assumed=(*(_GB200 if gpu == "GB200" else _DGX),
+        assumed=(*(_GB200 if gpu == "GB200" else DGX_H100),
                  *(("Transformer Engine's per-layer CUDA graphs (--cuda_graphs true) not "
                     "priced: the launches are charged as without them",) if graphs else ()),
                  *(("context parallel as Megatron-Core runs it (K/V around the cp ring, "
@@ -126,7 +127,8 @@ def _run(key: str, model: str, gpu: str, gpus: int, tp: int, pp: int, cp: int, v
 
 
 _L_TABLE = "llama3.1/README.md layout row and 'Llama3.1 405b BF16' performance table"
-_N_TABLE = "nemotron/README.md layout row and 'Nemotron4 340b BF16' performance table"
+_N_TABLE = "nemotron/README.md layout row and 'Nemotron 340b BF16 GB200' performance table"
+_N_H100 = "nemotron/README.md layout row and 'Nemotron4 340b {} H100' performance table"
 _L_CONF = ("launch.sh: -tp {tp} -pp 8 -cp 2 -vp 8 -mb 1 -gb {gbs}; llama31_405b.py "
            "account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split "
            "True (1+2x62+1)")
@@ -174,8 +176,8 @@ BF16_RUNS: tuple[PublishedRun, ...] = (
          "| 12 | 1 | 512 | 16 | 32 |', '8.468' (41.5% MFU)",
          _N_CONF.format(pp=4, gbs=512, graphs=" -fsdp 0 --cuda_graphs true"), graphs=True),
     _run("Nemotron4-340B H100 256", "340b", "H100 SXM", 256, 8, 8, 1, 12, 64, 4096, 4.606,
-         f"{_N_TABLE} (H100): '| 340b | BF16/FP8 | 256 | 4096 | 96 | 8 | 8 | 1 | NA | 4 | 12 "
-         "| 1 | 64 | 16 |', '4.606' (47.3% MFU)", _N_CONF.format(pp=8, gbs=64, graphs="")),
+         f"{_N_H100.format('BF16')}: '| 340b | BF16/FP8 | 256 | 4096 | 96 | 8 | 8 | 1 | NA | 4 "
+         "| 12 | 1 | 64 | 16 |', '4.606' (47.3% MFU)", _N_CONF.format(pp=8, gbs=64, graphs="")),
     _run("Nemotron4-15B H100 16", "15b", "H100 SXM", 16, 2, 1, 1, 1, 64, 4096, 2.746,
          f"{_N15_TABLE} BF16 H100': '2.746' (56.7% MFU)", _N15_CONF, mbs=2),
 )
@@ -194,17 +196,17 @@ FP8_RUNS: tuple[PublishedRun, ...] = (
          f"{_L8_TABLE} (H100): the 512 layout row (GA 64), '13.020' (42.12% MFU)",
          _L_CONF.format(tp=8, gbs=256), dtype="fp8"),
     *(_run(f"Nemotron4-340B GB200 {n}", "340b", "GB200", n, 8, 4, 1, 12, n // 4, 4096, t,
-           f"{_N_TABLE.replace('BF16', 'FP8')} GB200' (weak scaling, GBS {n // 4}): '{t}'",
+           f"{_N_TABLE.replace('BF16', 'FP8')} (weak scaling, GBS {n // 4}): '{t}'",
            _N_CONF.format(pp=4, gbs=n // 4, graphs=" -fsdp 0 --cuda_graphs true"),
            graphs=True, dtype="fp8")
       for n, t in ((128, 1.483), (256, 1.517), (512, 1.549))),
     *(_run(f"Nemotron4-340B GB200 {n} GBS512", "340b", "GB200", n, 8, 4, 1, 12, 512, 4096, t,
-           f"{_N_TABLE.replace('BF16', 'FP8')} GB200 Strong Scaling' (GBS 512): '{t}'",
+           f"{_N_TABLE.replace('BF16 GB200', 'FP8 GB200 Strong Scaling')} (GBS 512): '{t}'",
            _N_CONF.format(pp=4, gbs=512, graphs=" -fsdp 0 --cuda_graphs true"),
            graphs=True, dtype="fp8")
       for n, t in ((128, 21.83), (256, 11.21), (512, 5.668))),
     _run("Nemotron4-340B H100 256", "340b", "H100 SXM", 256, 8, 8, 1, 12, 64, 4096, 3.107,
-         f"{_N_TABLE.replace('BF16', 'FP8')} H100': '3.107' (35% MFU)",
+         f"{_N_H100.format('FP8')}: '3.107' (35% MFU)",
          _N_CONF.format(pp=8, gbs=64, graphs=""), dtype="fp8"),
     _run("Nemotron4-15B H100 16", "15b", "H100 SXM", 16, 2, 1, 1, 1, 64, 4096, 1.988,
          f"{_N15_TABLE} FP8 H100': '1.988' (39.1% MFU)", _N15_CONF, mbs=2, dtype="fp8"),
@@ -220,7 +222,7 @@ GROK_RUNS: tuple[PublishedRun, ...] = (
     *(_grok("GB200", n, t, "fp8", f"layout {_G_LAYOUT}, 'Grok1 314b FP8' '{t}'")
       for n, t in ((128, 5.298), (256, 5.224), (512, 5.193))),
     _grok("H100 SXM", 512, 15.933, "bf16", f"H100 layout {_G_H100}, 'Grok1 314b BF16' "
-          "'15.933' (v25.05.02 on; 16.930 in v25.05.01 with VP 1)"),
+          "'15.933' (v25.05.02 on; 16.930 in v25.05.01)"),
     _grok("H100 SXM", 512, 13.433, "fp8", f"H100 layout {_G_H100}, 'Grok1 314b FP8' '13.433' "
           "(v25.05.02 on; 13.454 in v25.05.01)"),
 )

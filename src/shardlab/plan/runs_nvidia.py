@@ -22,7 +22,7 @@ from shardlab.config.model import ModelShape
 from shardlab.plan.choices import fewer_at_ends
 from shardlab.plan.published_run import PublishedRun, megatron_flops, tokens_step
 
-_DGX = ("DGX H100: 8 H100 SXM per node, NVLink 4, 8 x 400 Gb/s NDR NICs (the tables say "
+DGX_H100 = ("DGX H100: 8 H100 SXM per node, NVLink 4, 8 x 400 Gb/s NDR NICs (the tables say "
         "only DGX-H100)",)
 
 
@@ -45,7 +45,7 @@ def _mw(name: str, heads: int, hidden: int, layers: int, tp: int, pp: int, gpus:
                  "no recompute, non-interleaved 1F1B (Megatron's defaults)",
                  "distributed optimizer (ZeRO-1: --overlap-param-gather needs it)",
                  "sequence parallel with tp > 1", "GELU MLP of 4h, MHA, untied "
-                 "embeddings (the parameter counts of the model-size column)", *_DGX),
+                 "embeddings (the parameter counts of the model-size column)", *DGX_H100),
         checked="cells of images/model_table.png read from the image at commit f2e5db40 "
         "(model size, heads, hidden, layers, TP, PP, DP, GPUs, batch, TFLOP/s, MFU); MFU x "
         "989 TFLOP/s gives each TFLOP/s cell")
@@ -70,7 +70,7 @@ def _nemo_gpt(name: str, layers: int, hidden: int, heads: int) -> ModelShape:
                       "vocabulary assumed")
 
 
-_NEMOTRON_340B = ModelShape(
+NEMOTRON_4_340B = ModelShape(
     "nemotron-4-340b", 96, 18432, 96, vocab=256000, context=4096, kv_heads=8, d_ff=73728,
     style="gpt", tied=False, source="NeMo Nemotron4Config340B: 96 layers, 18432, 96 heads, 8 "
     "query groups, FFN 73728 (squared ReLU, two matrices), vocabulary 256,000")
@@ -91,7 +91,7 @@ def _nm(key: str, model: ModelShape, gpus: int, gbs: int, mbs: int, seq: int, tp
                  "overlap (NeMo's performance recipes)", "sequence parallel with tp > 1",
                  *(("context parallel as Megatron-Core runs it (K/V passed around the cp "
                     "ring, priced as shardlab's all-gather of the same bytes), data parallel "
-                    "= GPUs / (TP x PP x CP)",) if cp > 1 else ()), *_DGX),
+                    "= GPUs / (TP x PP x CP)",) if cp > 1 else ()), *DGX_H100),
         checked="rows of performance_summary.md at NeMo commit e2de75c1: GPUs, GBS, MBS, "
         f"sequence, TP, PP, CP {cp}, VP and tokens/s per GPU as quoted" + (
             f" ({row})" if row else ""))
@@ -108,7 +108,7 @@ NM_RUNS: tuple[PublishedRun, ...] = (
         "calibration"),
     _nm("Llama2-13B", get_model("llama-2-13b"), 16, 128, 1, 4096, 1, 4, 10, 8715),
     _nm("Llama2-70B", get_model("llama-2-70b"), 64, 128, 1, 4096, 4, 4, 20, 1728),
-    _nm("Nemotron-340B", _NEMOTRON_340B, 128, 32, 1, 4096, 8, 8, 12, 326),
+    _nm("Nemotron-340B", NEMOTRON_4_340B, 128, 32, 1, 4096, 8, 8, 12, 326),
     # Context parallel (added with cp: issue 17).
     _nm("Llama3-8B CP2", get_model("llama-3-8b"), 8, 128, 1, 8192, 1, 1, 1, 12273, cp=2,
         row="'LLAMA3-8B | 8 | 128 | 1 | 8192 | 1 | 1 | 2 | 1 | 12273 | 711'"),
@@ -129,7 +129,7 @@ MB_RUNS: tuple[PublishedRun, ...] = (
         tokens_step(128, 8192, 8, 14451), "validation", "14,451 tokens/s per GPU",
         recompute="none", zero=3, flash=True, dtype="fp8", options="overlap_dp=1",
         assumed=("Megatron-FSDP as ZeRO-3 with overlapped gathers", "no recompute",
-                 "weights gathered in fp8", *_DGX),
+                 "weights gathered in fp8", *DGX_H100),
         checked="row 'LLAMA3_8B | 8 | FP8-CS | 128 | 1 | 8192 | 8 | 1 | 1 | 1 | n/a | 1 | 16 | "
         "14451 | 744' (GPUs, precision, GBS, MBS, seq, FSDP, TP, PP, CP, VP, EP, GA)"),
     PublishedRun(
@@ -139,7 +139,7 @@ MB_RUNS: tuple[PublishedRun, ...] = (
         recompute="none", sp=True, zero=1, virtual=5, flash=True, dtype="fp8",
         options="overlap_dp=1 overlap_tp=1",
         assumed=("distributed optimizer, overlapped data- and tensor-parallel "
-                 "communication (the perf recipes)", "no recompute", *_DGX),
+                 "communication (the perf recipes)", "no recompute", *DGX_H100),
         checked="row 'LLAMA3_70B | 64 | FP8-CS | 128 | 1 | 8192 | 0 | 4 | 8 | 1 | 5 | 1 | 64 | "
         "1602 | 719'"),
     PublishedRun(
@@ -153,7 +153,7 @@ MB_RUNS: tuple[PublishedRun, ...] = (
                  "chunks with the embedding and the loss counted as a layer each "
                  "(Megatron's --account-for-embedding/loss-in-pipeline-split): 1 + 62 x 2 + "
                  "1", "context parallel priced as an all-gather of K and V (Megatron-Core "
-                 "passes the same K/V blocks around the cp ring)", *_DGX),
+                 "passes the same K/V blocks around the cp ring)", *DGX_H100),
         checked="row 'LLAMA3.1_405B | 1024 | FP8-CS | 512 | 1 | 8192 | 0 | 8 | 8 | 2 | 8 | 1 | "
         "64 | 292 | 737' (GPUs, precision, GBS, MBS, seq, FSDP, TP, PP, CP, VP, EP, GA, "
         "tokens/s, TFLOP/s)"),
@@ -164,7 +164,7 @@ MB_RUNS: tuple[PublishedRun, ...] = (
         virtual=24, flash=True, dtype="fp8", ep=8, etp=1, capacity_factor=1.0,
         options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1",
         assumed=("'tokendrop': balanced routing (the table's footnote forces balance only "
-                 "for dropless rows)", *_DGX),
+                 "for dropless rows)", *DGX_H100),
         checked="row 'Qwen3_30B_a3B (tokendrop) | 16 | 512 | 2 | 4096 | 0 | 1 | 2 | 1 | 24 | "
         "8 | 32 | 10494 | 241'; the 2509 recipe (Megatron-Bridge 2f5cd4845, 'Malay/qwen3 "
         "2509'): perf matrix h100 num_gpus_16 tp 1, pp 2, vp 24, ep 8, etp 1, cuda_graphs "
@@ -185,7 +185,7 @@ MB_RUNS: tuple[PublishedRun, ...] = (
         assumed=("HybridEP (NVLink within a node, RDMA across the two) priced as DeepEP's "
                  "internode dispatch: each token once per remote node holding one of its "
                  "experts", "force-balanced routing: each token's 8 experts a uniform "
-                 "random draw", *_DGX),
+                 "random draw", *DGX_H100),
         checked="row '| DGX-H100 | 16 | FP8 | 1024 | 1 | 4096 | 0 | 1 | 1 | 1 | n/a | 16 | 8901 | "
         "205 |' (26.04 NeMo Container; 26.04.01 8960 and 26.06 8826 for the same layout) and "
         "its footnote 'In MoE training benchmarks, we force-balance the token distribution "
@@ -207,7 +207,7 @@ MB_RUNS: tuple[PublishedRun, ...] = (
         stage_layers=fewer_at_ends(94, 32, 1),
         options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 overlap_ep=1",
         assumed=("force-balanced routing: each token's 8 experts a uniform random draw",
-                 *_DGX),
+                 *DGX_H100),
         checked="row '| DGX-H100 | 256 | FP8 | 8192 | 1 | 4096 | 0 | 2 | 8 | 1 | 4 | 32 | 1686 | "
         "250 |' (26.04 NeMo Container, docs/performance-summary.md at 74695a06d; the same "
         "layout 1,633 in 26.02, 1,611 in 26.02.01, 1,712 in 26.04.01) and its force-balance, "
@@ -256,8 +256,8 @@ ZQ_RUNS: tuple[PublishedRun, ...] = (
         "run_235b.sh before d95e6e5, 'Intra-node EP + FSDP solution': MBS 4, full recompute "
         "(uniform, 1 layer), --use-custom-fsdp --data-parallel-sharding-strategy "
         "optim_grads_params --no-gradient-accumulation-fusion (that script says TP 1, the "
-        "table TP 2, DP 128, GA 4: the table is kept; the unfused gradient accumulation of "
-        "Megatron-FSDP is not modelled)"),
+        "table TP 2, DP 128, GA 4: the table is kept; the unfused gradient accumulation: "
+        "fused_accumulation=0)", extra=" fused_accumulation=0"),
     _zq("TP4 PP8 EP8", 4, 8, 4, 8, 1, 1, "none", 29.0, 167,
         "run_235b.sh before d95e6e5, 'Intra-node EP + large TP solution': TP 4, PP 8, VPP 4, "
         "EP 8, --moe-router-force-load-balancing --moe-router-aux-loss-fusion, no recompute"),

@@ -34,10 +34,12 @@ context-parallel rank), on devices of dense peak P (:class:`Device`):
   (roofline: Williams et al. 2009); backward moves twice the forward's bytes. A MoE
   layer also permutes its tokens to their experts and back, (3R + T)·h elements each way
   (:func:`shardlab.plan.memory_bound.permute_seconds`).
-* **gradient accumulation** (part of compute, eager torch only: ``fused_accumulation``
-  off): each micro-batch after the first adds its gradients into the held ones, 3 x the
-  rank's gradient bytes (read both, write one) at the memory bandwidth. Megatron fuses
-  the add into the weight-gradient matmul, so the published runs pay nothing for it.
+* **gradient accumulation** (part of compute, with ``fused_accumulation`` off: eager
+  torch, or a run's ``fused_accumulation=0``): each micro-batch after the first adds its
+  gradients into the held ones, 3 x the rank's gradient bytes (read both, write one) at
+  the memory bandwidth. Megatron fuses the add into the weight-gradient matmul unless a
+  run states ``--no-gradient-accumulation-fusion`` (its functional tests, Megatron-FSDP
+  recipes), so most published Megatron runs pay nothing for it.
 * **recompute**: what :func:`shardlab.estimate.flops.flops_per_token` adds to the
   hardware FLOPs, at the same efficiencies: selective, the attention core's forward
   (with its softmax's bytes), or with ``selective="op"`` (torchtitan's per-operator
