@@ -116,12 +116,34 @@ def test_unfused_gradient_accumulation_costs_its_own_pass(
     assert extra == pytest.approx((b["microbatches"] - 1) * pass_s, rel=0.05)
 
 
+def test_fp8_primary_weights_hold_two_bytes_and_gather_in_fp8(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Megatron's --fp8-param-gather (Transformer Engine's fp8_model_init): each linear weight
+    # is its fp8 copy and fp8 transpose, no bf16 weight (4 B -> 2 B per element), and the
+    # distributed optimizer's parameter all-gather moves 1 B per linear weight, not 2.
+    argv = ["llama-3-8b", "--gpus", "16", "--global-batch", "32", "--seq", "4096",
+            "--dtype", "fp8", "--framework", "megatron", "--layout"]
+    lay = "dp=16 zero=1 micro_batch=1 recompute=full overlap_dp=0"
+    plain = plan_json(capsys, *argv, lay)["best"][0]
+    primary = plan_json(capsys, *argv, lay + " fp8_params=1")["best"][0]
+    linear = 32 * (4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336)  # 8B's layers
+    saved = plain["memory_breakdown"]["weights"] - primary["memory_breakdown"]["weights"]
+    assert saved == pytest.approx(2 * linear, rel=1e-9)
+    assert primary["breakdown"]["dp_comm"] < plain["breakdown"]["dp_comm"]
+    # Only with fp8: one line, exit 2.
+    bf16 = ["plan", "llama-3-8b", "--gpus", "16", "--global-batch", "32", "--layout",
+            lay + " fp8_params=1"]
+    assert main(bf16) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fp8_params" in err[0] and "--dtype fp8" in err[0]
+
+
 def test_help_documents_the_overlap_keys(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["plan", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     for words in ("overlap_dp", "overlap_tp", "overlap_pp", "fused_norm", "fused_accumulation",
-                  "--framework",
+                  "fp8_params", "--framework",
                   "--nics-per-node", "--nic-gbps", "--power-cap-w", "fp8"):
         assert words in text
 

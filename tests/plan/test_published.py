@@ -77,6 +77,15 @@ def test_unfused_gradient_accumulation_is_priced_where_a_run_states_it() -> None
         assert ("fused_accumulation=0" in r.options) == (r in stated), r.name
 
 
+def test_fp8_primary_weights_are_priced_where_a_run_states_them() -> None:
+    # fp8_param_gather (Megatron's --fp8-param-gather) is the layout key fp8_params=1, on
+    # exactly the fp8 runs whose recipe says so.
+    stated = [r for r in RUNS if r.dtype == "fp8" and "fp8_param_gather" in r.checked]
+    assert len(stated) >= 19
+    for r in RUNS:
+        assert ("fp8_params=1" in r.options) == (r in stated), r.name
+
+
 def test_dgxc_rows_carry_their_launch_flags_and_step() -> None:
     # Each DGXC row's layout is the launch.sh flags its checked field quotes, and its step
     # time is the table's figure.

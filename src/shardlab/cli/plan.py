@@ -176,7 +176,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    "--overlap-moe-expert-parallel-comm), fused_norm (RMSNorm in "
                    'one kernel, else eager torch), fused_accumulation (the weight-gradient '
                    "matmul adds into the held gradient, else a separate pass per micro-batch: "
-                   "Megatron's --no-gradient-accumulation-fusion is 0); "
+                   "Megatron's --no-gradient-accumulation-fusion is 0), fp8_params (with --dtype "
+                   "fp8: linear weights kept in fp8 with their transpose, no bf16 copy, and "
+                   "gathered in fp8: Megatron's --fp8-param-gather); "
                    'flash_kernel=fa2|fa3|triton and '
                    'reduce_dtype=bf16|fp32 name the attention kernel and FSDP gradient '
                    'reduction a run used, fused_loss=1 a fused cross-entropy, '

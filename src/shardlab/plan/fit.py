@@ -293,7 +293,8 @@ def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity
     valid, rejected = _check(model, space, tried)
     skipped += [(k.label(base), why) for k, why in rejected]
 
-    mem_opt = MemoryOptions(dropout, options.flash, imbalance)
+    mem_opt = MemoryOptions(dropout, options.flash, imbalance,
+                            fp8_params=options.fp8_params)
     step_now, priced = _price(model, lay, acc, base, valid, capacity, mem_opt, options)
     changes = _ordered(priced)
     pairs: list[FitChange] = []
@@ -320,7 +321,8 @@ def layout_memory(model: ModelShape, layout: Layout, options: StepOptions, *, dr
     lay = layout
     c = _candidates([_knobs(lay)], lay.global_batch, lay.capacity_factor, lay.expert_fold)
     mem = memory_arrays(model, c, lay.seq, lay.dtype, MemoryOptions(
-        dropout, options.flash, imbalance, options.selective, options.memory))
+        dropout, options.flash, imbalance, options.selective, options.memory,
+        options.fp8_params))
     out = {n: float(getattr(mem, n)[0]) for n in (*CATEGORIES, "transient")}
     return {**out, "total": float(mem.total[0])}
 

@@ -58,6 +58,8 @@ class MemoryOptions:
     imbalance: float = 1.0
     selective: str = "attention"
     facts: MemoryFacts | None = None
+    fp8_params: bool = False
+    """fp8 primary weights (:attr:`shardlab.plan.step_inputs.StepOptions.fp8_params`)."""
 
 
 @dataclass
@@ -178,14 +180,17 @@ def _activation_tables(model: ModelShape, c: Candidates, seq: int, policy: Dtype
 
 
 def _fp8_tables(model: ModelShape, c: Candidates, policy: DtypePolicy
-                ) -> tuple[np.ndarray, np.ndarray]:
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per layout: fp8 copy and scale bytes of one dense and one MoE layer on a rank
-    (:func:`shardlab.estimate.fp8.layer_state_bytes`), per distinct (tp, ep, etp)."""
+    (:func:`shardlab.estimate.fp8.layer_state_bytes`), then their linear weight elements
+    (:func:`shardlab.estimate.fp8.linear_weights`), per distinct (tp, ep, etp)."""
     uniq, inv = unique_rows(c.tp, c.ep, c.etp)
     table = np.array([(fp8.layer_state_bytes(model, policy, tp, False),
-                       fp8.layer_state_bytes(model, policy, tp, True, ep, etp))
-                      for tp, ep, etp in uniq.tolist()]).reshape(-1, 2)[inv]
-    return table[:, 0], table[:, 1]
+                       fp8.layer_state_bytes(model, policy, tp, True, ep, etp),
+                       fp8.linear_weights(model, tp, False),
+                       fp8.linear_weights(model, tp, True, ep, etp))
+                      for tp, ep, etp in uniq.tolist()], float).reshape(-1, 4)[inv.ravel()]
+    return table[:, 0], table[:, 1], table[:, 2], table[:, 3]
 
 
 def inflight(schedule: np.ndarray, pp: np.ndarray, rank: np.ndarray, m: np.ndarray,
@@ -296,8 +301,14 @@ def _memory_block(model: ModelShape, c: Candidates, seq: int, policy: DtypePolic
     w = sharded(policy.weight_bytes, 3)
     if policy.is_fp8:
         # fp8 copies and scales of the rank's linear weights, held whole under ZeRO 0-2.
-        f_dense, f_moe = _fp8_tables(model, c, policy)
-        w = w + np.where(z < 3, dense * col(f_dense) + moe * col(f_moe), 0.0)
+        f_dense, f_moe, l_dense, l_moe = _fp8_tables(model, c, policy)
+        held = dense * col(f_dense) + moe * col(f_moe)
+        if opt.fp8_params:
+            # fp8 primary weights: each linear weight is its fp8 copy (1 B) and transpose
+            # (1 B), with no bf16 weight beside them: 2 B fewer per element.
+            held = held - (policy.weight_bytes + policy.fp8_copy_bytes - 2) * (
+                dense * col(l_dense) + moe * col(l_moe))
+        w = w + np.where(z < 3, held, 0.0)
     facts = opt.facts
     g = sharded(max(policy.grad_bytes, facts.held_grad_bytes if facts else 0), 2)
     o = sharded(policy.optimizer_bytes, 1)

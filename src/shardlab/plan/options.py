@@ -53,7 +53,7 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
             opts[key] = value.lower()
             continue
         opts[key] = value
-        if key in ("fused_norm", "fused_accumulation", "overlap_ep"):
+        if key in ("fused_norm", "fused_accumulation", "fp8_params", "overlap_ep"):
             opts[key] = layout_flag(key, value)
         elif key == "flash_kernel":
             if value.lower() not in FLASH_KERNELS:

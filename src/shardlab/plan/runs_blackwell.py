@@ -61,7 +61,8 @@ LLAMA_RUNS: tuple[PublishedRun, ...] = (
            "3828 | 1721 |' (26.02 3613, 26.02.01 3837, 26.04.01 3712)",
            "llama3_workload_base_configs.py at v0.4.0: FP8_MX TP 2, PP 4, VP 5, MBS 1, GBS "
            "256; userbuffers_fp8_b200_h8192_tp2_mbs1_seqlen8192; precision fp8_mx (e4m3, "
-           "recipe mxfp8, fp8_param_gather); " + _PLAIN),
+           "recipe mxfp8, fp8_param_gather); " + _PLAIN,
+           options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 fp8_params=1"),
     _llama("Llama3-70B GB200 FP8 FSDP", "llama-3-70b", "GB200", 64, 256, 2, 1, 1, 1, 4143,
            "26.04", "'| DGX-GB200 | 64 | FP8 | 256 | 2 | 8192 | 64 | 1 | 1 | 1 | n/a | n/a | "
            "4143 | 1861 |' (26.02 4040, 26.02.01 4357, 26.04.01 4224)",

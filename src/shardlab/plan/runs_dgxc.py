@@ -93,7 +93,8 @@ def _grok(gpu: str, gpus: int, step: float, dtype: str, table: str) -> Published
         f"training step time {step} s (mean of iterations 11-44)", recompute="none",
         sp=True, zero=1, micro_batch=1, virtual=vp, flash=True, cp=cp, dtype=dtype, ep=8,
         etp=etp, capacity_factor=1.0,
-        options="overlap_dp=1 overlap_tp=1 reduce_dtype=bf16 fused_loss=1",
+        options="overlap_dp=1 overlap_tp=1 reduce_dtype=bf16 fused_loss=1"
+        + (" fp8_params=1" if dtype == "fp8" else ""),
         assumed=(*(_GB200 if gb200 else DGX_H100),
                  "capacity factor 1.0 padded to capacity: every expert runs its capacity of "
                  "rows (balanced routing priced)",
@@ -117,7 +118,8 @@ def _run(key: str, model: str, gpu: str, gpus: int, tp: int, pp: int, cp: int, v
         f"training step time {step} s (mean of iterations 11-44)", recompute="none",
         sp=tp > 1, zero=1, micro_batch=mbs, virtual=vp, flash=True, cp=cp,
         stage_layers=split or (), dtype=dtype,
-        options="overlap_dp=1 overlap_tp=1 reduce_dtype=bf16 fused_loss=1",
+        options="overlap_dp=1 overlap_tp=1 reduce_dtype=bf16 fused_loss=1"
+        + (" fp8_params=1" if dtype == "fp8" else ""),
         assumed=(*(_GB200 if gpu == "GB200" else DGX_H100),
                  *(("Transformer Engine's per-layer CUDA graphs (--cuda_graphs true) not "
                     "priced: the launches are charged as without them",) if graphs else ()),

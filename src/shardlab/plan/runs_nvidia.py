@@ -181,7 +181,7 @@ MB_RUNS: tuple[PublishedRun, ...] = (
         QWEN3_30B, "H100 SXM", 16, 1, 1, 1024, 4096, tokens_step(1024, 4096, 16, 8901),
         "validation", "8,901 tokens/s per GPU", recompute="none", zero=1, micro_batch=1,
         flash=True, dtype="fp8", ep=16, etp=1,
-        options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 dispatcher=flex",
+        options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 dispatcher=flex fp8_params=1",
         assumed=("HybridEP (NVLink within a node, RDMA across the two) priced as DeepEP's "
                  "internode dispatch: each token once per remote node holding one of its "
                  "experts", "force-balanced routing: each token's 8 experts a uniform "
@@ -205,7 +205,7 @@ MB_RUNS: tuple[PublishedRun, ...] = (
         "validation", "1,686 tokens/s per GPU", recompute="none", sp=True, zero=1,
         micro_batch=1, virtual=4, flash=True, dtype="fp8", ep=32, etp=1,
         stage_layers=fewer_at_ends(94, 32, 1),
-        options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 overlap_ep=1",
+        options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 overlap_ep=1 fp8_params=1",
         assumed=("force-balanced routing: each token's 8 experts a uniform random draw",
                  *DGX_H100),
         checked="row '| DGX-H100 | 256 | FP8 | 8192 | 1 | 4096 | 0 | 2 | 8 | 1 | 4 | 32 | 1686 | "

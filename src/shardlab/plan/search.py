@@ -189,6 +189,9 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
     """
     start = time.perf_counter()
     options = options or StepOptions()
+    if options.fp8_params and not policy.is_fp8:
+        raise SpecError("fp8_params", "1", f"keeps linear weights in fp8: needs --dtype fp8, "
+                        f"not {policy.name}")
     if model.style == "gpt" and space.seq > model.context:
         raise SpecError("seq", space.seq, f"must be <= the learned position table "
                         f"({model.context}) for a gpt-style model")
@@ -203,7 +206,8 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
     v = c.take(valid)
     mem = memory_arrays(model, v, space.seq, policy,
                         MemoryOptions(dropout=dropout, flash=options.flash, imbalance=imbalance,
-                                      selective=options.selective, facts=options.memory))
+                                      selective=options.selective, facts=options.memory,
+                                      fp8_params=options.fp8_params))
     fits = mem.total <= usable
     reason = c.reason.copy()
     reason[np.flatnonzero(valid)[~fits]] = REASONS.index(R_MEMORY)
@@ -233,8 +237,8 @@ LAYOUT_KEYS = ("dp", "tp", "pp", "virtual", "micro_batch", "zero", "sp", "recomp
                "schedule", "ep", "etp", "capacity_factor", "cp", "stage_layers",
                "dp_replicate")
 STEP_KEYS = ("overlap_dp", "overlap_tp", "overlap_pp", "overlap_ep", "fused_norm",
-             "fused_accumulation", "flash_kernel", "reduce_dtype", "fused_loss", "dispatcher",
-             "routing")
+             "fused_accumulation", "fp8_params", "flash_kernel", "reduce_dtype", "fused_loss",
+             "dispatcher", "routing")
 """``--layout`` keys of ``shardlab plan`` that set step-time options, not the layout
 (:class:`~shardlab.plan.step_time.StepOptions`, :mod:`shardlab.plan.overlap`)."""
 

@@ -115,6 +115,12 @@ class StepOptions:
     """The MoE all-to-alls overlapped with another micro-batch's compute, as Megatron-Core's
     ``--overlap-moe-expert-parallel-comm`` runs them (:func:`shardlab.plan.expert_time.
     ep_overlap`); off in every framework's defaults (Megatron's flag is store_true)."""
+    fp8_params: bool = False
+    """fp8 primary weights (Megatron's ``--fp8-param-gather``: "keep the compute param in
+    fp8 ... and perform the param all-gather in fp8"; Transformer Engine's
+    ``fp8_model_init``, whose fp8 weight keeps its transpose): each linear weight held as
+    fp8 and its fp8 transpose, no bf16 copy, and the distributed optimizer's parameter
+    all-gather moves it in fp8 (:mod:`shardlab.plan.memory`); only with the fp8 policy."""
     cp_expanded_kv: bool = False
     """Context parallel as torch's ``context_parallel`` runs under torchtitan: K and V
     repeated to every query head before attention, gathered again in backward, their

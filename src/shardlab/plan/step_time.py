@@ -341,7 +341,9 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     ar_rep = over("all_reduce", allreduce_seconds, reduce_bytes, reps, ereps, inside_r,
                   (group.astype(float), egroup.astype(float)), tp * group)
     lat_d, _ = dev.link("all_gather", inside_d, members_per_node(group, tp, gpn))
-    ag = over("all_gather", gather_seconds, policy.weight_bytes, group, egroup, inside_d)
+    # The distributed optimizer's parameter all-gather, in fp8 with fp8 primary weights.
+    ag = over("all_gather", gather_seconds, (opt.fp8_params and policy.gather_bytes)
+              or policy.weight_bytes, group, egroup, inside_d)
     # ZeRO-3/FSDP gathers and reduce-scatters layer by layer (one unit per block): each pays
     # the ring's latency; fp8 gathers the linear weights in fp8 (gather_bytes).
     units = layers.max(axis=1).astype(float)
