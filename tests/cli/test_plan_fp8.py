@@ -138,6 +138,23 @@ def test_fp8_primary_weights_hold_two_bytes_and_gather_in_fp8(
     assert len(err) == 1 and "fp8_params" in err[0] and "--dtype fp8" in err[0]
 
 
+def test_megatron_holds_gradients_in_the_reduction_dtype(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Megatron-Core's DDP allocates its gradient buffer in float32 only with
+    # grad_reduce_in_fp32; reduce_dtype=bf16 (grad_reduce_in_fp32 False) holds 2 B per
+    # gradient, not the fp32 main_grad's 4.
+    argv = ["llama-3-8b", "--gpus", "8", "--global-batch", "16", "--seq", "4096",
+            "--framework", "megatron", "--layout"]
+    lay = "dp=8 zero=1 micro_batch=1 recompute=full"
+    fp32 = plan_json(capsys, *argv, lay)["best"][0]["memory_breakdown"]["gradients"]
+    bf16 = plan_json(capsys, *argv, lay + " reduce_dtype=bf16")["best"][0]
+    assert bf16["memory_breakdown"]["gradients"] == pytest.approx(fp32 / 2, rel=1e-12)
+    titan = ["--framework", "torchtitan", "--layout", "dp=8 zero=3 micro_batch=1"]
+    a = plan_json(capsys, *argv[:-3], *titan)["best"][0]["memory_breakdown"]["gradients"]
+    b = plan_json(capsys, *argv[:-3], *titan[:-1], titan[-1] + " reduce_dtype=bf16")
+    assert b["best"][0]["memory_breakdown"]["gradients"] == a  # FSDP2 keeps its own
+
+
 def test_help_documents_the_overlap_keys(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["plan", "--help"])

@@ -32,7 +32,8 @@ FRAMEWORKS`), the planner adds, on each pipeline rank it compares:
 
 ``held_grad_bytes``: the bytes of each gradient element the framework keeps (Megatron-LM
 accumulates bf16 runs' gradients in fp32 ``main_grad`` buffers, 4), where the dtype
-policy says fewer.
+policy says fewer; a run's ``reduce_dtype=bf16`` makes it 2 (Megatron-Core's DDP: the
+buffer is float32 only with ``grad_reduce_in_fp32``: :mod:`shardlab.plan.options`).
 """
 
 from __future__ import annotations

@@ -35,9 +35,15 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
             # A stated FSDP policy's reduce_dtype replaces the framework's reduction bytes.
             if value.lower() not in REDUCE_BYTES:
                 raise SpecError(key, value, f"must be one of {', '.join(REDUCE_BYTES)}")
-            opts["grad_reduce_bytes"] = REDUCE_BYTES[value.lower()]
-            if opts.get("memory") is not None:
-                opts["memory"] = replace(opts["memory"], reduce_bytes=REDUCE_BYTES[value.lower()])
+            nbytes = REDUCE_BYTES[value.lower()]
+            opts["grad_reduce_bytes"] = nbytes
+            facts = opts.get("memory")
+            if facts is not None:
+                # A framework that holds its gradients in a buffer of the reduction's dtype
+                # (Megatron-Core's DDP: grad_dtype = float32 if grad_reduce_in_fp32 else the
+                # param's) holds them at these bytes; the others keep their own.
+                held = nbytes if facts.held_grad_bytes else 0
+                opts["memory"] = replace(facts, reduce_bytes=nbytes, held_grad_bytes=held)
             continue
         if key == "fused_loss":
             # A stated fused cross-entropy replaces the framework's loss bytes.
