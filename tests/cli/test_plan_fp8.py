@@ -155,12 +155,37 @@ def test_megatron_holds_gradients_in_the_reduction_dtype(
     assert b["best"][0]["memory_breakdown"]["gradients"] == a  # FSDP2 keeps its own
 
 
+@pytest.mark.parametrize(("key", "state"), [("fp32", 12), ("bf16_moments", 8), ("bf16", 4)])
+def test_optimizer_dtype_sets_adams_state_bytes(capsys: pytest.CaptureFixture[str], key: str,
+                                                state: int) -> None:
+    # fp32 master + moments (12 B), Megatron's precision-aware bf16 moments beside the fp32
+    # master (8 B), Apex DistributedFusedAdam in bf16 (4 B), sharded over dp by ZeRO-1.
+    argv = ["llama-3-8b", "--gpus", "8", "--global-batch", "16", "--seq", "4096",
+            "--framework", "megatron", "--layout"]
+    lay = "dp=8 zero=1 micro_batch=1 recompute=full"
+    base = plan_json(capsys, *argv, lay)["best"][0]["memory_breakdown"]["optimizer"]
+    doc = plan_json(capsys, *argv, lay + f" optimizer_dtype={key}")
+    assert doc["optimizer_bytes_per_param"] == state
+    got = doc["best"][0]["memory_breakdown"]["optimizer"]
+    assert got == pytest.approx(base * state / 12, rel=1e-12)
+
+
+@pytest.mark.parametrize("extra", [["--layout", "optimizer_dtype=fp16"],
+                                   ["--dtype", "fp32", "--layout", "optimizer_dtype=bf16"],
+                                   ["--dry-run-top", "1", "--layout", "optimizer_dtype=bf16"]])
+def test_optimizer_dtype_bad_input_is_one_line(capsys: pytest.CaptureFixture[str],
+                                               extra: list[str]) -> None:
+    err = one_line_error(capsys, ["plan", "llama-3-8b", "--gpus", "8", "--global-batch", "16",
+                                  "--gpu", "h100", *extra])
+    assert "optimizer_dtype" in err
+
+
 def test_help_documents_the_overlap_keys(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["plan", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     for words in ("overlap_dp", "overlap_tp", "overlap_pp", "fused_norm", "fused_accumulation",
-                  "fp8_params", "--framework",
+                  "fp8_params", "optimizer_dtype", "--framework",
                   "--nics-per-node", "--nic-gbps", "--power-cap-w", "fp8"):
         assert words in text
 

@@ -91,3 +91,22 @@ def test_op_checkpointing_keeps_the_input_every_other_matmul_and_the_kernel_outp
     # Less than half of what Korthikanti's selective recompute keeps for this model.
     kept = layer_activation_bytes(m, b, s, recompute="selective", dropout=False, flash=True)
     assert op_checkpoint_layer_bytes(m, b, s) < 0.5 * kept
+
+
+@pytest.mark.parametrize(("t", "sp"), [(1, False), (4, False), (4, True)])
+def test_transformer_engine_fp8_keeps_linear_inputs_in_one_byte(t: int, sp: bool) -> None:
+    # TE saves the fp8 copy of each linear input (QKV and MLP inputs, the down projection's
+    # input) and the output projection's fp8 copy beside the attention kernel's bf16 output.
+    m = get_model("llama-3-8b")  # h 4096, q 4096, f 14336
+    s, b = 4096, 2
+    kw = {"tp": t, "sp": sp, "dropout": False, "flash": True}
+    bf16 = layer_activation_bytes(m, b, s, 2, **kw)
+    fp8 = layer_activation_bytes(m, b, s, 2, input_bytes=1, **kw)
+    outside = 2 * s * b * 4096 / (t if sp else 1)  # QKV and MLP inputs: 2 -> 1 B each
+    inside = s * b * (14336 - 4096) / t  # down input 2 -> 1 B, the projection's copy + 1 B
+    assert_close(bf16 - fp8, outside + inside, rtol=1e-12, atol=0)
+    # A GELU MLP keeps the first matmul's output at 2 B and the second's input at 1 B.
+    g = get_model("gpt3-175b")
+    gelu = layer_activation_bytes(g, 1, 2048, 2, dropout=True, flash=True)
+    g8 = layer_activation_bytes(g, 1, 2048, 2, dropout=True, flash=True, input_bytes=1)
+    assert_close(gelu - g8, 2048.0 * (2 * 12288 + 4 * 12288 - 12288), rtol=1e-12, atol=0)

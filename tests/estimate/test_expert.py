@@ -140,3 +140,13 @@ def test_moe_flops_are_the_active_parts_of_flops_per_token() -> None:
     attn_etc = flops_per_token(dense_twin, 16).forward - 2 * 4 * 3 * d * 256
     assert flops_per_token(TINY, 16).forward == pytest.approx(
         attn_etc + 2 * 3 * d * 256 + sum(parts.values()))
+
+
+def test_fp8_experts_keep_their_matmul_inputs_in_one_byte() -> None:
+    # Transformer Engine's GroupedLinear saves the fp8 copies of both expert matmul inputs
+    # (the dispatched rows, the down projection's input); gate and up outputs stay bf16.
+    t = 32
+    rows = t * 2  # top-2, dropless: every assignment kept
+    bf16 = routed_activation_bytes(TINY, t, 2)
+    fp8 = routed_activation_bytes(TINY, t, 2, input_bytes=1)
+    assert bf16 - fp8 == rows * 64 + rows * 96

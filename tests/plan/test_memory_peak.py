@@ -75,6 +75,22 @@ def test_megatron_holds_fp32_gradients_and_torchtitan_fsdp2_keeps_the_root() -> 
         3 * 2 * model.vocab * model.d_model, rel=1e-12)
 
 
+def test_megatron_fp8_saves_linear_inputs_in_fp8_and_torchtitan_keeps_bf16() -> None:
+    # Transformer Engine keeps the fp8 copy of each linear input; torchao's Float8Linear the
+    # bf16 input (plan/memory_peak.py MemoryFacts.fp8_input_bytes).
+    lay = "dp=8 tp=1 pp=1 micro_batch=1 zero=1 recompute=none"
+    model = get_model("llama-3-8b")
+
+    def acts(policy: str, fw: str) -> float:
+        opt = MemoryOptions(False, True, facts=FRAMEWORKS[fw].memory)
+        return float(_one("llama-3-8b", 8, 8, 8192, lay, policy, opt).activations[0])
+
+    assert acts("fp8", "torchtitan") == acts("bf16", "torchtitan") == acts("bf16", "megatron")
+    tokens = 8192 * model.layers
+    saved = tokens * (2 * model.d_model + model.d_ff - model.q_dim)  # 1 B fewer per element
+    assert acts("bf16", "megatron") - acts("fp8", "megatron") == pytest.approx(saved, rel=1e-12)
+
+
 def test_published_peaks_within_the_documented_error() -> None:
     errs = memory_errors()
     names = [r.name for r in memory_runs()]

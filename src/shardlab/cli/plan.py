@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from shardlab.config.resolve import load_model
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_vocab
 from shardlab.plan.fit import explain_fit
-from shardlab.plan.options import step_options_for
+from shardlab.plan.options import policy_for, step_options_for
 from shardlab.plan.overlap import framework as overlap_framework
 from shardlab.plan.search import (
     STEP_KEYS,
@@ -181,7 +181,10 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    "gathered in fp8: Megatron's --fp8-param-gather); "
                    'flash_kernel=fa2|fa3|triton and '
                    'reduce_dtype=bf16|fp32 name the attention kernel and FSDP gradient '
-                   'reduction a run used, fused_loss=1 a fused cross-entropy, '
+                   'reduction a run used, optimizer_dtype=fp32|bf16_moments|bf16 its Adam '
+                   'state (12, 8 or 4 bytes per parameter: fp32 master and moments; '
+                   'bf16 moments beside the fp32 master; bf16 moments and no master), '
+                   'fused_loss=1 a fused cross-entropy, '
                    'dispatcher=alltoall|flex and routing=random|contiguous its MoE token '
                    'dispatcher; a --layout of only these keys searches '
                    'with them')
@@ -269,6 +272,11 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
                          "at the memory bandwidth); real fp8 training runs on CUDA GPUs only: "
                          "shardlab train cannot run it on a CPU")
     step_keys = layout_step_keys(args.layout)
+    policy = policy_for(policy, step_keys)  # optimizer_dtype: Adam's state bytes
+    if args.dry_run_top and step_keys.get("optimizer_dtype", "fp32").lower() != "fp32":
+        raise SpecError("optimizer_dtype", step_keys["optimizer_dtype"], "must be fp32 with "
+                        "--dry-run-top: shardlab train's AdamW keeps fp32 state, so the dry "
+                        "run would not be the layout priced")
     runnable = here or bool(args.dry_run_top)
     # This machine, or a job file to emit: the winner must be a layout shardlab train runs.
     train_only = here or getattr(args, "emit_config", None) is not None
@@ -327,6 +335,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
                              stage_layers=given["stage_layers"],
                              dp_replicate=given["dp_replicate"],
                              expert_fold=space.expert_fold)
+        layout = replace(layout, dtype=policy)  # with --layout's optimizer_dtype
         fit = explain_fit(model, layout, acc, capacity=result.device_memory, dropout=dropout,
                           options=options, gpus_per_node=space.gpus_per_node,
                           train_only=train_only, imbalance=args.routing_imbalance).as_dict()
@@ -336,6 +345,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         "gpu": acc.name,
         "gpus": args.gpus, "gpus_per_node": space.gpus_per_node, "seq": seq,
         "global_batch": args.global_batch, "dtype": policy.name,
+        "optimizer_bytes_per_param": policy.optimizer_bytes,
         "capacity_factor": args.capacity_factor, "routing_imbalance": args.routing_imbalance,
         "peak_flops_per_device": dev.peak, "usable_memory_per_device": result.device_memory,
         "efficiency": {"peak_fraction": dev.eff.peak_fraction,

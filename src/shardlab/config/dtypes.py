@@ -39,7 +39,7 @@ copy is transient like FSDP's bf16 one. Real fp8 training needs an fp8 tensor co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shardlab.errors import SpecError
 
@@ -62,6 +62,10 @@ class DtypePolicy:
     docstring: fp8 copy + transpose)."""
     gather_bytes: int = 0
     """Bytes per linear weight element a ZeRO-3 all-gather moves; 0 = weight_bytes."""
+    input_bytes: int = 0
+    """Bytes per element of a linear layer's input kept for backward; 0 = activation_bytes.
+    1 where Transformer Engine multiplies in fp8 and keeps the fp8 copy (``plan
+    --framework megatron --dtype fp8``; :mod:`shardlab.estimate.activations`)."""
 
     @property
     def linear_compute(self) -> str:
@@ -90,6 +94,29 @@ POLICIES: dict[str, DtypePolicy] = {p.name: p for p in (
                 "(Transformer Engine / torchao float8; CUDA only)", linear="fp8",
                 fp8_copy_bytes=2, gather_bytes=1),
 )}
+
+
+OPTIMIZER_STATES: dict[str, int] = {"fp32": 12, "bf16_moments": 8, "bf16": 4}
+"""Adam's state bytes per parameter of a 16-bit-weight policy, by ``optimizer_dtype``
+(``shardlab plan --layout``): ``fp32``, an fp32 master weight and both moments in fp32
+(the ZeRO paper's K = 12, Sec. 3.1); ``bf16_moments``, the fp32 master with both moments
+in bf16 (Megatron-Core's ``--use-precision-aware-optimizer --exp-avg-dtype bf16
+--exp-avg-sq-dtype bf16``); ``bf16``, both moments in bf16 and no master apart from the
+bf16 weight it updates (Apex ``DistributedFusedAdam(dtype=torch.bfloat16)``, whose
+``store_params`` NeMo leaves off when the optimizer's dtype is the model's, as NeMo's
+Nemotron-4 340B training config runs it; the ``bf16-pure`` policy's optimizer)."""
+
+
+def with_optimizer_dtype(policy: DtypePolicy, name: str) -> DtypePolicy:
+    """``policy`` with Adam's state in ``name``'s bytes (:data:`OPTIMIZER_STATES`);
+    SpecError for an unknown name or a policy whose weights are not 16-bit."""
+    key = name.lower()
+    if key not in OPTIMIZER_STATES:
+        raise SpecError("optimizer_dtype", name, f"must be one of {', '.join(OPTIMIZER_STATES)}")
+    if policy.weight_bytes != 2:
+        raise SpecError("optimizer_dtype", name, f"sets the optimizer state beside 16-bit "
+                        f"weights: needs --dtype bf16, fp16 or fp8, not {policy.name}")
+    return replace(policy, optimizer_bytes=OPTIMIZER_STATES[key])
 
 
 def get_policy(name: str) -> DtypePolicy:

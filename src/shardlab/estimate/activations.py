@@ -26,6 +26,18 @@ output. Selective recompute drops the attention core; full recompute keeps only
 the layer input. With kv_heads = heads, f = 4h, e = 2 and dropout, this is exactly
 Table 2 (checked in the tests).
 
+fp8 with Transformer Engine (``input_bytes=1``): each linear layer keeps for backward
+the fp8 copy of its input it multiplied, 1 byte per element, not the bf16 input (TE
+``Linear``/``LayerNormLinear``/``GroupedLinear`` save ``inputmat``/``ln_out`` quantized,
+v1.8 to v2.8: its transpose on Hopper, its data on Blackwell). So the QKV and MLP inputs
+and the MLP's down-projection input take 1 byte; the norms' inputs, Q, K, V and the
+gated MLP's gate and up outputs stay at e (the attention kernel and Megatron-Core's
+fused SwiGLU save their own bf16 inputs), and the output projection keeps an fp8 copy of
+the attention output beside the kernel's bf16 one (Megatron-Core core_v0.14.0
+``attention.py``: "linear_proj also saves the quantized tensor of this output"; only
+newer TE with a non-delayed recipe drops it). torchao's Float8Linear saves the bf16
+input (``ctx.save_for_backward(input_hp, weight_hp_t)``), so torchtitan keeps e.
+
 A fused attention kernel (``flash=True``: FlashAttention, Dao et al. 2022, and
 torch's scaled_dot_product_attention) never stores the s x s matrices: it keeps
 the softmax statistics, a·s·b fp32 values (4·a·s·b bytes, divided by t), and
@@ -70,8 +82,8 @@ class ActivationTerms:
 
 
 def activation_terms(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int,
-                     dropout: bool, moe_layer: bool = False, eager: bool = False
-                     ) -> ActivationTerms:
+                     dropout: bool, moe_layer: bool = False, eager: bool = False,
+                     input_bytes: int | None = None) -> ActivationTerms:
     """Term-by-term saved bytes of one layer, before any parallel split (see module doc).
 
     ``eager`` counts what PyTorch's autograd keeps for shardlab's own unfused LM, where
@@ -79,22 +91,29 @@ def activation_terms(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int,
     rotary embedding keeps q and k before rotation, and the attention kernel's output is
     kept beside the output projection's (reshaped) input; with ``flash`` the CPU kernel
     also keeps an fp32 [b, 1, s, s] mask per layer (:func:`layer_activation_bytes`).
-    A MoE layer's MLP terms here are its shared experts' only.
+    A MoE layer's MLP terms here are its shared experts' only. ``input_bytes``: bytes of
+    each linear layer's saved input (None: ``elem_bytes``; 1 for Transformer Engine's fp8,
+    module docstring).
     """
     sb = seq * micro_batch
     mask = 1 if dropout else 0
+    e, li = elem_bytes, elem_bytes if input_bytes is None else input_bytes
     # A MoE layer's routed part is expert.py's; here only its shared experts.
     moe = m.moe if moe_layer else None
     hidden = m.d_ff if moe is None else moe.shared_experts * moe.shared_d_ff
-    mlp_hidden = (2 if m.style == "gpt" else 4 if eager else 3) * hidden
+    # The MLP's hidden activations: the first matmul's output(s) at e, the down
+    # projection's input at the linear input's bytes.
+    mlp_hidden = ((1 if m.style == "gpt" else 3 if eager else 2) * e + li) * hidden
     extra = 0
     if eager:
         extra = m.q_dim + (m.q_dim + m.kv_dim if m.style == "llama" else 0)
+    # fp8 inputs: the output projection's own copy beside the attention kernel's output.
+    proj_copy = li * m.q_dim if li != e else 0
     return ActivationTerms(
-        outside_tp=sb * m.d_model * (4 * elem_bytes + 2 * mask),
-        inside_tp=sb * elem_bytes * (2 * m.q_dim + 2 * m.kv_dim + mlp_hidden + extra),
-        attention_core=m.heads * seq * sb * (2 * elem_bytes + mask),
-        layer_input=sb * m.d_model * elem_bytes,
+        outside_tp=sb * m.d_model * (2 * e + 2 * li + 2 * mask),
+        inside_tp=sb * (e * (2 * m.q_dim + 2 * m.kv_dim + extra) + mlp_hidden + proj_copy),
+        attention_core=m.heads * seq * sb * (2 * e + mask),
+        layer_input=sb * m.d_model * e,
     )
 
 
@@ -103,14 +122,16 @@ def layer_activation_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes
                            dropout: bool = True, moe_layer: bool = False,
                            flash: bool = False, eager: bool = False, ep: int = 1,
                            etp: int | None = None, capacity_factor: float = 0.0,
-                           imbalance: float = 1.0) -> float:
+                           imbalance: float = 1.0, input_bytes: int | None = None) -> float:
     """Bytes one layer saves for backward, per micro-batch, on one tensor-parallel rank.
 
     A MoE layer adds its routed part with expert parallel ``ep``, expert tensor parallel
     ``etp`` (default tp), ``capacity_factor`` and routing ``imbalance`` (max/mean expert
-    load) (:func:`shardlab.estimate.expert.routed_activation_bytes`).
+    load) (:func:`shardlab.estimate.expert.routed_activation_bytes`); ``input_bytes``: a
+    linear layer's saved input (:func:`activation_terms`).
     """
-    t = activation_terms(m, micro_batch, seq, elem_bytes, dropout, moe_layer, eager)
+    t = activation_terms(m, micro_batch, seq, elem_bytes, dropout, moe_layer, eager,
+                         input_bytes)
     if recompute == "full":
         return t.layer_input / tp if sp else float(t.layer_input)
     routed = 0.0
@@ -118,7 +139,8 @@ def layer_activation_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes
         etp = tp if etp is None else etp
         routed = routed_activation_bytes(
             m, routed_tokens(micro_batch, seq, tp, sp, etp), elem_bytes, ep=ep, etp=etp,
-            capacity_factor=capacity_factor, imbalance=imbalance, eager=eager)
+            capacity_factor=capacity_factor, imbalance=imbalance, eager=eager,
+            input_bytes=input_bytes)
     outside = t.outside_tp / tp if sp else t.outside_tp
     if flash:
         core = 4.0 * m.heads * seq * micro_batch / tp  # softmax statistics only

@@ -167,7 +167,8 @@ def routed_rows(m: ModelShape, tokens: int, ep: int = 1, capacity_factor: float 
 
 def routed_activation_bytes(m: ModelShape, tokens: int, elem_bytes: int = 2, *, ep: int = 1,
                             etp: int = 1, capacity_factor: float = 0.0,
-                            imbalance: float = 1.0, eager: bool = False) -> float:
+                            imbalance: float = 1.0, eager: bool = False,
+                            input_bytes: int | None = None) -> float:
     """Bytes one MoE layer's routed part saves for backward per micro-batch on one rank
     that routes ``tokens`` (:func:`routed_tokens`).
 
@@ -180,6 +181,10 @@ def routed_activation_bytes(m: ModelShape, tokens: int, elem_bytes: int = 2, *, 
     * S·d·e: the combined expert outputs, kept to weight them by the router's gates;
     * 4·T·E: the router's fp32 softmax output (Mixtral routes in float32).
 
+    With ``input_bytes`` (Transformer Engine's fp8: 1) the experts' two matmul inputs,
+    the dispatched rows and the down projection's input, take that many bytes
+    (:mod:`shardlab.estimate.activations`); the first matmul's outputs stay at e.
+
     Full recompute keeps none of these (only the layer input, counted by the caller).
     """
     if m.moe is None:
@@ -188,9 +193,10 @@ def routed_activation_bytes(m: ModelShape, tokens: int, elem_bytes: int = 2, *, 
     cap = expert_capacity(m, tokens, capacity_factor)
     own = tokens * m.moe.experts_per_token
     own = own if cap is None else min(own, cap * m.moe.experts)
-    hidden = 2 if m.style == "gpt" else 4 if eager else 3
     e = elem_bytes
-    return (rows * m.d_model * e + rows * hidden * m.moe.expert_d_ff * e / etp
+    li = e if input_bytes is None else input_bytes
+    hidden = (1 if m.style == "gpt" else 3 if eager else 2) * e + li
+    return (rows * m.d_model * li + rows * hidden * m.moe.expert_d_ff / etp
             + own * m.d_model * e + 4.0 * tokens * m.moe.experts)
 
 

@@ -24,7 +24,7 @@ of a search equal to ``stage_memory``.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -234,6 +234,9 @@ def memory_arrays(model: ModelShape, c: Candidates, seq: int, policy: DtypePolic
     """
     if all_ranks is None:
         all_ranks = not _uniform(model) or _needs_every_rank(model, c)
+    if policy.is_fp8 and opt.facts is not None and opt.facts.fp8_input_bytes:
+        # The framework's fp8 linear layers keep their inputs' fp8 copies for backward.
+        policy = replace(policy, input_bytes=opt.facts.fp8_input_bytes)
 
     def width(pp: int) -> int:
         """Ranks compared for a layout of ``pp`` stages."""

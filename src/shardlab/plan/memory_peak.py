@@ -30,6 +30,10 @@ FRAMEWORKS`), the planner adds, on each pipeline rank it compares:
   across micro-batches (FSDP2's ``unsharded_accumulated_grad`` in ``reduce_dtype`` while
   gradient sync is off for all but the last micro-batch).
 
+``fp8_input_bytes``: with ``--dtype fp8``, the bytes each linear layer's saved input
+takes (Transformer Engine keeps its fp8 copy, 1 B: Megatron; torchao keeps the bf16 input:
+torchtitan), :mod:`shardlab.estimate.activations`.
+
 ``held_grad_bytes``: the bytes of each gradient element the framework keeps (Megatron-LM
 accumulates bf16 runs' gradients in fp32 ``main_grad`` buffers, 4), where the dtype
 policy says fewer; a run's ``reduce_dtype=bf16`` makes it 2 (Megatron-Core's DDP: the
@@ -62,6 +66,10 @@ class MemoryFacts:
     reduce_bytes: int = 0
     fsdp2_root: bool = False
     source: str = ""
+    fp8_input_bytes: int = 0
+    """Bytes of a linear layer's saved input when it multiplies in fp8 (0: the policy's
+    activation bytes): 1 for Transformer Engine, which keeps the fp8 copy
+    (:mod:`shardlab.estimate.activations`)."""
 
 
 def rank_layout(seq: int, policy: DtypePolicy, micro_batch: int, tp: int, sp: bool,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from shardlab.config.dtypes import DtypePolicy, with_optimizer_dtype
 from shardlab.config.hardware import Accelerator
 from shardlab.errors import SpecError
 from shardlab.plan.expert_time import DISPATCHERS, ROUTINGS
@@ -13,6 +14,13 @@ from shardlab.plan.overlap import FLASH_KERNELS, FUSED_LOSS_BYTES, FUSED_LOSS_PE
 from shardlab.plan.overlap import framework as overlap_framework
 from shardlab.plan.search import is_this_machine, layout_flag
 from shardlab.plan.step_inputs import StepOptions
+
+
+def policy_for(policy: DtypePolicy, overrides: dict[str, str] | None) -> DtypePolicy:
+    """``policy`` as the ``--layout`` keys of ``overrides`` change it: ``optimizer_dtype``
+    sets Adam's state bytes (:func:`shardlab.config.dtypes.with_optimizer_dtype`)."""
+    value = (overrides or {}).get("optimizer_dtype")
+    return policy if value is None else with_optimizer_dtype(policy, value)
 
 
 def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
@@ -31,6 +39,8 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
     fw = overlap_framework(framework)
     opts = fw.options()
     for key, value in (overrides or {}).items():
+        if key == "optimizer_dtype":
+            continue  # a dtype-policy key: :func:`policy_for`
         if key == "reduce_dtype":
             # A stated FSDP policy's reduce_dtype replaces the framework's reduction bytes.
             if value.lower() not in REDUCE_BYTES:

@@ -180,13 +180,16 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
         "megatron", "off", "off", "interleaved", True, True, fp8_cast_bytes=3,
         grad_reduce_bytes=4, loss_bytes=52, moe_sequence_split=True, expert_fold=True,
         expert_launches=True,
-        memory=MemoryFacts(loss_bytes=6.0, held_grad_bytes=4, reduce_bytes=4, source=
+        memory=MemoryFacts(loss_bytes=6.0, held_grad_bytes=4, reduce_bytes=4,
+                           fp8_input_bytes=1, source=
             "bf16 gradients accumulate in fp32 main_grad buffers (arguments.py: 'bfloat16 "
             "requires gradient accumulation and all-reduce to be done in fp32'); the "
             "vocab-parallel cross-entropy casts the bf16 logits to fp32 and works in place "
             "on them (core_r0.8.0 tensor_parallel/cross_entropy.py: '.float()', 'In-place "
             "subtraction reduces memory pressure', exp out=): 2 + 4 B per logit at its "
-            "peak"), source=
+            "peak; in fp8, Transformer Engine's linear layers save the fp8 copy of their "
+            "input (TE v1.8 linear.py 'saved_inputmat_t = inputmat_t'; v2.8 "
+            "'inputmat.update_usage(rowwise_usage=False, columnwise_usage=True)')"), source=
         "Megatron-LM megatron/training/arguments.py: --overlap-grad-reduce and "
         "--overlap-param-gather are store_true (default off), --tp-comm-overlap store_true "
         "(off), --no-overlap-p2p-communication store_false into overlap_p2p_comm (on; the "

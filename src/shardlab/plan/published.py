@@ -37,7 +37,7 @@ import numpy as np
 
 from shardlab.config.dtypes import get_policy
 from shardlab.config.hardware import Efficiency, get_accelerator
-from shardlab.plan.options import step_options_for
+from shardlab.plan.options import policy_for, step_options_for
 from shardlab.plan.overlap import framework as overlap_framework
 from shardlab.plan.published_run import PublishedRun
 from shardlab.plan.runs_blackwell import BLACKWELL_RUNS
@@ -64,9 +64,10 @@ def priced(run: PublishedRun, eff: Efficiency | None = None) -> dict[str, Any]:
                   gpus_per_node=acc.gpus_per_node,
                   expert_fold=overlap_framework(run.framework).expert_fold)
     only = layout_candidates(run.model, space, run.layout_text)
-    options = step_options_for(acc, flash=run.flash, framework=run.framework,
-                               overrides=layout_step_keys(run.options))
-    p = plan(run.model, acc, space, get_policy(run.dtype), top=1, only=only, options=options,
+    keys = layout_step_keys(run.options)
+    options = step_options_for(acc, flash=run.flash, framework=run.framework, overrides=keys)
+    policy = policy_for(get_policy(run.dtype), keys)
+    p = plan(run.model, acc, space, policy, top=1, only=only, options=options,
              dropout=run.model.style == "gpt")
     return p.best[0]
 

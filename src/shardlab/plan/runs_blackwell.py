@@ -28,6 +28,12 @@ _PLAIN = ("no recompute, no CUDA graphs, distributed optimizer with overlapped g
           "te (set_workload_base_configs, the Llama recipes)")
 
 
+_CS26 = ("; fp8_cs (26.04-alpha 406d3be7 utils/precision.py): tensorwise current scaling, "
+         "fp8_param_gather True, first_last_layers_bf16 False")
+_CS25 = ("; get_precision_config('fp8_cs') at v0.2.0: bf16_with_fp8_current_scaling_mixed "
+         "(tensorwise, fp8_param_gather True), first_last_layers_bf16 False")
+
+
 def _llama(key: str, model: str, gpu: str, gpus: int, gbs: int, mbs: int, tp: int, pp: int,
            vp: int, tokens: float, release: str, row: str, config: str,
            role: str = "validation", zero: int = 1, split: tuple[int, ...] = (),
@@ -54,8 +60,9 @@ LLAMA_RUNS: tuple[PublishedRun, ...] = (
            "1, VP 4, GBS 1536, use_megatron_fsdp False, cpu_offloading_num_layers None; "
            "userbuffers_fp8_b200_h16384_tp4_cp2_mbs1_seqlen8192; "
            "account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split "
-           "(llama3.py: 128 slots over 64 chunks, 1+2x62+1); " + _PLAIN,
-           role="calibration", split=fewer_at_ends(126, 64, 1)),
+           "(llama3.py: 128 slots over 64 chunks, 1+2x62+1); " + _PLAIN + _CS26,
+           role="calibration", split=fewer_at_ends(126, 64, 1),
+           options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 fp8_params=1"),
     _llama("Llama3-70B GB200 MXFP8", "llama-3-70b", "GB200", 64, 256, 1, 2, 4, 5, 3828,
            "26.04", "'| DGX-GB200 | 64 | MXFP8 | 256 | 1 | 8192 | 0 | 2 | 4 | 1 | 5 | n/a | "
            "3828 | 1721 |' (26.02 3613, 26.02.01 3837, 26.04.01 3712)",
@@ -69,8 +76,9 @@ LLAMA_RUNS: tuple[PublishedRun, ...] = (
            "llama3_workload_base_configs.py at v0.4.0: FP8_CS micro_batch_size 2, "
            "use_megatron_fsdp True (optim_grads_params), cpu_offloading_num_layers 40, GBS "
            "256; fsdp_double_buffer, gradient_accumulation_fusion False "
-           "(llama3_llm_pretrain.py); " + _PLAIN, zero=3,
-           options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 fused_accumulation=0",
+           "(llama3_llm_pretrain.py); " + _PLAIN + _CS26, zero=3,
+           options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 fused_accumulation=0 "
+           "fp8_params=1",
            assumed=("the activations of 40 layers offloaded to the Grace CPU over NVLink-C2C "
                     "and back, overlapped with compute: not priced",)),
     _llama("Llama3-8B GB200 FP8", "llama-3-8b", "GB200", 8, 128, 2, 1, 1, 1, 31508,
@@ -79,13 +87,15 @@ LLAMA_RUNS: tuple[PublishedRun, ...] = (
            "llama3/workload_base_configs.py at v0.2.0: micro_batch_size 2, cuda_graph_impl "
            "'local', cuda_graph_scope 'full_iteration' (the whole step in one CUDA graph), "
            "tp_comm_overlap off (TP 1); distributed optimizer, overlapped gradient reduce and "
-           "parameter gather, grad_reduce_in_fp32 False, cross-entropy fusion"),
+           "parameter gather, grad_reduce_in_fp32 False, cross-entropy fusion" + _CS25,
+           options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 fp8_params=1"),
     _llama("Llama3-8B B200 FP8", "llama-3-8b", "B200", 8, 128, 2, 1, 1, 1, 30624,
            "25.11", "'| LLAMA3_8B | 8 | FP8-CS (FP8-MX) | 128 | 2 | 8192 | 0 | 1 | 1 | 1 | n/a "
            "| 1 | 8 | 30624 (29521) | 1576 (1519) |' (25.09 29994)",
            "llama3/workload_base_configs.py at v0.2.0: B200 as GB200, micro_batch_size 2, "
            "full-iteration CUDA graph; distributed optimizer, overlapped gradient reduce and "
-           "parameter gather, grad_reduce_in_fp32 False, cross-entropy fusion"),
+           "parameter gather, grad_reduce_in_fp32 False, cross-entropy fusion" + _CS25,
+           options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 fp8_params=1"),
 )
 
 

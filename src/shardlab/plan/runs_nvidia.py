@@ -78,17 +78,32 @@ NEMOTRON_4_340B = ModelShape(
 
 def _nm(key: str, model: ModelShape, gpus: int, gbs: int, mbs: int, seq: int, tp: int,
         pp: int, vp: int, tokens: float, role: str = "validation", cp: int = 1,
-        row: str = "") -> PublishedRun:
+        row: str = "", yaml: bool = False) -> PublishedRun:
+    # yaml: the launcher's training config for the model states an optimizer dtype and a
+    # recompute of its own (Nemotron-4 340B).
+    optimizer = "bf16" if yaml else ""
     return PublishedRun(
         f"NM {key}", "NVIDIA NeMo 24.07 performance summary (fp8, DGX-H100)", model,
         "H100 SXM", gpus, tp, pp, gbs, seq, tokens_step(gbs, seq, gpus, tokens), role,
-        f"{tokens:g} tokens/s per GPU", recompute="none", sp=tp > 1, zero=1,
-        micro_batch=mbs, virtual=vp, flash=True, dtype="fp8",
-        options="overlap_dp=1 overlap_tp=1", cp=cp,
+        f"{tokens:g} tokens/s per GPU", recompute="selective" if yaml else "none",
+        sp=tp > 1, zero=1, micro_batch=mbs, virtual=vp, flash=True, dtype="fp8",
+        options="overlap_dp=1 overlap_tp=1 reduce_dtype=bf16"
+        + (f" optimizer_dtype={optimizer}" if optimizer else ""), cp=cp,
         assumed=("fp8 with Transformer Engine (the table's title: 'pre-training ... at FP8 "
-                 "precision')", "no recompute", "distributed optimizer with overlapped "
+                 "precision')", *(() if yaml else ("no recompute",)),
+                 "distributed optimizer with overlapped "
                  "gradient reduce and parameter gather, tensor-parallel communication "
-                 "overlap (NeMo's performance recipes)", "sequence parallel with tp > 1",
+                 "overlap (NeMo's performance recipes)", "gradients held and reduced in "
+                 "bf16: NeMo-Framework-Launcher 24.07's fp8 examples (examples/training/*/"
+                 "h100/*_fp8*.sh at 8325688d) add '+training.model.optim.grad_sync_dtype="
+                 "bf16', and Apex's DistributedFusedAdam keeps its contiguous gradient "
+                 "buffer in grad_sync_dtype (the exact command lines are not public)",
+                 "sequence parallel with tp > 1", *((
+                     "the launcher's nemotron_340b.yaml at 24.07 (whose own layout, PP 12 "
+                     "VP 8 on 768 nodes, is not the table's): the optimizer's 'dtype: bf16', "
+                     "so Adam's moments in bf16 and no fp32 master (NeMo then leaves Apex's "
+                     "store_params off), and activations_checkpoint_granularity selective",)
+                   if yaml else ()),
                  *(("context parallel as Megatron-Core runs it (K/V passed around the cp "
                     "ring, priced as shardlab's all-gather of the same bytes), data parallel "
                     "= GPUs / (TP x PP x CP)",) if cp > 1 else ()), *DGX_H100),
@@ -108,7 +123,7 @@ NM_RUNS: tuple[PublishedRun, ...] = (
         "calibration"),
     _nm("Llama2-13B", get_model("llama-2-13b"), 16, 128, 1, 4096, 1, 4, 10, 8715),
     _nm("Llama2-70B", get_model("llama-2-70b"), 64, 128, 1, 4096, 4, 4, 20, 1728),
-    _nm("Nemotron-340B", NEMOTRON_4_340B, 128, 32, 1, 4096, 8, 8, 12, 326),
+    _nm("Nemotron-340B", NEMOTRON_4_340B, 128, 32, 1, 4096, 8, 8, 12, 326, yaml=True),
     # Context parallel (added with cp: issue 17).
     _nm("Llama3-8B CP2", get_model("llama-3-8b"), 8, 128, 1, 8192, 1, 1, 1, 12273, cp=2,
         row="'LLAMA3-8B | 8 | 128 | 1 | 8192 | 1 | 1 | 2 | 1 | 12273 | 711'"),
@@ -122,32 +137,42 @@ NM_RUNS: tuple[PublishedRun, ...] = (
 QWEN3_30B = get_model("qwen3-30b-a3b")
 QWEN3_235B = get_model("qwen3-235b-a22b")
 
+_MB25 = ("Megatron-Bridge v0.2.0 (25.11) scripts/performance: set_llama3_common_configs / "
+         "set_llama31_common_configs grad_reduce_in_fp32 False (mixed precision and ddp); "
+         "get_precision_config('fp8_cs'): bf16_with_fp8_current_scaling_mixed (tensorwise, "
+         "fp8_param_gather True), first_last_layers_bf16 False; precision-aware optimizer only "
+         "for bf16")
+
 MB_RUNS: tuple[PublishedRun, ...] = (
     PublishedRun(
         "MB Llama3-8B FSDP8", "Megatron-Bridge performance summary, 25.11 DGX-H100",
         get_model("llama-3-8b"), "H100 SXM", 8, 1, 1, 128, 8192,
         tokens_step(128, 8192, 8, 14451), "validation", "14,451 tokens/s per GPU",
-        recompute="none", zero=3, flash=True, dtype="fp8", options="overlap_dp=1",
+        recompute="none", zero=3, flash=True, dtype="fp8",
+        options="overlap_dp=1 reduce_dtype=bf16 fp8_params=1",
         assumed=("Megatron-FSDP as ZeRO-3 with overlapped gathers", "no recompute",
                  "weights gathered in fp8", *DGX_H100),
         checked="row 'LLAMA3_8B | 8 | FP8-CS | 128 | 1 | 8192 | 8 | 1 | 1 | 1 | n/a | 1 | 16 | "
-        "14451 | 744' (GPUs, precision, GBS, MBS, seq, FSDP, TP, PP, CP, VP, EP, GA)"),
+        "14451 | 744' (GPUs, precision, GBS, MBS, seq, FSDP, TP, PP, CP, VP, EP, GA); " + _MB25),
     PublishedRun(
         "MB Llama3-70B", "Megatron-Bridge performance summary, 25.11 DGX-H100",
         get_model("llama-3-70b"), "H100 SXM", 64, 4, 8, 128, 8192,
         tokens_step(128, 8192, 64, 1602), "validation", "1,602 tokens/s per GPU",
         recompute="none", sp=True, zero=1, virtual=5, flash=True, dtype="fp8",
-        options="overlap_dp=1 overlap_tp=1",
+        options="overlap_dp=1 overlap_tp=1 reduce_dtype=bf16 fp8_params=1",
         assumed=("distributed optimizer, overlapped data- and tensor-parallel "
                  "communication (the perf recipes)", "no recompute", *DGX_H100),
         checked="row 'LLAMA3_70B | 64 | FP8-CS | 128 | 1 | 8192 | 0 | 4 | 8 | 1 | 5 | 1 | 64 | "
-        "1602 | 719'"),
+        "1602 | 719'; workload_base_configs.py LLAMA3_70B_H100_FP8_CS_BASE_CONFIG (TP 4, PP 8, "
+        "VP 5, no recompute or offload; userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192); "
+        + _MB25),
     PublishedRun(
         "MB Llama3.1-405B CP2", "Megatron-Bridge performance summary, 25.11 DGX-H100",
         get_model("llama-3.1-405b"), "H100 SXM", 1024, 8, 8, 512, 8192,
         tokens_step(512, 8192, 1024, 292), "validation", "292 tokens/s per GPU",
         recompute="none", sp=True, zero=1, virtual=8, flash=True, dtype="fp8", cp=2,
-        stage_layers=fewer_at_ends(126, 64, 1), options="overlap_dp=1 overlap_tp=1",
+        stage_layers=fewer_at_ends(126, 64, 1),
+        options="overlap_dp=1 overlap_tp=1 reduce_dtype=bf16 fp8_params=1",
         assumed=("distributed optimizer, overlapped data- and tensor-parallel "
                  "communication (the perf recipes)", "no recompute", "126 layers on 8 x 8 "
                  "chunks with the embedding and the loss counted as a layer each "
@@ -156,20 +181,22 @@ MB_RUNS: tuple[PublishedRun, ...] = (
                  "passes the same K/V blocks around the cp ring)", *DGX_H100),
         checked="row 'LLAMA3.1_405B | 1024 | FP8-CS | 512 | 1 | 8192 | 0 | 8 | 8 | 2 | 8 | 1 | "
         "64 | 292 | 737' (GPUs, precision, GBS, MBS, seq, FSDP, TP, PP, CP, VP, EP, GA, "
-        "tokens/s, TFLOP/s)"),
+        "tokens/s, TFLOP/s); LLAMA31_405B_H100_FP8_CS_BASE_CONFIG (no recompute or offload), "
+        "account_for_embedding/loss_in_pipeline_split True (llama3.py); " + _MB25),
     PublishedRun(
         "MB Qwen3-30B-A3B", "Megatron-Bridge performance summary, 25.09 DGX-H100",
         QWEN3_30B, "H100 SXM", 16, 1, 2, 512, 4096, tokens_step(512, 4096, 16, 10494),
         "validation", "10,494 tokens/s per GPU", recompute="none", zero=1, micro_batch=2,
         virtual=24, flash=True, dtype="fp8", ep=8, etp=1, capacity_factor=1.0,
-        options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1",
+        options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 fp8_params=1",
         assumed=("'tokendrop': balanced routing (the table's footnote forces balance only "
                  "for dropless rows)", *DGX_H100),
         checked="row 'Qwen3_30B_a3B (tokendrop) | 16 | 512 | 2 | 4096 | 0 | 1 | 2 | 1 | 24 | "
         "8 | 32 | 10494 | 241'; the 2509 recipe (Megatron-Bridge 2f5cd4845, 'Malay/qwen3 "
         "2509'): perf matrix h100 num_gpus_16 tp 1, pp 2, vp 24, ep 8, etp 1, cuda_graphs "
         "false, mbs 1 for bf16 and 2 for fp8_cs (so the row's MBS 2 is fp8 with per-tensor "
-        "current scaling, first/last-layer bf16 off), recompute null, moe_router_fusion, "
+        "current scaling with fp8_param_gather True: helpers.get_precision_config at "
+        "v0.1.0rc3, first/last-layer bf16 off), recompute null, moe_router_fusion, "
         "cross_entropy_fusion_impl te, grad_reduce_in_fp32 false; run_script.py "
         "apply_moe_token_drop: capacity factor 1.0, padded to capacity; "
         "Qwen3MoEModelProvider: moe_token_dispatcher_type alltoall, moe_grouped_gemm, "

@@ -60,7 +60,9 @@ def _options_line(doc: dict[str, Any]) -> str:
             + ("overlap_ep 1, " if o.get("overlap_ep") else "") + "fused_norm "
             f"{int(o['fused_norm'])}, attention {o['flash_kernel'] if o['flash'] else 'eager'}"
             + (f", gradients reduced in {8 * o['grad_reduce_bytes']}-bit"
-               if o.get("grad_reduce_bytes") else ""))
+               if o.get("grad_reduce_bytes") else "")
+            + (f", Adam state {doc['optimizer_bytes_per_param']} B per parameter"
+               if doc.get("optimizer_bytes_per_param", 12) != 12 else ""))
 
 
 def print_plan(doc: dict[str, Any]) -> None:
