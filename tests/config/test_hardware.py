@@ -78,10 +78,12 @@ power_watts = 500
 gpus_per_node = 16
 intra_link = "NVLink 4"
 inter_link = "EFA"
+host_link = "PCIe 5.0 x16"
 ''')
     acc = find_accelerator("trainium2", f)
     assert acc.peak("bf16") == 667e12 and acc.gpus_per_node == 16
     assert acc.inter_link.bandwidth == 25e9
+    assert acc.host_link is not None and acc.host_link.bandwidth == 64e9
     accels, links = load_hardware_file(f)
     assert "H100 SXM" in accels and "EFA" in links
 

@@ -184,6 +184,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    'reduction a run used, optimizer_dtype=fp32|bf16_moments|bf16 its Adam '
                    'state (12, 8 or 4 bytes per parameter: fp32 master and moments; '
                    'bf16 moments beside the fp32 master; bf16 moments and no master), '
+                   'offload_layers=N the layers per rank whose activations go to host '
+                   "memory (Megatron's --cpu-offloading-num-layers; pp 1, no recompute), "
                    'fused_loss=1 a fused cross-entropy, '
                    'dispatcher=alltoall|flex and routing=random|contiguous its MoE token '
                    'dispatcher; a --layout of only these keys searches '
@@ -273,13 +275,14 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
                          "shardlab train cannot run it on a CPU")
     step_keys = layout_step_keys(args.layout)
     policy = policy_for(policy, step_keys)  # optimizer_dtype: Adam's state bytes
-    if args.dry_run_top and step_keys.get("optimizer_dtype", "fp32").lower() != "fp32":
-        raise SpecError("optimizer_dtype", step_keys["optimizer_dtype"], "must be fp32 with "
-                        "--dry-run-top: shardlab train's AdamW keeps fp32 state, so the dry "
-                        "run would not be the layout priced")
     runnable = here or bool(args.dry_run_top)
     # This machine, or a job file to emit: the winner must be a layout shardlab train runs.
     train_only = here or getattr(args, "emit_config", None) is not None
+    for key, plain in (("optimizer_dtype", "fp32"), ("offload_layers", "0")):
+        if (runnable or train_only) and step_keys.get(key, plain).lower() != plain:
+            raise SpecError(key, step_keys[key], f"must be {plain} where shardlab train runs "
+                            "the layout (this machine, --dry-run-top, --emit-config): its "
+                            "AdamW keeps fp32 state and it offloads no activations")
     for z in args.zero:
         if z > 3:
             raise SpecError("zero", z, "must be 0, 1, 2 or 3 (3 is FSDP)")

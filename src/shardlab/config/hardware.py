@@ -101,6 +101,9 @@ class Accelerator:
     ``seq``, ``d_model``, ``heads``, ``d_ff`` and ``seconds``), from which the planner
     derives what its memory-bound operators cost (:func:`shardlab.plan.layer_time.
     probe_elementwise_bandwidth`)."""
+    host_link: Link | None = field(default=None, compare=False)
+    """The device's link to its host's memory, per direction (PCIe, NVLink-C2C): what
+    activation offloading copies over (:mod:`shardlab.plan.offload`); None: not known."""
     runtime: Runtime | None = field(default=None, compare=False)
     """A measured CPU only: gloo's collective rates and the runtime's fixed costs per
     parallel style, measured with real ranks (:mod:`shardlab.calibrate.runtime`)."""
@@ -180,6 +183,10 @@ LINKS: dict[str, Link] = {k.name: k for k in (
          "both directions; " + _LAT),
     Link("Infinity Fabric", 448e9, 5e-6,
          "AMD MI300X datasheet: 7 links x 64 GB/s per direction; " + _LAT),
+    Link("NVLink-C2C (GB200)", 225e9, 5e-6, "Grace to Blackwell: 'two B200 Tensor Core GPUs "
+         "to a Grace CPU over a 900GB/s NVLink chip-to-chip interconnect' (NVIDIA, March "
+         "2024), both directions for two GPUs: 225 GB/s per GPU each way (nvbandwidth on "
+         "Azure ND GB200 v6 measured 201 host-to-device, 193 device-to-host); " + _LAT),
     Link("IB HDR 200G", 25e9, 10e-6, "NVIDIA ConnectX-6: 200 Gb/s per NIC; " + _LAT),
     Link("IB NDR 400G", 50e9, 10e-6, "NVIDIA ConnectX-7: 400 Gb/s per NIC; " + _LAT),
     Link("100 GbE", 12.5e9, 20e-6, "100 Gbit/s / 8; " + _LAT),
@@ -188,9 +195,14 @@ LINKS: dict[str, Link] = {k.name: k for k in (
 
 def _gpu(name: str, flops: dict[str, float], mem: float, bw: float, watts: float,
          intra: str, inter: str, source: str, eff: Efficiency | None = None,
-         per_node: int = 8) -> Accelerator:
+         per_node: int = 8, host: str | None = None) -> Accelerator:
     return Accelerator(name, flops, mem, bw, watts, LINKS[intra], LINKS[inter], per_node,
-                       source, eff)
+                       source, eff, host_link=LINKS[host] if host else None)
+
+
+# Host links: "PCIe Gen5: 128GB/s" (H100, H200 and HGX B200 tables) and "PCIe Gen4: 64GB/s"
+# (A100) count both directions: "128 GB/sec total bandwidth (64 GB/sec in each direction)"
+# (NVIDIA, "NVIDIA Hopper Architecture In-Depth", 2022). GB200's is its NVLink-C2C share.
 
 
 # Blackwell: NVIDIA's tables give tensor-core figures "with sparsity" (HGX B200: "FP8/FP6
@@ -247,30 +259,36 @@ ACCELERATORS: dict[str, Accelerator] = {a.name: a for a in (
     _gpu("H100 SXM", {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "tf32": 494.5e12,
                       "fp32": 67e12},
          80e9, 3.35e12, 700, "NVLink 4", "IB NDR 400G",
-         "NVIDIA H100 Tensor Core GPU datasheet (SXM5), dense figures", H100_EFFICIENCY),
+         "NVIDIA H100 Tensor Core GPU datasheet (SXM5), dense figures", H100_EFFICIENCY,
+         host="PCIe 5.0 x16"),
     _gpu("H100 PCIe", {"bf16": 756e12, "fp16": 756e12, "fp8": 1513e12, "tf32": 378e12,
                        "fp32": 51e12},
          80e9, 2.0e12, 350, "PCIe 5.0 x16", "IB NDR 400G",
-         "NVIDIA H100 Tensor Core GPU datasheet (PCIe), dense figures", H100_EFFICIENCY),
+         "NVIDIA H100 Tensor Core GPU datasheet (PCIe), dense figures", H100_EFFICIENCY,
+         host="PCIe 5.0 x16"),
     _gpu("H200 SXM", {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "tf32": 494.5e12,
                       "fp32": 67e12},
          141e9, 4.8e12, 700, "NVLink 4", "IB NDR 400G",
-         "NVIDIA H200 Tensor Core GPU datasheet (SXM), dense figures", H100_EFFICIENCY),
+         "NVIDIA H200 Tensor Core GPU datasheet (SXM), dense figures", H100_EFFICIENCY,
+         host="PCIe 5.0 x16"),
     _gpu("A100 SXM 80GB", {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
          80e9, 2.039e12, 400, "NVLink 3", "IB HDR 200G",
-         "NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB), dense figures", A100_EFFICIENCY),
+         "NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB), dense figures", A100_EFFICIENCY,
+         host="PCIe 4.0 x16"),
     _gpu("A100 SXM 40GB", {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
          40e9, 1.555e12, 400, "NVLink 3", "IB HDR 200G",
-         "NVIDIA A100 Tensor Core GPU datasheet (SXM 40GB), dense figures", A100_EFFICIENCY),
+         "NVIDIA A100 Tensor Core GPU datasheet (SXM 40GB), dense figures", A100_EFFICIENCY,
+         host="PCIe 4.0 x16"),
     _gpu("B200", {"bf16": 2250e12, "fp16": 2250e12, "fp8": 4500e12, "tf32": 1100e12,
                   "fp32": 75e12},
          180e9, 7.7e12, 1000, "NVLink 5", "IB NDR 400G",
-         "HGX B200 (8 per node, up to 1,000 W each): " + _BLACKWELL, BLACKWELL_EFFICIENCY),
+         "HGX B200 (8 per node, up to 1,000 W each): " + _BLACKWELL, BLACKWELL_EFFICIENCY,
+         host="PCIe 5.0 x16"),
     _gpu("GB200", {"bf16": 2500e12, "fp16": 2500e12, "fp8": 5000e12, "tf32": 1250e12,
                    "fp32": 80e12},
          186e9, 8e12, 1200, "NVLink 5", "IB NDR 400G",
          "GB200 NVL72 (72 per NVLink domain, a node here; up to 1,200 W each): " + _BLACKWELL,
-         BLACKWELL_EFFICIENCY, per_node=72),
+         BLACKWELL_EFFICIENCY, per_node=72, host="NVLink-C2C (GB200)"),
     _gpu("MI300X", {"bf16": 1307.4e12, "fp16": 1307.4e12, "fp8": 2614.9e12, "tf32": 653.7e12,
                     "fp32": 163.4e12},
          192e9, 5.3e12, 750, "Infinity Fabric", "IB NDR 400G",

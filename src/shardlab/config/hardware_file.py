@@ -44,7 +44,8 @@ a link's latency and board power."""
 LINK_KEYS: tuple[str, ...] = ("name", "bandwidth", "latency", "source")
 ACCELERATOR_KEYS: tuple[str, ...] = ("name", "peak_flops", "memory_bytes", "memory_bandwidth",
                                      "power_watts", "gpus_per_node", "intra_link",
-                                     "inter_link", "source", "nics_per_node", "nic_gbps")
+                                     "inter_link", "source", "nics_per_node", "nic_gbps",
+                                     "host_link")
 FILE_TABLES: tuple[str, ...] = ("link", "accelerator")
 
 
@@ -158,6 +159,8 @@ def load_hardware_file(path: str | Path) -> tuple[dict[str, Accelerator], dict[s
                                               *POWER),
                 intra_link=_link(f"{where}.intra_link", raw["intra_link"], links),
                 inter_link=_link(f"{where}.inter_link", raw["inter_link"], links),
+                host_link=(_link(f"{where}.host_link", raw["host_link"], links)
+                           if "host_link" in raw else None),
                 gpus_per_node=require_int_at_most(
                     f"{where}.gpus_per_node",
                     require_positive_int(f"{where}.gpus_per_node", raw.get("gpus_per_node", 8)),

@@ -57,68 +57,32 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from shardlab.config.hardware import Accelerator
-from shardlab.config.layout import RECOMPUTE, SCHEDULES, Layout
+from shardlab.config.layout import Layout
 from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
-from shardlab.estimate.memory import peak_stage, stage_memory
+from shardlab.estimate.memory import layer_bytes, peak_stage, stage_memory
+from shardlab.plan.fit_moves import (
+    KINDS,
+    REPEATABLE,
+    Knobs,
+    knob_candidates,
+    knobs_of,
+    moves,
+    would_be,
+)
 from shardlab.plan.memory import MemoryOptions, memory_arrays
+from shardlab.plan.offload import offload_refused
 from shardlab.plan.options import step_options_for
-from shardlab.plan.rules import REASONS, check_rules
+from shardlab.plan.rules import R_OFFLOAD, REASONS, check_rules
 from shardlab.plan.search import device_of
-from shardlab.plan.space import TRAIN_ZERO, Candidates, Space
+from shardlab.plan.space import Space
 from shardlab.plan.step_time import StepOptions, step_seconds
 
 CATEGORIES: tuple[str, ...] = ("weights", "gradients", "optimizer", "activations")
 PAIRS_KEPT = 5
 """Pairs of changes :func:`explain_fit` keeps, fastest first (all of them would be up to a
 few dozen rows that say the same)."""
-KINDS: tuple[str, ...] = ("zero", "recompute", "micro_batch", "tp", "pp", "sp", "ep", "cp")
-REPEATABLE: frozenset[str] = frozenset({"micro_batch", "tp", "pp", "ep", "cp"})
-"""Kinds a pair may apply twice (micro-batch / 4, tp x 4, pp x 4); a ZeRO stage or a
-recompute mode is already tried at every level."""
-
-
-@dataclass(frozen=True)
-class Knobs:
-    """The layout fields a change may touch (the rest, the job's, stay as given)."""
-
-    dp: int
-    tp: int
-    pp: int
-    virtual_stages: int
-    schedule: str
-    zero: int
-    sp: bool
-    recompute: str
-    micro_batch: int
-    ep: int = 1
-    etp: int = 1
-    cp: int = 1
-    dp_replicate: int = 1
-    stage_layers: tuple[int, ...] = ()
-
-    def label(self, base: Knobs) -> str:
-        """What differs from ``base``, as ``--layout`` writes it: ``tp=2 dp=4``."""
-        keys = ("zero", "recompute", "micro_batch", "tp", "pp", "sp", "ep", "etp", "cp", "dp",
-                "stage_layers")
-
-        def text(k: str, v: object) -> str:
-            if k == "sp":
-                return str(int(v))  # type: ignore[call-overload]
-            if k == "stage_layers":
-                return "+".join(map(str, v))  # type: ignore[call-overload]
-            return str(v)
-
-        # etp is named only when it is not tp (its default), as Layout.describe does; an
-        # even split (stage_layers left out) only as the key's absence.
-        return " ".join(f"{k}={text(k, v)}" for k in keys
-                        if (v := getattr(self, k)) != getattr(base, k)
-                        and (k != "etp" or v != self.tp) and (k != "stage_layers" or v))
-
-
 @dataclass(frozen=True)
 class FitChange:
     """One changed layout, priced: memory of its busiest device (bytes), whether that is
@@ -177,78 +141,6 @@ class FitAdvice:
                 "skipped": [{"change": c, "reason": r} for c, r in self.skipped]}
 
 
-def _moves(k: Knobs, gpus_per_node: int, train_only: bool, experts: int = 0, seq: int = 0,
-           fold: bool = False) -> list[tuple[str, Knobs | None, str]]:
-    """(kind, changed knobs or None, why not) of every one-knob change from ``k``; values
-    that are no change (a ZeRO stage at or below the current one) are left out.
-    ``experts``: the model's routed experts (0: dense, no ep change); ``seq``: the
-    sequence length (0: no cp change)."""
-    out: list[tuple[str, Knobs | None, str]] = []
-    halve = ("" if k.dp % 2 == 0 and (k.dp // 2) % k.dp_replicate == 0 else
-             f"dp={k.dp} cannot be halved to keep the device count" if k.dp % 2 else
-             f"dp={k.dp // 2} would not hold dp_replicate={k.dp_replicate} replicas")
-    for z in range(k.zero + 1, 4):
-        if k.dp * k.cp == 1:
-            out.append(("zero", None, "dp=1: ZeRO shards over data parallelism"))
-            break
-        if train_only and z not in TRAIN_ZERO:
-            continue  # shardlab train has no ZeRO-1; the plan for this machine skips it too
-        out.append(("zero", dataclasses.replace(k, zero=z), ""))
-    for r in RECOMPUTE[RECOMPUTE.index(k.recompute) + 1:]:
-        out.append(("recompute", dataclasses.replace(k, recompute=r), ""))
-    if k.micro_batch > 1:
-        out.append(("micro_batch", dataclasses.replace(k, micro_batch=k.micro_batch // 2), ""))
-    else:
-        out.append(("micro_batch", None, "micro_batch=1 cannot be halved"))
-    if 2 * k.tp > gpus_per_node:
-        out.append(("tp", None, f"tp={2 * k.tp} would leave a node of {gpus_per_node}"))
-    elif halve:
-        out.append(("tp", None, halve))
-    else:
-        out.append(("tp", dataclasses.replace(k, tp=2 * k.tp, dp=k.dp // 2,
-                                              etp=2 * k.tp if k.etp == k.tp else 1), ""))
-    if halve:
-        out.append(("pp", None, halve))
-    else:
-        out.append(("pp", dataclasses.replace(k, pp=2 * k.pp, dp=k.dp // 2,
-                                              stage_layers=()), ""))
-    if not k.sp:
-        out.append(("sp", dataclasses.replace(k, sp=True) if k.tp > 1 else None,
-                    "" if k.tp > 1 else "sequence parallelism needs tp > 1"))
-    if experts:
-        e, ranks = 2 * k.ep, k.dp * (k.cp * k.tp // k.etp if fold else 1)  # expert mesh
-        why = ("" if ranks % e == 0 and experts % e == 0 else
-               f"ep={e} must divide {'tp*cp*dp/etp' if fold else 'dp'} ({ranks}) and the "
-               f"experts ({experts})")
-        out.append(("ep", None if why else dataclasses.replace(k, ep=e), why))
-    if seq and not train_only:
-        c = 2 * k.cp
-        why = (halve or ("" if seq % (2 * c) == 0 else
-                         f"cp={c} does not cut seq ({seq}) into 2*cp equal chunks"))
-        out.append(("cp", None if why else dataclasses.replace(k, cp=c, dp=k.dp // 2), why))
-    return out
-
-
-def _candidates(states: list[Knobs], global_batch: int, capacity_factor: float = 0.0,
-                fold: bool = False) -> Candidates:
-    """``states`` as the planner's :class:`Candidates` (reason -1: checked afterwards)."""
-    def col(values: list[int]) -> np.ndarray:
-        return np.array(values, dtype=np.int64)
-
-    splits = tuple(dict.fromkeys([(), *(s.stage_layers for s in states)]))
-    return Candidates(col([s.dp for s in states]), col([s.tp for s in states]),
-                      col([s.pp for s in states]), col([s.virtual_stages for s in states]),
-                      col([SCHEDULES.index(s.schedule) for s in states]),
-                      col([s.zero for s in states]), np.array([s.sp for s in states], bool),
-                      col([RECOMPUTE.index(s.recompute) for s in states]),
-                      col([s.micro_batch for s in states]),
-                      col([global_batch // (s.dp * s.micro_batch) for s in states]),
-                      np.full(len(states), -1, dtype=np.int64), col([s.ep for s in states]),
-                      col([s.etp for s in states]), np.full(len(states), capacity_factor),
-                      col([s.cp for s in states]), col([s.dp_replicate for s in states]),
-                      col([splits.index(s.stage_layers) for s in states]), splits, fold)
-
-
 def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity: float,
                 dropout: bool | None = None, options: StepOptions | None = None,
                 gpus_per_node: int | None = None, train_only: bool = False,
@@ -273,6 +165,14 @@ def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity
     lay = layout
 
     stages = stage_memory(model, lay, dropout, options.flash, imbalance)
+    if options.offload_layers and lay.pp == 1:
+        # offload_layers: that share of the layers' activations is in host memory
+        # (plan/offload.py; the first and last stage's extras stay).
+        layers_bytes = sum(layer_bytes(model, lay, moe, dropout, options.flash, imbalance)
+                           * count for moe, count in ((False, model.dense_layers),
+                                                      (True, model.moe_layers)))
+        off = layers_bytes * stages[0].inflight * options.offload_layers / model.layers
+        stages = [dataclasses.replace(stages[0], activations=stages[0].activations - off)]
     peak = peak_stage(stages)
     rank_bytes = [{"weights": s.states.weights, "gradients": s.states.gradients,
                    "optimizer": s.states.optimizer, "activations": s.activations}
@@ -282,19 +182,20 @@ def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity
                for c in CATEGORIES}
     binding = min(CATEGORIES, key=lambda c: (without[c], -now[c]))
 
-    base = _knobs(lay)
+    base = knobs_of(lay)
     space = Space(gpus=lay.gpus, global_batch=lay.global_batch, seq=lay.seq,
                   gpus_per_node=node, train_only=train_only,
                   capacity_factor=lay.capacity_factor, expert_fold=lay.expert_fold)
     experts = model.moe.experts if model.moe is not None else 0
-    singles = _moves(base, node, train_only, experts, lay.seq, lay.expert_fold)
-    skipped = [(_would_be(kind, base), why) for kind, k, why in singles if k is None]
+    singles = moves(base, node, train_only, experts, lay.seq, lay.expert_fold)
+    skipped = [(would_be(kind, base), why) for kind, k, why in singles if k is None]
     tried = [k for _, k, _ in singles if k is not None]
-    valid, rejected = _check(model, space, tried)
+    valid, rejected = _check(model, space, tried, options.offload_layers)
     skipped += [(k.label(base), why) for k, why in rejected]
 
     mem_opt = MemoryOptions(dropout, options.flash, imbalance,
-                            fp8_params=options.fp8_params)
+                            fp8_params=options.fp8_params,
+                            offload_layers=options.offload_layers)
     step_now, priced = _price(model, lay, acc, base, valid, capacity, mem_opt, options)
     changes = _ordered(priced)
     pairs: list[FitChange] = []
@@ -305,42 +206,31 @@ def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity
                      binding, without, step_now, changes, pairs, skipped)
 
 
-def _knobs(lay: Layout) -> Knobs:
-    """``lay``'s knobs."""
-    return Knobs(lay.dp, lay.tp, lay.pp, lay.virtual_stages, lay.schedule, lay.zero, lay.sp,
-                 lay.recompute, lay.micro_batch, lay.ep, lay.etp, lay.cp, lay.dp_replicate,
-                 lay.stage_layers)
-
-
 def layout_memory(model: ModelShape, layout: Layout, options: StepOptions, *, dropout: bool,
                   imbalance: float = 1.0) -> dict[str, float]:
     """Bytes on ``layout``'s busiest device as ``shardlab plan --layout`` counts them with
     ``options`` (a framework's selective-recompute convention and memory facts, ``plan
     --framework``): the four categories, ``transient`` (the framework's peak beyond states
-    and saved activations: :mod:`shardlab.plan.memory_peak`) and ``total``."""
+    and saved activations: :mod:`shardlab.plan.memory_peak`), ``offloaded_to_host`` and
+    ``total``."""
     lay = layout
-    c = _candidates([_knobs(lay)], lay.global_batch, lay.capacity_factor, lay.expert_fold)
+    c = knob_candidates([knobs_of(lay)], lay.global_batch, lay.capacity_factor, lay.expert_fold)
     mem = memory_arrays(model, c, lay.seq, lay.dtype, MemoryOptions(
         dropout, options.flash, imbalance, options.selective, options.memory,
-        options.fp8_params))
+        options.fp8_params, options.offload_layers))
     out = {n: float(getattr(mem, n)[0]) for n in (*CATEGORIES, "transient")}
-    return {**out, "total": float(mem.total[0])}
+    return {**out, "offloaded_to_host": float(mem.offloaded[0]), "total": float(mem.total[0])}
 
 
-def _would_be(kind: str, base: Knobs) -> str:
-    """How a change that was ruled out before it had values is named in ``skipped``."""
-    return {"zero": f"zero={base.zero + 1}..3", "micro_batch": "halve micro_batch",
-            "tp": f"tp={2 * base.tp}", "pp": f"pp={2 * base.pp}", "sp": "sp=1",
-            "ep": f"ep={2 * base.ep}", "cp": f"cp={2 * base.cp}"}[kind]
-
-
-def _check(model: ModelShape, space: Space, states: list[Knobs]
+def _check(model: ModelShape, space: Space, states: list[Knobs], offload: int = 0
            ) -> tuple[list[Knobs], list[tuple[Knobs, str]]]:
-    """``states`` split by the planner's rules: (valid, [(invalid, the rule it breaks)])."""
+    """``states`` split by the planner's rules (with ``offload`` layers offloaded, also
+    :data:`~shardlab.plan.rules.R_OFFLOAD`): (valid, [(invalid, the rule it breaks)])."""
     if not states:
         return [], []
-    c = _candidates(states, space.global_batch, space.capacity_factor, space.expert_fold)
+    c = knob_candidates(states, space.global_batch, space.capacity_factor, space.expert_fold)
     check_rules(model, space, c)
+    c.reason[(c.reason < 0) & offload_refused(c, offload)] = REASONS.index(R_OFFLOAD)
     valid = [s for s, r in zip(states, c.reason.tolist(), strict=True) if r < 0]
     bad = [(s, REASONS[r]) for s, r in zip(states, c.reason.tolist(), strict=True) if r >= 0]
     return valid, bad
@@ -351,7 +241,7 @@ def _price(model: ModelShape, lay: Layout, acc: Accelerator, base: Knobs, states
            ) -> tuple[float, list[FitChange]]:
     """The current step (seconds) and each of ``states`` priced, all in one pass of the
     planner's memory and step-time arrays (the current layout first)."""
-    c = _candidates([base, *states], lay.global_batch, lay.capacity_factor, lay.expert_fold)
+    c = knob_candidates([base, *states], lay.global_batch, lay.capacity_factor, lay.expert_fold)
     mem = memory_arrays(model, c, lay.seq, lay.dtype, mem_opt)
     dev, _ = device_of(acc, lay.dtype, lay.gpus)
     step = step_seconds(model, c, mem, lay.seq, lay.global_batch, lay.dtype, dev,
@@ -384,7 +274,7 @@ def _pairs(model: ModelShape, lay: Layout, acc: Accelerator, base: Knobs,
     for kind, first, _ in singles:
         if first is None:
             continue
-        for kind2, second, _ in _moves(first, node, train_only,
+        for kind2, second, _ in moves(first, node, train_only,
                                        model.moe.experts if model.moe is not None else 0,
                                        lay.seq, lay.expert_fold):
             later = KINDS.index(kind2) > KINDS.index(kind)
@@ -392,7 +282,7 @@ def _pairs(model: ModelShape, lay: Layout, acc: Accelerator, base: Knobs,
                     later or (kind2 == kind and kind in REPEATABLE)):
                 seen.add(second)
                 two.append(second)
-    valid, _ = _check(model, space, two)
+    valid, _ = _check(model, space, two, options.offload_layers)
     _, priced = _price(model, lay, acc, base, valid, capacity, mem_opt, options)
     fitting = _ordered([c for c in priced if c.fits])
     if fitting:

@@ -60,6 +60,8 @@ class MemoryOptions:
     facts: MemoryFacts | None = None
     fp8_params: bool = False
     """fp8 primary weights (:attr:`shardlab.plan.step_inputs.StepOptions.fp8_params`)."""
+    offload_layers: int = 0
+    """Layers per rank whose activations live in host memory (:mod:`shardlab.plan.offload`)."""
 
 
 @dataclass
@@ -77,6 +79,9 @@ class MemoryArrays:
     transient: np.ndarray
     """What the framework holds at its peak beyond states and saved activations
     (:mod:`shardlab.plan.memory_peak`; 0 without its facts)."""
+    offloaded: np.ndarray
+    """Activation bytes per micro-batch held in host memory instead (offload_layers; not
+    in ``total``)."""
 
     @property
     def total(self) -> np.ndarray:
@@ -248,7 +253,7 @@ def memory_arrays(model: ModelShape, c: Candidates, seq: int, policy: DtypePolic
     order = np.argsort(c.pp, kind="stable")
     depth = c.pp[order]
     keys = ("weights", "gradients", "optimizer", "activations", "params", "stage",
-            "expert_params", "transient")
+            "expert_params", "transient", "offloaded")
     out = {k: np.zeros(len(c), dtype=np.int64 if k == "stage" else float) for k in keys}
     start = 0
     while start < len(c):
@@ -285,6 +290,9 @@ def _memory_block(model: ModelShape, c: Candidates, seq: int, policy: DtypePolic
     valid = rank < col(c.pp)
     k = inflight(col(c.schedule), col(c.pp), rank, col(c.microbatches), col(c.virtual))
     act = (dense * col(a_dense) + moe * col(a_moe)) * k
+    # offload_layers: N of the rank's layers keep their activations in host memory.
+    off = act * (opt.offload_layers / np.maximum(dense + moe, 1.0))
+    act = act - off
     act = act + np.where(rank == 0, k * col(first), 0.0)
     last_k = np.where(col(c.schedule) == SCHEDULES.index("gpipe"), k, 1.0)
     act = act + np.where(head, last_k * col(last), 0.0)
@@ -323,4 +331,4 @@ def _memory_block(model: ModelShape, c: Candidates, seq: int, policy: DtypePolic
     rows = np.arange(len(c))
     return MemoryArrays(w[rows, peak], g[rows, peak], o[rows, peak], act[rows, peak],
                         params[rows, peak], rank[rows, peak], experts[rows, peak],
-                        trans[rows, peak])
+                        trans[rows, peak], off[rows, peak])

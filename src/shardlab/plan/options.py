@@ -4,6 +4,7 @@ the validation table all start here)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from shardlab.config.dtypes import DtypePolicy, with_optimizer_dtype
@@ -61,6 +62,13 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
                 opts["loss_bytes"] = FUSED_LOSS_BYTES
                 if opts.get("memory") is not None:
                     opts["memory"] = replace(opts["memory"], loss_bytes=FUSED_LOSS_PEAK)
+            continue
+        if key == "offload_layers":
+            # Megatron-Core's --cpu-offloading-num-layers (plan/offload.py).
+            if not re.fullmatch(r"[0-9]{1,6}", value):
+                raise SpecError(key, value, "must be an integer >= 0 (layers per rank whose "
+                                "activations go to host memory)")
+            opts[key] = int(value)
             continue
         if key in ("dispatcher", "routing"):
             allowed = DISPATCHERS if key == "dispatcher" else ROUTINGS

@@ -25,9 +25,10 @@ R_HSDP = "dp_replicate > 1 (HSDP) needs ZeRO >= 1"
 R_INTERLEAVED = "interleaved-1f1b needs micro-batches in multiples of pp"
 R_DUALPIPE = "dualpipev needs at least 2 x pp micro-batches"
 R_TRAIN = "not supported by shardlab train"
+R_OFFLOAD = "offload_layers needs pp 1 and no recompute (Megatron-Core)"
 R_MEMORY = "out of memory"
 REASONS: tuple[str, ...] = (R_TP, R_EP, R_CHUNKS, R_BATCH, R_CP, R_SP, R_HSDP, R_INTERLEAVED,
-                            R_DUALPIPE, R_TRAIN, R_MEMORY)
+                            R_DUALPIPE, R_TRAIN, R_OFFLOAD, R_MEMORY)
 
 
 def _mark(c: Candidates, bad: np.ndarray, reason: str) -> None:

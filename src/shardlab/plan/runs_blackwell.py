@@ -78,9 +78,9 @@ LLAMA_RUNS: tuple[PublishedRun, ...] = (
            "256; fsdp_double_buffer, gradient_accumulation_fusion False "
            "(llama3_llm_pretrain.py); " + _PLAIN + _CS26, zero=3,
            options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 fused_accumulation=0 "
-           "fp8_params=1",
-           assumed=("the activations of 40 layers offloaded to the Grace CPU over NVLink-C2C "
-                    "and back, overlapped with compute: not priced",)),
+           "fp8_params=1 offload_layers=40",
+           assumed=("the activations of 40 layers offloaded to the Grace CPU over "
+                    "NVLink-C2C and back beside the compute (offload_layers=40)",)),
     _llama("Llama3-8B GB200 FP8", "llama-3-8b", "GB200", 8, 128, 2, 1, 1, 1, 31508,
            "25.11", "'| LLAMA3_8B | 8 | FP8-CS (FP8-MX) | 128 | 2 | 8192 | 0 | 1 | 1 | 1 | n/a "
            "| 1 | 8 | 31508 (29789) | 1622 (1533) |' (25.09 31357)",

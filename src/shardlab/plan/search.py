@@ -31,7 +31,8 @@ from shardlab.errors import SpecError, require_positive_int
 from shardlab.plan.efficiency import efficiency_of
 from shardlab.plan.layer_time import probe_elementwise_bandwidth
 from shardlab.plan.memory import MemoryOptions, memory_arrays
-from shardlab.plan.rules import R_MEMORY, REASONS, check_rules
+from shardlab.plan.offload import check_offload, offload_refused
+from shardlab.plan.rules import R_MEMORY, R_OFFLOAD, REASONS, check_rules
 from shardlab.plan.space import (
     DP_MODE_OF_ZERO,
     TRAIN_SCHEDULES,
@@ -86,7 +87,7 @@ def device_of(acc: Accelerator, policy: DtypePolicy, gpus: int) -> tuple[Device,
                           "is charged within the runtime's measured fixed costs instead")
     dev = Device(peak, bandwidth, acc.intra_link, acc.inter_link, acc.gpus_per_node, eff,
                  acc.runtime if is_this_machine(acc) else None,
-                 linear_peak=linear_peak if policy.is_fp8 else 0.0)
+                 linear_peak=linear_peak if policy.is_fp8 else 0.0, host_link=acc.host_link)
     if one_thread and acc.layer_probe is not None:
         # One-thread ranks: memory-bound operators at the rate the measured layer shows,
         # no faster than this rank's share of the memory bandwidth.
@@ -133,6 +134,7 @@ def _entries(c: Candidates, idx: np.ndarray, times: dict[str, np.ndarray], mem: 
                                  "optimizer": float(mem.optimizer[i]),
                                  "activations": float(mem.activations[i]),
                                  "transient": float(mem.transient[i]),
+                                 "offloaded_to_host": float(mem.offloaded[i]),
                                  "stage": int(mem.stage[i])},
             "timed_stage": int(times["stage"][i]),
             "train_command": None,
@@ -196,6 +198,13 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
         raise SpecError("seq", space.seq, f"must be <= the learned position table "
                         f"({model.context}) for a gpt-style model")
     c, note = (only, None) if only is not None else enumerate_search(model, space)
+    n_off = options.offload_layers
+    check_offload(n_off, model.layers, acc.host_link, acc.name)
+    refused = offload_refused(c, n_off) & (c.reason < 0)
+    if only is not None and refused.any():
+        raise SpecError("offload_layers", n_off, "needs pp=1 and recompute=none (Megatron-Core "
+                        "refuses CPU offloading with a pipeline or activation recomputation)")
+    c.reason[refused] = REASONS.index(R_OFFLOAD)
     dev, memory = device_of(acc, policy, space.gpus)
     usable = USABLE_MEMORY * memory
     valid = c.reason < 0
@@ -207,7 +216,8 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
     mem = memory_arrays(model, v, space.seq, policy,
                         MemoryOptions(dropout=dropout, flash=options.flash, imbalance=imbalance,
                                       selective=options.selective, facts=options.memory,
-                                      fp8_params=options.fp8_params))
+                                      fp8_params=options.fp8_params,
+                                      offload_layers=options.offload_layers))
     fits = mem.total <= usable
     reason = c.reason.copy()
     reason[np.flatnonzero(valid)[~fits]] = REASONS.index(R_MEMORY)
@@ -224,7 +234,8 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
     f = v.take(keep)
     fmem = type(mem)(*(getattr(mem, k)[keep] for k in ("weights", "gradients", "optimizer",
                                                        "activations", "params", "stage",
-                                                       "expert_params", "transient")))
+                                                       "expert_params", "transient",
+                                                       "offloaded")))
     times = step_seconds(model, f, fmem, space.seq, space.global_batch, policy, dev, options)
     order = np.lexsort((fmem.total, times["step"]))[:top]
     best = _entries(f, order, times, fmem, usable, space.global_batch, space.seq,
@@ -238,7 +249,7 @@ LAYOUT_KEYS = ("dp", "tp", "pp", "virtual", "micro_batch", "zero", "sp", "recomp
                "dp_replicate")
 STEP_KEYS = ("overlap_dp", "overlap_tp", "overlap_pp", "overlap_ep", "fused_norm",
              "fused_accumulation", "fp8_params", "flash_kernel", "reduce_dtype", "fused_loss",
-             "dispatcher", "routing", "optimizer_dtype")
+             "dispatcher", "routing", "optimizer_dtype", "offload_layers")
 """``--layout`` keys of ``shardlab plan`` that set step-time options, not the layout
 (:class:`~shardlab.plan.step_time.StepOptions`, :mod:`shardlab.plan.overlap`)."""
 

@@ -47,6 +47,8 @@ class Device:
     bandwidth. This machine's comes from its measured layer
     (:func:`shardlab.plan.layer_time.probe_elementwise_bandwidth`)."""
     linear_peak: float = 0.0
+    host_link: Link | None = None
+    """The accelerator's link to host memory (activation offloading); None: not known."""
 
     def link(self, collective: str, inside: np.ndarray,
              per_node: np.ndarray | float = 1.0) -> tuple[np.ndarray, np.ndarray]:
@@ -115,6 +117,9 @@ class StepOptions:
     """The MoE all-to-alls overlapped with another micro-batch's compute, as Megatron-Core's
     ``--overlap-moe-expert-parallel-comm`` runs them (:func:`shardlab.plan.expert_time.
     ep_overlap`); off in every framework's defaults (Megatron's flag is store_true)."""
+    offload_layers: int = 0
+    """Layers per rank whose saved activations go to host memory and back (Megatron-Core's
+    ``--cpu-offloading-num-layers``: :mod:`shardlab.plan.offload`); 0: none."""
     fp8_params: bool = False
     """fp8 primary weights (Megatron's ``--fp8-param-gather``: "keep the compute param in
     fp8 ... and perform the param all-gather in fp8"; Transformer Engine's

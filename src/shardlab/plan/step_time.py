@@ -156,14 +156,15 @@ from shardlab.plan.memory_bound import (
     layer_elementwise_elements,
     permute_seconds,
 )
+from shardlab.plan.offload import offload_seconds
 from shardlab.plan.overlap import dp_on, hidden_behind, nvlink_waits, pp_exposed, pp_on, tp_exposed
 from shardlab.plan.space import Candidates
 from shardlab.plan.stages import timed_ranks
 from shardlab.plan.step_inputs import Device, StepOptions, runtime_overhead
 
 PARTS: tuple[str, ...] = ("compute", "recompute", "tp_comm", "pp_comm", "ep_comm", "cp_comm",
-                          "dp_comm", "bubble", "optimizer", "overhead")
-HIDDEN: tuple[str, ...] = ("tp_comm", "pp_comm", "ep_comm", "dp_comm")
+                          "dp_comm", "bubble", "optimizer", "overhead", "offload")
+HIDDEN: tuple[str, ...] = ("tp_comm", "pp_comm", "ep_comm", "dp_comm", "offload")
 """The communication parts that overlap may hide: ``hidden_<part>`` seconds beside each."""
 DEFAULT_OPTIONS = StepOptions()
 """The step-time model's options when none are given (a fused kernel, dp overlap)."""
@@ -316,10 +317,8 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
 
     reduce_bytes = (opt.grad_reduce_bytes if opt.grad_reduce_bytes and policy.compute == "bf16"
                     else policy.grad_bytes)
-
     # A ring leaves each node through the NICs of the group's members there (comm_time):
     # dense groups stride t (HSDP's replicas t·dp_shard·cp), expert groups ep·etp(·cp).
-
     def over(collective: str, fn: Callable[..., np.ndarray], nbytes: float,
              ranks: np.ndarray, expert_ranks: np.ndarray, inside: np.ndarray,
              per: tuple[np.ndarray, np.ndarray] = (np.ones(1), np.ones(1)),
@@ -379,10 +378,14 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
 
     overhead = (runtime_overhead(dev.runtime, c, micro, units)
                 if dev.runtime is not None else np.zeros(len(c)))
-
+    # offload_layers: activations to the host and back beside each layer's compute.
+    off, off_hidden = offload_seconds(mem.offloaded, opt.offload_layers, m.layers,
+                                      fwd_layer + cast_f, 2 * fwd_layer + cast_b,
+                                      dev.host_link, dev.eff.link_fraction)
     parts = {"compute": compute, "recompute": recompute, "tp_comm": tp_comm,
              "pp_comm": pp_comm, "ep_comm": ep_comm, "cp_comm": cp_comm, "dp_comm": dp_comm,
-             "bubble": bubble, "optimizer": optimizer, "overhead": overhead}
+             "bubble": bubble, "optimizer": optimizer, "overhead": overhead,
+             "offload": micro * off}
     step = sum(parts.values())
     # Model FLOPs: the work done (a capacity factor's dropped assignments are not).
     model_flops = (flops_per_token(m, seq).train - ex.dropped_train_flops(m, c, seq)) * (
@@ -392,4 +395,4 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
             "stage": rank[rows, pick],
             "hidden_tp_comm": micro * tp_all_mb - tp_comm,
             "hidden_pp_comm": messages * message - pp_comm, "hidden_dp_comm": dp_all - dp_comm,
-            "hidden_ep_comm": ep_hidden}
+            "hidden_ep_comm": ep_hidden, "hidden_offload": micro * off_hidden}

@@ -23,11 +23,12 @@ def print_hardware(doc: dict[str, Any]) -> None:
     accs = doc["accelerators"]
     show(table("Accelerators (dense peaks; memory in decimal GB)",
                ("name", "bf16 TFLOP/s", "fp32 TFLOP/s", "memory", "HBM bw", "power", "intra",
-                "inter"),
+                "inter", "host"),
                [(a["name"], f"{a['peak_flops'].get('bf16', 0) / 1e12:,.1f}",
                  f"{a['peak_flops'].get('fp32', 0) / 1e12:,.1f}",
                  human(a["memory_bytes"], "B"), human(a["memory_bandwidth"], "B/s"),
-                 f"{a['power_watts']:.0f} W", a["intra_link"]["name"], a["inter_link"]["name"])
+                 f"{a['power_watts']:.0f} W", a["intra_link"]["name"], a["inter_link"]["name"],
+                 (a.get("host_link") or {}).get("name", "-"))
                 for a in accs]))
     show(table("Links (one direction)", ("name", "bandwidth", "latency", "source"),
                [(k["name"], human(k["bandwidth"], "B/s"), f"{k['latency'] * 1e6:.0f} µs",

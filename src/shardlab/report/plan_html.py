@@ -20,8 +20,7 @@ from shardlab.schedules.simulate import Durations, simulate
 from shardlab.units import human, human_bytes, human_seconds
 
 STEP_PARTS = ("compute", "recompute", "tp_comm", "dp_comm", "pp_comm", "ep_comm", "cp_comm",
-              "bubble",
-              "optimizer", "overhead")
+              "bubble", "optimizer", "overhead", "offload")
 
 
 def layout_label(b: dict[str, Any]) -> str:
@@ -78,7 +77,7 @@ def _ranked(doc: dict[str, Any], prefix: str) -> Section:
         [f"#{i} {layout_label(b)}" for i, b in enumerate(best, 1)],
         {k: [b["breakdown"].get(k, 0.0) for b in best] for k in parts}, horizontal=True,
         scale=scale, unit=f"step time ({unit})", highlight=0))
-    hidden = [k for k in ("tp_comm", "pp_comm", "ep_comm", "dp_comm")
+    hidden = [k for k in ("tp_comm", "pp_comm", "ep_comm", "dp_comm", "offload")
               if any(b.get("hidden", {}).get(k, 0.0) > 5e-4 for b in best)]
     if hidden:
         s.add(table_html(("#", *(f"{k} exposed" for k in hidden),

@@ -10,7 +10,7 @@ from shardlab.units import human, human_bytes
 
 _SHORT = {"compute": "compute", "recompute": "recomp", "tp_comm": "tp", "pp_comm": "pp",
           "ep_comm": "ep", "cp_comm": "cp", "dp_comm": "dp", "bubble": "bubble",
-          "optimizer": "optim", "overhead": "fixed"}
+          "optimizer": "optim", "overhead": "fixed", "offload": "offload"}
 
 
 _SCHED = {"interleaved-1f1b": "interleaved", "dualpipev": "dualpipev"}
@@ -88,12 +88,12 @@ def print_plan(doc: dict[str, Any]) -> None:
     # the all-to-alls of expert parallelism for a mixture-of-experts model only.
     moe = bool(doc.get("moe"))
     short = {k: v for k, v in _SHORT.items()
-             if (k not in ("overhead", "cp_comm")
+             if (k not in ("overhead", "cp_comm", "offload")
                  or any(b["breakdown"].get(k) for b in doc["best"]))
              and (k != "ep_comm" or moe)}
     dry = bool(doc.get("dry_run_top"))
     # Communication overlapped with compute: a "hidden" column beside each part that has any.
-    hidden = [k for k in ("tp_comm", "pp_comm", "ep_comm", "dp_comm")
+    hidden = [k for k in ("tp_comm", "pp_comm", "ep_comm", "dp_comm", "offload")
               if any(b.get("hidden", {}).get(k, 0.0) > 5e-4 for b in doc["best"])]
     for i, b in enumerate(doc["best"], 1):
         mem = human_bytes(b["memory_per_device"]).split(" (")[0]
@@ -131,7 +131,9 @@ def print_plan(doc: dict[str, Any]) -> None:
              f"optimizer {human_bytes(mb['optimizer'])}, activations "
              f"{human_bytes(mb['activations'])}"
              + (f", framework's transient peak {human_bytes(mb['transient'])}"
-                if mb.get("transient") else ""))
+                if mb.get("transient") else "")
+             + (f"; offloaded to host memory {human_bytes(mb['offloaded_to_host'])} per "
+                "micro-batch" if mb.get("offloaded_to_host") else ""))
         if b["train_command"]:
             show(f"run it: {b['train_command']}")
     if doc.get("dry_run_top"):
