@@ -184,6 +184,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    'reduction a run used, optimizer_dtype=fp32|bf16_moments|bf16 its Adam '
                    'state (12, 8 or 4 bytes per parameter: fp32 master and moments; '
                    'bf16 moments beside the fp32 master; bf16 moments and no master), '
+                   'recompute_modules=moe_act+layernorm+core_attn what recompute=selective '
+                   "runs again (Megatron's --recompute-modules), "
                    'offload_layers=N the layers per rank whose activations go to host '
                    "memory (Megatron's --cpu-offloading-num-layers; pp 1, no recompute), "
                    'fused_loss=1 a fused cross-entropy, '

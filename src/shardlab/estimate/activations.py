@@ -122,8 +122,12 @@ def layer_activation_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes
                            dropout: bool = True, moe_layer: bool = False,
                            flash: bool = False, eager: bool = False, ep: int = 1,
                            etp: int | None = None, capacity_factor: float = 0.0,
-                           imbalance: float = 1.0, input_bytes: int | None = None) -> float:
+                           imbalance: float = 1.0, input_bytes: int | None = None,
+                           modules: tuple[str, ...] = ()) -> float:
     """Bytes one layer saves for backward, per micro-batch, on one tensor-parallel rank.
+
+    ``modules``: under selective recompute, Megatron-Core's ``--recompute-modules``
+    (:data:`RECOMPUTE_MODULES`) instead of Korthikanti's attention core alone.
 
     A MoE layer adds its routed part with expert parallel ``ep``, expert tensor parallel
     ``etp`` (default tp), ``capacity_factor`` and routing ``imbalance`` (max/mean expert
@@ -140,8 +144,13 @@ def layer_activation_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes
         routed = routed_activation_bytes(
             m, routed_tokens(micro_batch, seq, tp, sp, etp), elem_bytes, ep=ep, etp=etp,
             capacity_factor=capacity_factor, imbalance=imbalance, eager=eager,
-            input_bytes=input_bytes)
+            input_bytes=input_bytes,
+            act_recompute=recompute == "selective" and "moe_act" in modules)
     outside = t.outside_tp / tp if sp else t.outside_tp
+    if recompute == "selective" and "layernorm" in modules and moe_layer:
+        # The MoE layer's own pre-MLP norm: its output, the router's input, is dropped.
+        li = elem_bytes if input_bytes is None else input_bytes
+        outside -= seq * micro_batch * m.d_model * li / (tp if sp else 1)
     if flash:
         core = 4.0 * m.heads * seq * micro_batch / tp  # softmax statistics only
         if eager and recompute != "selective":
@@ -149,8 +158,20 @@ def layer_activation_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes
             # one, [b, 1, s, s], in every layer and keeps it for backward.
             core += 4.0 * micro_batch * seq * seq
     else:
-        core = 0.0 if recompute == "selective" else t.attention_core / tp
+        dropped = recompute == "selective" and (not modules or "core_attn" in modules)
+        core = 0.0 if dropped else t.attention_core / tp
     return outside + t.inside_tp / tp + core + routed
+
+
+RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "moe_act")
+"""Megatron-Core's ``--recompute-modules`` that shardlab prices (``recompute=selective``
+with ``recompute_modules=``): ``core_attn`` (normal checkpoint of the attention core:
+Korthikanti's selective, Megatron's default), ``layernorm`` (output-discarding: the norm
+output of a layer whose norm is a module of its own, with Transformer Engine only the MoE
+layer's pre-MLP norm, is dropped and the norm run again in backward) and ``moe_act``
+(output-discarding: the grouped experts' activation output, fc2's input, dropped and the
+activation run again from fc1's output); Megatron-LM transformer_layer.py and
+moe/experts.py at d98e8a64 (``CheckpointWithoutOutput``)."""
 
 
 def op_checkpoint_saves(m: ModelShape) -> tuple[bool, ...]:

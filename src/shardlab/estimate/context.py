@@ -166,7 +166,7 @@ def gathered_kv_bytes(m: ModelShape, lay: Layout) -> int:
 
 def cp_layer_activation_bytes(m: ModelShape, lay: Layout, *, dropout: bool = True,
                               moe_layer: bool = False, flash: bool = False,
-                              eager: bool = False) -> float:
+                              eager: bool = False, modules: tuple[str, ...] = ()) -> float:
     """Bytes one layer saves for backward per micro-batch on one rank of a cp layout:
     :func:`~shardlab.estimate.activations.layer_activation_bytes` on the rank's s/cp
     tokens, with the attention-score terms (queries x keys) of s/cp queries against all s
@@ -178,7 +178,7 @@ def cp_layer_activation_bytes(m: ModelShape, lay: Layout, *, dropout: bool = Tru
     out = layer_activation_bytes(m, b, local, e, tp=lay.tp, sp=lay.sp, recompute=lay.recompute,
                                  dropout=dropout, moe_layer=moe_layer, flash=flash, eager=eager,
                                  ep=lay.ep, etp=lay.etp, capacity_factor=lay.capacity_factor,
-                                 input_bytes=lay.dtype.input_bytes or None)
+                                 input_bytes=lay.dtype.input_bytes or None, modules=modules)
     if cp == 1 or lay.recompute == "full":
         return out
     # The score terms above counted s/cp keys per query; a query meets all s of them.

@@ -168,7 +168,8 @@ def routed_rows(m: ModelShape, tokens: int, ep: int = 1, capacity_factor: float 
 def routed_activation_bytes(m: ModelShape, tokens: int, elem_bytes: int = 2, *, ep: int = 1,
                             etp: int = 1, capacity_factor: float = 0.0,
                             imbalance: float = 1.0, eager: bool = False,
-                            input_bytes: int | None = None) -> float:
+                            input_bytes: int | None = None, act_recompute: bool = False
+                            ) -> float:
     """Bytes one MoE layer's routed part saves for backward per micro-batch on one rank
     that routes ``tokens`` (:func:`routed_tokens`).
 
@@ -185,6 +186,9 @@ def routed_activation_bytes(m: ModelShape, tokens: int, elem_bytes: int = 2, *, 
     the dispatched rows and the down projection's input, take that many bytes
     (:mod:`shardlab.estimate.activations`); the first matmul's outputs stay at e.
 
+    ``act_recompute`` (Megatron's ``--recompute-modules moe_act``): the down projection's
+    input is not kept; the activation runs again from the first matmul's outputs.
+
     Full recompute keeps none of these (only the layer input, counted by the caller).
     """
     if m.moe is None:
@@ -195,7 +199,7 @@ def routed_activation_bytes(m: ModelShape, tokens: int, elem_bytes: int = 2, *, 
     own = own if cap is None else min(own, cap * m.moe.experts)
     e = elem_bytes
     li = e if input_bytes is None else input_bytes
-    hidden = (1 if m.style == "gpt" else 3 if eager else 2) * e + li
+    hidden = (1 if m.style == "gpt" else 3 if eager else 2) * e + (0 if act_recompute else li)
     return (rows * m.d_model * li + rows * hidden * m.moe.expert_d_ff / etp
             + own * m.d_model * e + 4.0 * tokens * m.moe.experts)
 

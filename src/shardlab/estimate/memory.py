@@ -109,19 +109,21 @@ class StageMemory:
 
 
 def layer_bytes(m: ModelShape, layout: Layout, moe_layer: bool, dropout: bool,
-                flash: bool = False, imbalance: float = 1.0) -> float:
+                flash: bool = False, imbalance: float = 1.0,
+                modules: tuple[str, ...] = ()) -> float:
     """Bytes one layer saves for backward per micro-batch on one rank of ``layout``:
     :func:`~shardlab.estimate.context.cp_layer_activation_bytes` (the rank's s/cp tokens,
     their queries against all s keys, the gathered K and V; the one-rank figure of
     :func:`~shardlab.estimate.activations.layer_activation_bytes` when cp = 1), plus what
     a router ``imbalance`` above 1 adds to a MoE layer's routed part."""
     lay = layout
-    out = cp_layer_activation_bytes(m, lay, dropout=dropout, moe_layer=moe_layer, flash=flash)
+    out = cp_layer_activation_bytes(m, lay, dropout=dropout, moe_layer=moe_layer, flash=flash,
+                                    modules=modules)
     if moe_layer and imbalance != 1.0 and lay.recompute != "full":
         kw = {"tp": lay.tp, "sp": lay.sp, "recompute": lay.recompute, "dropout": dropout,
               "moe_layer": True, "flash": flash, "ep": lay.ep, "etp": lay.etp,
               "capacity_factor": lay.capacity_factor,
-              "input_bytes": lay.dtype.input_bytes or None}
+              "input_bytes": lay.dtype.input_bytes or None, "modules": modules}
         local = (m, lay.micro_batch, lay.seq // lay.cp, lay.dtype.activation_bytes)
         out += (layer_activation_bytes(*local, imbalance=imbalance, **kw)
                 - layer_activation_bytes(*local, **kw))

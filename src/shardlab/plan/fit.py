@@ -195,7 +195,8 @@ def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity
 
     mem_opt = MemoryOptions(dropout, options.flash, imbalance,
                             fp8_params=options.fp8_params,
-                            offload_layers=options.offload_layers)
+                            offload_layers=options.offload_layers,
+                            recompute_modules=options.recompute_modules)
     step_now, priced = _price(model, lay, acc, base, valid, capacity, mem_opt, options)
     changes = _ordered(priced)
     pairs: list[FitChange] = []
@@ -217,7 +218,7 @@ def layout_memory(model: ModelShape, layout: Layout, options: StepOptions, *, dr
     c = knob_candidates([knobs_of(lay)], lay.global_batch, lay.capacity_factor, lay.expert_fold)
     mem = memory_arrays(model, c, lay.seq, lay.dtype, MemoryOptions(
         dropout, options.flash, imbalance, options.selective, options.memory,
-        options.fp8_params, options.offload_layers))
+        options.fp8_params, options.offload_layers, options.recompute_modules))
     out = {n: float(getattr(mem, n)[0]) for n in (*CATEGORIES, "transient")}
     return {**out, "offloaded_to_host": float(mem.offloaded[0]), "total": float(mem.total[0])}
 

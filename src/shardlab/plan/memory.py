@@ -62,6 +62,9 @@ class MemoryOptions:
     """fp8 primary weights (:attr:`shardlab.plan.step_inputs.StepOptions.fp8_params`)."""
     offload_layers: int = 0
     """Layers per rank whose activations live in host memory (:mod:`shardlab.plan.offload`)."""
+    recompute_modules: tuple[str, ...] = ()
+    """Megatron's ``--recompute-modules`` under selective recompute
+    (:data:`shardlab.estimate.activations.RECOMPUTE_MODULES`); (): the attention core."""
 
 
 @dataclass
@@ -176,8 +179,10 @@ def _activation_tables(model: ModelShape, c: Candidates, seq: int, policy: Dtype
         local = seq // cp
         by_op = opt.selective == "op"
         rows.append((
-            saved_layer_bytes(model, lay, False, opt.dropout, opt.flash, by_op, opt.imbalance),
-            saved_layer_bytes(model, lay, True, opt.dropout, opt.flash, by_op, opt.imbalance),
+            saved_layer_bytes(model, lay, False, opt.dropout, opt.flash, by_op, opt.imbalance,
+                              opt.recompute_modules),
+            saved_layer_bytes(model, lay, True, opt.dropout, opt.flash, by_op, opt.imbalance,
+                              opt.recompute_modules),
             first_stage_extra_bytes(model, mb, local, tp=tp, sp=bool(sp), dropout=opt.dropout),
             last_stage_extra_bytes(model, mb, local, elem, tp=tp, sp=bool(sp))))
     table = np.array(rows)[inv.ravel()]
@@ -325,7 +330,8 @@ def _memory_block(model: ModelShape, c: Candidates, seq: int, policy: DtypePolic
     o = sharded(policy.optimizer_bytes, 1)
     trans = np.zeros_like(act) if facts is None else transient_bytes(
         model, c, seq, policy, facts, dropout=opt.dropout, flash=opt.flash,
-        by_op=opt.selective == "op", rank=rank, dense=dense, moe=moe, head=head)
+        by_op=opt.selective == "op", rank=rank, dense=dense, moe=moe, head=head,
+        modules=opt.recompute_modules)
     total = np.where(valid, w + g + o + act + trans, -np.inf)
     peak = np.argmax(total, axis=1)
     rows = np.arange(len(c))

@@ -83,3 +83,30 @@ def permute_seconds(m: ModelShape, c: Candidates, seq: int, element_bytes: float
     rows = kept_rows(m, tokens, c.capacity_factor)
     elements = (3.0 * rows + tokens) * m.d_model
     return elements * element_bytes / bandwidth * (m.moe_layers / m.layers)
+
+
+def selective_seconds(core: np.ndarray, m: ModelShape, c: Candidates, seq: int,
+                      modules: tuple[str, ...], element_bytes: float,
+                      bandwidth: float) -> np.ndarray:
+    """Seconds per layer forward that Megatron-Core's selective recompute runs again, each
+    layout (averaged over dense and MoE layers): ``core``, the attention core's, when
+    ``modules`` is empty (its default) or names ``core_attn``; ``layernorm``: a MoE layer's
+    pre-MLP norm (read its input, write its output: 2·T·h elements, /t with sequence
+    parallelism; the dense layers' norms are fused into Transformer Engine's linear
+    layers and not run again); ``moe_act``: the experts' activation from the first
+    matmul's outputs (SwiGLU reads gate and up and writes their product, 3·R·f/etp
+    elements; GELU 2·R·f/etp), both at the memory-bound operators' ``bandwidth``
+    (:data:`shardlab.estimate.activations.RECOMPUTE_MODULES`)."""
+    out = core if not modules or "core_attn" in modules else np.zeros(len(c))
+    if m.moe is None or not m.moe_layers:
+        return out
+    share = m.moe_layers / m.layers
+    if "layernorm" in modules:
+        tokens = c.micro_batch * seq / c.cp
+        out = out + share * 2.0 * tokens * m.d_model / np.where(c.sp, c.tp, 1) * (
+            element_bytes / bandwidth)
+    if "moe_act" in modules:
+        rows = kept_rows(m, routed_tokens(c, seq), c.capacity_factor)
+        out = out + share * m.mlp_matrices * rows * m.moe.expert_d_ff / c.etp * (
+            element_bytes / bandwidth)
+    return out

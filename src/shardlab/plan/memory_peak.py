@@ -83,7 +83,8 @@ def rank_layout(seq: int, policy: DtypePolicy, micro_batch: int, tp: int, sp: bo
 
 
 def saved_layer_bytes(model: ModelShape, lay: Layout, moe_layer: bool, dropout: bool,
-                      flash: bool, by_op: bool, imbalance: float = 1.0) -> float:
+                      flash: bool, by_op: bool, imbalance: float = 1.0,
+                      modules: tuple[str, ...] = ()) -> float:
     """Bytes one layer saves per micro-batch on a rank of ``lay``: per-operator
     checkpointing's set (:func:`~shardlab.estimate.activations.op_checkpoint_layer_bytes`,
     the rank's s/cp tokens) for a dense layer under selective recompute when ``by_op``,
@@ -91,11 +92,12 @@ def saved_layer_bytes(model: ModelShape, lay: Layout, moe_layer: bool, dropout: 
     if by_op and lay.recompute == "selective" and not moe_layer:
         return op_checkpoint_layer_bytes(model, lay.micro_batch, lay.seq // lay.cp,
                                          lay.dtype.activation_bytes, tp=lay.tp, sp=lay.sp)
-    return layer_bytes(model, lay, moe_layer, dropout, flash, imbalance)
+    return layer_bytes(model, lay, moe_layer, dropout, flash, imbalance, modules)
 
 
 def working_tables(model: ModelShape, c: Candidates, seq: int, policy: DtypePolicy,
-                   dropout: bool, flash: bool, by_op: bool) -> tuple[np.ndarray, np.ndarray]:
+                   dropout: bool, flash: bool, by_op: bool, modules: tuple[str, ...] = ()
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """Per layout: the recompute working set of one dense and one MoE layer (bytes; 0
     without recompute), per distinct (micro-batch, tp, sp, recompute, ep, etp, cp)."""
     uniq, inv = unique_rows(c.micro_batch, c.tp, c.sp, c.recompute, c.ep, c.etp, c.cp)
@@ -109,7 +111,8 @@ def working_tables(model: ModelShape, c: Candidates, seq: int, policy: DtypePoli
                        for r in ("none", kind))
         rows.append(tuple(
             max(layer_bytes(model, whole, moe, dropout, flash)
-                - saved_layer_bytes(model, kept, moe, dropout, flash, by_op), 0.0)
+                - saved_layer_bytes(model, kept, moe, dropout, flash, by_op, 1.0, modules),
+                0.0)
             for moe in (False, True)))
     table = np.array(rows)[inv.ravel()]
     return table[:, 0], table[:, 1]
@@ -126,8 +129,8 @@ def layer_param_tables(model: ModelShape, c: Candidates) -> tuple[np.ndarray, np
 
 def transient_bytes(model: ModelShape, c: Candidates, seq: int, policy: DtypePolicy,
                     facts: MemoryFacts, *, dropout: bool, flash: bool, by_op: bool,
-                    rank: np.ndarray, dense: np.ndarray, moe: np.ndarray, head: np.ndarray
-                    ) -> np.ndarray:
+                    rank: np.ndarray, dense: np.ndarray, moe: np.ndarray, head: np.ndarray,
+                    modules: tuple[str, ...] = ()) -> np.ndarray:
     """Bytes at the framework's peak beyond states and saved activations (module
     docstring), per layout (rows) and compared pipeline rank (columns of ``rank``,
     ``dense``/``moe``: the rank's dense and MoE layers, ``head``: whether it holds the
@@ -136,7 +139,7 @@ def transient_bytes(model: ModelShape, c: Candidates, seq: int, policy: DtypePol
     tokens = col(c.micro_batch) * seq / col(c.cp)
     logits = tokens * model.vocab / col(c.tp)
     loss = np.where(head, max(facts.loss_bytes - LOGIT_BYTES, 0.0) * logits, 0.0)
-    w_dense, w_moe = working_tables(model, c, seq, policy, dropout, flash, by_op)
+    w_dense, w_moe = working_tables(model, c, seq, policy, dropout, flash, by_op, modules)
     working = np.maximum(np.where(dense > 0, col(w_dense), 0.0),
                          np.where(moe > 0, col(w_moe), 0.0))
     # ZeRO-3's gathered layers and unsharded gradients (a shard group of one gathers nothing).

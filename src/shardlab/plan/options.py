@@ -10,6 +10,7 @@ from dataclasses import replace
 from shardlab.config.dtypes import DtypePolicy, with_optimizer_dtype
 from shardlab.config.hardware import Accelerator
 from shardlab.errors import SpecError
+from shardlab.estimate.activations import RECOMPUTE_MODULES
 from shardlab.plan.expert_time import DISPATCHERS, ROUTINGS
 from shardlab.plan.overlap import FLASH_KERNELS, FUSED_LOSS_BYTES, FUSED_LOSS_PEAK, REDUCE_BYTES
 from shardlab.plan.overlap import framework as overlap_framework
@@ -69,6 +70,19 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
                 raise SpecError(key, value, "must be an integer >= 0 (layers per rank whose "
                                 "activations go to host memory)")
             opts[key] = int(value)
+            continue
+        if key == "recompute_modules":
+            # Megatron-Core's --recompute-modules, '+'-separated (a comma separates keys).
+            names = tuple(dict.fromkeys(value.lower().split("+")))
+            for name in names:
+                if name not in RECOMPUTE_MODULES:
+                    known = ", ".join(RECOMPUTE_MODULES)
+                    raise SpecError(key, value, f"modules must be of {known} joined by '+' "
+                                    "(mlp, moe, shared_experts and mla_up_proj are not priced)")
+            if fw.selective == "op":
+                raise SpecError(key, value, f"names Megatron-Core's modules: not with "
+                                f"--framework {fw.name} (its selective is per operator)")
+            opts[key] = names
             continue
         if key in ("dispatcher", "routing"):
             allowed = DISPATCHERS if key == "dispatcher" else ROUTINGS

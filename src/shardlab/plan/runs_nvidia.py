@@ -7,7 +7,11 @@
   (``--tp-comm-overlap``) and pipeline-parallel communication (enabled by default)".
   Per-GPU TFLOP/s, turned into seconds by Megatron's FLOP formula.
 * NM: NVIDIA/NeMo ``docs/source/performance/performance_summary.md`` (commit e2de75c1,
-  NeMo 24.07, DGX-H100): pre-training at fp8, tokens/s per GPU with TP, PP, VP, MBS, GBS.
+  NeMo 24.07, DGX-H100; the file there is byte for byte 8e3d65dc's, "24.07 perf numbers",
+  September 2024): pre-training at fp8, tokens/s per GPU with TP, PP, VP, MBS, GBS. The
+  command lines are not public; the facts each row takes beyond the table come from
+  NeMo-Framework-Launcher 24.07 (8325688d): its fp8 example scripts' bf16 gradient
+  reduction, and for Nemotron-4 340B its training config's optimizer dtype and recompute.
 * MB: NVIDIA-NeMo/Megatron-Bridge ``docs/performance-summary-archive.md`` (25.11
   DGX-H100 rows with their precision column "FP8-CS"; 25.09 MoE rows).
 * ZQ: yanring/Megatron-MoE-ModelZoo ``best_practice/qwen3/readme.md`` (commit 798dfb50):
@@ -278,6 +282,8 @@ def _zq(key: str, tp: int, pp: int, vp: int, ep: int, zero: int, mbs: int, recom
            " and no --overlap-moe-expert-parallel-comm (A2A_OVERLAP unset)") + "; " + command)
 
 
+_NORM_ACT = " recompute_modules=moe_act+layernorm"
+
 ZQ_RUNS: tuple[PublishedRun, ...] = (
     _zq("FSDP EP8", 2, 1, 1, 8, 3, 4, "full", 17.6, 276,
         "run_235b.sh before d95e6e5, 'Intra-node EP + FSDP solution': MBS 4, full recompute "
@@ -290,18 +296,18 @@ ZQ_RUNS: tuple[PublishedRun, ...] = (
         "EP 8, --moe-router-force-load-balancing --moe-router-aux-loss-fusion, no recompute"),
     # EP 32 over DP 16: the expert layers fold the two tensor ranks (Megatron-Core's parallel
     # folding, ETP 1, EDP 1), expressible since the planner folds for --framework megatron.
-    _zq("TP2 PP8 EP32", 2, 8, 4, 32, 1, 1, "none", 19.7, 245,
+    _zq("TP2 PP8 EP32", 2, 8, 4, 32, 1, 1, "selective", 19.7, 245,
         "the row '| 235B | DeepEP | H100 | BF16 | 256 | 4096 | 2 | 1 | 32 | 8 | 1 | 1 | 4 | 16 "
         "| / | 1 | 2048 | 128 | norm, act | 19.7 | 245 |' (code moe_dev(f3e6c5), in the README "
-        "since 8017e11, May 2025); recompute 'norm, act' (Megatron's selective "
-        "--recompute-modules layernorm moe_act: the norms and the experts' activation run "
-        "again, memory-bound work priced as no recompute)"),
-    _zq("TP2 PP8 EP32 A2A overlap", 2, 8, 4, 32, 1, 1, "none", 17.6, 276,
+        "since 8017e11, May 2025); recompute 'norm, act': run_h100_235b.sh's "
+        "--recompute-granularity selective --recompute-modules moe_act layernorm "
+        "(recompute_modules=moe_act+layernorm)", extra=_NORM_ACT),
+    _zq("TP2 PP8 EP32 A2A overlap", 2, 8, 4, 32, 1, 1, "selective", 17.6, 276,
         "the row '| 235B | DeepEP | H100 | BF16 | 256 | 4096 | 2 | 1 | 32 | 8 | 1 | 1 | 4 | 16 "
         "| / | 1 | 2048 | 128 | norm, act | 17.6 | 276 | | | +1f1b overlap | moe_dev(f3e6c5) |', "
         "the EP 32 row above with Megatron's 1F1B all-to-all overlap "
-        "(--overlap-moe-expert-parallel-comm, the MoE report's merged FWD-BWD); recompute "
-        "'norm, act' priced as no recompute", extra=" overlap_ep=1"),
+        "(--overlap-moe-expert-parallel-comm, the MoE report's merged FWD-BWD; run_h100_235b.sh "
+        "A2A_OVERLAP=1); recompute 'norm, act' as above", extra=_NORM_ACT + " overlap_ep=1"),
 )
 
 NVIDIA_RUNS = MW_RUNS + NM_RUNS + MB_RUNS + ZQ_RUNS

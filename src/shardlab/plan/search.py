@@ -205,6 +205,10 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
         raise SpecError("offload_layers", n_off, "needs pp=1 and recompute=none (Megatron-Core "
                         "refuses CPU offloading with a pipeline or activation recomputation)")
     c.reason[refused] = REASONS.index(R_OFFLOAD)
+    if only is not None and options.recompute_modules and c.recompute[0] != RECOMPUTE.index(
+            "selective"):
+        raise SpecError("recompute_modules", "+".join(options.recompute_modules), "needs "
+                        "recompute=selective (Megatron's --recompute-granularity selective)")
     dev, memory = device_of(acc, policy, space.gpus)
     usable = USABLE_MEMORY * memory
     valid = c.reason < 0
@@ -217,7 +221,8 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
                         MemoryOptions(dropout=dropout, flash=options.flash, imbalance=imbalance,
                                       selective=options.selective, facts=options.memory,
                                       fp8_params=options.fp8_params,
-                                      offload_layers=options.offload_layers))
+                                      offload_layers=options.offload_layers,
+                                      recompute_modules=options.recompute_modules))
     fits = mem.total <= usable
     reason = c.reason.copy()
     reason[np.flatnonzero(valid)[~fits]] = REASONS.index(R_MEMORY)
@@ -249,7 +254,8 @@ LAYOUT_KEYS = ("dp", "tp", "pp", "virtual", "micro_batch", "zero", "sp", "recomp
                "dp_replicate")
 STEP_KEYS = ("overlap_dp", "overlap_tp", "overlap_pp", "overlap_ep", "fused_norm",
              "fused_accumulation", "fp8_params", "flash_kernel", "reduce_dtype", "fused_loss",
-             "dispatcher", "routing", "optimizer_dtype", "offload_layers")
+             "dispatcher", "routing", "optimizer_dtype", "offload_layers",
+             "recompute_modules")
 """``--layout`` keys of ``shardlab plan`` that set step-time options, not the layout
 (:class:`~shardlab.plan.step_time.StepOptions`, :mod:`shardlab.plan.overlap`)."""
 

@@ -117,6 +117,10 @@ class StepOptions:
     """The MoE all-to-alls overlapped with another micro-batch's compute, as Megatron-Core's
     ``--overlap-moe-expert-parallel-comm`` runs them (:func:`shardlab.plan.expert_time.
     ep_overlap`); off in every framework's defaults (Megatron's flag is store_true)."""
+    recompute_modules: tuple[str, ...] = ()
+    """Under selective recompute, Megatron-Core's ``--recompute-modules`` run again in
+    backward (:data:`shardlab.estimate.activations.RECOMPUTE_MODULES`); (): the framework's
+    selective (Korthikanti's attention core, or torchtitan's per-operator policy)."""
     offload_layers: int = 0
     """Layers per rank whose saved activations go to host memory and back (Megatron-Core's
     ``--cpu-offloading-num-layers``: :mod:`shardlab.plan.offload`); 0: none."""

@@ -155,6 +155,7 @@ from shardlab.plan.memory_bound import (
     fp8_cast_seconds,
     layer_elementwise_elements,
     permute_seconds,
+    selective_seconds,
 )
 from shardlab.plan.offload import offload_seconds
 from shardlab.plan.overlap import dp_on, hidden_behind, nvlink_waits, pp_exposed, pp_on, tp_exposed
@@ -214,17 +215,17 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
                           m.vocab / tp, dev.peak, dev.eff)
     # The loss over the rank's T x V/t logits, forward and backward, memory-bound.
     loss = tokens * m.vocab / tp * opt.loss_bytes / ew_bw
-    # Hardware FLOPs beyond the model's, per layer forward (flops_per_token's cases; a
-    # fused kernel's backward recomputes half its core). Selective: the attention core
-    # (Korthikanti et al. 2022), or per operator (torchtitan) every second linear matmul
-    # with its fp8 casts and the memory-bound operators, the attention's output saved.
-    selective = rc == RECOMPUTE.index("selective")
-    flash_redo = core_l / 2 if opt.flash else 0.0
+    # Hardware FLOPs beyond the model's, per layer forward (a fused kernel's backward
+    # recomputes half its core). Selective: the attention core (Korthikanti et al. 2022) or
+    # Megatron's modules, or per operator (torchtitan) every second linear matmul with its
+    # fp8 casts and the memory-bound operators, the attention's output saved.
+    selective, flash_redo = rc == RECOMPUTE.index("selective"), core_l / 2 if opt.flash else 0.0
     by_op = opt.selective == "op"
     sel_extra = (redo_l + ew_l + flash_redo + cast_f * redo_l / mat_l if by_op
-                 else core_l + soft_l)
+                 else flash_redo + selective_seconds(core_l + soft_l, m, c, seq,
+                                                     opt.recompute_modules,
+                                                     policy.activation_bytes, ew_bw))
     extra_layer = np.select([selective, full], [sel_extra, fwd_layer + cast_f], flash_redo)
-
     # Tensor-parallel all-reduces of T·h activations: 2 per layer forward, 2 backward and 2
     # more with full recompute; exposed as overlap_tp leaves them (overlap module).
     act_bytes = tokens * m.d_model * policy.activation_bytes

@@ -1,0 +1,71 @@
+"""Megatron-Core's selective recompute by module (``recompute=selective`` with
+``recompute_modules=core_attn+layernorm+moe_act``): what each drops and what it costs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shardlab.cli import main
+from shardlab.config.catalog import get_model
+from shardlab.estimate.activations import layer_activation_bytes
+from shardlab.estimate.expert import routed_rows, routed_tokens
+
+QWEN = get_model("qwen3-30b-a3b")  # h 2048, 128 experts top 8, expert f 768, SwiGLU
+
+
+def _bytes(moe: bool, modules: tuple[str, ...], flash: bool = True, **kw: object) -> float:
+    return layer_activation_bytes(QWEN, 2, 4096, 2, recompute="selective", dropout=False,
+                                  moe_layer=moe, flash=flash, modules=modules, **kw)
+
+
+def test_moe_act_drops_the_experts_down_projection_input() -> None:
+    rows = routed_rows(QWEN, routed_tokens(2, 4096, 1, False, 1), 1, 0.0, 1.0)
+    assert rows == 2 * 4096 * 8  # every assignment of the rank's tokens, dropless
+    drop = _bytes(True, ()) - _bytes(True, ("moe_act",))
+    assert drop == pytest.approx(rows * 768 * 2, rel=1e-12)
+
+
+def test_layernorm_drops_a_moe_layers_pre_mlp_norm_output_only() -> None:
+    assert _bytes(True, ()) - _bytes(True, ("layernorm",)) == pytest.approx(
+        2 * 4096 * 2048 * 2, rel=1e-12)
+    # Transformer Engine fuses a dense layer's norms into its linear layers: nothing dropped.
+    assert _bytes(False, ("layernorm", "moe_act")) == _bytes(False, ())
+
+
+def test_without_core_attn_an_unfused_attention_core_is_kept() -> None:
+    assert _bytes(False, ("moe_act",), flash=False) > _bytes(False, ("core_attn",), flash=False)
+    assert _bytes(False, ("core_attn",), flash=False) == _bytes(False, (), flash=False)
+
+
+def _plan(capsys: pytest.CaptureFixture[str], extra: str) -> dict:
+    argv = ["plan", "qwen3-30b-a3b", "--gpus", "16", "--global-batch", "512", "--seq", "4096",
+            "--framework", "megatron", "--json", "--layout",
+            "dp=8 pp=2 ep=8 micro_batch=2 zero=1 recompute=selective" + extra]
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)["best"][0]
+
+
+def test_the_modules_trade_memory_for_memory_bound_time(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    plain = _plan(capsys, "")
+    light = _plan(capsys, " recompute_modules=moe_act+layernorm")
+    assert light["memory_breakdown"]["activations"] < 0.9 * plain["memory_breakdown"][
+        "activations"]
+    # The norm and the activation run again (memory-bound); the attention core does not.
+    both = _plan(capsys, " recompute_modules=core_attn+moe_act+layernorm")
+    assert both["breakdown"]["recompute"] > light["breakdown"]["recompute"] > 0
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    (["--layout", "dp=16 recompute=selective recompute_modules=mlp"], "not priced"),
+    (["--layout", "dp=16 recompute=none recompute_modules=moe_act"], "recompute=selective"),
+    (["--framework", "torchtitan", "--layout", "recompute_modules=moe_act"], "torchtitan"),
+])
+def test_bad_modules_are_one_line(capsys: pytest.CaptureFixture[str], extra: list[str],
+                                  words: str) -> None:
+    code = main(["plan", "qwen3-30b-a3b", "--gpus", "16", "--global-batch", "32", *extra])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "recompute_modules" in err and words in err
