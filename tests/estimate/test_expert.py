@@ -150,3 +150,13 @@ def test_fp8_experts_keep_their_matmul_inputs_in_one_byte() -> None:
     bf16 = routed_activation_bytes(TINY, t, 2)
     fp8 = routed_activation_bytes(TINY, t, 2, input_bytes=1)
     assert bf16 - fp8 == rows * 64 + rows * 96
+
+
+def test_the_combine_keeps_what_the_framework_multiplies() -> None:
+    # Megatron-Core (core_v0.13+) multiplies the gates inside the experts' activation and
+    # keeps no combined outputs; torchtitan keeps an fp32 upcast (4 B); default e.
+    t = 32
+    own = t * 2  # the rank's kept assignments, top-2 dropless
+    plain = routed_activation_bytes(TINY, t, 2)
+    assert plain - routed_activation_bytes(TINY, t, 2, combine_bytes=0) == own * 64 * 2
+    assert routed_activation_bytes(TINY, t, 2, combine_bytes=4) - plain == own * 64 * 2

@@ -102,3 +102,20 @@ def test_published_peaks_within_the_documented_error() -> None:
     assert float(np.mean(np.abs(errs))) < 0.12
     text = DOC.read_text(encoding="utf-8")
     assert memory_table().splitlines()[-1] in text
+
+
+def test_moe_combine_bytes_follow_the_framework() -> None:
+    # Megatron-Core keeps no combined expert outputs, torchtitan an fp32 copy of them.
+    lay = "dp=8 tp=1 pp=1 ep=8 micro_batch=1 zero=1 recompute=none"
+
+    def acts(fw: str | None) -> float:
+        facts = FRAMEWORKS[fw].memory if fw else None
+        mem = _one("qwen3-30b-a3b", 8, 8, 4096, lay, "bf16", MemoryOptions(False, True,
+                                                                          facts=facts))
+        return float(mem.activations[0])
+
+    model = get_model("qwen3-30b-a3b")
+    assert model.moe is not None
+    combined = 4096 * model.moe.experts_per_token * model.d_model * model.layers  # S·h
+    assert acts(None) - acts("megatron") == pytest.approx(2 * combined, rel=1e-12)
+    assert acts("torchtitan") - acts(None) == pytest.approx(2 * combined, rel=1e-12)

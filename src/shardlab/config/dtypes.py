@@ -62,6 +62,11 @@ class DtypePolicy:
     docstring: fp8 copy + transpose)."""
     gather_bytes: int = 0
     """Bytes per linear weight element a ZeRO-3 all-gather moves; 0 = weight_bytes."""
+    combine_bytes: int | None = None
+    """Bytes per element of a MoE layer's combined expert outputs kept for the gates'
+    gradient; None = activation_bytes. 0 where the gates are applied inside the experts
+    (Megatron-Core from core_v0.13), 4 where they multiply an fp32 upcast (torchtitan);
+    set from the framework's memory facts (:mod:`shardlab.estimate.expert`)."""
     input_bytes: int = 0
     """Bytes per element of a linear layer's input kept for backward; 0 = activation_bytes.
     1 where Transformer Engine multiplies in fp8 and keeps the fp8 copy (``plan

@@ -123,7 +123,8 @@ def layer_activation_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes
                            flash: bool = False, eager: bool = False, ep: int = 1,
                            etp: int | None = None, capacity_factor: float = 0.0,
                            imbalance: float = 1.0, input_bytes: int | None = None,
-                           modules: tuple[str, ...] = ()) -> float:
+                           modules: tuple[str, ...] = (),
+                           combine_bytes: int | None = None) -> float:
     """Bytes one layer saves for backward, per micro-batch, on one tensor-parallel rank.
 
     ``modules``: under selective recompute, Megatron-Core's ``--recompute-modules``
@@ -145,7 +146,8 @@ def layer_activation_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes
             m, routed_tokens(micro_batch, seq, tp, sp, etp), elem_bytes, ep=ep, etp=etp,
             capacity_factor=capacity_factor, imbalance=imbalance, eager=eager,
             input_bytes=input_bytes,
-            act_recompute=recompute == "selective" and "moe_act" in modules)
+            act_recompute=recompute == "selective" and "moe_act" in modules,
+            combine_bytes=combine_bytes)
     outside = t.outside_tp / tp if sp else t.outside_tp
     if recompute == "selective" and "layernorm" in modules and moe_layer:
         # The MoE layer's own pre-MLP norm: its output, the router's input, is dropped.

@@ -168,8 +168,8 @@ def routed_rows(m: ModelShape, tokens: int, ep: int = 1, capacity_factor: float 
 def routed_activation_bytes(m: ModelShape, tokens: int, elem_bytes: int = 2, *, ep: int = 1,
                             etp: int = 1, capacity_factor: float = 0.0,
                             imbalance: float = 1.0, eager: bool = False,
-                            input_bytes: int | None = None, act_recompute: bool = False
-                            ) -> float:
+                            input_bytes: int | None = None, act_recompute: bool = False,
+                            combine_bytes: int | None = None) -> float:
     """Bytes one MoE layer's routed part saves for backward per micro-batch on one rank
     that routes ``tokens`` (:func:`routed_tokens`).
 
@@ -179,7 +179,11 @@ def routed_activation_bytes(m: ModelShape, tokens: int, elem_bytes: int = 2, *, 
     * R·d·e: the dispatched rows, the experts' input;
     * R·f·e·{2 GELU, 3 SwiGLU (4 ``eager``: silu(gate) kept too)}/etp: the expert hidden
       activations, split over etp like a dense MLP's (Korthikanti et al. 2022's MLP terms);
-    * S·d·e: the combined expert outputs, kept to weight them by the router's gates;
+    * S·d·c: the combined expert outputs, kept to weight them by the router's gates
+      (c = ``combine_bytes``, default e; 0 where the gates are applied inside the experts'
+      activation, Megatron-Core from core_v0.13: ``WeightedSwiGLUFunction`` saves the fc1
+      output and one gate per row, and the unpermute gets no probs; 4 where torchtitan
+      multiplies an fp32 upcast, ``routed_output.to(torch.float32) * top_scores``);
     * 4·T·E: the router's fp32 softmax output (Mixtral routes in float32).
 
     With ``input_bytes`` (Transformer Engine's fp8: 1) the experts' two matmul inputs,
@@ -201,7 +205,8 @@ def routed_activation_bytes(m: ModelShape, tokens: int, elem_bytes: int = 2, *, 
     li = e if input_bytes is None else input_bytes
     hidden = (1 if m.style == "gpt" else 3 if eager else 2) * e + (0 if act_recompute else li)
     return (rows * m.d_model * li + rows * hidden * m.moe.expert_d_ff / etp
-            + own * m.d_model * e + 4.0 * tokens * m.moe.experts)
+            + own * m.d_model * (e if combine_bytes is None else combine_bytes)
+            + 4.0 * tokens * m.moe.experts)
 
 
 def moe_flops_per_token(m: ModelShape) -> dict[str, float]:

@@ -123,7 +123,8 @@ def layer_bytes(m: ModelShape, layout: Layout, moe_layer: bool, dropout: bool,
         kw = {"tp": lay.tp, "sp": lay.sp, "recompute": lay.recompute, "dropout": dropout,
               "moe_layer": True, "flash": flash, "ep": lay.ep, "etp": lay.etp,
               "capacity_factor": lay.capacity_factor,
-              "input_bytes": lay.dtype.input_bytes or None, "modules": modules}
+              "input_bytes": lay.dtype.input_bytes or None, "modules": modules,
+              "combine_bytes": lay.dtype.combine_bytes}
         local = (m, lay.micro_batch, lay.seq // lay.cp, lay.dtype.activation_bytes)
         out += (layer_activation_bytes(*local, imbalance=imbalance, **kw)
                 - layer_activation_bytes(*local, **kw))

@@ -247,6 +247,9 @@ def memory_arrays(model: ModelShape, c: Candidates, seq: int, policy: DtypePolic
     if policy.is_fp8 and opt.facts is not None and opt.facts.fp8_input_bytes:
         # The framework's fp8 linear layers keep their inputs' fp8 copies for backward.
         policy = replace(policy, input_bytes=opt.facts.fp8_input_bytes)
+    if opt.facts is not None and opt.facts.combine_bytes is not None:
+        # What the framework's MoE combine keeps for the gates' gradient.
+        policy = replace(policy, combine_bytes=opt.facts.combine_bytes)
 
     def width(pp: int) -> int:
         """Ranks compared for a layout of ``pp`` stages."""

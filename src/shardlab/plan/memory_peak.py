@@ -66,6 +66,9 @@ class MemoryFacts:
     reduce_bytes: int = 0
     fsdp2_root: bool = False
     source: str = ""
+    combine_bytes: int | None = None
+    """Bytes per element of a MoE layer's combined expert outputs kept for the gates'
+    gradient (None: the policy's activation bytes; :mod:`shardlab.estimate.expert`)."""
     fp8_input_bytes: int = 0
     """Bytes of a linear layer's saved input when it multiplies in fp8 (0: the policy's
     activation bytes): 1 for Transformer Engine, which keeps the fp8 copy

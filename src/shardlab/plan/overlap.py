@@ -181,7 +181,7 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
         grad_reduce_bytes=4, loss_bytes=52, moe_sequence_split=True, expert_fold=True,
         expert_launches=True,
         memory=MemoryFacts(loss_bytes=6.0, held_grad_bytes=4, reduce_bytes=4,
-                           fp8_input_bytes=1, source=
+                           fp8_input_bytes=1, combine_bytes=0, source=
             "bf16 gradients accumulate in fp32 main_grad buffers (arguments.py: 'bfloat16 "
             "requires gradient accumulation and all-reduce to be done in fp32'); the "
             "vocab-parallel cross-entropy casts the bf16 logits to fp32 and works in place "
@@ -189,7 +189,10 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
             "subtraction reduces memory pressure', exp out=): 2 + 4 B per logit at its "
             "peak; in fp8, Transformer Engine's linear layers save the fp8 copy of their "
             "input (TE v1.8 linear.py 'saved_inputmat_t = inputmat_t'; v2.8 "
-            "'inputmat.update_usage(rowwise_usage=False, columnwise_usage=True)')"), source=
+            "'inputmat.update_usage(rowwise_usage=False, columnwise_usage=True)'); a MoE "
+            "layer's gates multiply inside the experts' activation (core_v0.13.0, "
+            "'Memory efficient token permutation': WeightedSwiGLUFunction saves the fc1 "
+            "output and the gates), so the combine keeps no expert outputs"), source=
         "Megatron-LM megatron/training/arguments.py: --overlap-grad-reduce and "
         "--overlap-param-gather are store_true (default off), --tp-comm-overlap store_true "
         "(off), --no-overlap-p2p-communication store_false into overlap_p2p_comm (on; the "
@@ -199,12 +202,16 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
         "torchtitan", "on", "off", "off", False, False, tp_overlap_kind="forward",
         flash_kernel="fa2", grad_reduce_bytes=4, selective="op", loss_bytes=36,
         reduce_each_micro=True, cp_expanded_kv=True, expert_fold=True,
-        memory=MemoryFacts(loss_bytes=12.0, reduce_bytes=4, fsdp2_root=True, source=
+        memory=MemoryFacts(loss_bytes=12.0, reduce_bytes=4, fsdp2_root=True,
+                           combine_bytes=4, source=
             "torchtitan 9dec370: the bf16 logits go to cross_entropy(pred.float()) and "
             "'del pred' before backward (train.py), so log_softmax's saved fp32 output, the "
             "nll gradient and log_softmax_backward's fp32 result meet at 12 B per logit; "
             "FSDP2 root (embedding, norm, output) never resharded, blocks resharded after "
-            "forward except with pp, reduce_dtype float32 (parallelize_llama.py)"),
+            "forward except with pp, reduce_dtype float32 (parallelize_llama.py); the MoE "
+            "scores multiply an fp32 upcast of the routed rows (moe.py, eca011c03: "
+            "'routed_output.to(torch.float32) * top_scores_experts_sorted'), kept for "
+            "their gradient"),
         source=
         "torchtitan: FSDP2 prefetches the next layer's all-gather and reduce-scatters on a "
         "side stream (no flag); parallelism.enable_async_tensor_parallel defaults to False; "
