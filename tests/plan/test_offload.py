@@ -12,8 +12,9 @@ from shardlab.cli import main
 from shardlab.config.catalog import get_model
 from shardlab.config.dtypes import get_policy
 from shardlab.config.hardware import Accelerator, Link, get_accelerator
-from shardlab.plan.offload import offload_seconds
-from shardlab.plan.options import step_options_for
+from shardlab.errors import SpecError
+from shardlab.plan.offload import check_offload, offload_seconds
+from shardlab.plan.options import check_trainable, step_options_for
 from shardlab.plan.rules import R_OFFLOAD
 from shardlab.plan.search import layout_candidates, plan
 from shardlab.plan.space import Space
@@ -77,8 +78,7 @@ def test_a_search_keeps_only_layouts_megatron_can_offload() -> None:
     ("dp=4 pp=2 micro_batch=1 recompute=none offload_layers=4", "gb200", "pp=1"),
     ("dp=8 micro_batch=1 recompute=full offload_layers=4", "gb200", "recompute=none"),
     ("dp=8 micro_batch=1 recompute=none offload_layers=32", "gb200", "below"),
-    ("dp=8 micro_batch=1 recompute=none offload_layers=4", "mi300x", "host link"),
-    ("dp=8 micro_batch=1 recompute=none offload_layers=two", "gb200", "integer"),
+    ("dp=8 micro_batch=1 recompute=none offload_layers=two", "gb200", "whole number"),
 ])
 def test_bad_offload_is_one_line(capsys: pytest.CaptureFixture[str], layout: str, gpu: str,
                                  words: str) -> None:
@@ -108,3 +108,15 @@ def test_offload_is_refused_where_shardlab_train_runs_the_layout(
                  "--dry-run-top", "1", "--layout", "offload_layers=4"])
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and err.count("\n") == 1 and "offload_layers" in err
+
+
+def test_offload_is_megatrons_and_zero_is_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", "llama-3-8b", "--gpus", "8", "--global-batch", "16", "--gpu", "gb200"]
+    assert main([*argv, "--framework", "torchtitan", "--layout", "offload_layers=4"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "torchtitan" in err
+    # offload_layers=00 is none: a dry run may take it.
+    check_trainable({"offload_layers": "00", "optimizer_dtype": "FP32"})
+    # A device with no host link to copy over (a hardware file may leave it out).
+    with pytest.raises(SpecError, match="host link"):
+        check_offload(4, 32, None, "X1")

@@ -62,6 +62,8 @@ def test_the_modules_trade_memory_for_memory_bound_time(
     (["--layout", "dp=16 recompute=selective recompute_modules=mlp"], "not priced"),
     (["--layout", "dp=16 recompute=none recompute_modules=moe_act"], "recompute=selective"),
     (["--framework", "torchtitan", "--layout", "recompute_modules=moe_act"], "torchtitan"),
+    (["--recompute", "none", "--layout", "recompute_modules=moe_act"], "recompute=selective"),
+    (["--gpu", "cpu", "--layout", "recompute_modules=core_attn"], "shardlab train"),
 ])
 def test_bad_modules_are_one_line(capsys: pytest.CaptureFixture[str], extra: list[str],
                                   words: str) -> None:
@@ -69,3 +71,10 @@ def test_bad_modules_are_one_line(capsys: pytest.CaptureFixture[str], extra: lis
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and err.count("\n") == 1
     assert "recompute_modules" in err and words in err
+
+
+def test_moe_modules_on_a_dense_model_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["plan", "llama-3-8b", "--gpus", "8", "--global-batch", "16", "--layout",
+                 "dp=8 recompute=selective recompute_modules=moe_act"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1 and "dense" in err

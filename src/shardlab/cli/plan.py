@@ -35,7 +35,7 @@ from shardlab.config.resolve import load_model
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_vocab
 from shardlab.plan.fit import explain_fit
-from shardlab.plan.options import policy_for, step_options_for
+from shardlab.plan.options import check_trainable, policy_for, step_options_for
 from shardlab.plan.overlap import framework as overlap_framework
 from shardlab.plan.search import (
     STEP_KEYS,
@@ -276,15 +276,12 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
                          "at the memory bandwidth); real fp8 training runs on CUDA GPUs only: "
                          "shardlab train cannot run it on a CPU")
     step_keys = layout_step_keys(args.layout)
-    policy = policy_for(policy, step_keys)  # optimizer_dtype: Adam's state bytes
     runnable = here or bool(args.dry_run_top)
     # This machine, or a job file to emit: the winner must be a layout shardlab train runs.
     train_only = here or getattr(args, "emit_config", None) is not None
-    for key, plain in (("optimizer_dtype", "fp32"), ("offload_layers", "0")):
-        if (runnable or train_only) and step_keys.get(key, plain).lower() != plain:
-            raise SpecError(key, step_keys[key], f"must be {plain} where shardlab train runs "
-                            "the layout (this machine, --dry-run-top, --emit-config): its "
-                            "AdamW keeps fp32 state and it offloads no activations")
+    if runnable or train_only:
+        check_trainable(step_keys)
+    policy = policy_for(policy, step_keys)  # optimizer_dtype: Adam's state bytes
     for z in args.zero:
         if z > 3:
             raise SpecError("zero", z, "must be 0, 1, 2 or 3 (3 is FSDP)")
@@ -350,6 +347,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         "gpu": acc.name,
         "gpus": args.gpus, "gpus_per_node": space.gpus_per_node, "seq": seq,
         "global_batch": args.global_batch, "dtype": policy.name,
+        "optimizer_dtype": step_keys.get("optimizer_dtype"),
         "optimizer_bytes_per_param": policy.optimizer_bytes,
         "capacity_factor": args.capacity_factor, "routing_imbalance": args.routing_imbalance,
         "peak_flops_per_device": dev.peak, "usable_memory_per_device": result.device_memory,

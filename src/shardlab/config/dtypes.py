@@ -119,8 +119,11 @@ def with_optimizer_dtype(policy: DtypePolicy, name: str) -> DtypePolicy:
     if key not in OPTIMIZER_STATES:
         raise SpecError("optimizer_dtype", name, f"must be one of {', '.join(OPTIMIZER_STATES)}")
     if policy.weight_bytes != 2:
+        if key == "fp32":
+            return policy  # fp32 weights: Adam's fp32 moments are the policy's already
         raise SpecError("optimizer_dtype", name, f"sets the optimizer state beside 16-bit "
-                        f"weights: needs --dtype bf16, fp16 or fp8, not {policy.name}")
+                        f"weights: needs --dtype bf16, fp16, fp8 or bf16-pure, not "
+                        f"{policy.name}")
     return replace(policy, optimizer_bytes=OPTIMIZER_STATES[key])
 
 

@@ -292,7 +292,8 @@ ACCELERATORS: dict[str, Accelerator] = {a.name: a for a in (
     _gpu("MI300X", {"bf16": 1307.4e12, "fp16": 1307.4e12, "fp8": 2614.9e12, "tf32": 653.7e12,
                     "fp32": 163.4e12},
          192e9, 5.3e12, 750, "Infinity Fabric", "IB NDR 400G",
-         "AMD Instinct MI300X datasheet, dense matrix figures"),
+         "AMD Instinct MI300X datasheet, dense matrix figures; host interface PCIe Gen 5 x16 "
+         "(as spec tables quote it)", host="PCIe 5.0 x16"),
 )}
 
 ALIASES: dict[str, tuple[str, ...]] = {

@@ -109,8 +109,11 @@ def activation_terms(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int,
         extra = m.q_dim + (m.q_dim + m.kv_dim if m.style == "llama" else 0)
     # fp8 inputs: the output projection's own copy beside the attention kernel's output.
     proj_copy = li * m.q_dim if li != e else 0
+    # A MoE layer's MLP input is the router's, a bf16 linear (the experts' fp8 copies are
+    # the dispatched rows of the routed part).
+    mlp_in = e if moe else li
     return ActivationTerms(
-        outside_tp=sb * m.d_model * (2 * e + 2 * li + 2 * mask),
+        outside_tp=sb * m.d_model * (2 * e + li + mlp_in + 2 * mask),
         inside_tp=sb * (e * (2 * m.q_dim + 2 * m.kv_dim + extra) + mlp_hidden + proj_copy),
         attention_core=m.heads * seq * sb * (2 * e + mask),
         layer_input=sb * m.d_model * e,
@@ -150,9 +153,8 @@ def layer_activation_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes
             combine_bytes=combine_bytes)
     outside = t.outside_tp / tp if sp else t.outside_tp
     if recompute == "selective" and "layernorm" in modules and moe_layer:
-        # The MoE layer's own pre-MLP norm: its output, the router's input, is dropped.
-        li = elem_bytes if input_bytes is None else input_bytes
-        outside -= seq * micro_batch * m.d_model * li / (tp if sp else 1)
+        # The MoE layer's own pre-MLP norm: its output, the router's bf16 input, is dropped.
+        outside -= seq * micro_batch * m.d_model * elem_bytes / (tp if sp else 1)
     if flash:
         core = 4.0 * m.heads * seq * micro_batch / tp  # softmax statistics only
         if eager and recompute != "selective":

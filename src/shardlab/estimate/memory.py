@@ -139,12 +139,14 @@ def head_rank(layout: Layout) -> int:
 
 
 def stage_memory(m: ModelShape, layout: Layout, dropout: bool,
-                 flash: bool = False, imbalance: float = 1.0) -> list[StageMemory]:
+                 flash: bool = False, imbalance: float = 1.0,
+                 modules: tuple[str, ...] = ()) -> list[StageMemory]:
     """Per pipeline stage: model states under ZeRO and peak activations (``imbalance``:
-    the router's max/mean expert load, 1 for balanced routing)."""
+    the router's max/mean expert load, 1 for balanced routing; ``modules``: Megatron's
+    recompute modules under selective recompute)."""
     lay = layout
     e = lay.dtype.activation_bytes
-    dense_bytes, moe_bytes = (layer_bytes(m, lay, moe, dropout, flash, imbalance)
+    dense_bytes, moe_bytes = (layer_bytes(m, lay, moe, dropout, flash, imbalance, modules)
                               for moe in (False, True))
     # Sum the layers of each rank's chunks (dense layers first; chunk c on its rank).
     v_shape = lay.schedule in V_SCHEDULES

@@ -44,9 +44,11 @@ or the same halving/doubling twice) is priced too.
 
 Memory and step time are the planner's own (:func:`shardlab.plan.memory.memory_arrays`,
 :func:`shardlab.plan.step_time.step_seconds`, on :func:`shardlab.plan.search.device_of`'s
-device): a change's memory equals what ``shardlab budget`` and ``shardlab plan --layout``
-say for the changed layout, and its step time what ``plan --layout`` says (``budget``'s
-own step time is its ``--mfu`` assumption, not this model). No formula here is new.
+device): a change's memory equals what ``shardlab budget`` says for the changed layout
+(states and saved activations, no framework's memory facts), with the ``--layout`` keys
+that change them (``offload_layers``, ``recompute_modules``, ``fp8_params``), and its step
+time what ``plan --layout`` says (``budget``'s own step time is its ``--mfu`` assumption,
+not this model). No formula here is new.
 Pure Python and numpy: no torch.
 """
 
@@ -83,6 +85,8 @@ CATEGORIES: tuple[str, ...] = ("weights", "gradients", "optimizer", "activations
 PAIRS_KEPT = 5
 """Pairs of changes :func:`explain_fit` keeps, fastest first (all of them would be up to a
 few dozen rows that say the same)."""
+
+
 @dataclass(frozen=True)
 class FitChange:
     """One changed layout, priced: memory of its busiest device (bytes), whether that is
@@ -164,7 +168,8 @@ def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity
     node = gpus_per_node or acc.gpus_per_node
     lay = layout
 
-    stages = stage_memory(model, lay, dropout, options.flash, imbalance)
+    stages = stage_memory(model, lay, dropout, options.flash, imbalance,
+                          options.recompute_modules)
     if options.offload_layers and lay.pp == 1:
         # offload_layers: that share of the layers' activations is in host memory
         # (plan/offload.py; the first and last stage's extras stay).
@@ -276,8 +281,8 @@ def _pairs(model: ModelShape, lay: Layout, acc: Accelerator, base: Knobs,
         if first is None:
             continue
         for kind2, second, _ in moves(first, node, train_only,
-                                       model.moe.experts if model.moe is not None else 0,
-                                       lay.seq, lay.expert_fold):
+                                      model.moe.experts if model.moe is not None else 0,
+                                      lay.seq, lay.expert_fold):
             later = KINDS.index(kind2) > KINDS.index(kind)
             if second is not None and second not in seen and (
                     later or (kind2 == kind and kind in REPEATABLE)):

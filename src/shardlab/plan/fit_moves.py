@@ -57,9 +57,8 @@ class Knobs:
                         and (k != "etp" or v != self.tp) and (k != "stage_layers" or v))
 
 
-
 def moves(k: Knobs, gpus_per_node: int, train_only: bool, experts: int = 0, seq: int = 0,
-           fold: bool = False) -> list[tuple[str, Knobs | None, str]]:
+          fold: bool = False) -> list[tuple[str, Knobs | None, str]]:
     """(kind, changed knobs or None, why not) of every one-knob change from ``k``; values
     that are no change (a ZeRO stage at or below the current one) are left out.
     ``experts``: the model's routed experts (0: dense, no ep change); ``seq``: the
@@ -111,7 +110,7 @@ def moves(k: Knobs, gpus_per_node: int, train_only: bool, experts: int = 0, seq:
 
 
 def knob_candidates(states: list[Knobs], global_batch: int, capacity_factor: float = 0.0,
-                fold: bool = False) -> Candidates:
+                    fold: bool = False) -> Candidates:
     """``states`` as the planner's :class:`Candidates` (reason -1: checked afterwards)."""
     def col(values: list[int]) -> np.ndarray:
         return np.array(values, dtype=np.int64)

@@ -55,8 +55,8 @@ def check_offload(n: int, layers: int, host_link: Link | None, accelerator: str)
         raise SpecError("offload_layers", n, f"must be below the model's {layers} layers "
                         "(at least one layer stays on the device)")
     if host_link is None:
-        raise SpecError("offload_layers", n, f"{accelerator} has no host link in the "
-                        "catalog (give one as host_link in a --hardware-file entry)")
+        raise SpecError("offload_layers", n, f"{accelerator} has no host link to copy over "
+                        "(a --hardware-file entry states one as host_link)")
 
 
 def offload_seconds(offloaded: np.ndarray, n: int, layers: float, forward: np.ndarray,

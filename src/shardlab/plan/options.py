@@ -18,6 +18,22 @@ from shardlab.plan.search import is_this_machine, layout_flag
 from shardlab.plan.step_inputs import StepOptions
 
 
+def check_trainable(keys: dict[str, str]) -> None:
+    """SpecError for a ``--layout`` key that ``shardlab train`` cannot run, where it runs
+    the layout (this machine, ``--dry-run-top``, ``--emit-config``): its AdamW keeps fp32
+    state, it offloads no activations, and its selective recompute is its own."""
+    for key, plain in (("optimizer_dtype", "fp32"), ("offload_layers", "0"),
+                       ("recompute_modules", None)):
+        value = keys.get(key)
+        if value is None or (plain == "fp32" and value.lower() == plain) or (
+                plain == "0" and value.isascii() and value.isdigit() and int(value) == 0):
+            continue
+        fix = "leave it out" if plain is None else f"give {key}={plain} or leave it out"
+        raise SpecError(key, value, "is not what shardlab train runs (this machine, "
+                        "--dry-run-top, --emit-config: fp32 Adam state, no offloading, its "
+                        f"own selective recompute): {fix}")
+
+
 def policy_for(policy: DtypePolicy, overrides: dict[str, str] | None) -> DtypePolicy:
     """``policy`` as the ``--layout`` keys of ``overrides`` change it: ``optimizer_dtype``
     sets Adam's state bytes (:func:`shardlab.config.dtypes.with_optimizer_dtype`)."""
@@ -64,11 +80,15 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
                 if opts.get("memory") is not None:
                     opts["memory"] = replace(opts["memory"], loss_bytes=FUSED_LOSS_PEAK)
             continue
+        if key in ("offload_layers", "recompute_modules") and fw.name not in ("none",
+                                                                           "megatron"):
+            raise SpecError(key, value, f"is Megatron-Core's: give --framework megatron (or "
+                            f"none), not {fw.name}")
         if key == "offload_layers":
             # Megatron-Core's --cpu-offloading-num-layers (plan/offload.py).
-            if not re.fullmatch(r"[0-9]{1,6}", value):
-                raise SpecError(key, value, "must be an integer >= 0 (layers per rank whose "
-                                "activations go to host memory)")
+            if not re.fullmatch(r"[0-9]{1,9}", value):
+                raise SpecError(key, value, "must be a whole number of layers >= 0 (layers "
+                                "per rank whose activations go to host memory)")
             opts[key] = int(value)
             continue
         if key == "recompute_modules":
@@ -79,9 +99,6 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
                     known = ", ".join(RECOMPUTE_MODULES)
                     raise SpecError(key, value, f"modules must be of {known} joined by '+' "
                                     "(mlp, moe, shared_experts and mla_up_proj are not priced)")
-            if fw.selective == "op":
-                raise SpecError(key, value, f"names Megatron-Core's modules: not with "
-                                f"--framework {fw.name} (its selective is per operator)")
             opts[key] = names
             continue
         if key in ("dispatcher", "routing"):

@@ -205,10 +205,13 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
         raise SpecError("offload_layers", n_off, "needs pp=1 and recompute=none (Megatron-Core "
                         "refuses CPU offloading with a pipeline or activation recomputation)")
     c.reason[refused] = REASONS.index(R_OFFLOAD)
-    if only is not None and options.recompute_modules and c.recompute[0] != RECOMPUTE.index(
-            "selective"):
-        raise SpecError("recompute_modules", "+".join(options.recompute_modules), "needs "
-                        "recompute=selective (Megatron's --recompute-granularity selective)")
+    mods = options.recompute_modules
+    if mods and not (c.recompute == RECOMPUTE.index("selective")).any():
+        raise SpecError("recompute_modules", "+".join(mods), "needs recompute=selective "
+                        "(Megatron's --recompute-granularity selective)")
+    if model.moe is None and {"moe_act", "layernorm"} & set(mods):
+        raise SpecError("recompute_modules", "+".join(mods), f"moe_act and layernorm are a "
+                        f"MoE layer's modules here ({model.name} is dense)")
     dev, memory = device_of(acc, policy, space.gpus)
     usable = USABLE_MEMORY * memory
     valid = c.reason < 0

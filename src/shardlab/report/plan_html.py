@@ -86,8 +86,9 @@ def _ranked(doc: dict[str, Any], prefix: str) -> Section:
                            *(human_seconds(b["hidden"][k]) for k in hidden))
                           for i, b in enumerate(best, 1)]))
         s.add(para("Hidden: communication that overlaps compute (the framework's overlap "
-                   "options and the --layout keys overlap_dp, overlap_tp, overlap_pp); it "
-                   "is not in the step time.", "note"))
+                   "options and the --layout keys overlap_dp, overlap_tp, overlap_pp, "
+                   "overlap_ep) and activation copies to host memory behind it "
+                   "(offload_layers); it is not in the step time.", "note"))
     moe = bool(doc.get("moe"))
     s.add(table_html(
         ("#", "dp·cp·tp·pp", *(["ep·etp"] if moe else []), "v", "schedule", "zero", "sp",
@@ -131,8 +132,9 @@ def _winner(doc: dict[str, Any], prefix: str) -> Section:
                f"MFU {b['mfu']:.1%}, {human(b['memory_per_device'], 'B')} per device."))
     s.add(table_html((f"memory per device (stage {mb.get('stage', 0)})", "decimal"),
                      [(k, human(mb[k], "B")) for k in ("weights", "gradients", "optimizer",
-                                                        "activations", "transient")
-                      if mb.get(k) or k != "transient"]))
+                                                        "activations", "transient",
+                                                        "offloaded_to_host")
+                      if mb.get(k) or k not in ("transient", "offloaded_to_host")]))
     if b.get("train_command"):
         s.add(heading("Run it on this machine"), pre(b["train_command"]))
     piped = next(((i, x) for i, x in enumerate(doc["best"], 1) if x["pp"] > 1), None)

@@ -62,7 +62,10 @@ def _options_line(doc: dict[str, Any]) -> str:
             + (f", gradients reduced in {8 * o['grad_reduce_bytes']}-bit"
                if o.get("grad_reduce_bytes") else "")
             + (f", Adam state {doc['optimizer_bytes_per_param']} B per parameter"
-               if doc.get("optimizer_bytes_per_param", 12) != 12 else ""))
+               if doc.get("optimizer_dtype") else "")
+            + (f", offload_layers {o['offload_layers']}" if o.get("offload_layers") else "")
+            + (", recompute_modules " + "+".join(o["recompute_modules"])
+               if o.get("recompute_modules") else ""))
 
 
 def print_plan(doc: dict[str, Any]) -> None:
