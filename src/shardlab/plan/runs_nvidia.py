@@ -106,7 +106,8 @@ def _nm(key: str, model: ModelShape, gpus: int, gbs: int, mbs: int, seq: int, tp
                      "the launcher's nemotron_340b.yaml at 24.07 (whose own layout, PP 12 "
                      "VP 8 on 768 nodes, is not the table's): the optimizer's 'dtype: bf16', "
                      "so Adam's moments in bf16 and no fp32 master (NeMo then leaves Apex's "
-                     "store_params off), and activations_checkpoint_granularity selective",)
+                     "store_params off), and activations_checkpoint_granularity selective "
+                     "(its ub_tp_comm_overlap False is not taken: docs/validation.md)",)
                    if yaml else ()),
                  *(("context parallel as Megatron-Core runs it (K/V passed around the cp "
                     "ring, priced as shardlab's all-gather of the same bytes), data parallel "
