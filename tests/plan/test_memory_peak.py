@@ -119,3 +119,20 @@ def test_moe_combine_bytes_follow_the_framework() -> None:
     combined = 4096 * model.moe.experts_per_token * model.d_model * model.layers  # S·h
     assert acts(None) - acts("megatron") == pytest.approx(2 * combined, rel=1e-12)
     assert acts("torchtitan") - acts(None) == pytest.approx(2 * combined, rel=1e-12)
+
+
+def test_torchtitan_loss_parallel_peaks_at_16_bytes_per_local_logit() -> None:
+    # loss_parallel's DTensor cross-entropy (tp > 1): 16 B per local logit at its peak, of
+    # which the fp32 logits' 4 are already held; without tp the plain loss's 12.
+    facts = FRAMEWORKS["torchtitan"].memory
+    model = get_model("llama-3-8b")
+    got = {}
+    for tp in (1, 2):
+        lay = f"dp={8 // tp} tp={tp} pp=1 micro_batch=1 zero=0 recompute=none"
+        mem = _one("llama-3-8b", 8, 8, 2048, lay, "bf16", MemoryOptions(False, True,
+                                                                       facts=facts))
+        none = _one("llama-3-8b", 8, 8, 2048, lay, "bf16", MemoryOptions(False, True))
+        got[tp] = float(mem.transient[0] - none.transient[0])
+    logits = 2048 * model.vocab
+    assert got[1] == pytest.approx((12 - 4) * logits, rel=1e-9)
+    assert got[2] == pytest.approx((16 - 4) * logits / 2, rel=1e-9)

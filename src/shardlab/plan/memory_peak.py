@@ -66,6 +66,9 @@ class MemoryFacts:
     reduce_bytes: int = 0
     fsdp2_root: bool = False
     source: str = ""
+    parallel_loss_bytes: float = 0.0
+    """Bytes per logit element at the loss's peak when tp > 1 splits the vocabulary and the
+    framework's vocabulary-parallel loss is another implementation (0: ``loss_bytes``)."""
     combine_bytes: int | None = None
     """Bytes per element of a MoE layer's combined expert outputs kept for the gates'
     gradient (None: the policy's activation bytes; :mod:`shardlab.estimate.expert`)."""
@@ -141,7 +144,9 @@ def transient_bytes(model: ModelShape, c: Candidates, seq: int, policy: DtypePol
     col = lambda x: np.asarray(x, float)[:, None]  # noqa: E731 - one layout per row
     tokens = col(c.micro_batch) * seq / col(c.cp)
     logits = tokens * model.vocab / col(c.tp)
-    loss = np.where(head, max(facts.loss_bytes - LOGIT_BYTES, 0.0) * logits, 0.0)
+    per_logit = np.where(col(c.tp) > 1, facts.parallel_loss_bytes or facts.loss_bytes,
+                         facts.loss_bytes)
+    loss = np.where(head, np.maximum(per_logit - LOGIT_BYTES, 0.0) * logits, 0.0)
     w_dense, w_moe = working_tables(model, c, seq, policy, dropout, flash, by_op, modules)
     working = np.maximum(np.where(dense > 0, col(w_dense), 0.0),
                          np.where(moe > 0, col(w_moe), 0.0))

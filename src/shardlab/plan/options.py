@@ -78,7 +78,8 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
             if layout_flag(key, value):
                 opts["loss_bytes"] = FUSED_LOSS_BYTES
                 if opts.get("memory") is not None:
-                    opts["memory"] = replace(opts["memory"], loss_bytes=FUSED_LOSS_PEAK)
+                    opts["memory"] = replace(opts["memory"], loss_bytes=FUSED_LOSS_PEAK,
+                                             parallel_loss_bytes=0.0)
             continue
         if key in ("offload_layers", "recompute_modules") and fw.name not in ("none",
                                                                            "megatron"):

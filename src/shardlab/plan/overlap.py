@@ -203,7 +203,7 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
         flash_kernel="fa2", grad_reduce_bytes=4, selective="op", loss_bytes=36,
         reduce_each_micro=True, cp_expanded_kv=True, expert_fold=True,
         memory=MemoryFacts(loss_bytes=12.0, reduce_bytes=4, fsdp2_root=True,
-                           combine_bytes=4, source=
+                           combine_bytes=4, parallel_loss_bytes=16.0, source=
             "torchtitan 9dec370: the bf16 logits go to cross_entropy(pred.float()) and "
             "'del pred' before backward (train.py), so log_softmax's saved fp32 output, the "
             "nll gradient and log_softmax_backward's fp32 result meet at 12 B per logit; "
@@ -211,7 +211,10 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
             "forward except with pp, reduce_dtype float32 (parallelize_llama.py); the MoE "
             "scores multiply an fp32 upcast of the routed rows (moe.py, eca011c03: "
             "'routed_output.to(torch.float32) * top_scores_experts_sorted'), kept for "
-            "their gradient"),
+            "their gradient; with tp, loss_parallel's DTensor cross-entropy (torch "
+            "distributed/tensor/parallel/loss.py: '(grad_input + torch.exp(x)) * "
+            "grad_output' over zeros_like(x)) peaks at 16 B per local logit in backward "
+            "(saved fp32 log-probs, zeros, exp, the sum; measured on CPU with torch 2.9.1)"),
         source=
         "torchtitan: FSDP2 prefetches the next layer's all-gather and reduce-scatters on a "
         "side stream (no flag); parallelism.enable_async_tensor_parallel defaults to False; "
