@@ -67,8 +67,8 @@ class DtypePolicy:
     gradient; None = activation_bytes. 0 where the gates are applied inside the experts
     (Megatron-Core from core_v0.13), 4 where they multiply an fp32 upcast (torchtitan);
     set from the framework's memory facts (:mod:`shardlab.estimate.expert`)."""
-    input_bytes: int = 0
-    """Bytes per element of a linear layer's input kept for backward; 0 = activation_bytes.
+    input_bytes: int | None = None
+    """Bytes per element of a linear layer's input kept for backward; None = activation_bytes.
     1 where Transformer Engine multiplies in fp8 and keeps the fp8 copy (``plan
     --framework megatron --dtype fp8``; :mod:`shardlab.estimate.activations`)."""
 

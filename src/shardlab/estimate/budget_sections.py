@@ -105,7 +105,7 @@ def moe_section(m: ModelShape, lay: Layout, imbalance: float = 1.0) -> dict[str,
         "routed_activation_bytes_per_layer": (0.0 if lay.recompute == "full" else
                                               routed_activation_bytes(
             m, tokens, bp, ep=lay.ep, etp=lay.etp, capacity_factor=lay.capacity_factor,
-            imbalance=imbalance, input_bytes=lay.dtype.input_bytes or None,
+            imbalance=imbalance, input_bytes=lay.dtype.input_bytes,
             combine_bytes=lay.dtype.combine_bytes)),
         "alltoall_bytes_per_step": expert_alltoall_bytes(m, lay),
         "alltoall_calls_per_step": alltoall_calls(m, lay),

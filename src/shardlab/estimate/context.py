@@ -178,7 +178,7 @@ def cp_layer_activation_bytes(m: ModelShape, lay: Layout, *, dropout: bool = Tru
     out = layer_activation_bytes(m, b, local, e, tp=lay.tp, sp=lay.sp, recompute=lay.recompute,
                                  dropout=dropout, moe_layer=moe_layer, flash=flash, eager=eager,
                                  ep=lay.ep, etp=lay.etp, capacity_factor=lay.capacity_factor,
-                                 input_bytes=lay.dtype.input_bytes or None, modules=modules,
+                                 input_bytes=lay.dtype.input_bytes, modules=modules,
                                  combine_bytes=lay.dtype.combine_bytes)
     if cp == 1 or lay.recompute == "full":
         return out

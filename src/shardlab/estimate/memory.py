@@ -123,7 +123,7 @@ def layer_bytes(m: ModelShape, layout: Layout, moe_layer: bool, dropout: bool,
         kw = {"tp": lay.tp, "sp": lay.sp, "recompute": lay.recompute, "dropout": dropout,
               "moe_layer": True, "flash": flash, "ep": lay.ep, "etp": lay.etp,
               "capacity_factor": lay.capacity_factor,
-              "input_bytes": lay.dtype.input_bytes or None, "modules": modules,
+              "input_bytes": lay.dtype.input_bytes, "modules": modules,
               "combine_bytes": lay.dtype.combine_bytes}
         local = (m, lay.micro_batch, lay.seq // lay.cp, lay.dtype.activation_bytes)
         out += (layer_activation_bytes(*local, imbalance=imbalance, **kw)
@@ -140,10 +140,12 @@ def head_rank(layout: Layout) -> int:
 
 def stage_memory(m: ModelShape, layout: Layout, dropout: bool,
                  flash: bool = False, imbalance: float = 1.0,
-                 modules: tuple[str, ...] = ()) -> list[StageMemory]:
+                 modules: tuple[str, ...] = (), offload_layers: int = 0
+                 ) -> list[StageMemory]:
     """Per pipeline stage: model states under ZeRO and peak activations (``imbalance``:
     the router's max/mean expert load, 1 for balanced routing; ``modules``: Megatron's
-    recompute modules under selective recompute)."""
+    recompute modules under selective recompute; ``offload_layers``: layers per rank whose
+    activations are in host memory, :mod:`shardlab.plan.offload`)."""
     lay = layout
     e = lay.dtype.activation_bytes
     dense_bytes, moe_bytes = (layer_bytes(m, lay, moe, dropout, flash, imbalance, modules)
@@ -151,12 +153,17 @@ def stage_memory(m: ModelShape, layout: Layout, dropout: bool,
     # Sum the layers of each rank's chunks (dense layers first; chunk c on its rank).
     v_shape = lay.schedule in V_SCHEDULES
     rank_act = [0.0] * lay.pp
+    rank_layers = [0] * lay.pp
     start = 0
     for c, n in enumerate(layout_chunk_layers(m, lay)):
         dense = max(0, min(n, m.dense_layers - start))
-        rank_act[chunk_rank(c, lay.pp, v_shape)] += (dense * dense_bytes
-                                                     + (n - dense) * moe_bytes)
+        r = chunk_rank(c, lay.pp, v_shape)
+        rank_act[r] += dense * dense_bytes + (n - dense) * moe_bytes
+        rank_layers[r] += n
         start += n
+    # Offloaded layers keep their activations in host memory (the extras below stay).
+    rank_act = [a * (1.0 - offload_layers / max(n, 1)) for a, n in zip(rank_act, rank_layers,
+                                                                         strict=True)]
     params = [d + x for d, x in rank_params_split(m, lay)]
     # fp8: the linear weights' fp8 copies and scales count as weights (ZeRO 0-2).
     states = [s + StateBytes(f, 0.0, 0.0)

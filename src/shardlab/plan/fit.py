@@ -63,7 +63,7 @@ from shardlab.config.hardware import Accelerator
 from shardlab.config.layout import Layout
 from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
-from shardlab.estimate.memory import layer_bytes, peak_stage, stage_memory
+from shardlab.estimate.memory import peak_stage, stage_memory
 from shardlab.plan.fit_moves import (
     KINDS,
     REPEATABLE,
@@ -169,15 +169,7 @@ def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity
     lay = layout
 
     stages = stage_memory(model, lay, dropout, options.flash, imbalance,
-                          options.recompute_modules)
-    if options.offload_layers and lay.pp == 1:
-        # offload_layers: that share of the layers' activations is in host memory
-        # (plan/offload.py; the first and last stage's extras stay).
-        layers_bytes = sum(layer_bytes(model, lay, moe, dropout, options.flash, imbalance)
-                           * count for moe, count in ((False, model.dense_layers),
-                                                      (True, model.moe_layers)))
-        off = layers_bytes * stages[0].inflight * options.offload_layers / model.layers
-        stages = [dataclasses.replace(stages[0], activations=stages[0].activations - off)]
+                          options.recompute_modules, options.offload_layers)
     peak = peak_stage(stages)
     rank_bytes = [{"weights": s.states.weights, "gradients": s.states.gradients,
                    "optimizer": s.states.optimizer, "activations": s.activations}

@@ -40,14 +40,14 @@ context-parallel rank), on devices of dense peak P (:class:`Device`):
   the memory bandwidth. Megatron fuses the add into the weight-gradient matmul unless a
   run states ``--no-gradient-accumulation-fusion`` (its functional tests, Megatron-FSDP
   recipes), so most published Megatron runs pay nothing for it.
-* **recompute**: what :func:`shardlab.estimate.flops.flops_per_token` adds to the
-  hardware FLOPs, at the same efficiencies: selective, the attention core's forward
-  (with its softmax's bytes), or with ``selective="op"`` (torchtitan's per-operator
-  policy) every second linear matmul of the block
-  (:func:`shardlab.plan.layer_time.op_checkpoint_matmuls`) with its fp8 casts and the
-  memory-bound operators, the attention's output being saved (a fused kernel's backward
-  still recomputes half its core); full, every layer's forward (with its memory-bound
-  operators); a fused (flash) kernel without recompute, half the core.
+* **recompute**: the hardware FLOPs beyond the model's (a fused kernel's backward
+  recomputing half its core in every mode): selective, the attention core's forward with
+  its softmax's bytes or Megatron's ``recompute_modules`` (:func:`shardlab.plan.
+  memory_bound.selective_seconds`), or with ``selective="op"`` (torchtitan) every second
+  linear matmul (:func:`shardlab.plan.layer_time.op_checkpoint_matmuls`) with its fp8
+  casts and the memory-bound operators; full, every layer's forward.
+* **offload** (``offload_layers``): host copies beyond their window (:mod:`shardlab.plan.
+  offload`).
 * **tp_comm**: per layer and micro-batch four all-reduces of T·h activations (six with
   full recompute; sequence parallel's all-gather + reduce-scatter pairs cost the
   same), one more on the first and on the last stage (vocabulary-parallel embedding

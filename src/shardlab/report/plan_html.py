@@ -77,8 +77,8 @@ def _ranked(doc: dict[str, Any], prefix: str) -> Section:
         [f"#{i} {layout_label(b)}" for i, b in enumerate(best, 1)],
         {k: [b["breakdown"].get(k, 0.0) for b in best] for k in parts}, horizontal=True,
         scale=scale, unit=f"step time ({unit})", highlight=0))
-    hidden = [k for k in ("tp_comm", "pp_comm", "ep_comm", "dp_comm", "offload")
-              if any(b.get("hidden", {}).get(k, 0.0) > 5e-4 for b in best)]
+    hidden = [k for k in (best[0].get("hidden", {}) if best else {})
+              if any(b["hidden"][k] > 5e-4 for b in best)]
     if hidden:
         s.add(table_html(("#", *(f"{k} exposed" for k in hidden),
                               *(f"{k} hidden" for k in hidden)),

@@ -96,8 +96,9 @@ def print_plan(doc: dict[str, Any]) -> None:
              and (k != "ep_comm" or moe)}
     dry = bool(doc.get("dry_run_top"))
     # Communication overlapped with compute: a "hidden" column beside each part that has any.
-    hidden = [k for k in ("tp_comm", "pp_comm", "ep_comm", "dp_comm", "offload")
-              if any(b.get("hidden", {}).get(k, 0.0) > 5e-4 for b in doc["best"])]
+    # (the parts the step-time model can hide: the keys of each entry's "hidden")
+    hidden = [k for k in (doc["best"][0].get("hidden", {}) if doc["best"] else {})
+              if any(b["hidden"][k] > 5e-4 for b in doc["best"])]
     for i, b in enumerate(doc["best"], 1):
         mem = human_bytes(b["memory_per_device"]).split(" (")[0]
         rows.append([i, *_mesh(b, moe), f"{b['step_seconds']:.4g}",
