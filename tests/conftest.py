@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from shardlab.calibrate.store import save_measurement
+from shardlab.config.measured import SCHEMA
+
 COLLECTED = pytest.StashKey[set[str]]()
 """The node ids this session collected, before any -k/-m deselection
 (tests/test_collection.py reads them instead of collecting the suite again)."""
@@ -63,3 +66,14 @@ def make_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pa
         return path
 
     return make
+
+
+@pytest.fixture
+def cpu_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stored measurement of a made-up CPU: `plan --gpu cpu` without timing anything."""
+    monkeypatch.setenv("SHARDLAB_HOME", str(tmp_path))
+    save_measurement({"schema": SCHEMA, "name": "cpu (measured)",
+                      "peak_flops": {"fp32": 1e11, "bf16": 5e10}, "memory_bytes": 8e9,
+                      "memory_bandwidth": 2e10, "copy_bandwidth": 1e10, "power_watts": 0,
+                      "threads": 2})
+    return tmp_path

@@ -70,7 +70,9 @@ def test_every_change_equals_a_fresh_budget_and_plan_of_the_changed_layout() -> 
     a = explain_fit(LLAMA3_8B, lay, H100, capacity=H100.memory_bytes)
     base = model_budget(LLAMA3_8B, lay, H100, Assumptions())["memory"]
     assert a.memory_bytes == base["per_device"]["total"]
-    assert a.by_category == {c: base["per_device"][c] for c in CATEGORIES}
+    # Without a framework's memory facts there is no transient peak beyond the four.
+    assert a.by_category == {**{c: base["per_device"][c] for c in CATEGORIES},
+                             "transient": 0.0}
     space = Space(gpus=8, global_batch=lay.global_batch, seq=lay.seq)
     bf16 = get_policy("bf16")
     given = plan(LLAMA3_8B, H100, space, bf16, only=layout_candidates(
@@ -80,7 +82,8 @@ def test_every_change_equals_a_fresh_budget_and_plan_of_the_changed_layout() -> 
         mem = model_budget(LLAMA3_8B, _changed(LLAMA3_8B, lay, c), H100, Assumptions())
         d = mem["memory"]["per_device"]
         assert c.memory_bytes == pytest.approx(d["total"], rel=1e-12), c.change
-        assert c.by_category == pytest.approx({k: d[k] for k in CATEGORIES}, rel=1e-12)
+        assert c.by_category == pytest.approx({**{k: d[k] for k in CATEGORIES},
+                                               "transient": 0.0}, rel=1e-12)
         assert c.fits == mem["memory"]["fits"]
         p = plan(LLAMA3_8B, H100, space, bf16,
                  only=layout_candidates(LLAMA3_8B, space, _layout_text(c))).best[0]
@@ -210,3 +213,33 @@ def test_layout_memory_without_facts_is_the_budgets_and_with_them_adds_a_transie
     assert megatron["gradients"] > plain["gradients"] and megatron["total"] > plain["total"]
     assert megatron["total"] == pytest.approx(sum(megatron[k] for k in (*CATEGORIES,
                                                                         "transient")))
+
+
+@pytest.mark.parametrize("framework", ["megatron", "torchtitan"])
+def test_under_a_framework_the_advice_counts_memory_as_plan_does(framework: str) -> None:
+    """One view: with a framework's memory facts, the current figure (rank by rank) and
+    every change's are what ``plan --framework`` says for that layout, transient included,
+    not budget's states and saved activations."""
+    lay = make_layout(LLAMA3_8B, gpus=16, tp=2, zero=1, sp=True, micro_batch=4,
+                      global_batch=64, seq=8192, recompute="selective")
+    options = step_options_for(H100, flash=True, framework=framework)
+    a = explain_fit(LLAMA3_8B, lay, H100, capacity=40e9, dropout=False, options=options)
+    space = Space(gpus=16, global_batch=64, seq=8192)
+    bf16 = get_policy("bf16")
+
+    def planned(text: str) -> dict[str, Any]:
+        return plan(LLAMA3_8B, H100, space, bf16, options=options,
+                    only=layout_candidates(LLAMA3_8B, space, text)).best[0]
+
+    given = planned("dp=8 tp=2 zero=1 sp=1 micro_batch=4 recompute=selective")
+    assert not a.fits
+    assert a.memory_bytes == pytest.approx(given["memory_per_device"], rel=1e-12)
+    assert a.by_category["transient"] > 0.0
+    assert a.memory_bytes == pytest.approx(sum(a.by_category.values()), rel=1e-12)
+    budget_view = max(stage_memory(LLAMA3_8B, lay, False, True), key=lambda s: s.total)
+    assert a.memory_bytes != pytest.approx(budget_view.total, rel=1e-3)
+    assert a.step_seconds == pytest.approx(given["step_seconds"], rel=1e-12)
+    for c in a.changes:
+        p = planned(_layout_text(c))
+        assert c.memory_bytes == pytest.approx(p["memory_per_device"], rel=1e-12), c.change
+        assert c.fits == (c.memory_bytes <= 40e9)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -66,7 +67,8 @@ def test_the_modules_trade_memory_for_memory_bound_time(
     (["--gpu", "cpu", "--layout", "recompute_modules=core_attn"], "shardlab train"),
 ])
 def test_bad_modules_are_one_line(capsys: pytest.CaptureFixture[str], extra: list[str],
-                                  words: str) -> None:
+                                  words: str, cpu_home: Path) -> None:
+    # cpu_home: `--gpu cpu` reads a stored measurement, never this user's own.
     code = main(["plan", "qwen3-30b-a3b", "--gpus", "16", "--global-batch", "32", *extra])
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and err.count("\n") == 1

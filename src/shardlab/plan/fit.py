@@ -2,10 +2,10 @@
 
 For one layout (a :class:`~shardlab.config.layout.Layout`) on one accelerator,
 :func:`explain_fit` reports the memory of the busiest device by category (weights,
-gradients, optimizer state, activations; :func:`shardlab.estimate.memory.stage_memory`,
-the figures ``shardlab budget`` prints), the capacity it is held against, the binding
-category, and every single change of one knob, each with its memory per device,
-whether it fits, and its predicted step time beside the current one.
+gradients, optimizer state, activations, and a framework's transient peak beyond them),
+the capacity it is held against, the binding category, and every single change of one
+knob, each with its memory per device, whether it fits, and its predicted step time
+beside the current one.
 
 **Binding category.** The one whose removal would lower the peak most: for category c,
 ``without[c] = max over pipeline ranks of (total_r - c_r)``, and the binding one has the
@@ -42,13 +42,17 @@ checked by :func:`shardlab.plan.space.check_rules`) is not priced; it is listed 
 ``skipped`` with the reason. When no single change fits, every pair of two (two kinds,
 or the same halving/doubling twice) is priced too.
 
-Memory and step time are the planner's own (:func:`shardlab.plan.memory.memory_arrays`,
+Memory and step time are the planner's own (:func:`shardlab.plan.memory.memory_arrays`
+and, rank by rank for the current layout, :func:`~shardlab.plan.memory.rank_memory`;
 :func:`shardlab.plan.step_time.step_seconds`, on :func:`shardlab.plan.search.device_of`'s
-device): a change's memory equals what ``shardlab budget`` says for the changed layout
-(states and saved activations, no framework's memory facts), with the ``--layout`` keys
-that change them (``offload_layers``, ``recompute_modules``, ``fp8_params``), and its step
-time what ``plan --layout`` says (``budget``'s own step time is its ``--mfu`` assumption,
-not this model). No formula here is new.
+device), counted with the step options' memory conventions
+(:func:`~shardlab.plan.memory.memory_options`): the current figure and each change's are
+what ``plan --layout`` with the same ``--framework`` and ``--layout`` keys says for that
+layout (a framework's memory facts and transient peak, its selective-recompute
+convention, ``offload_layers``, ``recompute_modules``, ``fp8_params``); with no
+framework's facts (``budget``) they are the states and saved activations ``budget``
+prints. A change's step time is what ``plan --layout`` says (``budget``'s own step time
+is its ``--mfu`` assumption, not this model). No formula here is new.
 Pure Python and numpy: no torch.
 """
 
@@ -63,7 +67,6 @@ from shardlab.config.hardware import Accelerator
 from shardlab.config.layout import Layout
 from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
-from shardlab.estimate.memory import peak_stage, stage_memory
 from shardlab.plan.fit_moves import (
     KINDS,
     REPEATABLE,
@@ -73,7 +76,7 @@ from shardlab.plan.fit_moves import (
     moves,
     would_be,
 )
-from shardlab.plan.memory import MemoryOptions, memory_arrays
+from shardlab.plan.memory import MemoryOptions, memory_arrays, memory_options, rank_memory
 from shardlab.plan.offload import offload_refused
 from shardlab.plan.options import step_options_for
 from shardlab.plan.rules import R_OFFLOAD, REASONS, check_rules
@@ -82,6 +85,10 @@ from shardlab.plan.space import Space
 from shardlab.plan.step_time import StepOptions, step_seconds
 
 CATEGORIES: tuple[str, ...] = ("weights", "gradients", "optimizer", "activations")
+"""The kinds a change of layout is weighed against (the binding one is among them)."""
+SHOWN: tuple[str, ...] = (*CATEGORIES, "transient")
+"""``by_category``'s keys: the four and the framework's transient peak beyond them
+(:mod:`shardlab.plan.memory_peak`; 0 without a framework's memory facts)."""
 PAIRS_KEPT = 5
 """Pairs of changes :func:`explain_fit` keeps, fastest first (all of them would be up to a
 few dozen rows that say the same)."""
@@ -168,18 +175,16 @@ def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity
     node = gpus_per_node or acc.gpus_per_node
     lay = layout
 
-    stages = stage_memory(model, lay, dropout, options.flash, imbalance,
-                          options.recompute_modules, options.offload_layers)
-    peak = peak_stage(stages)
-    rank_bytes = [{"weights": s.states.weights, "gradients": s.states.gradients,
-                   "optimizer": s.states.optimizer, "activations": s.activations}
-                  for s in stages]
-    now = {c: float(v) for c, v in rank_bytes[peak.stage].items()}
-    without = {c: float(max(s.total - r[c] for s, r in zip(stages, rank_bytes, strict=True)))
-               for c in CATEGORIES}
+    mem_opt = memory_options(options, dropout=dropout, imbalance=imbalance)
+    base = knobs_of(lay)
+    ranks = rank_memory(model, knob_candidates([base], lay.global_batch, lay.capacity_factor,
+                                               lay.expert_fold), lay.seq, lay.dtype, mem_opt)
+    stage = max(range(len(ranks)), key=lambda r: ranks[r]["total"])  # the first busiest
+    peak = ranks[stage]["total"]
+    now = {c: ranks[stage][c] for c in SHOWN}
+    without = {c: max(r["total"] - r[c] for r in ranks) for c in CATEGORIES}
     binding = min(CATEGORIES, key=lambda c: (without[c], -now[c]))
 
-    base = knobs_of(lay)
     space = Space(gpus=lay.gpus, global_batch=lay.global_batch, seq=lay.seq,
                   gpus_per_node=node, train_only=train_only,
                   capacity_factor=lay.capacity_factor, expert_fold=lay.expert_fold)
@@ -190,18 +195,14 @@ def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity
     valid, rejected = _check(model, space, tried, options.offload_layers)
     skipped += [(k.label(base), why) for k, why in rejected]
 
-    mem_opt = MemoryOptions(dropout, options.flash, imbalance,
-                            fp8_params=options.fp8_params,
-                            offload_layers=options.offload_layers,
-                            recompute_modules=options.recompute_modules)
     step_now, priced = _price(model, lay, acc, base, valid, capacity, mem_opt, options)
     changes = _ordered(priced)
     pairs: list[FitChange] = []
     if not any(c.fits for c in changes):
         pairs = _pairs(model, lay, acc, base, singles, {base, *tried}, space, capacity,
                        mem_opt, options, node, train_only)
-    return FitAdvice(float(peak.total), now, peak.stage, capacity, peak.total <= capacity,
-                     binding, without, step_now, changes, pairs, skipped)
+    return FitAdvice(peak, now, stage, capacity, peak <= capacity, binding, without,
+                     step_now, changes, pairs, skipped)
 
 
 def layout_memory(model: ModelShape, layout: Layout, options: StepOptions, *, dropout: bool,
@@ -213,10 +214,9 @@ def layout_memory(model: ModelShape, layout: Layout, options: StepOptions, *, dr
     ``total``."""
     lay = layout
     c = knob_candidates([knobs_of(lay)], lay.global_batch, lay.capacity_factor, lay.expert_fold)
-    mem = memory_arrays(model, c, lay.seq, lay.dtype, MemoryOptions(
-        dropout, options.flash, imbalance, options.selective, options.memory,
-        options.fp8_params, options.offload_layers, options.recompute_modules))
-    out = {n: float(getattr(mem, n)[0]) for n in (*CATEGORIES, "transient")}
+    mem = memory_arrays(model, c, lay.seq, lay.dtype,
+                        memory_options(options, dropout=dropout, imbalance=imbalance))
+    out = {n: float(getattr(mem, n)[0]) for n in SHOWN}
     return {**out, "offloaded_to_host": float(mem.offloaded[0]), "total": float(mem.total[0])}
 
 
@@ -248,7 +248,7 @@ def _price(model: ModelShape, lay: Layout, acc: Accelerator, base: Knobs, states
     out = []
     for i, k in enumerate(states, 1):
         out.append(FitChange(k.label(base), k, int(c.microbatches[i]),
-                             {n: float(getattr(mem, n)[i]) for n in CATEGORIES},
+                             {n: float(getattr(mem, n)[i]) for n in SHOWN},
                              float(total[i]), bool(total[i] <= capacity), float(step[i]),
                              float(step[i] / step[0])))
     return float(step[0]), out

@@ -42,6 +42,7 @@ from shardlab.plan.memory_peak import (
 )
 from shardlab.plan.space import Candidates, unique_rows
 from shardlab.plan.stages import V_INDEX, rank_placement
+from shardlab.plan.step_inputs import StepOptions
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,16 @@ class MemoryOptions:
     recompute_modules: tuple[str, ...] = ()
     """Megatron's ``--recompute-modules`` under selective recompute
     (:data:`shardlab.estimate.activations.RECOMPUTE_MODULES`); (): the attention core."""
+
+
+def memory_options(options: StepOptions, *, dropout: bool, imbalance: float = 1.0
+                   ) -> MemoryOptions:
+    """The memory conventions a step-time model's ``options`` imply (its attention kernel,
+    selective convention, framework facts, fp8 weights, offloaded layers and recompute
+    modules): the one view ``plan``, its fit advice and ``budget --framework`` share."""
+    return MemoryOptions(dropout, options.flash, imbalance, options.selective,
+                         options.memory, options.fp8_params, options.offload_layers,
+                         options.recompute_modules)
 
 
 @dataclass
@@ -234,6 +245,17 @@ def _uniform(model: ModelShape) -> bool:
     return model.dense_layers in (0, model.layers)
 
 
+def _framework_policy(policy: DtypePolicy, opt: MemoryOptions) -> DtypePolicy:
+    """``policy`` with what the framework's memory facts say its layers keep."""
+    if policy.is_fp8 and opt.facts is not None and opt.facts.fp8_input_bytes:
+        # The framework's fp8 linear layers keep their inputs' fp8 copies for backward.
+        policy = replace(policy, input_bytes=opt.facts.fp8_input_bytes)
+    if opt.facts is not None and opt.facts.combine_bytes is not None:
+        # What the framework's MoE combine keeps for the gates' gradient.
+        policy = replace(policy, combine_bytes=opt.facts.combine_bytes)
+    return policy
+
+
 def memory_arrays(model: ModelShape, c: Candidates, seq: int, policy: DtypePolicy,
                   opt: MemoryOptions, all_ranks: bool | None = None) -> MemoryArrays:
     """Bytes on the busiest device of every layout in ``c`` (module docstring).
@@ -244,12 +266,7 @@ def memory_arrays(model: ModelShape, c: Candidates, seq: int, policy: DtypePolic
     """
     if all_ranks is None:
         all_ranks = not _uniform(model) or _needs_every_rank(model, c)
-    if policy.is_fp8 and opt.facts is not None and opt.facts.fp8_input_bytes:
-        # The framework's fp8 linear layers keep their inputs' fp8 copies for backward.
-        policy = replace(policy, input_bytes=opt.facts.fp8_input_bytes)
-    if opt.facts is not None and opt.facts.combine_bytes is not None:
-        # What the framework's MoE combine keeps for the gates' gradient.
-        policy = replace(policy, combine_bytes=opt.facts.combine_bytes)
+    policy = _framework_policy(policy, opt)
 
     def width(pp: int) -> int:
         """Ranks compared for a layout of ``pp`` stages."""
@@ -289,9 +306,10 @@ def zero_group_arrays(c: Candidates) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return shard * c.cp, experts, c.dp_replicate, np.where(hsdp, c.dp_replicate, 1)
 
 
-def _memory_block(model: ModelShape, c: Candidates, seq: int, policy: DtypePolicy,
-                  opt: MemoryOptions, all_ranks: bool) -> MemoryArrays:
-    """:func:`memory_arrays` of one block."""
+def _rank_block(model: ModelShape, c: Candidates, seq: int, policy: DtypePolicy,
+                opt: MemoryOptions, all_ranks: bool) -> dict[str, np.ndarray]:
+    """Bytes by kind at every pipeline rank compared (layouts x ranks; ``total`` is -inf
+    past a layout's pp): what :func:`memory_arrays` takes the busiest rank of."""
     rank, params, experts, dense, moe, head = _rank_tables(model, c, all_ranks)
     a_dense, a_moe, first, last = _activation_tables(model, c, seq, policy, opt)
     col = lambda x: np.asarray(x)[:, None]  # noqa: E731 - one layout per row
@@ -336,8 +354,32 @@ def _memory_block(model: ModelShape, c: Candidates, seq: int, policy: DtypePolic
         by_op=opt.selective == "op", rank=rank, dense=dense, moe=moe, head=head,
         modules=opt.recompute_modules)
     total = np.where(valid, w + g + o + act + trans, -np.inf)
-    peak = np.argmax(total, axis=1)
+    shape = total.shape
+    return {"weights": np.broadcast_to(w, shape), "gradients": np.broadcast_to(g, shape),
+            "optimizer": np.broadcast_to(o, shape), "activations": act,
+            "params": params, "stage": rank, "expert_params": experts,
+            "transient": np.broadcast_to(trans, shape), "offloaded": off, "total": total}
+
+
+def _memory_block(model: ModelShape, c: Candidates, seq: int, policy: DtypePolicy,
+                  opt: MemoryOptions, all_ranks: bool) -> MemoryArrays:
+    """:func:`memory_arrays` of one block: each layout's busiest rank."""
+    t = _rank_block(model, c, seq, policy, opt, all_ranks)
+    peak = np.argmax(t["total"], axis=1)
     rows = np.arange(len(c))
-    return MemoryArrays(w[rows, peak], g[rows, peak], o[rows, peak], act[rows, peak],
-                        params[rows, peak], rank[rows, peak], experts[rows, peak],
-                        trans[rows, peak], off[rows, peak])
+    return MemoryArrays(*(t[k][rows, peak] for k in (
+        "weights", "gradients", "optimizer", "activations", "params", "stage",
+        "expert_params", "transient", "offloaded")))
+
+
+def rank_memory(model: ModelShape, c: Candidates, seq: int, policy: DtypePolicy,
+                opt: MemoryOptions) -> list[dict[str, float]]:
+    """Bytes by kind (weights, gradients, optimizer, activations, transient, offloaded,
+    total) at each pipeline rank of the first layout of ``c``, rank 0 first: the figures
+    :func:`memory_arrays` takes the busiest of (the fit advice weighs what cutting one
+    kind would leave on every rank)."""
+    one = c.take(np.array([0]))
+    t = _rank_block(model, one, seq, _framework_policy(policy, opt), opt, True)
+    kinds = ("weights", "gradients", "optimizer", "activations", "transient", "offloaded",
+             "total")
+    return [{k: float(t[k][0, r]) for k in kinds} for r in range(int(one.pp[0]))]

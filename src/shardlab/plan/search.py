@@ -30,7 +30,7 @@ from shardlab.config.resolve import model_field, model_label
 from shardlab.errors import SpecError, require_positive_int
 from shardlab.plan.efficiency import efficiency_of
 from shardlab.plan.layer_time import probe_elementwise_bandwidth
-from shardlab.plan.memory import MemoryOptions, memory_arrays
+from shardlab.plan.memory import memory_arrays, memory_options
 from shardlab.plan.offload import check_offload, offload_refused
 from shardlab.plan.rules import R_MEMORY, R_OFFLOAD, REASONS, check_rules
 from shardlab.plan.space import (
@@ -221,11 +221,7 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
                         f"{space.gpus} devices (most fail: {first})")
     v = c.take(valid)
     mem = memory_arrays(model, v, space.seq, policy,
-                        MemoryOptions(dropout=dropout, flash=options.flash, imbalance=imbalance,
-                                      selective=options.selective, facts=options.memory,
-                                      fp8_params=options.fp8_params,
-                                      offload_layers=options.offload_layers,
-                                      recompute_modules=options.recompute_modules))
+                        memory_options(options, dropout=dropout, imbalance=imbalance))
     fits = mem.total <= usable
     reason = c.reason.copy()
     reason[np.flatnonzero(valid)[~fits]] = REASONS.index(R_MEMORY)

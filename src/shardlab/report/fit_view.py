@@ -36,8 +36,12 @@ def print_fit(fit: dict[str, Any]) -> None:
         title = ("No single change fits; pairs that do" if fit["pairs"][0]["fits"] else
                  "No single change or pair fits; the closest pair")
         show(table(title, columns, _rows(fit["pairs"])))
+    transient = fit["by_category"].get("transient", 0.0)
+    counted = ("as `plan` counts it with the framework's memory facts (its transient peak "
+               f"{human(transient, 'B')} as given)" if transient else
+               "states and saved activations, as `budget` counts them")
     show(f"  step: the planner's model (as `plan`), {human_seconds(fit['step_seconds'])} as "
-         "given; memory: as `budget` counts it (decimal)")
+         f"given; memory: {counted} (decimal)")
     if fit["skipped"]:
         show("  not tried: " + "; ".join(f"{s['change']} ({s['reason']})"
                                          for s in fit["skipped"]))
