@@ -161,6 +161,18 @@ def test_stored_curve_is_the_fit_on_calibration_runs_only(gpu: str, free: tuple[
     assert err < 0.15
 
 
+def test_doc_states_the_stored_curves() -> None:
+    text = " ".join(DOC.read_text(encoding="utf-8").split())
+    a100, h100, gb200 = (get_accelerator(g).efficiency for g in ("A100 SXM 80GB", "H100 SXM",
+                                                                 "GB200"))
+    assert a100 is not None and h100 is not None and gb200 is not None
+    assert (f"A100 {a100.peak_fraction:.3f} x peak x I/(I + {a100.half_intensity:.0f}); H100 "
+            f"{h100.peak_fraction:.3f} x peak x I/(I + {h100.half_intensity:.0f}), fp8 linear "
+            f"matmuls {h100.fp8_peak_fraction:.3f} of the fp8 peak; Blackwell "
+            f"{gb200.peak_fraction:.3f} x peak x I/(I + {gb200.half_intensity:.0f}), fp8 "
+            f"{gb200.fp8_peak_fraction:.3f}") in text
+
+
 def test_doc_reports_the_held_out_figures() -> None:
     mean, n = held_out_mean()
     worst = float(np.abs(held_out_errors()).max())
