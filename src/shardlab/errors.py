@@ -6,8 +6,10 @@ into exit code 2 and a single line, never a traceback.
 
 from __future__ import annotations
 
-SHOWN_CHARACTERS = 80
-"""How much of an over-long value an error line echoes (characters of its ``repr``)."""
+SHOWN_CHARACTERS = 160
+"""How much of an over-long value an error line echoes (characters of its ``repr``): a file
+path must reach the user whole (a deep temporary or project folder runs past 100
+characters), and pasted garbage still stays one line."""
 
 
 def clip(text: str, keep: int = SHOWN_CHARACTERS) -> str:
