@@ -11,7 +11,7 @@ from shardlab.config.catalog import get_model
 from shardlab.config.dtypes import get_policy
 from shardlab.estimate.activations import LOGIT_BYTES
 from shardlab.plan.memory import MemoryOptions, memory_arrays
-from shardlab.plan.memory_peak import MemoryFacts
+from shardlab.plan.memory_peak import MemoryFacts, gathered_input_bytes, rank_layout
 from shardlab.plan.overlap import FRAMEWORKS
 from shardlab.plan.published_memory import memory_errors, memory_runs, memory_table
 from shardlab.plan.search import layout_candidates
@@ -136,3 +136,36 @@ def test_torchtitan_loss_parallel_peaks_at_16_bytes_per_local_logit() -> None:
     logits = 2048 * model.vocab
     assert got[1] == pytest.approx((12 - 4) * logits, rel=1e-9)
     assert got[2] == pytest.approx((16 - 4) * logits / 2, rel=1e-9)
+
+
+@pytest.mark.parametrize(("policy", "per_token"), [("bf16", 2 - 2 / 4), ("fp8", 1 - 2 / 4)])
+def test_dtensor_sequence_parallel_keeps_its_gathered_inputs(policy: str,
+                                                             per_token: float) -> None:
+    """torchtitan (DTensor SP) keeps two gathered inputs per layer whole (T·h, in fp8 under
+    an fp8 policy) where Megatron keeps the T·h/t shard: saved without recompute, in the
+    recompute working set with full recompute (benchmarks/sp_saved_inputs.py)."""
+    model = get_model("llama-3-8b")  # 32 layers, h 4096
+    extra = 2 * 2 * 4096 * model.d_model * per_token  # micro-batch 2 x seq 4096, tp 4
+    lay = rank_layout(4096, get_policy(policy), 2, 4, True, "none", 1, 1, 1)
+    assert gathered_input_bytes(model, lay, 2) == pytest.approx(extra, rel=1e-12)
+    assert gathered_input_bytes(model, replace(lay, sp=False), 2) == 0.0
+    assert gathered_input_bytes(model, lay, 0) == 0.0
+    torchtitan = FRAMEWORKS["torchtitan"].memory
+    assert torchtitan is not None and torchtitan.sp_gathered_inputs == 2
+    # The loss's working set held to the fp32 logits already counted (0 added), so that a
+    # layer's working set is the transient peak; the same facts without the gathered inputs.
+    torchtitan = replace(torchtitan, loss_bytes=LOGIT_BYTES, parallel_loss_bytes=0.0)
+    megatron = replace(torchtitan, sp_gathered_inputs=0)
+
+    def mem(recompute: str, facts: MemoryFacts) -> object:
+        return _one("llama-3-8b", 8, 4, 4096, f"dp=2 tp=4 pp=1 sp=1 micro_batch=2 zero=1 "
+                    f"recompute={recompute}", policy, MemoryOptions(False, True,
+                                                                    facts=facts))
+
+    kept, shard = mem("none", torchtitan), mem("none", megatron)
+    assert kept.activations[0] - shard.activations[0] == pytest.approx(
+        model.layers * extra, rel=1e-9)
+    full, full_shard = mem("full", torchtitan), mem("full", megatron)
+    assert full.activations[0] == full_shard.activations[0]
+    # One layer runs again at a time: its gathered inputs join the working set.
+    assert full.transient[0] - full_shard.transient[0] == pytest.approx(extra, rel=1e-9)

@@ -207,6 +207,23 @@ def op_checkpoint_layer_bytes(m: ModelShape, micro_batch: int, seq: int, elem_by
     return e * sb * (block_input + saved + kernel + scatters) + 4.0 * m.heads * sb / tp
 
 
+def sp_gathered_bytes(m: ModelShape, tokens: int, tp: int, sp: bool, elem_bytes: int,
+                      gathered_bytes: int | None = None, inputs: int = 2) -> float:
+    """Bytes per layer that DTensor's sequence parallelism keeps beyond Korthikanti's count:
+    ``inputs`` linear inputs (the attention's, shared by q, k and v; the MLP's, shared by
+    its first matrices) all-gathered over the sequence and saved whole, ``tokens`` x h
+    each at ``gathered_bytes`` per element (default ``elem_bytes``; 1 where torchao's fp8
+    tensor parallelism casts before the gather), where Megatron-LM keeps the T·h/t shard
+    at ``elem_bytes`` and gathers it again in backward (Korthikanti et al. 2022, Sec.
+    4.2.2). 0 without sp or with tp = 1. Seen in torch's program: the gathered input saved
+    once at 1.00 x T·h (``benchmarks/sp_saved_inputs.py``, torch 2.13.0, tp 2 and 4) and in
+    shardlab's dry run of Llama-3-8B at tp 8 (``docs/agree.md``)."""
+    if inputs == 0 or not sp or tp == 1:
+        return 0.0
+    g = elem_bytes if gathered_bytes is None else gathered_bytes
+    return inputs * tokens * m.d_model * max(g - elem_bytes / tp, 0.0)
+
+
 def first_stage_extra_bytes(m: ModelShape, micro_batch: int, seq: int, *, tp: int = 1,
                             sp: bool = False, dropout: bool = True) -> float:
     """Embedding output dropout mask kept by the first stage, per micro-batch (1 byte/elem)."""

@@ -189,11 +189,12 @@ def _activation_tables(model: ModelShape, c: Candidates, seq: int, policy: Dtype
                           float(factors[cf]))
         local = seq // cp
         by_op = opt.selective == "op"
+        gathered = opt.facts.sp_gathered_inputs if opt.facts is not None else 0
         rows.append((
             saved_layer_bytes(model, lay, False, opt.dropout, opt.flash, by_op, opt.imbalance,
-                              opt.recompute_modules),
+                              opt.recompute_modules, gathered),
             saved_layer_bytes(model, lay, True, opt.dropout, opt.flash, by_op, opt.imbalance,
-                              opt.recompute_modules),
+                              opt.recompute_modules, gathered),
             first_stage_extra_bytes(model, mb, local, tp=tp, sp=bool(sp), dropout=opt.dropout),
             last_stage_extra_bytes(model, mb, local, elem, tp=tp, sp=bool(sp))))
     table = np.array(rows)[inv.ravel()]

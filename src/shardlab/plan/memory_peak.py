@@ -49,7 +49,11 @@ import numpy as np
 from shardlab.config.dtypes import DtypePolicy
 from shardlab.config.layout import RECOMPUTE, Layout
 from shardlab.config.model import ModelShape
-from shardlab.estimate.activations import LOGIT_BYTES, op_checkpoint_layer_bytes
+from shardlab.estimate.activations import (
+    LOGIT_BYTES,
+    op_checkpoint_layer_bytes,
+    sp_gathered_bytes,
+)
 from shardlab.estimate.memory import layer_bytes
 from shardlab.estimate.partition import layer_params_per_tp_rank
 from shardlab.plan.space import Candidates, unique_rows
@@ -76,6 +80,12 @@ class MemoryFacts:
     """Bytes of a linear layer's saved input when it multiplies in fp8 (0: the policy's
     activation bytes): 1 for Transformer Engine, which keeps the fp8 copy
     (:mod:`shardlab.estimate.activations`)."""
+    sp_gathered_inputs: int = 0
+    """Linear inputs per layer that sequence parallelism keeps all-gathered, the rank's
+    whole T x h rather than T x h/t (:func:`gathered_input_bytes`): 0 for Megatron-LM,
+    which saves the T·h/t shard and gathers it again in backward (Korthikanti et al. 2022,
+    Sec. 4.2.2); 2 for DTensor's sequence parallelism (torchtitan: the attention's input,
+    shared by wq, wk and wv, and the FFN's, shared by w1 and w3)."""
 
 
 def rank_layout(seq: int, policy: DtypePolicy, micro_batch: int, tp: int, sp: bool,
@@ -88,24 +98,41 @@ def rank_layout(seq: int, policy: DtypePolicy, micro_batch: int, tp: int, sp: bo
                   schedule="1f1b", ep=ep, etp=etp, capacity_factor=capacity_factor, cp=cp)
 
 
+def gathered_input_bytes(model: ModelShape, lay: Layout, inputs: int) -> float:
+    """:func:`~shardlab.estimate.activations.sp_gathered_bytes` on a rank of ``lay`` (its
+    T = b·s/cp tokens; under an fp8 policy gathered in fp8, as torchao's tensorwise fp8
+    tensor parallelism does): what :attr:`MemoryFacts.sp_gathered_inputs` adds per layer
+    and micro-batch."""
+    return sp_gathered_bytes(model, lay.micro_batch * (lay.seq // lay.cp), lay.tp, lay.sp,
+                             lay.dtype.activation_bytes, 1 if lay.dtype.is_fp8 else None,
+                             inputs)
+
+
 def saved_layer_bytes(model: ModelShape, lay: Layout, moe_layer: bool, dropout: bool,
                       flash: bool, by_op: bool, imbalance: float = 1.0,
-                      modules: tuple[str, ...] = ()) -> float:
+                      modules: tuple[str, ...] = (), gathered: int = 0) -> float:
     """Bytes one layer saves per micro-batch on a rank of ``lay``: per-operator
     checkpointing's set (:func:`~shardlab.estimate.activations.op_checkpoint_layer_bytes`,
     the rank's s/cp tokens) for a dense layer under selective recompute when ``by_op``,
-    else :func:`shardlab.estimate.memory.layer_bytes`."""
+    else :func:`shardlab.estimate.memory.layer_bytes`; plus ``gathered`` all-gathered
+    inputs (:func:`gathered_input_bytes`) where the layer keeps its linear inputs (no
+    recompute, or Korthikanti's selective recompute; per-operator checkpointing gathers
+    them again, as full recompute does)."""
     if by_op and lay.recompute == "selective" and not moe_layer:
         return op_checkpoint_layer_bytes(model, lay.micro_batch, lay.seq // lay.cp,
                                          lay.dtype.activation_bytes, tp=lay.tp, sp=lay.sp)
-    return layer_bytes(model, lay, moe_layer, dropout, flash, imbalance, modules)
+    kept = lay.recompute == "none" or (lay.recompute == "selective" and not by_op)
+    extra = gathered_input_bytes(model, lay, gathered) if kept else 0.0
+    return layer_bytes(model, lay, moe_layer, dropout, flash, imbalance, modules) + extra
 
 
 def working_tables(model: ModelShape, c: Candidates, seq: int, policy: DtypePolicy,
-                   dropout: bool, flash: bool, by_op: bool, modules: tuple[str, ...] = ()
-                   ) -> tuple[np.ndarray, np.ndarray]:
+                   dropout: bool, flash: bool, by_op: bool, modules: tuple[str, ...] = (),
+                   gathered: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Per layout: the recompute working set of one dense and one MoE layer (bytes; 0
-    without recompute), per distinct (micro-batch, tp, sp, recompute, ep, etp, cp)."""
+    without recompute), per distinct (micro-batch, tp, sp, recompute, ep, etp, cp); with
+    ``gathered`` all-gathered inputs (:func:`gathered_input_bytes`) in the layer's whole
+    set, held while it runs again unless the layer had saved them."""
     uniq, inv = unique_rows(c.micro_batch, c.tp, c.sp, c.recompute, c.ep, c.etp, c.cp)
     rows = []
     for mb, tp, sp, rc, ep, etp, cp in uniq.tolist():
@@ -117,7 +144,9 @@ def working_tables(model: ModelShape, c: Candidates, seq: int, policy: DtypePoli
                        for r in ("none", kind))
         rows.append(tuple(
             max(layer_bytes(model, whole, moe, dropout, flash)
-                - saved_layer_bytes(model, kept, moe, dropout, flash, by_op, 1.0, modules),
+                + gathered_input_bytes(model, whole, gathered)
+                - saved_layer_bytes(model, kept, moe, dropout, flash, by_op, 1.0, modules,
+                                    gathered),
                 0.0)
             for moe in (False, True)))
     table = np.array(rows)[inv.ravel()]
@@ -147,7 +176,8 @@ def transient_bytes(model: ModelShape, c: Candidates, seq: int, policy: DtypePol
     per_logit = np.where(col(c.tp) > 1, facts.parallel_loss_bytes or facts.loss_bytes,
                          facts.loss_bytes)
     loss = np.where(head, np.maximum(per_logit - LOGIT_BYTES, 0.0) * logits, 0.0)
-    w_dense, w_moe = working_tables(model, c, seq, policy, dropout, flash, by_op, modules)
+    w_dense, w_moe = working_tables(model, c, seq, policy, dropout, flash, by_op, modules,
+                                    facts.sp_gathered_inputs)
     working = np.maximum(np.where(dense > 0, col(w_dense), 0.0),
                          np.where(moe > 0, col(w_moe), 0.0))
     # ZeRO-3's gathered layers and unsharded gradients (a shard group of one gathers nothing).

@@ -203,7 +203,8 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
         flash_kernel="fa2", grad_reduce_bytes=4, selective="op", loss_bytes=36,
         reduce_each_micro=True, cp_expanded_kv=True, expert_fold=True,
         memory=MemoryFacts(loss_bytes=12.0, reduce_bytes=4, fsdp2_root=True,
-                           combine_bytes=4, parallel_loss_bytes=16.0, source=
+                           combine_bytes=4, parallel_loss_bytes=16.0, sp_gathered_inputs=2,
+                           source=
             "torchtitan 9dec370: the bf16 logits go to cross_entropy(pred.float()) and "
             "'del pred' before backward (train.py), so log_softmax's saved fp32 output, the "
             "nll gradient and log_softmax_backward's fp32 result meet at 12 B per logit; "
@@ -214,7 +215,13 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
             "their gradient; with tp, loss_parallel's DTensor cross-entropy (torch "
             "distributed/tensor/parallel/loss.py: '(grad_input + torch.exp(x)) * "
             "grad_output' over zeros_like(x)) peaks at 16 B per local logit in backward "
-            "(saved fp32 log-probs, zeros, exp, the sum; measured on CPU with torch 2.9.1)"),
+            "(saved fp32 log-probs, zeros, exp, the sum; measured on CPU with torch 2.9.1); "
+            "DTensor's sequence parallelism keeps the all-gathered input of the attention "
+            "(shared by wq, wk, wv) and of the FFN (w1, w3) whole for their backward "
+            "(benchmarks/sp_saved_inputs.py, torch 2.13.0 on CPU: the gathered input saved "
+            "once at 1.00 x T·h beside a 0.25 x T·h shard at tp 4), in fp8 under torchao's "
+            "tensorwise fp8 TP (it casts before the all-gather), gathered again only when "
+            "the layer is checkpointed"),
         source=
         "torchtitan: FSDP2 prefetches the next layer's all-gather and reduce-scatters on a "
         "side stream (no flag); parallelism.enable_async_tensor_parallel defaults to False; "

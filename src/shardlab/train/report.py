@@ -13,6 +13,7 @@ from shardlab.estimate.activations import (
     first_stage_extra_bytes,
     last_stage_extra_bytes,
     layer_activation_bytes,
+    sp_gathered_bytes,
 )
 from shardlab.estimate.comm import (
     embedding_sync_bytes,
@@ -168,8 +169,8 @@ def predicted_activation_bytes(cfg: Any, pp_rank: int,
     # So do every block's q/k/v and MLP inputs (two [b, s, d] per layer; Megatron keeps
     # the 1/t shard and gathers it again in backward): measured by the dry run of
     # Llama-3-8B, docs/agree.md.
-    gathered = (2 * bs * cfg.shape.d_model * e * (1 - 1 / cfg.tp)
-                if cfg.sp and cfg.tp > 1 and cfg.recompute != "full" else 0)
+    gathered = (sp_gathered_bytes(cfg.shape, bs, cfg.tp, cfg.sp, e)
+                if cfg.recompute != "full" else 0)
     # Without loss parallelism the head's output is gathered over the vocabulary: each
     # tensor-parallel rank keeps the whole [b, s, V] logits (in the compute dtype) that
     # the loss reads, where the cost model counts 1/t of them in fp32.
