@@ -68,6 +68,15 @@ def make_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pa
     return make
 
 
+@pytest.fixture(autouse=True)
+def _private_home(tmp_path_factory: pytest.TempPathFactory,
+                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test gets an empty SHARDLAB_HOME of its own: none reads or writes this user's
+    ``~/.cache/shardlab`` (a stored CPU measurement there once decided a test's outcome);
+    a test that needs a stored CPU asks for ``cpu_home``."""
+    monkeypatch.setenv("SHARDLAB_HOME", str(tmp_path_factory.mktemp("home")))
+
+
 @pytest.fixture
 def cpu_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A stored measurement of a made-up CPU: `plan --gpu cpu` without timing anything."""
