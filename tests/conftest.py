@@ -1,6 +1,9 @@
 """Suite-wide settings: hypothesis without per-example deadlines (2 shared cores are noisy),
 and the tiny tokenizers the data tests train here (nothing is downloaded)."""
 
+import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -66,6 +69,20 @@ def make_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pa
         return path
 
     return make
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A private SHARDLAB_HOME for the whole session (each xdist worker its own) before any
+    fixture runs, module- and session-scoped ones included; :func:`_private_home` then
+    gives each test an empty one."""
+    os.environ["SHARDLAB_HOME"] = tempfile.mkdtemp(prefix="shardlab-home-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the session's SHARDLAB_HOME."""
+    home = os.environ.pop("SHARDLAB_HOME", "")
+    if os.path.basename(home).startswith("shardlab-home-"):
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

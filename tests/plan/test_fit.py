@@ -1,9 +1,11 @@
 """Fit advice: what binds, and each change priced exactly as budget and plan price it."""
 
+import dataclasses
 from typing import Any
 
 import pytest
 
+from shardlab.cli import main
 from shardlab.config.catalog import get_model
 from shardlab.config.dtypes import get_policy
 from shardlab.config.hardware import get_accelerator
@@ -215,31 +217,69 @@ def test_layout_memory_without_facts_is_the_budgets_and_with_them_adds_a_transie
                                                                         "transient")))
 
 
-@pytest.mark.parametrize("framework", ["megatron", "torchtitan"])
-def test_under_a_framework_the_advice_counts_memory_as_plan_does(framework: str) -> None:
-    """One view: with a framework's memory facts, the current figure (rank by rank) and
-    every change's are what ``plan --framework`` says for that layout, transient included,
-    not budget's states and saved activations."""
-    lay = make_layout(LLAMA3_8B, gpus=16, tp=2, zero=1, sp=True, micro_batch=4,
-                      global_batch=64, seq=8192, recompute="selective")
+QWEN_MIXED = dataclasses.replace(  # 4 dense layers before 44 MoE layers
+    get_model("qwen3-30b-a3b"), moe=dataclasses.replace(get_model("qwen3-30b-a3b").moe,
+                                                        dense_layers=4))
+FRAMEWORK_CASES = [
+    ("megatron", LLAMA3_8B, 16, "dp=8 tp=2 zero=1 sp=1 micro_batch=4 recompute=selective"),
+    ("torchtitan", LLAMA3_8B, 16, "dp=8 tp=2 zero=1 sp=1 micro_batch=4 recompute=selective"),
+    ("megatron", LLAMA3_8B, 16,
+     "dp=2 tp=2 pp=4 virtual=2 zero=1 sp=1 micro_batch=4 recompute=none schedule=zb-v"),
+    ("megatron", LLAMA3_8B, 16,
+     "dp=2 tp=2 pp=4 zero=1 sp=1 micro_batch=4 recompute=none stage_layers=5+9+9+9"),
+    ("torchtitan", QWEN_MIXED, 16, "dp=8 pp=2 ep=8 zero=3 micro_batch=2 recompute=none"),
+]
+
+
+@pytest.mark.parametrize(("framework", "model", "gpus", "text"), FRAMEWORK_CASES)
+def test_under_a_framework_the_advice_counts_memory_as_plan_does(
+        framework: str, model: ModelShape, gpus: int, text: str) -> None:
+    """One view: with a framework's memory facts, the current figure (rank by rank: pp > 1
+    under a V schedule, an uneven split, dense and MoE layers) and every change's are what
+    ``plan --framework`` says for that layout, transient included, and so are the
+    verdicts; not budget's states and saved activations."""
     options = step_options_for(H100, flash=True, framework=framework)
-    a = explain_fit(LLAMA3_8B, lay, H100, capacity=40e9, dropout=False, options=options)
-    space = Space(gpus=16, global_batch=64, seq=8192)
+    space = Space(gpus=gpus, global_batch=64, seq=8192, expert_fold=True)
     bf16 = get_policy("bf16")
 
-    def planned(text: str) -> dict[str, Any]:
-        return plan(LLAMA3_8B, H100, space, bf16, options=options,
-                    only=layout_candidates(LLAMA3_8B, space, text)).best[0]
+    def planned(layout: str) -> tuple[dict[str, Any], float]:
+        p = plan(model, H100, space, bf16, options=options,
+                 only=layout_candidates(model, space, layout))
+        return p.best[0], p.device_memory
 
-    given = planned("dp=8 tp=2 zero=1 sp=1 micro_batch=4 recompute=selective")
-    assert not a.fits
+    given, usable = planned(text)
+    g = given
+    lay = make_layout(model, gpus=gpus, dp=g["dp"], tp=g["tp"], pp=g["pp"],
+                      virtual_stages=g["virtual_stages"], zero=g["zero"], sp=g["sp"],
+                      micro_batch=g["micro_batch"], global_batch=64, seq=8192,
+                      recompute=g["recompute"], schedule=g["schedule"], ep=g["ep"],
+                      etp=g["etp"], stage_layers=g["stage_layers"], expert_fold=True)
+    a = explain_fit(model, lay, H100, capacity=usable, dropout=False, options=options)
+    assert a.memory_facts and a.as_dict()["memory_facts"] is True
+    assert a.fits == given["fits"] is False
     assert a.memory_bytes == pytest.approx(given["memory_per_device"], rel=1e-12)
-    assert a.by_category["transient"] > 0.0
+    assert a.by_category == pytest.approx(
+        {k: given["memory_breakdown"][k] for k in a.by_category}, rel=1e-12)
     assert a.memory_bytes == pytest.approx(sum(a.by_category.values()), rel=1e-12)
-    budget_view = max(stage_memory(LLAMA3_8B, lay, False, True), key=lambda s: s.total)
+    budget_view = max(stage_memory(model, lay, False, True), key=lambda s: s.total)
     assert a.memory_bytes != pytest.approx(budget_view.total, rel=1e-3)
     assert a.step_seconds == pytest.approx(given["step_seconds"], rel=1e-12)
     for c in a.changes:
-        p = planned(_layout_text(c))
+        p, _ = planned(_layout_text(c) + (f" ep={c.knobs.ep}" if model.moe else ""))
         assert c.memory_bytes == pytest.approx(p["memory_per_device"], rel=1e-12), c.change
-        assert c.fits == (c.memory_bytes <= 40e9)
+        assert c.fits == p["fits"], c.change
+
+
+def test_the_footnote_names_the_count(capsys: pytest.CaptureFixture[str]) -> None:
+    """Memory facts with no transient on the busiest rank still say the plan's count."""
+    code = main(["plan", "llama-3-8b", "--gpus", "16", "--seq", "8192", "--global-batch",
+                 "64", "--framework", "megatron", "--layout",
+                 "dp=2 tp=2 pp=4 micro_batch=4 zero=1 recompute=none sp=1 schedule=1f1b"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 0 and "What binds" in out
+    assert "as `plan` counts it with the framework's memory facts" in out
+    assert "as `budget` counts them" not in out
+    code = main(["plan", "llama-3-8b", "--gpus", "8", "--seq", "4096", "--global-batch", "64",
+                 "--layout", "dp=8 micro_batch=1 zero=0"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 0 and "states and saved activations, as `budget` counts them" in out

@@ -139,6 +139,9 @@ class FitAdvice:
     changes: list[FitChange]
     pairs: list[FitChange]
     skipped: list[tuple[str, str]]
+    memory_facts: bool = False
+    """Whether memory is counted with a framework's memory facts (``plan --framework``)
+    rather than as states and saved activations (``budget``)."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (the ``fit`` object of ``budget --json`` and ``plan --json``)."""
@@ -149,7 +152,8 @@ class FitAdvice:
                 "step_seconds": self.step_seconds,
                 "changes": [c.as_dict() for c in self.changes],
                 "pairs": [c.as_dict() for c in self.pairs],
-                "skipped": [{"change": c, "reason": r} for c, r in self.skipped]}
+                "skipped": [{"change": c, "reason": r} for c, r in self.skipped],
+                "memory_facts": self.memory_facts}
 
 
 def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity: float,
@@ -202,7 +206,7 @@ def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity
         pairs = _pairs(model, lay, acc, base, singles, {base, *tried}, space, capacity,
                        mem_opt, options, node, train_only)
     return FitAdvice(peak, now, stage, capacity, peak <= capacity, binding, without,
-                     step_now, changes, pairs, skipped)
+                     step_now, changes, pairs, skipped, options.memory is not None)
 
 
 def layout_memory(model: ModelShape, layout: Layout, options: StepOptions, *, dropout: bool,

@@ -116,12 +116,16 @@ def saved_layer_bytes(model: ModelShape, lay: Layout, moe_layer: bool, dropout: 
     the rank's s/cp tokens) for a dense layer under selective recompute when ``by_op``,
     else :func:`shardlab.estimate.memory.layer_bytes`; plus ``gathered`` all-gathered
     inputs (:func:`gathered_input_bytes`) where the layer keeps its linear inputs (no
-    recompute, or Korthikanti's selective recompute; per-operator checkpointing gathers
+    recompute, or Korthikanti's selective recompute, which a MoE layer under per-operator
+    checkpointing is counted as; a dense layer under per-operator checkpointing gathers
     them again, as full recompute does)."""
     if by_op and lay.recompute == "selective" and not moe_layer:
         return op_checkpoint_layer_bytes(model, lay.micro_batch, lay.seq // lay.cp,
                                          lay.dtype.activation_bytes, tp=lay.tp, sp=lay.sp)
-    kept = lay.recompute == "none" or (lay.recompute == "selective" and not by_op)
+    # A MoE layer under per-operator checkpointing is counted as Korthikanti's selective
+    # (its linear inputs kept), so it keeps the gathered ones too.
+    kept = lay.recompute == "none" or (lay.recompute == "selective"
+                                       and (not by_op or moe_layer))
     extra = gathered_input_bytes(model, lay, gathered) if kept else 0.0
     return layer_bytes(model, lay, moe_layer, dropout, flash, imbalance, modules) + extra
 

@@ -38,7 +38,7 @@ def print_fit(fit: dict[str, Any]) -> None:
         show(table(title, columns, _rows(fit["pairs"])))
     transient = fit["by_category"].get("transient", 0.0)
     counted = ("as `plan` counts it with the framework's memory facts (its transient peak "
-               f"{human(transient, 'B')} as given)" if transient else
+               f"{human(transient, 'B')} as given)" if fit.get("memory_facts") else
                "states and saved activations, as `budget` counts them")
     show(f"  step: the planner's model (as `plan`), {human_seconds(fit['step_seconds'])} as "
          f"given; memory: {counted} (decimal)")
