@@ -3,6 +3,7 @@ and the tiny tokenizers the data tests train here (nothing is downloaded)."""
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -76,6 +77,14 @@ def pytest_configure(config: pytest.Config) -> None:
     fixture runs, module- and session-scoped ones included; :func:`_private_home` then
     gives each test an empty one."""
     os.environ["SHARDLAB_HOME"] = tempfile.mkdtemp(prefix="shardlab-home-")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # `make test`'s two workers share the cores: one torch thread each (torch reads
+        # OMP_NUM_THREADS when it loads, and the processes a test starts inherit it), so
+        # a worker's matmuls never spin-wait beside the other worker's real ranks (seen:
+        # a module's real runs took 212 s instead of 73).
+        os.environ["OMP_NUM_THREADS"] = "1"
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(1)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
