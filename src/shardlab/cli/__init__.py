@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from shardlab import __version__
@@ -73,6 +75,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         # Ctrl-C: one line and the shell's code for SIGINT (128 + 2), no traceback.
         sys.stderr.write(f"shardlab {args.command}: interrupted\n")
+        if argv is None and threading.current_thread() is threading.main_thread():
+            # The program is ending: a second SIGINT (Ctrl-C pressed again, or one that
+            # reaches this process late while its ranks stop) would raise inside the
+            # interpreter's exit and print "Exception ignored in: <finalize object>" with
+            # a cut traceback (seen under load in tests/train/test_stops.py). Only when
+            # this is the program itself (argv from the command line), not a caller's
+            # main([...]).
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         return 130
     except BrokenPipeError:
         # `shardlab ... | head` closed the pipe: not an error. Point stdout at /dev/null so
