@@ -49,7 +49,7 @@ slurm:
 	  fi; }
 
 # Two pytest-xdist workers, each test file on one of them (a module's fixtures, such as
-# test_train_cli's real runs, are built once; the report tests' demo runs once for both),
+# test_train_cli's real runs, are built once; session fixtures once per worker),
 # one torch thread per worker (tests/conftest.py): the suite's real processes wait on one
 # another and on start-up while the other worker checks pure-Python code. On the 2-core
 # AMD EPYC (AVX2 only) of 2026-12-02: 407 to 539 s of tests in five fresh-clone runs
