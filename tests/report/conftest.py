@@ -6,10 +6,7 @@ start, the browser tests are skipped with a line that says which and how to inst
 
 from __future__ import annotations
 
-import dataclasses
-import fcntl
 import io
-import json
 import os
 import shutil
 import subprocess
@@ -142,43 +139,23 @@ class Demo:
         return self.cwd / "demo-report.html"
 
 
-def _run_demo(cwd: Path) -> Demo:
-    """``shardlab demo --steps 4`` in ``cwd`` with a SHARDLAB_HOME of its own there."""
-    cwd.mkdir(parents=True, exist_ok=True)
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
+    """``shardlab demo --steps 4`` run once for the suite, in a fresh folder with a fresh
+    SHARDLAB_HOME (so it measures this CPU itself, with a 1 s budget for the in-process
+    phases, and writes nothing in ~). Its training run (FSDP on 2 processes, parity with
+    one process) is the run directory the run-report tests read.
+
+    About 27 s, over the suite's 30 s mark for one test with the browser tests' share:
+    the whole demo is the test (budget, plan, measuring this CPU's 2-rank runtime, about
+    12 s on any CPU, a real 2-process run and one process beside it, the report)."""
+    cwd = tmp_path_factory.mktemp("demo")
     env = {**os.environ, "SHARDLAB_HOME": str(cwd / "home")}
     start = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "shardlab", "demo", "--steps", "4", "--run-dir",
                         str(cwd / "run"), "--measure-seconds", "1"], cwd=cwd, env=env,
                        capture_output=True, text=True, timeout=300)
     return Demo(cwd, r.returncode, r.stdout, r.stderr, time.perf_counter() - start)
-
-
-@pytest.fixture(scope="session")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
-    """``shardlab demo --steps 4`` run once for the suite, in a fresh folder with a fresh
-    SHARDLAB_HOME (so it measures this CPU itself, with a 1 s budget for the in-process
-    phases, and writes nothing in ~). Its training run (FSDP on 2 processes, parity with
-    one process) is the run directory the run-report tests read; the tests only read it
-    (a test that writes copies it first).
-
-    About 27 s, over the suite's 30 s mark for one test with the browser tests' share:
-    the whole demo is the test (budget, plan, measuring this CPU's 2-rank runtime, about
-    12 s on any CPU, a real 2-process run and one process beside it, the report). Under
-    `make test`'s xdist workers it runs once, not once per worker: the first worker to
-    need it runs it in the session's shared temporary folder under a lock, the other
-    reads its record."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return _run_demo(tmp_path_factory.mktemp("demo"))
-    shared = tmp_path_factory.getbasetemp().parent  # this session's, shared by its workers
-    with open(shared / "demo.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        record = shared / "demo.json"
-        if record.is_file():
-            d = json.loads(record.read_text())
-            return Demo(Path(d.pop("cwd")), **d)
-        done = _run_demo(shared / "demo")
-        record.write_text(json.dumps({**dataclasses.asdict(done), "cwd": str(done.cwd)}))
-        return done
 
 
 @pytest.fixture(scope="session")
