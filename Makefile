@@ -52,8 +52,9 @@ slurm:
 # test_train_cli's real runs, are built once; session fixtures once per worker),
 # one torch thread per worker (tests/conftest.py): the suite's real processes wait on one
 # another and on start-up while the other worker checks pure-Python code. On the 2-core
-# AMD EPYC (AVX2 only) of 2026-12-02: 407 to 539 s of tests in five fresh-clone runs
-# (which multi-rank files happen to overlap varies), against 533 s serially (one run).
+# AMD EPYC (AVX2 only) of 2026-12-02: 407 to 533 s of tests in five fresh-clone runs
+# (which multi-rank files overlap varies, and the machine slowed during the day),
+# against 533 s serially (one run).
 # (`--dist loadgroup` would keep tests/report's files together, but with pytest 9.2 and
 # xdist 3.8 it groups nothing, even with explicit xdist_group marks.)
 # `PYTEST_WORKERS=0 make test` runs it serially; `.venv/bin/pytest tests/...` any part.

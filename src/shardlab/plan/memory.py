@@ -24,7 +24,7 @@ of a search equal to ``stage_memory``.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -103,6 +103,9 @@ class MemoryArrays:
         return (self.weights + self.gradients + self.optimizer + self.activations
                 + self.transient)
 
+
+ARRAY_KINDS: tuple[str, ...] = tuple(f.name for f in fields(MemoryArrays))
+""":class:`MemoryArrays`' fields in order: the kinds each block's rank tables hold."""
 
 COMPARED = 4
 """Pipeline ranks compared per layout when every layer is alike (:func:`_compared`)."""
@@ -278,8 +281,7 @@ def memory_arrays(model: ModelShape, c: Candidates, seq: int, policy: DtypePolic
     # Shallow layouts first, so each block's tables are as wide as its own deepest pipeline.
     order = np.argsort(c.pp, kind="stable")
     depth = c.pp[order]
-    keys = ("weights", "gradients", "optimizer", "activations", "params", "stage",
-            "expert_params", "transient", "offloaded")
+    keys = ARRAY_KINDS
     out = {k: np.zeros(len(c), dtype=np.int64 if k == "stage" else float) for k in keys}
     start = 0
     while start < len(c):
@@ -368,9 +370,7 @@ def _memory_block(model: ModelShape, c: Candidates, seq: int, policy: DtypePolic
     t = _rank_block(model, c, seq, policy, opt, all_ranks)
     peak = np.argmax(t["total"], axis=1)
     rows = np.arange(len(c))
-    return MemoryArrays(*(t[k][rows, peak] for k in (
-        "weights", "gradients", "optimizer", "activations", "params", "stage",
-        "expert_params", "transient", "offloaded")))
+    return MemoryArrays(*(t[k][rows, peak] for k in ARRAY_KINDS))
 
 
 def rank_memory(model: ModelShape, c: Candidates, seq: int, policy: DtypePolicy,
