@@ -14,6 +14,7 @@ from shardlab.plan.overlap import (
     mode,
     pp_exposed,
     pp_on,
+    pp_unhidden,
     tp_exposed,
 )
 from shardlab.plan.search import layout_step_keys
@@ -40,10 +41,25 @@ def test_tp_overlap_hides_all_but_the_first_chunk_s_share() -> None:
 def test_pp_overlap_leaves_the_first_and_last_message() -> None:
     msg, n = np.array([0.1, 0.5]), np.array([16.0, 16.0])
     chunk = np.array([0.3, 0.3])
-    exposed = pp_exposed(msg, n, chunk, np.array([True, True]))
-    assert exposed.tolist() == pytest.approx([0.2, 1.0 + 16 * 0.2])
-    assert pp_exposed(msg, n, chunk, np.array([False, False])).tolist() == pytest.approx(
-        [1.6, 8.0])
+    shape = (np.array([4, 4]), np.array([2, 2]), np.array([4, 4]))  # pp, v, m
+    exposed = pp_exposed(msg, n, chunk, "on", *shape)
+    # 2 messages exposed; the other 14 each exceed 0.3 s of chunk by 0 and 0.2 s.
+    assert exposed.tolist() == pytest.approx([0.2, 1.0 + 14 * 0.2])
+    assert pp_exposed(msg, n, chunk, "off", *shape).tolist() == pytest.approx([1.6, 8.0])
+
+
+def test_megatron_leaves_the_warmup_and_flush_messages_exposed() -> None:
+    # Megatron-Core's first-stage warmup, min((p-1)·2 + (v-1)·p, m·v), and as many flush
+    # messages; m = p makes every chunk warmup.
+    p, v, m = np.array([8, 8, 4, 4]), np.array([8, 2, 2, 1]), np.array([16, 64, 4, 16])
+    assert pp_unhidden("interleaved", p, v, m).tolist() == [2 * 70, 2 * 22, 2 * 8, 2 * 6]
+    assert pp_unhidden("on", p, v, m).tolist() == [2.0] * 4
+    msg, chunk = np.full(4, 0.1), np.full(4, 1.0)
+    n = 2.0 * v * m
+    got = pp_exposed(msg, n, chunk, "interleaved", p, v, m)
+    # v = 1: Megatron's overlap is for interleaved schedules only, so all of them.
+    assert got.tolist() == pytest.approx([14.0, 4.4, 1.6, 3.2])
+    assert pp_on("interleaved", v).tolist() == [True, True, True, False]
 
 
 def test_modes_that_depend_on_the_layout() -> None:

@@ -171,7 +171,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    'and parameter all-gather per bucket or layer behind backward/forward), '
                    'overlap_tp (tensor-parallel collectives split alongside their matmuls: '
                    "Megatron's --tp-comm-overlap, torch async TP), overlap_pp (pipeline "
-                   "sends/receives behind the next chunk's compute), overlap_ep (MoE "
+                   "sends/receives behind the next chunk's compute, the warmup's and "
+                   "flush's too; Megatron's default overlaps only interleaved schedules' "
+                   "steady phase), overlap_ep (MoE "
                    "all-to-alls beside another micro-batch's compute: Megatron's "
                    "--overlap-moe-expert-parallel-comm), fused_norm (RMSNorm in "
                    'one kernel, else eager torch), fused_accumulation (the weight-gradient '

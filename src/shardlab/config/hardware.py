@@ -245,7 +245,7 @@ H100_EFFICIENCY = Efficiency(
     fp8_peak_fraction=0.677,
     flash_fractions=_HOPPER_FLASH)
 BLACKWELL_EFFICIENCY = Efficiency(
-    0.535, H100_EFFICIENCY.half_intensity,
+    0.546, H100_EFFICIENCY.half_intensity,
     H100_EFFICIENCY.op_overhead, H100_EFFICIENCY.link_fraction,
     "peak_fraction fitted on one bf16 calibration run, NVIDIA dgxc-benchmarking's Llama 3.1 "
     "405B bf16 on 256 GB200 (TP 4, PP 8, CP 2, VP 8; plan/runs_dgxc.py), then "

@@ -30,10 +30,17 @@ StepOptions` fields), each ``off``, ``on`` or the narrower case a framework enab
   2024). ``overlap_tp=1`` means the framework's kind. The embedding's and head's
   collectives stay exposed.
 * **overlap_pp**: pipeline sends and receives of one chunk run while the next chunk
-  computes (Megatron-LM's ``overlap_p2p_comm``, used by its interleaved schedule). The
-  first receive and the last send have nothing to run beside them: exposed
-  2 x one message, plus any part of each message longer than a chunk's forward.
-  ``interleaved``: on for interleaved schedules only (Megatron-LM).
+  computes (Megatron-LM's ``overlap_p2p_comm``, used by its interleaved schedule). ``on``:
+  every message but the first receive and the last send hides (exposed 2 x one message,
+  plus any part of each message longer than a chunk's forward: Megatron's
+  ``overlap_p2p_comm_warmup_flush``). ``interleaved`` (Megatron-LM's default): on for
+  interleaved schedules only, and only in their steady 1F1B phase: Megatron-Core's
+  ``overlap_p2p_comm_warmup_flush`` defaults to False ("if set, overlap pipeline parallel
+  communication in warmup and flush", model_parallel_config.py), so the warmup's forward
+  messages and the flush's backward messages wait in line: W each on the first stage,
+  W = min((p-1)·2 + (v-1)·p, m·v) (schedules.py ``num_warmup_microbatches``, with
+  ``microbatch_group_size_per_vp_stage`` at its default p; all m·v when m = p) (:func:
+  `pp_unhidden`).
 
 :data:`FRAMEWORKS` gives each framework's defaults (``--framework``), each with where it
 comes from; a ``--layout`` key overrides one. Without ``--framework`` the planner keeps
@@ -196,7 +203,8 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
         "Megatron-LM megatron/training/arguments.py: --overlap-grad-reduce and "
         "--overlap-param-gather are store_true (default off), --tp-comm-overlap store_true "
         "(off), --no-overlap-p2p-communication store_false into overlap_p2p_comm (on; the "
-        "interleaved schedule uses it), --no-gradient-accumulation-fusion store_false "
+        "interleaved schedule uses it, in its steady phase only: ModelParallelConfig."
+        "overlap_p2p_comm_warmup_flush = False), --no-gradient-accumulation-fusion store_false "
         "(fusion on); norms are Transformer Engine / Apex fused kernels"),
     Framework(
         "torchtitan", "on", "off", "off", False, False, tp_overlap_kind="forward",
@@ -319,9 +327,26 @@ def tp_exposed(comm_fwd: np.ndarray, comm_bwd: np.ndarray, gemm_fwd: np.ndarray,
     return fwd + bwd
 
 
+def pp_unhidden(value: str, pp: np.ndarray, virtual: np.ndarray, micro: np.ndarray
+                ) -> np.ndarray:
+    """Point-to-point messages per step on the first pipeline rank that overlap_pp ``value``
+    cannot hide (module docstring): 2 (the first receive, the last send) under ``on``; under
+    ``interleaved`` the warmup's and the flush's, 2·W with W = min((p-1)·2 + (v-1)·p, m·v)
+    (m·v when m = p), Megatron-Core's first-stage warmup count; where overlap_pp is off the
+    caller exposes them all."""
+    p, v, m = (np.asarray(x, float) for x in (pp, virtual, micro))
+    warmup = np.where(m == p, m * v, np.minimum(2.0 * (p - 1) + (v - 1) * p, m * v))
+    return np.where(value == "interleaved", 2.0 * warmup, 2.0)
+
+
 def pp_exposed(message: np.ndarray, messages: np.ndarray, chunk_fwd: np.ndarray,
-               on: np.ndarray) -> np.ndarray:
-    """Exposed point-to-point seconds: all ``messages`` x ``message`` where not ``on``,
-    else 2 messages plus what each message exceeds a chunk's forward by."""
-    overlapped = 2.0 * message + messages * np.maximum(message - chunk_fwd, 0.0)
+               value: str, pp: np.ndarray, virtual: np.ndarray, micro: np.ndarray
+               ) -> np.ndarray:
+    """Exposed point-to-point seconds under overlap_pp ``value``: all ``messages`` x
+    ``message`` where it does not overlap (:func:`pp_on`), else the :func:`pp_unhidden`
+    ones plus what each of the others exceeds a chunk's forward by."""
+    on = pp_on(value, np.asarray(virtual))
+    unhidden = pp_unhidden(value, pp, virtual, micro)
+    hidden = np.maximum(messages - unhidden, 0.0)
+    overlapped = unhidden * message + hidden * np.maximum(message - chunk_fwd, 0.0)
     return np.where(on, np.minimum(overlapped, messages * message), messages * message)

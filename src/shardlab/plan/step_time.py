@@ -68,7 +68,8 @@ context-parallel rank), on devices of dense peak P (:class:`Device`):
   cp, dp, pp: Megatron-LM's and torchtitan's meshes): inside a node while cp·t <= devices
   per node.
 * **pp_comm**: 2·v·m point-to-point messages of T·h/t activations per rank
-  (Narayanan et al. 2021's scatter/gather), on the critical path.
+  (Narayanan et al. 2021's scatter/gather), exposed but what ``overlap_pp`` hides
+  (Megatron-LM's: not the warmup's and flush's, :func:`~shardlab.plan.overlap.pp_unhidden`).
 * **ep_comm** (mixture of experts, ep > 1): per MoE layer and micro-batch a dispatch
   and a combine all-to-all forward, both again backward (and forward again under full
   recompute), each rank sending (ep-1)/ep of its T·k kept rows of h activations
@@ -158,7 +159,7 @@ from shardlab.plan.memory_bound import (
     selective_seconds,
 )
 from shardlab.plan.offload import offload_seconds
-from shardlab.plan.overlap import dp_on, hidden_behind, nvlink_waits, pp_exposed, pp_on, tp_exposed
+from shardlab.plan.overlap import dp_on, hidden_behind, nvlink_waits, pp_exposed, tp_exposed
 from shardlab.plan.space import Candidates
 from shardlab.plan.stages import timed_ranks
 from shardlab.plan.step_inputs import Device, StepOptions, runtime_overhead
@@ -293,10 +294,9 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     bubble = bubble_ratios(c.schedule, pp, c.microbatches, v) * micro * busy_mb
 
     # Point-to-point: 2·v messages per micro-batch of T·h/t activations.
-    lat_p, bw_p = dev.link("send", c.gpus <= dev.gpus_per_node)
-    message = send_seconds(act_bytes / tp, lat_p, bw_p)
+    message = send_seconds(act_bytes / tp, *dev.link("send", c.gpus <= dev.gpus_per_node))
     messages = np.where(pp > 1, 2 * v * micro, 0.0)
-    pp_comm = pp_exposed(message, messages, comp_mb / (3 * v), pp_on(opt.overlap_pp, v))
+    pp_comm = pp_exposed(message, messages, comp_mb / (3 * v), opt.overlap_pp, pp, v, micro)
 
     # Data parallel / ZeRO: exposed beyond the windows it can hide behind. Dense parameters
     # shard over dp_shard x cp, routed experts over theirs (zero_group_arrays); the shard
