@@ -50,3 +50,12 @@ def test_no_pipeline_no_timeline() -> None:
     assert all(b["pp"] == 1 for b in doc["best"])
     assert "plan-timeline" not in [c.name for s in sections for c in s.charts]
     assert "no timeline to draw" in "".join(sections[-1].blocks)
+
+
+def test_an_anchored_plan_says_so_on_its_page() -> None:
+    doc = plan("llama-3-8b", "--gpus", "8", "--global-batch", "64", "--seq", "4096",
+               "--layout", "dp=8 zero=3 micro_batch=1", "--measured-step", "3.5")
+    overview = "".join(plan_sections(doc)[0].blocks)
+    assert "Anchored on your measured run: peak_fraction 0.650 -&gt; " in overview
+    assert "takes 3.5 s as measured" in overview
+    assert doc["best"][0]["step_seconds"] == pytest.approx(3.5, rel=1e-4)

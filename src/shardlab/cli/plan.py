@@ -20,6 +20,7 @@ from shardlab.cli.args import (
 from shardlab.cli.budget import add_cluster_args, apply_cluster_args, imbalance_arg
 from shardlab.cli.job import check_emit_path, emit_config
 from shardlab.cli.output import print_json
+from shardlab.cli.plan_anchor import add_anchor_args, anchored
 from shardlab.cli.plan_dryrun import dry_run_top
 from shardlab.config.dtypes import get_policy
 from shardlab.config.hardware import matmul_peaks
@@ -27,7 +28,6 @@ from shardlab.config.layout import (
     RECOMPUTE,
     SCHEDULES,
     check_stage_layers,
-    make_layout,
     parse_stage_layers,
 )
 from shardlab.config.measured import accelerator_or_measured, slow_dtype_note
@@ -39,6 +39,7 @@ from shardlab.plan.options import check_trainable, policy_for, step_options_for
 from shardlab.plan.overlap import framework as overlap_framework
 from shardlab.plan.search import (
     STEP_KEYS,
+    given_layout,
     is_this_machine,
     layout_candidates,
     layout_step_keys,
@@ -96,6 +97,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    help="devices per node (default: the accelerator's, 8 for GPUs)")
     g.add_argument("--hardware-file", type=Path, help="TOML file of extra accelerators/links")
     add_cluster_args(p)
+    add_anchor_args(p.add_argument_group("your measurement"))
     g = p.add_argument_group("job")
     g.add_argument("--global-batch", type=positive_int, required=True,
                    help="sequences per optimizer step, at most 2^24")
@@ -277,7 +279,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
                          "layers in fp8, attention core, head and router in bf16, fp8 casts "
                          "at the memory bandwidth); real fp8 training runs on CUDA GPUs only: "
                          "shardlab train cannot run it on a CPU")
-    step_keys = layout_step_keys(args.layout)
+    step_keys = layout_step_keys(args.layout or args.measured_layout)  # stack's keys
     runnable = here or bool(args.dry_run_top)
     # This machine, or a job file to emit: the winner must be a layout shardlab train runs.
     train_only = here or getattr(args, "emit_config", None) is not None
@@ -322,23 +324,14 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
                                overlap_dp=not args.no_overlap_dp, framework=args.framework,
                                overrides=step_keys)
     fw = overlap_framework(args.framework)
+    acc, anchor = anchored(args, model, acc, space, policy, dropout)
     result = plan(model, acc, space, policy, top=args.top, dropout=dropout, options=options,
                   train_prefix=(f"shardlab train {model_flags}"
                                 if here and not model.qk_norm else None),
                   train_dtype=dtype, only=only, imbalance=args.routing_imbalance)
     fit = None
     if only is not None and not result.best[0]["fits"]:
-        given = result.best[0]
-        layout = make_layout(model, gpus=args.gpus, dp=given["dp"], tp=given["tp"],
-                             pp=given["pp"], virtual_stages=given["virtual_stages"],
-                             zero=given["zero"], sp=given["sp"],
-                             micro_batch=given["micro_batch"], global_batch=args.global_batch,
-                             seq=seq, recompute=given["recompute"], dtype=policy.name,
-                             schedule=given["schedule"], ep=given["ep"], etp=given["etp"],
-                             capacity_factor=given["capacity_factor"], cp=given["cp"],
-                             stage_layers=given["stage_layers"],
-                             dp_replicate=given["dp_replicate"],
-                             expert_fold=space.expert_fold)
+        layout = given_layout(model, space, args.layout)
         layout = replace(layout, dtype=policy)  # with --layout's optimizer_dtype
         fit = explain_fit(model, layout, acc, capacity=result.device_memory, dropout=dropout,
                           options=options, gpus_per_node=space.gpus_per_node,
@@ -377,7 +370,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         "rejected": result.rejected, "seconds": result.seconds,
         "smallest_memory_per_device": result.smallest_memory, "best": result.best,
         # --layout that does not fit: what binds and the changes that make it fit.
-        "fit": fit,
+        "fit": fit, "anchor": anchor,  # --measured-step: the curve fitted to it
     }
     if args.dry_run_top:
         dry_run_top(doc, model, args.dry_run_top, acc.memory_bytes)

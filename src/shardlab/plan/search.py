@@ -23,7 +23,13 @@ import numpy as np
 
 from shardlab.config.dtypes import DtypePolicy
 from shardlab.config.hardware import Accelerator, matmul_peaks
-from shardlab.config.layout import RECOMPUTE, SCHEDULES, make_layout, parse_stage_layers
+from shardlab.config.layout import (
+    RECOMPUTE,
+    SCHEDULES,
+    Layout,
+    make_layout,
+    parse_stage_layers,
+)
 from shardlab.config.measured import NAME
 from shardlab.config.model import ModelShape
 from shardlab.config.resolve import model_field, model_label
@@ -324,9 +330,9 @@ def layout_capacity_factor(raw: dict[str, str], default: float = 0.0) -> float:
                         "(0 = dropless)") from None
 
 
-def layout_candidates(model: ModelShape, space: Space, text: str) -> Candidates:
-    """One layout from ``--layout`` text as :class:`Candidates`, checked by make_layout (the
-    step-time keys, :data:`STEP_KEYS`, are read by :func:`layout_step_keys`)."""
+def given_layout(model: ModelShape, space: Space, text: str) -> Layout:
+    """The layout ``--layout`` text names, checked by make_layout (the step-time keys,
+    :data:`STEP_KEYS`, are read by :func:`layout_step_keys`; the dtype is bf16's)."""
     raw = parse_layout(text, STEP_KEYS)
 
     def integer(key: str, default: int) -> int:
@@ -351,6 +357,12 @@ def layout_candidates(model: ModelShape, space: Space, text: str) -> Candidates:
                       capacity_factor=layout_capacity_factor(raw, space.capacity_factor),
                       cp=cp, stage_layers=split, dp_replicate=integer("dp_replicate", 1),
                       expert_fold=space.expert_fold)
+    return lay
+
+
+def layout_candidates(model: ModelShape, space: Space, text: str) -> Candidates:
+    """One layout from ``--layout`` text (:func:`given_layout`) as :class:`Candidates`."""
+    lay = given_layout(model, space, text)
     one = lambda x: np.array([x], dtype=np.int64)  # noqa: E731
     splits = ((), lay.stage_layers) if lay.stage_layers else ((),)
     c = Candidates(one(lay.dp), one(lay.tp), one(lay.pp), one(lay.virtual_stages),

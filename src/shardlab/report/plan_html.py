@@ -14,6 +14,7 @@ from typing import Any
 
 from shardlab.report import charts
 from shardlab.report.html import Section, heading, para, pre, table_html
+from shardlab.report.plan_view import anchor_line
 from shardlab.schedules.draw import figure_bytes
 from shardlab.schedules.generators import build
 from shardlab.schedules.simulate import Durations, simulate
@@ -61,6 +62,9 @@ def _overview(doc: dict[str, Any], prefix: str) -> Section:
                f"{e['half_intensity']:g}) at arithmetic intensity I; "
                f"{e['op_overhead'] * 1e6:g} µs per operator; {e['link_fraction']:.0%} of link "
                f"bandwidth. Source: {e['source']}", "note"))
+    if doc.get("anchor"):
+        line = anchor_line(doc["anchor"])
+        s.add(para(line[0].upper() + line[1:] + ".", "note"))
     return s
 
 

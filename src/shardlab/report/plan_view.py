@@ -16,6 +16,15 @@ _SHORT = {"compute": "compute", "recompute": "recomp", "tp_comm": "tp", "pp_comm
 _SCHED = {"interleaved-1f1b": "interleaved", "dualpipev": "dualpipev"}
 
 
+def anchor_line(a: dict[str, Any]) -> str:
+    """One line of the plan's ``anchor`` (``--measured-step``, :mod:`shardlab.plan.anchor`):
+    the share that moved and the measured layout's step before and after."""
+    return (f"anchored on your measured run: {a['field']} {a['catalog']:.3f} -> "
+            f"{a['fitted']:.3f}, so that \"{a['layout']}\" takes {a['measured_step']:.4g} s as "
+            f"measured (the catalog's curve: {a['predicted_before']:.4g} s, "
+            f"{a['predicted_before'] / a['measured_step'] - 1:+.1%})")
+
+
 def _mesh(b: dict[str, Any], moe: bool) -> list[str]:
     """Short layout cells: dp·cp·tp·pp (HSDP: dp as replicas x shards), (MoE: ep·etp,) v,
     schedule (with uneven stages: the split's ends), zero, sp, recompute, micro-batch x
@@ -118,6 +127,7 @@ def print_plan(doc: dict[str, Any]) -> None:
          f"matmul efficiency: {e['peak_fraction']:.3f} x peak x I/(I + "
          f"{e['half_intensity']:.0f}) at intensity I; {e['op_overhead'] * 1e6:.2g} µs per "
          f"operator; {e['link_fraction']:.0%} of link bandwidth ({e['source']})",
+         *([anchor_line(doc["anchor"])] if doc.get("anchor") else []),
          *([] if not doc.get("runtime") else [
              "fixed: the runtime's fixed costs per step and gloo's rate per collective, both "
              "measured by `shardlab hardware --measure` with real ranks"]))
