@@ -4,6 +4,7 @@ it; and its bad input, one line each."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -83,8 +84,41 @@ def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
      "measured_step=10000.0: slower than the planner prices this layout at 5% of the dense "
      "peak"),
     (["--measured-step", "10", "--measured-layout", "tq=4"], "tq"),
+    (["--measured-step", "10", "--layout", "overlap_dp=0"],
+     "measured_layout='overlap_dp=0': must name the layout that was measured"),
 ])
 def test_bad_measurements_are_one_line(capsys: pytest.CaptureFixture[str], extra: list[str],
                                        says: str) -> None:
     err = one_line_error(capsys, ["plan", *JOB, *extra])
     assert says in err
+
+
+def test_a_measured_layout_that_does_not_fit_is_anchored_with_a_note(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    doc = plan_json(capsys, *JOB[:-4], "--measured-step", "40", "--measured-layout",
+                    "dp=64 zero=0")
+    assert doc["anchor"]["fits"] is False
+    assert any(n.startswith('the measured layout "dp=64 zero=0" does not fit by the '
+                            "planner's count") for n in doc["notes"])
+
+
+def test_a_job_file_search_keeps_to_train_and_the_anchor_does_not(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # ZeRO-1 and a bf16 optimizer are not what shardlab train runs, but the measured run
+    # is only priced: the anchor takes it, the search and the job file keep to train's.
+    job = tmp_path / "job.toml"
+    doc = plan_json(capsys, "llama-3-8b", "--gpus", "16", "--global-batch", "64", "--seq",
+                    "4096", "--measured-step", "2.0", "--measured-layout",
+                    "dp=16 zero=1 optimizer_dtype=bf16", "--emit-config", str(job))
+    assert doc["anchor"]["layout"] == "dp=16 zero=1 optimizer_dtype=bf16"
+    assert doc["step_options"]["overlap_dp"] == "on" and doc["best"][0]["zero"] in (0, 2, 3)
+    assert job.is_file()
+
+
+def test_this_machine_s_curve_is_not_anchored(capsys: pytest.CaptureFixture[str],
+                                             cpu_home: Path) -> None:
+    err = one_line_error(capsys, ["plan", "--style", "llama", "--layers", "2", "--d-model",
+                                  "64", "--heads", "4", "--gpu", "cpu", "--gpus", "2",
+                                  "--global-batch", "8", "--measured-step", "0.05",
+                                  "--measured-layout", "dp=2"])
+    assert "only a catalog accelerator's curve is anchored" in err

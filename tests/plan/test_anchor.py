@@ -58,3 +58,23 @@ def test_the_line_says_what_moved() -> None:
                         "catalog": 0.65, "fitted": 0.975, "predicted_before": 5.0})
     assert line == ('anchored on your measured run: peak_fraction 0.650 -> 0.975, so that '
                     '"tp=8" takes 4 s as measured (the catalog\'s curve: 5 s, +25.0%)')
+
+
+def test_a_step_the_share_does_not_move_is_one_line() -> None:
+    with pytest.raises(SpecError, match="does not depend on peak_fraction here"):
+        anchor_efficiency(lambda e: 5.0, H100_EFFICIENCY, "peak_fraction", 5.0)
+
+
+def test_a_step_that_jumps_past_the_measurement_is_one_line() -> None:
+    # 3 s below share 0.5, 6 s above it: nothing gives 4.5 s.
+    with pytest.raises(SpecError, match="no peak_fraction prices this layout at it"):
+        anchor_efficiency(lambda e: 6.0 if e.peak_fraction < 0.5 else 3.0, H100_EFFICIENCY,
+                          "peak_fraction", 4.5)
+
+
+def test_a_curve_above_the_span_stays_reachable() -> None:
+    # A measured CPU's stored share can exceed 1 (1.01): the search's top follows it.
+    base = replace(H100_EFFICIENCY, peak_fraction=1.01)
+    fitted, _ = anchor_efficiency(lambda e: 1.0 + 1.0 / e.peak_fraction, base,
+                                  "peak_fraction", 1.0 + 1.0 / 1.005)
+    assert fitted.peak_fraction == pytest.approx(1.005, rel=1e-4)

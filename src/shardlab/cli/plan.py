@@ -279,13 +279,15 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
                          "layers in fp8, attention core, head and router in bf16, fp8 casts "
                          "at the memory bandwidth); real fp8 training runs on CUDA GPUs only: "
                          "shardlab train cannot run it on a CPU")
-    step_keys = layout_step_keys(args.layout or args.measured_layout)  # stack's keys
     runnable = here or bool(args.dry_run_top)
     # This machine, or a job file to emit: the winner must be a layout shardlab train runs.
     train_only = here or getattr(args, "emit_config", None) is not None
+    # Without --layout, a measured run's step keys describe the stack to search on.
+    step_keys = layout_step_keys(args.layout or ("" if runnable or train_only
+                                                 else args.measured_layout))
     if runnable or train_only:
         check_trainable(step_keys)
-    policy = policy_for(policy, step_keys)  # optimizer_dtype: Adam's state bytes
+    measured_policy, policy = policy, policy_for(policy, step_keys)  # optimizer_dtype
     for z in args.zero:
         if z > 3:
             raise SpecError("zero", z, "must be 0, 1, 2 or 3 (3 is FSDP)")
@@ -324,7 +326,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
                                overlap_dp=not args.no_overlap_dp, framework=args.framework,
                                overrides=step_keys)
     fw = overlap_framework(args.framework)
-    acc, anchor = anchored(args, model, acc, space, policy, dropout)
+    acc, anchor = anchored(args, model, acc, space, measured_policy, dropout, notes)
     result = plan(model, acc, space, policy, top=args.top, dropout=dropout, options=options,
                   train_prefix=(f"shardlab train {model_flags}"
                                 if here and not model.qk_norm else None),

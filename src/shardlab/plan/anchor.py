@@ -43,7 +43,7 @@ TOLERANCE = 1e-5
 class Anchor:
     """An anchored curve: the measured ``layout`` took ``measured_step`` seconds; the
     catalog's ``field`` (``catalog``) priced it at ``predicted_before``; ``fitted`` prices it
-    at the measurement."""
+    at the measurement; ``fits``: the layout's memory by the planner's count."""
 
     measured_step: float
     layout: str
@@ -51,6 +51,8 @@ class Anchor:
     catalog: float
     fitted: float
     predicted_before: float
+    fits: bool = True
+    """Whether the measured layout fits the device by the planner's count."""
 
     def as_dict(self) -> dict[str, float | str]:
         return asdict(self)
@@ -72,8 +74,12 @@ def anchor_efficiency(step_at: Callable[[Efficiency], float], eff: Efficiency, f
         raise ValueError(f"field must be one of {FIELDS}")
     at = lambda x: step_at(replace(eff, **{field: x}))  # noqa: E731
     before = step_at(eff)
-    lo, hi = SPAN
+    lo, hi = SPAN[0], max(SPAN[1], share(eff, field))  # a measured CPU may exceed 1
     slow, fast = at(lo), at(hi)
+    if not slow > fast:
+        raise SpecError("measured_step", measured, f"this layout's predicted step does not "
+                        f"depend on {field} here ({fast:.4g} s at any share), so no share "
+                        "can be fitted to it")
     if measured < fast:
         raise SpecError("measured_step", measured, f"faster than the planner can price this "
                         f"layout even at the whole dense peak ({fast:.4g} s at {field} "
@@ -86,8 +92,10 @@ def anchor_efficiency(step_at: Callable[[Efficiency], float], eff: Efficiency, f
     u = (1 / hi, 1 / lo)
     f = (fast - measured, slow - measured)
     side = -1  # the end the last step replaced (0: the fast one, 1: the slow one)
-    x = hi
+    x, fn = hi, f[0]
     for _ in range(60):
+        if f[1] == f[0]:
+            break
         un = (u[0] * f[1] - u[1] * f[0]) / (f[1] - f[0])
         x = 1 / un
         fn = at(x) - measured
@@ -99,4 +107,7 @@ def anchor_efficiency(step_at: Callable[[Efficiency], float], eff: Efficiency, f
         else:
             u, f = (u[0], un), (f[0] / 2 if side == 1 else f[0], fn)
             side = 1
+    if abs(fn) > 1e-3 * measured:  # a step that jumps: no share prices it at the measurement
+        raise SpecError("measured_step", measured, f"no {field} prices this layout at it: "
+                        f"the closest is {fn + measured:.4g} s at {x:.3f}")
     return replace(eff, **{field: x}), before
