@@ -214,3 +214,13 @@ def test_published_runs_fit_their_devices_but_the_named_ones() -> None:
         if memory > r.accelerator().memory_bytes:
             over.add(r.name)
     assert over == set(OVER_THE_DEVICE)
+
+
+def test_mosaicml_rows_state_composer_s_backward_prefetch() -> None:
+    rows = [r for r in RUNS if r.name.startswith("MPT-")]
+    large = [r for r in rows if r.gpus >= 128 and r.gpu == "H100 SXM"]
+    assert len(rows) == 18 and len(large) == 7
+    for r in rows:
+        post = "backward_prefetch=post" in r.options
+        assert post == (r not in large), r.name
+        assert ("'BACKWARD_POST'" if post else "BACKWARD_PRE") in r.checked

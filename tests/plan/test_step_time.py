@@ -9,6 +9,7 @@ from shardlab.config.hardware import OPS_PER_LAYER_FORWARD, Accelerator, Link, g
 from shardlab.config.measured import NAME
 from shardlab.config.model import ModelShape
 from shardlab.config.runtime import Overhead, Runtime
+from shardlab.errors import SpecError
 from shardlab.estimate.flops import flops_per_token
 from shardlab.estimate.operators import layer_operators
 from shardlab.plan.efficiency import fraction_of_peak, matmul_intensity
@@ -213,3 +214,21 @@ def test_the_measured_layer_gives_the_memory_bound_rate() -> None:
     assert probe_elementwise_bandwidth(probe, dev) == pytest.approx(2e9, rel=1e-9)
     probe["seconds"] = 0.5 * float((mat + core)[0])  # faster than its matmuls: no figure
     assert probe_elementwise_bandwidth(probe, dev) is None
+
+
+@pytest.mark.parametrize("each", [False, True])
+def test_fsdp1_backward_post_leaves_the_backward_gathers_waiting(each: bool) -> None:
+    # Llama 3 8B on 128 H100s, FSDP, 4 micro-batches: with BACKWARD_PRE every gather hides
+    # (but the last unit's share); with BACKWARD_POST the backward's gathers are exposed,
+    # so the step grows by what they hid and the communication moved is the same.
+    m, text = get_model("llama-3-8b"), "dp=128 zero=3 micro_batch=1 recompute=full"
+    pre = one(m, 128, 512, 4096, text, StepOptions(reduce_each_micro=each))
+    post = one(m, 128, 512, 4096, text, StepOptions(reduce_each_micro=each,
+                                                    backward_prefetch="post"))
+    total = pre["breakdown"]["dp_comm"] + pre["hidden"]["dp_comm"]
+    assert post["breakdown"]["dp_comm"] + post["hidden"]["dp_comm"] == pytest.approx(total)
+    assert post["breakdown"]["dp_comm"] > 2 * pre["breakdown"]["dp_comm"] > 0
+    grown = post["step_seconds"] - pre["step_seconds"]
+    assert grown == pytest.approx(post["breakdown"]["dp_comm"] - pre["breakdown"]["dp_comm"])
+    with pytest.raises(SpecError, match="backward_prefetch='never': must be one of pre, post"):
+        StepOptions(backward_prefetch="never")

@@ -185,7 +185,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    "gathered in fp8: Megatron's --fp8-param-gather); "
                    'flash_kernel=fa2|fa3|triton and '
                    'reduce_dtype=bf16|fp32 name the attention kernel and FSDP gradient '
-                   'reduction a run used, optimizer_dtype=fp32|bf16_moments|bf16 its Adam '
+                   'reduction a run used, backward_prefetch=pre|post when ZeRO-3 gathers '
+                   "in backward (FSDP1's BackwardPrefetch: post, Composer's default, leaves "
+                   'those gathers unhidden), optimizer_dtype=fp32|bf16_moments|bf16 its Adam '
                    'state (12, 8 or 4 bytes per parameter: fp32 master and moments; '
                    'bf16 moments beside the fp32 master; bf16 moments and no master), '
                    'recompute_modules=moe_act+layernorm+core_attn what recompute=selective '

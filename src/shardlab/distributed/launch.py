@@ -168,14 +168,17 @@ def _run_rank(target: str, args: tuple, backend: str, timeout_s: float,
     else:
         device = "cpu"
     owns_group = not dist.is_initialized()
-    if owns_group:
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
-    if failures is not None:
-        # One line in the rank's own log (our launcher redirects its stdout there; not under
-        # torchrun, where stdout is the command's own): it got through torch's import and
-        # the rendezvous. A stop signal from here on ends it without a traceback.
-        print(f"rank {rank} of {world}: up ({backend})", flush=True)
     try:
+        # Inside the try: a peer that dies right after the rendezvous breaks this rank's
+        # connection set-up, and this rank must then leave a note and wait for the agent to
+        # see the dead peer, not be taken for the cause.
+        if owns_group:
+            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        if failures is not None:
+            # One line in the rank's own log (our launcher redirects its stdout there; not
+            # under torchrun, where stdout is the command's own): it got through torch's
+            # import and the rendezvous. A stop signal from here on ends it quietly.
+            print(f"rank {rank} of {world}: up ({backend})", flush=True)
         result = _resolve(target)(RankContext(rank, world, local, device, backend, timeout_s),
                                   *args)
     except BaseException as e:
@@ -191,7 +194,7 @@ def _run_rank(target: str, args: tuple, backend: str, timeout_s: float,
             Path(failures, f"done-{rank}").touch()
         return result
     finally:
-        if owns_group:
+        if owns_group and dist.is_initialized():
             dist.destroy_process_group()
 
 

@@ -12,7 +12,13 @@ from shardlab.config.hardware import Accelerator
 from shardlab.errors import SpecError
 from shardlab.estimate.activations import RECOMPUTE_MODULES
 from shardlab.plan.expert_time import DISPATCHERS, ROUTINGS
-from shardlab.plan.overlap import FLASH_KERNELS, FUSED_LOSS_BYTES, FUSED_LOSS_PEAK, REDUCE_BYTES
+from shardlab.plan.overlap import (
+    BACKWARD_PREFETCH,
+    FLASH_KERNELS,
+    FUSED_LOSS_BYTES,
+    FUSED_LOSS_PEAK,
+    REDUCE_BYTES,
+)
 from shardlab.plan.overlap import framework as overlap_framework
 from shardlab.plan.search import is_this_machine, layout_flag
 from shardlab.plan.step_inputs import StepOptions
@@ -102,8 +108,9 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
                                     "(mlp, moe, shared_experts and mla_up_proj are not priced)")
             opts[key] = names
             continue
-        if key in ("dispatcher", "routing"):
-            allowed = DISPATCHERS if key == "dispatcher" else ROUTINGS
+        if key in ("dispatcher", "routing", "backward_prefetch"):
+            allowed = {"dispatcher": DISPATCHERS, "routing": ROUTINGS,
+                       "backward_prefetch": BACKWARD_PREFETCH}[key]
             if value.lower() not in allowed:
                 raise SpecError(key, value, f"must be one of {', '.join(allowed)}")
             opts[key] = value.lower()

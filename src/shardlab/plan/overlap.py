@@ -57,6 +57,12 @@ from shardlab.errors import SpecError
 from shardlab.plan.memory_peak import MemoryFacts
 
 DP_MODES: tuple[str, ...] = ("off", "on", "zero3")
+BACKWARD_PREFETCH: tuple[str, ...] = ("pre", "post")
+"""``backward_prefetch=``: when ZeRO-3 issues a layer's backward all-gather, as PyTorch FSDP1's
+``BackwardPrefetch`` names it: BACKWARD_PRE "prefetches the next set of parameters before
+the current set of parameters' gradient computation" (FSDP1's default), BACKWARD_POST
+"after the current set of parameters' gradient computation ... enables less overlap"
+(torch.distributed.fsdp docs; Composer's ``FSDPConfig.backward_prefetch`` default)."""
 FLASH_KERNELS: tuple[str, ...] = ("fa2", "fa3", "triton")
 """Fused attention kernels a run can name (``flash_kernel=``): FlashAttention-2, -3 (or cuDNN's),
 and llm-foundry's Triton kernel (``attn_impl: triton``); their shares of the peak are the

@@ -197,6 +197,14 @@ _MPT = {"1b": _mpt_model("1b", 24, 2048, 16), "3b": _mpt_model("3b", 32, 2560, 2
 # get_mixed_precision turns into reduce_dtype bf16 (DEFAULT leaves it unset: fp32, the
 # framework's default here).
 _MPT_KERNEL = {"flash": "fa2", "triton": "triton"}
+# FSDP1's backward prefetch (plan/overlap.BACKWARD_PREFETCH): sweep.py's base_args (the one
+# stored version, 76f5eeb6) pass it; sweep.sh passes none to submit_benchmarks.py, whose
+# mod_parameters sets it only when given, and the pretrain yamls' fsdp_config name none, so
+# Composer's FSDPConfig default holds.
+_MPT_PREFETCH = {"large": "sweep.py's '--fsdp_config_backward_prefetch BACKWARD_PRE' (pre)",
+                 "sweep": "none given (submit_benchmarks.py sets it only when passed; the "
+                 "pretrain yamls' fsdp_config names none): Composer's FSDPConfig default "
+                 "backward_prefetch 'BACKWARD_POST' (post)"}
 _MPT_SWEEP = {"large": "sweep.py at commit 5e85bd62, --attn_impl {}",
               "sweep": "sweep.sh (no --attn_impl: submit_benchmarks.py's default triton)"}
 
@@ -205,14 +213,16 @@ def _mpt(key: str, size: str, gpus: int, gpu: str, mb: int, gbs: int, tokens: fl
          ckpt: bool, attn: str, zero: int = 3, dtype: str = "bf16", pure: bool = False,
          role: str = "validation") -> PublishedRun:
     table = "large" if gpus >= 128 and gpu == "H100 SXM" else "sweep"
-    options = f"flash_kernel={_MPT_KERNEL[attn]}" + (" reduce_dtype=bf16" if pure else "")
+    options = (f"flash_kernel={_MPT_KERNEL[attn]}" + (" reduce_dtype=bf16" if pure else "")
+               + (" backward_prefetch=post" if table == "sweep" else ""))
     return PublishedRun(
         f"MPT-{key} {size}", "MosaicML llm-foundry benchmarking README", _MPT[size], gpu,
         gpus, 1, 1, gbs, 2048, tokens_step(gbs, 2048, gpus, tokens), role,
         f"{tokens:g} tokens/s per GPU", recompute="full" if ckpt else "none", zero=zero,
         micro_batch=mb, flash=True, dtype=dtype, framework="fsdp", options=options,
         assumed=("ALiBi and no biases priced as gpt style's learned positions and biases",
-                 "Composer's FSDP: overlapped gathers and reduce-scatters",
+                 "Composer's FSDP1: forward gathers and reduce-scatters overlapped; the "
+                 "backward gathers as its backward_prefetch says (checked)",
                  "activation checkpointing = full recompute of every block",
                  "8 GPUs per node, one 200 Gb/s (A100: '1600 Gbps node-node') or 400 Gb/s "
                  "(H100, not stated) NIC per GPU")
@@ -222,7 +232,7 @@ def _mpt(key: str, size: str, gpus: int, gpu: str, mb: int, gbs: int, tokens: fl
         "accumulation, global batch, tokens/s per GPU, precision, MP Mode "
         f"{'PURE' if pure else 'DEFAULT'}, sharding, activation checkpointing) at "
         f"llm-foundry commit 49521837; attn_impl {attn} from "
-        f"{_MPT_SWEEP[table].format(attn)}")
+        f"{_MPT_SWEEP[table].format(attn)}; backward_prefetch: " + _MPT_PREFETCH[table])
 
 
 MPT_RUNS: tuple[PublishedRun, ...] = (

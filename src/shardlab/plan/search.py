@@ -260,7 +260,7 @@ LAYOUT_KEYS = ("dp", "tp", "pp", "virtual", "micro_batch", "zero", "sp", "recomp
 STEP_KEYS = ("overlap_dp", "overlap_tp", "overlap_pp", "overlap_ep", "fused_norm",
              "fused_accumulation", "fp8_params", "flash_kernel", "reduce_dtype", "fused_loss",
              "dispatcher", "routing", "optimizer_dtype", "offload_layers",
-             "recompute_modules")
+             "recompute_modules", "backward_prefetch")
 """``--layout`` keys of ``shardlab plan`` that set step-time options, not the layout
 (:class:`~shardlab.plan.step_time.StepOptions`, :mod:`shardlab.plan.overlap`)."""
 

@@ -14,10 +14,11 @@ import numpy as np
 
 from shardlab.config.hardware import Efficiency, Link
 from shardlab.config.runtime import Runtime
+from shardlab.errors import SpecError
 from shardlab.estimate import fp8
 from shardlab.plan.comm_time import pick_link
 from shardlab.plan.memory_peak import MemoryFacts
-from shardlab.plan.overlap import DP_MODES, PP_MODES, TP_MODES, mode
+from shardlab.plan.overlap import BACKWARD_PREFETCH, DP_MODES, PP_MODES, TP_MODES, mode
 from shardlab.plan.space import Candidates
 
 RING_COLLECTIVES: frozenset[str] = frozenset({"all_reduce", "reduce_scatter", "all_gather"})
@@ -130,6 +131,12 @@ class StepOptions:
     ``fp8_model_init``, whose fp8 weight keeps its transpose): each linear weight held as
     fp8 and its fp8 transpose, no bf16 copy, and the distributed optimizer's parameter
     all-gather moves it in fp8 (:mod:`shardlab.plan.memory`); only with the fp8 policy."""
+    backward_prefetch: str = "pre"
+    """When ZeRO-3 gathers a layer's weights in backward (PyTorch FSDP1's ``BackwardPrefetch``):
+    ``pre`` before the previous layer's gradient computation, beside it (FSDP1's default;
+    FSDP2 and Megatron prefetch so too), ``post`` only after it ("enables less overlap":
+    Composer's default), so each gather waits in line (:data:`shardlab.plan.overlap.
+    BACKWARD_PREFETCH`)."""
     cp_expanded_kv: bool = False
     """Context parallel as torch's ``context_parallel`` runs under torchtitan: K and V
     repeated to every query head before attention, gathered again in backward, their
@@ -140,6 +147,9 @@ class StepOptions:
         for name, allowed in (("overlap_dp", DP_MODES), ("overlap_tp", TP_MODES),
                               ("overlap_pp", PP_MODES)):
             object.__setattr__(self, name, mode(name, getattr(self, name), allowed))
+        if self.backward_prefetch not in BACKWARD_PREFETCH:
+            raise SpecError("backward_prefetch", self.backward_prefetch,
+                            f"must be one of {', '.join(BACKWARD_PREFETCH)}")
 
 
 def runtime_overhead(rt: Runtime, c: Candidates, micro: np.ndarray, layers: np.ndarray

@@ -287,9 +287,8 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     # compute, which their SMs slow (expert_time.ep_overlap).
     ep_comm, ep_hidden, ep_slow = ex.ep_overlap(micro * ep_mb, micro * comp_mb, c,
                                                 opt.overlap_ep)
-    compute, recompute, tp_comm = (micro * comp_mb + accumulate + ep_slow, micro * rec_mb,
-                                   micro * tp_mb)
-    cp_comm = micro * cp_mb
+    compute, recompute, tp_comm, cp_comm = (micro * comp_mb + accumulate + ep_slow,
+                                            micro * rec_mb, micro * tp_mb, micro * cp_mb)
     busy_mb = comp_mb + rec_mb + tp_mb + (ep_comm + ep_slow) / micro + cp_mb
     bubble = bubble_ratios(c.schedule, pp, c.microbatches, v) * micro * busy_mb
 
@@ -303,8 +302,7 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     # group spans dp_shard·cp·t consecutive ranks, HSDP's replicas (and DDP's all-reduce
     # over dp x cp) dp·cp·t.
     group, egroup, reps, ereps = zero_group_arrays(c)
-    inside_d = tp * group <= dev.gpus_per_node
-    inside_r = tp * cp * dp <= dev.gpus_per_node
+    inside_d, inside_r = tp * group <= dev.gpus_per_node, tp * cp * dp <= dev.gpus_per_node
     dense = mem.params - mem.expert_params
     on = dp_on(opt.overlap_dp, c.zero)
     # A ring that leaves the node also hides behind the waits on NVLink collectives.
@@ -354,18 +352,20 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     def hide(comm: np.ndarray, window: np.ndarray) -> np.ndarray:
         return hidden_behind(comm, window, units, on)
 
-    # ZeRO-3: the weights gathered in every micro-batch's forward and backward; in the
-    # backward a layer's gather and the previous layer's gradient reduce-scatter share the
-    # shard group's one NCCL stream (ProcessGroupNCCL runs a group's collectives on one
-    # stream per device), so they hide together; HSDP's replica all-reduce runs on its own
-    # group. The gradients are reduced once (the last micro-batch) or, where the framework
-    # syncs every micro-batch (reduce_each_micro, without a pipeline, whose stages skip
-    # the sync), every time.
+    # ZeRO-3: weights gathered in every micro-batch's forward and backward; a backward
+    # gather and the previous layer's reduce-scatter share the group's one NCCL stream
+    # (ProcessGroupNCCL), so they hide together, HSDP's replica all-reduce on its own group;
+    # gradients reduced once (the last micro-batch) or, with reduce_each_micro and no
+    # pipeline (its stages skip the sync), every time. FSDP1's backward_prefetch=post
+    # gathers a layer only after the next one's backward: those gathers wait, unhidden.
     each = (z == 3) & (pp == 1) & opt.reduce_each_micro
     syncs = np.where(each, micro, 1.0)
     rs3 = rs + per_unit
-    zero3 = (micro * hide(ag3, fwd_window) + (micro - syncs) * hide(ag3, bwd_window)
-             + syncs * (hide(ag3 + rs3, bwd_window) + hide(ar_rep, bwd_window)))
+    post = opt.backward_prefetch == "post"
+    bwd_ag = ag3 if post else hide(ag3, bwd_window)
+    last = ag3 + hide(rs3, bwd_window) if post else hide(ag3 + rs3, bwd_window)
+    zero3 = (micro * hide(ag3, fwd_window) + (micro - syncs) * bwd_ag
+             + syncs * (last + hide(ar_rep, bwd_window)))
     dp_comm = np.select(
         [z == 0, z <= 2],
         [hide(ar, bwd_window), hide(rs + ar_rep, bwd_window) + hide(ag, fwd_window)], zero3)
