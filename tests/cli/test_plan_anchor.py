@@ -47,6 +47,7 @@ def test_a_search_takes_the_measured_stack_s_options(
     doc = plan_json(capsys, *JOB, "--measured-layout", MEASURED, "--measured-step", "10.23",
                     "--top", "3")
     assert doc["candidates_evaluated"] > 1000 and doc["layout_given"] is None
+    assert doc["step_keys_from"] == "--measured-layout"
     opts = doc["step_options"]
     assert (opts["overlap_dp"], opts["overlap_tp"], opts["fp8_params"]) == ("on", "on", True)
     # Every layout is priced on the anchored curve, the measured one among them.
@@ -59,6 +60,7 @@ def test_the_view_says_what_was_anchored(capsys: pytest.CaptureFixture[str]) -> 
     out = " ".join(capsys.readouterr().out.split())
     assert "anchored on your measured run: fp8_peak_fraction 0.677 -> " in out
     assert "takes 12 s as measured (the catalog's curve: " in out
+    assert "step options (megatron; --layout keys override)" in out
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:

@@ -285,8 +285,8 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     # This machine, or a job file to emit: the winner must be a layout shardlab train runs.
     train_only = here or getattr(args, "emit_config", None) is not None
     # Without --layout, a measured run's step keys describe the stack to search on.
-    step_keys = layout_step_keys(args.layout or ("" if runnable or train_only
-                                                 else args.measured_layout))
+    keys_from = args.layout or ("" if runnable or train_only else args.measured_layout)
+    step_keys = layout_step_keys(keys_from)
     if runnable or train_only:
         check_trainable(step_keys)
     measured_policy, policy = policy, policy_for(policy, step_keys)  # optimizer_dtype
@@ -368,6 +368,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         "framework": None if args.framework is None else fw.name,
         "expert_fold": space.expert_fold,
         "step_options": {**asdict(options), "framework_source": fw.source},
+        "step_keys_from": "--measured-layout" if keys_from and not args.layout else "--layout",
         # A dtype with no fast kernel on this measured CPU: priced at its measured slow rate.
         "notes": notes + result.notes + [n for n in (slow_dtype_note(acc, dtype),) if n],
         "candidates_evaluated": result.candidates_evaluated, "feasible": result.feasible,

@@ -64,7 +64,8 @@ def _options_line(doc: dict[str, Any]) -> str:
     if not o:
         return ""
     fw = doc.get("framework") or "none given"
-    return (f"step options ({fw}; --layout keys override): overlap_dp {o['overlap_dp']}, "
+    keys = doc.get("step_keys_from") or "--layout"
+    return (f"step options ({fw}; {keys} keys override): overlap_dp {o['overlap_dp']}, "
             f"overlap_tp {o['overlap_tp']}, overlap_pp {o['overlap_pp']}, "
             + ("overlap_ep 1, " if o.get("overlap_ep") else "") + "fused_norm "
             f"{int(o['fused_norm'])}, attention {o['flash_kernel'] if o['flash'] else 'eager'}"
@@ -73,6 +74,7 @@ def _options_line(doc: dict[str, Any]) -> str:
             + (f", Adam state {doc['optimizer_bytes_per_param']} B per parameter"
                if doc.get("optimizer_dtype") else "")
             + (f", offload_layers {o['offload_layers']}" if o.get("offload_layers") else "")
+            + (", backward_prefetch post" if o.get("backward_prefetch") == "post" else "")
             + (", recompute_modules " + "+".join(o["recompute_modules"])
                if o.get("recompute_modules") else ""))
 
