@@ -1,6 +1,7 @@
 """Suite-wide settings: hypothesis without per-example deadlines (2 shared cores are noisy),
 and the tiny tokenizers the data tests train here (nothing is downloaded)."""
 
+import json
 import os
 import shutil
 import sys
@@ -12,6 +13,7 @@ import pytest
 from hypothesis import settings
 
 from shardlab.calibrate.store import save_measurement
+from shardlab.cli import main
 from shardlab.config.measured import SCHEMA
 
 COLLECTED = pytest.StashKey[set[str]]()
@@ -112,3 +114,22 @@ def cpu_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
                       "memory_bandwidth": 2e10, "copy_bandwidth": 1e10, "power_watts": 0,
                       "threads": 2})
     return tmp_path
+
+
+def plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    """``shardlab plan ARGV --json`` in this process: its document (exit code 0 asserted)."""
+    assert main(["plan", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    """``shardlab ARGV`` refused as bad input: exit code 2, one line on stderr, nothing on
+    stdout (argparse's own refusals included); the line."""
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own refusal of a flag's value
+        code = e.code
+    assert code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    return err

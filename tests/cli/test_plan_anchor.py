@@ -3,10 +3,10 @@ it; and its bad input, one line each."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from tests.conftest import one_line_error, plan_json
 
 from shardlab.cli import main
 
@@ -17,10 +17,6 @@ JOB = ["llama-3-70b", "--gpu", "h100", "--gpus", "64", "--global-batch", "128", 
 MEASURED = ("dp=2 tp=4 pp=8 virtual=5 micro_batch=1 zero=1 sp=1 recompute=none "
             "schedule=interleaved-1f1b overlap_dp=1 overlap_tp=1 reduce_dtype=bf16 fp8_params=1")
 
-
-def plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
-    assert main(["plan", *argv, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
 
 
 def test_the_measured_layout_is_priced_at_its_measurement(
@@ -62,16 +58,6 @@ def test_the_view_says_what_was_anchored(capsys: pytest.CaptureFixture[str]) -> 
     assert "takes 12 s as measured (the catalog's curve: " in out
     assert "step options (megatron; --layout keys override)" in out
 
-
-def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    try:
-        code = main(argv)
-    except SystemExit as e:  # argparse's own refusal of a flag's value
-        code = e.code
-    assert code == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1
-    return err
 
 
 @pytest.mark.parametrize(("extra", "says"), [

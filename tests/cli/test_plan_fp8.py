@@ -7,6 +7,7 @@ import json
 import time
 
 import pytest
+from tests.conftest import one_line_error, plan_json
 
 from shardlab.cli import main
 
@@ -21,20 +22,6 @@ TORCHTITAN_70B = ["llama-3-70b", "--gpus", "256", "--global-batch", "512", "--se
                   "dp=32 tp=8 zero=3 sp=1 recompute=full micro_batch=16 fused_norm=1"]
 
 
-def plan_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
-    assert main(["plan", *argv, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
-
-
-def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    try:
-        code = main(argv)
-    except SystemExit as e:  # argparse's own refusal of a flag's value
-        code = e.code
-    assert code == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1
-    return err
 
 
 def test_fp8_70b_on_256_h100_is_faster_than_bf16_by_the_measured_ratio(
