@@ -54,7 +54,7 @@ class Anchor:
     fits: bool = True
     """Whether the measured layout fits the device by the planner's count."""
 
-    def as_dict(self) -> dict[str, float | str]:
+    def as_dict(self) -> dict[str, float | str | bool]:
         return asdict(self)
 
 
