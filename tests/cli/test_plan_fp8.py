@@ -240,3 +240,19 @@ def test_fp8_and_stated_facts_are_refused_on_this_machine(
     assert "runs only on CUDA GPUs" in one_line_error(
         capsys, ["budget", "--gpu", "cpu", "--params", "1e6", "--dtype", "fp8"])
     assert "power_cap_w" in one_line_error(capsys, [*plan, "--power-cap-w", "300"])
+
+
+def test_fsdp1_backward_prefetch_is_refused_where_it_does_not_exist(
+        capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    job = ["llama-3-8b", "--gpus", "64", "--global-batch", "256"]
+    layout = "dp=64 zero=3 backward_prefetch=post"
+    doc = plan_json(capsys, *job, "--layout", layout)
+    assert doc["step_options"]["backward_prefetch"] == "post"
+    err = one_line_error(capsys, ["plan", *job, "--framework", "torchtitan", "--layout",
+                                  layout])
+    assert "backward_prefetch='post': post is PyTorch FSDP1's" in err
+    # shardlab train runs FSDP2, which prefetches: a job file keeps to that.
+    err = one_line_error(capsys, ["plan", *job, "--layout", layout, "--emit-config",
+                                  str(tmp_path / "job.toml")])
+    assert "backward_prefetch='post': is not what shardlab train runs" in err
+    assert not (tmp_path / "job.toml").exists()

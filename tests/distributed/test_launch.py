@@ -153,3 +153,14 @@ def test_gloo_chatter_never_reaches_stdout(ranks_module: str, tmp_path: Path) ->
     assert r.returncode == 0, r.stderr
     assert [x["sum"] for x in json.loads(r.stdout)] == [1.0, 1.0]  # stdout is only the JSON
     assert "chatter" not in r.stdout + r.stderr
+
+
+def test_a_rank_that_fails_to_set_up_its_group_is_named() -> None:
+    # The process group's set-up runs inside the rank's guard: its error is the job's, named
+    # with its rank, not an unexplained exit code.
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as e:
+        launch("builtins:repr", 2, timeout_s=20, backend="bogus")
+    assert time.monotonic() - start < 30
+    # Both ranks fail alike; the first note written names the job's failure.
+    assert e.value.rank in (0, 1) and "Unknown backend type bogus" in e.value.error

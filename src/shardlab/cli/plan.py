@@ -256,7 +256,6 @@ def model_from_args(args: argparse.Namespace) -> tuple[Any, str]:
 
 def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     """The ``--json`` document of ``shardlab plan`` (SpecError for bad input)."""
-
     acc = apply_cluster_args(accelerator_or_measured(args.gpu, args.hardware_file), args)
     model, model_flags = model_from_args(args)
     seq = args.seq or model.context
@@ -368,7 +367,8 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         "framework": None if args.framework is None else fw.name,
         "expert_fold": space.expert_fold,
         "step_options": {**asdict(options), "framework_source": fw.source},
-        "step_keys_from": "--measured-layout" if keys_from and not args.layout else "--layout",
+        "step_keys_from": (step_keys or None) and ("--layout" if args.layout
+                                                   else "--measured-layout"),
         # A dtype with no fast kernel on this measured CPU: priced at its measured slow rate.
         "notes": notes + result.notes + [n for n in (slow_dtype_note(acc, dtype),) if n],
         "candidates_evaluated": result.candidates_evaluated, "feasible": result.feasible,

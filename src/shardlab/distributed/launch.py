@@ -162,13 +162,11 @@ def _run_rank(target: str, args: tuple, backend: str, timeout_s: float,
     if failures is not None:
         Path(failures, f"pid-{rank}").write_text(str(os.getpid()))
     local = int(os.environ.get("LOCAL_RANK", rank))
-    if backend == "nccl":
-        torch.cuda.set_device(local)
-        device = f"cuda:{local}"
-    else:
-        device = "cpu"
+    device = f"cuda:{local}" if backend == "nccl" else "cpu"
     owns_group = not dist.is_initialized()
     try:
+        if backend == "nccl":
+            torch.cuda.set_device(local)
         # Inside the try: a peer that dies right after the rendezvous breaks this rank's
         # connection set-up, and this rank must then leave a note and wait for the agent to
         # see the dead peer, not be taken for the cause.

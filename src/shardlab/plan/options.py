@@ -29,15 +29,15 @@ def check_trainable(keys: dict[str, str]) -> None:
     the layout (this machine, ``--dry-run-top``, ``--emit-config``): its AdamW keeps fp32
     state, it offloads no activations, and its selective recompute is its own."""
     for key, plain in (("optimizer_dtype", "fp32"), ("offload_layers", "0"),
-                       ("recompute_modules", None)):
+                       ("recompute_modules", None), ("backward_prefetch", "pre")):
         value = keys.get(key)
-        if value is None or (plain == "fp32" and value.lower() == plain) or (
+        if value is None or (plain in ("fp32", "pre") and value.lower() == plain) or (
                 plain == "0" and value.isascii() and value.isdigit() and int(value) == 0):
             continue
         fix = "leave it out" if plain is None else f"give {key}={plain} or leave it out"
         raise SpecError(key, value, "is not what shardlab train runs (this machine, "
                         "--dry-run-top, --emit-config: fp32 Adam state, no offloading, its "
-                        f"own selective recompute): {fix}")
+                        f"own selective recompute, FSDP2's prefetch): {fix}")
 
 
 def policy_for(policy: DtypePolicy, overrides: dict[str, str] | None) -> DtypePolicy:
@@ -91,6 +91,10 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
                                                                            "megatron"):
             raise SpecError(key, value, f"is Megatron-Core's: give --framework megatron (or "
                             f"none), not {fw.name}")
+        if (key == "backward_prefetch" and value.lower() == "post"
+                and fw.name not in ("none", "fsdp")):
+            raise SpecError(key, value, f"post is PyTorch FSDP1's (--framework fsdp, or none): "
+                            f"{fw.name} prefetches its backward gathers")
         if key == "offload_layers":
             # Megatron-Core's --cpu-offloading-num-layers (plan/offload.py).
             if not re.fullmatch(r"[0-9]{1,9}", value):
