@@ -44,8 +44,13 @@ def _mw(name: str, heads: int, hidden: int, layers: int, tp: int, pp: int, gpus:
         _mw_model(name, heads, hidden, layers), "H100 SXM", gpus, tp, pp, batch, 4096, step,
         role, f"{tflops:g} TFLOP/s per GPU, MFU {mfu}% (Megatron's FLOP formula)",
         recompute="none", sp=tp > 1, zero=1, flash=True,
-        options="overlap_dp=1 overlap_tp=1 overlap_pp=1",
+        options="overlap_dp=1 overlap_tp=1",
         assumed=("bf16 (the MFU against 989 TFLOP/s says so)", "micro-batch 1",
+                 "pipeline sends not overlapped: Megatron-Core turns overlap_p2p_comm off for "
+                 "the non-interleaved schedule assumed here (arguments.py: 'non-interleaved "
+                 "schedule does not support overlapping p2p communication'), so the README's "
+                 "'pipeline-parallel communication (enabled by default)' holds only with "
+                 "virtual stages, which it does not state",
                  "no recompute, non-interleaved 1F1B (Megatron's defaults)",
                  "distributed optimizer (ZeRO-1: --overlap-param-gather needs it)",
                  "sequence parallel with tp > 1", "GELU MLP of 4h, MHA, untied "
