@@ -24,7 +24,7 @@ import numpy as np
 from shardlab.errors import SpecError
 from shardlab.plan.anchor import anchor_efficiency, share
 from shardlab.plan.efficiency import efficiency_of
-from shardlab.plan.published import RUNS, predict
+from shardlab.plan.published import RUNS, errors, predict
 from shardlab.plan.published_run import PublishedRun
 
 
@@ -35,6 +35,8 @@ class Family:
     anchored one (predicted / measured - 1)."""
 
     anchor: PublishedRun
+    own: float
+    """The anchor run's own error on the catalog's curve."""
     field: str
     catalog: float
     fitted: float
@@ -69,11 +71,9 @@ def anchor_family(group: list[PublishedRun]) -> Family | None:
     except SpecError:  # no share in the span prices it so: the option refuses, as here
         fitted = base
 
-    def err(r: PublishedRun, eff: object = None) -> float:
-        return predict(r, eff)["step_seconds"] / r.measured_step - 1  # type: ignore[arg-type]
-
-    return Family(first, field, share(base, field), getattr(fitted, field), tuple(rest),
-                  tuple(err(r) for r in rest), tuple(err(r, fitted) for r in rest))
+    return Family(first, float(errors([first])[0]), field, share(base, field),
+                  getattr(fitted, field), tuple(rest), tuple(errors(rest)),
+                  tuple(errors(rest, fitted)))
 
 
 def anchored_table(runs: tuple[PublishedRun, ...] = RUNS, by_model: bool = True
@@ -91,8 +91,7 @@ def anchored_table(runs: tuple[PublishedRun, ...] = RUNS, by_model: bool = True
         fam = anchor_family(group)
         if fam is None:
             continue
-        a = fam.anchor
-        own = predict(a)["step_seconds"] / a.measured_step - 1
+        a, own = fam.anchor, fam.own
         z, n = np.abs(fam.zero_shot), np.abs(fam.anchored)
         zero += list(z)
         anch += list(n)
