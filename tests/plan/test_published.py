@@ -224,3 +224,17 @@ def test_mosaicml_rows_state_composer_s_backward_prefetch() -> None:
         post = "backward_prefetch=post" in r.options
         assert post == (r not in large), r.name
         assert ("'BACKWARD_POST'" if post else "BACKWARD_PRE") in r.checked
+
+
+def test_doc_reports_the_held_out_slices() -> None:
+    # The slice table (mean absolute, mean signed and worst error per slice) as the code
+    # prints it, and the signed column's sign: a slice predicted fast reads below zero.
+    slices = "| held-out slice" + published.table().split("| held-out slice", 1)[1]
+    assert slices in DOC.read_text(encoding="utf-8")
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in
+            slices.splitlines()[2:]}
+    held = published.held_out()
+    errs = published.errors(held)
+    fp8 = [e for r, e in zip(held, errs, strict=True) if r.dtype == "fp8"]
+    assert rows["fp8"][3] == f"{np.mean(fp8):+.1%}"
+    assert int(rows["pipeline parallel"][1]) == sum(r.pp > 1 for r in held)

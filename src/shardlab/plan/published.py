@@ -151,17 +151,22 @@ def _device(r: PublishedRun) -> str:
 
 
 GROUPS: dict[str, Callable[[PublishedRun], bool]] = {
+    "bf16": lambda r: r.dtype != "fp8",
     "A100": lambda r: r.gpu.startswith("A100"),
     "H100/H200": lambda r: r.gpu.startswith(("H100", "H200")),
     "B200/GB200": lambda r: r.gpu in ("B200", "GB200"),
     "fp8": lambda r: r.dtype == "fp8",
+    "dense": lambda r: r.model.moe is None,
     "MoE": lambda r: r.model.moe is not None,
     "Megatron-LM / NeMo": lambda r: r.framework == "megatron",
     "torchtitan": lambda r: r.framework == "torchtitan",
     "FSDP (MosaicML, fms-fsdp, NeMo AutoModel)": lambda r: r.framework == "fsdp",
+    "pipeline parallel": lambda r: r.pp > 1,
     "context parallel": lambda r: r.cp > 1,
     "HSDP": lambda r: r.dp_replicate > 1,
     "uneven pipeline stages": lambda r: bool(r.stage_layers),
+    "one node (8 GPUs or fewer)": lambda r: r.gpus <= 8,
+    "over 1,000 GPUs": lambda r: r.gpus > 1000,
 }
 """Slices of the held-out runs :func:`table` reports apart (a run may be in several)."""
 
@@ -170,7 +175,8 @@ def table() -> str:
     """The markdown of ``docs/validation.md``: every run, predicted beside measured, then
     the mean absolute errors (calibration; held out, with its worst; held out with the
     excluded runs; the unverified rows, which no figure uses) and the held-out runs by
-    slice (:data:`GROUPS`)."""
+    slice (:data:`GROUPS`): their mean absolute error, their mean signed error (below zero:
+    the planner predicts that slice faster than it ran, on average) and the worst."""
     lines = ["| run | role | GPUs | layout | measured s/step | predicted s/step | error | "
              "MFU measured | MFU predicted |", "|---|---|---|---|---|---|---|---|---|"]
     groups: dict[str, list[float]] = {"calibration": [], "validation": [], "excluded": [],
@@ -197,11 +203,13 @@ def table() -> str:
     lines += ["", f"mean absolute error: calibration {mean(cal)}; **held out {mean(val)}**, "
               f"worst {abs(worst[1]):.1%} ({worst[0].name}); held out with the excluded runs "
               f"{mean(val + exc)}; unverified rows (neither fitted nor averaged) {mean(unv)}",
-              "", "| held-out slice | runs | mean absolute error | worst |", "|---|---|---|---|"]
+              "", "| held-out slice | runs | mean absolute error | mean error (signed) | worst |",
+              "|---|---|---|---|---|"]
     for label, take in GROUPS.items():
-        errs = [abs(e) for r, e in held if take(r)]
-        if errs:
-            lines.append(f"| {label} | {len(errs)} | {np.mean(errs):.1%} | {max(errs):.1%} |")
+        errs = np.array([e for r, e in held if take(r)])
+        if len(errs):
+            lines.append(f"| {label} | {len(errs)} | {np.mean(np.abs(errs)):.1%} | "
+                         f"{np.mean(errs):+.1%} | {np.max(np.abs(errs)):.1%} |")
     return "\n".join(lines)
 
 
