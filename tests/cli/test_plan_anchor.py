@@ -57,6 +57,8 @@ def test_the_view_says_what_was_anchored(capsys: pytest.CaptureFixture[str]) -> 
     assert "anchored on your measured run: fp8_peak_fraction 0.677 -> " in out
     assert "takes 12 s as measured (the catalog's curve: " in out
     assert "step options (megatron; --layout keys override)" in out
+    # The held-out figures are the catalog curve's, and the line says so.
+    assert "these are the catalog curve's figures, and --measured-step anchored it" in out
 
 
 

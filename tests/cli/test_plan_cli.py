@@ -271,3 +271,26 @@ def test_this_machine_advises_only_what_train_runs(capsys: pytest.CaptureFixture
     tried = [c["layout"] for c in [*fit["changes"], *fit["pairs"]]]
     assert tried and all(lay["zero"] in (0, 2, 3) for lay in tried)
     assert all(not (lay["zero"] == 0 and lay["dp"] > 1 and lay["tp"] > 1) for lay in tried)
+
+
+def test_a_plan_states_the_held_out_error_of_runs_like_it(
+        capsys: pytest.CaptureFixture[str], cpu_home: Path) -> None:
+    argv = ["llama-3-70b", "--gpu", "h100", "--gpus", "256", "--global-batch", "512",
+            "--dtype", "fp8", "--framework", "megatron", "--top", "1"]
+    code, out, _ = run(capsys, *argv, "--json")
+    assert code == 0
+    doc = json.loads(out)
+    acc = doc["accuracy"]
+    names = [s["slice"] for s in acc["slices"]]
+    assert acc["accelerator_held_out"] and {"H100/H200", "fp8", "Megatron-LM / NeMo"} <= set(
+        names)
+    assert ("pipeline parallel" in names) == (doc["best"][0]["pp"] > 1)
+    fp8 = next(s for s in acc["slices"] if s["slice"] == "fp8")
+    code, out, _ = run(capsys, *argv)
+    text = " ".join(out.split())
+    assert (f"fp8 {fp8['mean_abs_error']:.1%} over {fp8['runs']} runs "
+            f"({fp8['mean_error']:+.1%} signed)") in text
+    assert "held-out step-time error of published runs like this" in text
+    # This machine's plan is priced on its own measurement: no published run speaks for it.
+    code, out, _ = run(capsys, "--gpu", "cpu", "--gpus", "2", *GB8, "--json")
+    assert code == 0 and json.loads(out)["accuracy"] is None

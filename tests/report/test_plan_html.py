@@ -59,3 +59,11 @@ def test_an_anchored_plan_says_so_on_its_page() -> None:
     assert "Anchored on your measured run: peak_fraction 0.650 -&gt; " in overview
     assert "takes 3.5 s as measured" in overview
     assert doc["best"][0]["step_seconds"] == pytest.approx(3.5, rel=1e-4)
+
+
+def test_the_page_states_the_held_out_error_of_runs_like_the_winner(
+        gpt3: dict[str, Any]) -> None:
+    overview = "".join(plan_sections(gpt3)[0].blocks)
+    assert "Held-out step-time error of published runs like this" in overview
+    h100 = next(s for s in gpt3["accuracy"]["slices"] if s["slice"] == "H100/H200")
+    assert f"H100/H200 {h100['mean_abs_error']:.1%} over {h100['runs']} runs" in overview

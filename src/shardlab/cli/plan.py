@@ -24,16 +24,12 @@ from shardlab.cli.plan_anchor import add_anchor_args, anchored
 from shardlab.cli.plan_dryrun import dry_run_top
 from shardlab.config.dtypes import get_policy
 from shardlab.config.hardware import matmul_peaks
-from shardlab.config.layout import (
-    RECOMPUTE,
-    SCHEDULES,
-    check_stage_layers,
-    parse_stage_layers,
-)
+from shardlab.config.layout import RECOMPUTE, SCHEDULES, check_stage_layers, parse_stage_layers
 from shardlab.config.measured import accelerator_or_measured, slow_dtype_note
 from shardlab.config.resolve import load_model
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_vocab
+from shardlab.plan.accuracy import plan_accuracy
 from shardlab.plan.fit import explain_fit
 from shardlab.plan.options import check_trainable, policy_for, step_options_for
 from shardlab.plan.overlap import framework as overlap_framework
@@ -376,6 +372,10 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         "smallest_memory_per_device": result.smallest_memory, "best": result.best,
         # --layout that does not fit: what binds and the changes that make it fit.
         "fit": fit, "anchor": anchor,  # --measured-step: the curve fitted to it
+        # Held-out error of published runs like the winner (no correction: a statement).
+        "accuracy": None if here else plan_accuracy(
+            acc.name, policy.name, args.framework and fw.name, model.moe is not None,
+            args.gpus, result.best),
     }
     if args.dry_run_top:
         dry_run_top(doc, model, args.dry_run_top, acc.memory_bytes)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -37,6 +36,7 @@ import numpy as np
 
 from shardlab.config.dtypes import get_policy
 from shardlab.config.hardware import Efficiency, get_accelerator
+from shardlab.plan.accuracy import SLICES, Traits
 from shardlab.plan.options import policy_for, step_options_for
 from shardlab.plan.overlap import framework as overlap_framework
 from shardlab.plan.published_run import PublishedRun
@@ -150,33 +150,42 @@ def _device(r: PublishedRun) -> str:
     return f"{r.gpus} {r.gpu}" + (f" ({', '.join(extra)})" if extra else "")
 
 
-GROUPS: dict[str, Callable[[PublishedRun], bool]] = {
-    "bf16": lambda r: r.dtype != "fp8",
-    "A100": lambda r: r.gpu.startswith("A100"),
-    "H100/H200": lambda r: r.gpu.startswith(("H100", "H200")),
-    "B200/GB200": lambda r: r.gpu in ("B200", "GB200"),
-    "fp8": lambda r: r.dtype == "fp8",
-    "dense": lambda r: r.model.moe is None,
-    "MoE": lambda r: r.model.moe is not None,
-    "Megatron-LM / NeMo": lambda r: r.framework == "megatron",
-    "torchtitan": lambda r: r.framework == "torchtitan",
-    "FSDP (MosaicML, fms-fsdp, NeMo AutoModel)": lambda r: r.framework == "fsdp",
-    "pipeline parallel": lambda r: r.pp > 1,
-    "context parallel": lambda r: r.cp > 1,
-    "HSDP": lambda r: r.dp_replicate > 1,
-    "uneven pipeline stages": lambda r: bool(r.stage_layers),
-    "one node (8 GPUs or fewer)": lambda r: r.gpus <= 8,
-    "over 1,000 GPUs": lambda r: r.gpus > 1000,
-}
-"""Slices of the held-out runs :func:`table` reports apart (a run may be in several)."""
+def run_traits(r: PublishedRun) -> Traits:
+    """What places ``r`` in the held-out slices (:data:`shardlab.plan.accuracy.SLICES`)."""
+    return Traits(r.gpu, r.dtype, r.framework, r.model.moe is not None, r.gpus, r.pp, r.cp,
+                  r.dp_replicate, bool(r.stage_layers))
+
+
+def slice_figures(held: list[tuple[PublishedRun, float]]
+                  ) -> dict[str, tuple[int, float, float, float]]:
+    """Per slice of :data:`~shardlab.plan.accuracy.SLICES` holding any of ``held`` (runs
+    with their errors): the count, the mean absolute error, the mean signed error and the
+    worst absolute one, rounded to 0.1% (what :data:`~shardlab.plan.accuracy.HELD_OUT`
+    stores)."""
+    out = {}
+    for label, take in SLICES.items():
+        errs = np.array([e for r, e in held if take(run_traits(r))])
+        if len(errs):
+            out[label] = (len(errs), *(round(float(x), 3) for x in (
+                np.mean(np.abs(errs)), np.mean(errs), np.max(np.abs(errs)))))
+    return out
+
+
+def slices_table(figures: dict[str, tuple[int, float, float, float]]) -> str:
+    """The markdown of the held-out slices (:func:`slice_figures`)."""
+    lines = ["| held-out slice | runs | mean absolute error | mean error (signed) | worst |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {label} | {n} | {mean_abs:.1%} | {mean:+.1%} | {worst:.1%} |"
+              for label, (n, mean_abs, mean, worst) in figures.items()]
+    return "\n".join(lines)
 
 
 def table() -> str:
     """The markdown of ``docs/validation.md``: every run, predicted beside measured, then
     the mean absolute errors (calibration; held out, with its worst; held out with the
     excluded runs; the unverified rows, which no figure uses) and the held-out runs by
-    slice (:data:`GROUPS`): their mean absolute error, their mean signed error (below zero:
-    the planner predicts that slice faster than it ran, on average) and the worst."""
+    slice (:func:`slices_table`): their mean absolute error, their mean signed error (below
+    zero: the planner predicts that slice faster than it ran, on average) and the worst."""
     lines = ["| run | role | GPUs | layout | measured s/step | predicted s/step | error | "
              "MFU measured | MFU predicted |", "|---|---|---|---|---|---|---|---|---|"]
     groups: dict[str, list[float]] = {"calibration": [], "validation": [], "excluded": [],
@@ -203,13 +212,7 @@ def table() -> str:
     lines += ["", f"mean absolute error: calibration {mean(cal)}; **held out {mean(val)}**, "
               f"worst {abs(worst[1]):.1%} ({worst[0].name}); held out with the excluded runs "
               f"{mean(val + exc)}; unverified rows (neither fitted nor averaged) {mean(unv)}",
-              "", "| held-out slice | runs | mean absolute error | mean error (signed) | worst |",
-              "|---|---|---|---|---|"]
-    for label, take in GROUPS.items():
-        errs = np.array([e for r, e in held if take(r)])
-        if len(errs):
-            lines.append(f"| {label} | {len(errs)} | {np.mean(np.abs(errs)):.1%} | "
-                         f"{np.mean(errs):+.1%} | {np.max(np.abs(errs)):.1%} |")
+              "", slices_table(slice_figures(held))]
     return "\n".join(lines)
 
 

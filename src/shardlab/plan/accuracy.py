@@ -1,0 +1,122 @@
+"""How far the planner's step time has been from measured runs like the one planned: the
+held-out slices of ``docs/validation.md``, shown beside a plan.
+
+A plan's step time is a prediction; the only honest statement of its error is the error
+the same model made on published runs it was never fitted on
+(:mod:`shardlab.plan.published`). Those runs fall into slices by what changes the model's
+error most (accelerator, dtype, dense or MoE, framework, pipeline and context parallel,
+HSDP, uneven stages, scale): :data:`SLICES` defines them on a run's :class:`Traits`, and
+:data:`HELD_OUT` keeps each slice's figures as ``python -m shardlab.plan.published``
+prints them (``tests/plan/test_published.py`` recomputes them from the runs and fails
+when the two part, so a change of the model that moves them must store them again).
+:func:`accuracy` picks the slices a planned layout belongs to: ``shardlab plan`` prints
+them under its tables and in ``--json`` (``accuracy``).
+
+The signed mean says which way a slice errs: below zero, the planner predicted those runs
+faster than they ran. No figure here is used to correct a prediction: that would fit the
+model on the held-out runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What places a run (or a planned layout) in the slices: the accelerator's catalog
+    name, the dtype of its linear layers, the framework named (None: none), whether the
+    model is a mixture of experts, the device count and the layout's pipeline, context and
+    HSDP degrees, and whether its pipeline stages are uneven."""
+
+    gpu: str
+    dtype: str
+    framework: str | None
+    moe: bool
+    gpus: int
+    pp: int = 1
+    cp: int = 1
+    dp_replicate: int = 1
+    uneven: bool = False
+
+
+SIXTEEN_BIT: tuple[str, ...] = ("bf16", "fp16", "amp-bf16", "amp-fp16")
+"""Dtype names whose linear layers run in 16 bits (the published runs' bf16 and fp16)."""
+
+SLICES: dict[str, Callable[[Traits], bool]] = {
+    "bf16 / fp16": lambda t: t.dtype in SIXTEEN_BIT,
+    "A100": lambda t: t.gpu in ("A100 SXM 80GB", "A100 SXM 40GB"),
+    "H100/H200": lambda t: t.gpu in ("H100 SXM", "H200 SXM"),
+    "B200/GB200": lambda t: t.gpu in ("B200", "GB200"),
+    "fp8": lambda t: t.dtype == "fp8",
+    "dense": lambda t: not t.moe,
+    "MoE": lambda t: t.moe,
+    "Megatron-LM / NeMo": lambda t: t.framework == "megatron",
+    "torchtitan": lambda t: t.framework == "torchtitan",
+    "FSDP (MosaicML, fms-fsdp, NeMo AutoModel)": lambda t: t.framework == "fsdp",
+    "pipeline parallel": lambda t: t.pp > 1,
+    "context parallel": lambda t: t.cp > 1,
+    "HSDP": lambda t: t.dp_replicate > 1,
+    "uneven pipeline stages": lambda t: t.uneven,
+    "one node (8 GPUs or fewer)": lambda t: t.gpus <= 8,
+    "over 1,000 GPUs": lambda t: t.gpus > 1000,
+}
+"""Slices of the held-out runs (a run may be in several), by their :class:`Traits`."""
+
+HELD_OUT: dict[str, tuple[int, float, float, float]] = {
+    "bf16 / fp16": (78, 0.068, 0.003, 0.363),
+    "A100": (27, 0.040, -0.009, 0.161),
+    "H100/H200": (77, 0.082, -0.005, 0.363),
+    "B200/GB200": (31, 0.114, -0.081, 0.256),
+    "fp8": (57, 0.100, -0.059, 0.348),
+    "dense": (115, 0.072, -0.018, 0.363),
+    "MoE": (20, 0.132, -0.056, 0.334),
+    "Megatron-LM / NeMo": (81, 0.094, -0.037, 0.363),
+    "torchtitan": (25, 0.068, -0.002, 0.348),
+    "FSDP (MosaicML, fms-fsdp, NeMo AutoModel)": (27, 0.053, 0.001, 0.192),
+    "pipeline parallel": (61, 0.090, -0.055, 0.334),
+    "context parallel": (16, 0.094, 0.004, 0.348),
+    "HSDP": (2, 0.041, -0.041, 0.053),
+    "uneven pipeline stages": (15, 0.097, -0.082, 0.334),
+    "one node (8 GPUs or fewer)": (19, 0.081, 0.037, 0.348),
+    "over 1,000 GPUs": (14, 0.066, 0.004, 0.155),
+}
+"""Per slice: held-out runs, mean absolute step-time error, mean signed error (predicted /
+measured - 1) and the worst absolute one, each rounded to 0.1%, as ``python -m
+shardlab.plan.published`` prints them (the catalog's curves, no anchor)."""
+
+FEW = 5
+"""A slice of fewer held-out runs than this is said to be thin (its figures say little)."""
+
+
+def accuracy(traits: Traits) -> list[dict[str, Any]]:
+    """The slices ``traits`` belongs to, each with its held-out figures: ``slice``,
+    ``runs``, ``mean_abs_error``, ``mean_error`` (signed), ``worst`` and ``thin`` (fewer
+    than :data:`FEW` runs)."""
+    return [{"slice": name, "runs": runs, "mean_abs_error": mean_abs, "mean_error": mean,
+             "worst": worst, "thin": runs < FEW}
+            for name, take in SLICES.items() if take(traits)
+            for runs, mean_abs, mean, worst in (HELD_OUT[name],)]
+
+
+ACCELERATOR_SLICES: tuple[str, ...] = ("A100", "H100/H200", "B200/GB200")
+"""The slices by accelerator: a plan on none of them has no held-out run on its device."""
+
+
+def plan_accuracy(gpu: str, dtype: str, framework: str | None, moe: bool, gpus: int,
+                  best: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ``accuracy`` of ``shardlab plan --json`` for its winner (``best[0]``) on ``gpus``
+    devices named ``gpu``: ``slices`` (:func:`accuracy`) and ``accelerator_held_out``
+    (whether any held-out run was on that accelerator: false for MI300X, H100 PCIe, a
+    hardware file's device, where the other slices are other devices' runs); None when no
+    layout was ranked."""
+    if not best:
+        return None
+    b = best[0]
+    slices = accuracy(Traits(gpu, dtype, framework, moe, gpus, int(b["pp"]),
+                             int(b.get("cp", 1)), int(b.get("dp_replicate", 1)),
+                             bool(b.get("stage_layers"))))
+    return {"slices": slices,
+            "accelerator_held_out": any(s["slice"] in ACCELERATOR_SLICES for s in slices)}

@@ -1,0 +1,69 @@
+"""The held-out slices a plan is shown with (plan/accuracy.py): which slices a run or a
+planned layout falls in, and the figures each carries. That the stored figures are the
+runs' own is tests/plan/test_published.py's test (it predicts every held-out run)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardlab.plan.accuracy import (
+    ACCELERATOR_SLICES,
+    FEW,
+    HELD_OUT,
+    SLICES,
+    Traits,
+    accuracy,
+    plan_accuracy,
+)
+from shardlab.plan.published import RUNS, run_traits
+
+
+def _run(name: str) -> Traits:
+    return run_traits(next(r for r in RUNS if r.name == name))
+
+
+def test_every_slice_has_its_figures() -> None:
+    assert list(SLICES) == list(HELD_OUT)
+    assert set(ACCELERATOR_SLICES) <= set(SLICES)
+    for runs, mean_abs, mean, worst in HELD_OUT.values():
+        assert runs > 0 and 0 <= abs(mean) <= mean_abs <= worst
+
+
+def test_a_published_run_falls_in_the_slices_of_what_it_is() -> None:
+    # NeMo 25.04's Llama 3.1 405B fp8 on 256 GB200: TP 4, PP 8, CP 2, uneven stages.
+    names = {s["slice"] for s in accuracy(_run("DGXC Llama3.1-405B GB200 256 FP8"))}
+    assert names == {"B200/GB200", "fp8", "dense", "Megatron-LM / NeMo", "pipeline parallel",
+                     "context parallel", "uneven pipeline stages"}
+    # torchtitan's 8B on one node of 500 W H100s in bf16, FSDP only.
+    names = {s["slice"] for s in accuracy(_run("TT-1 8B FSDP8 eager"))}
+    assert names == {"bf16 / fp16", "H100/H200", "dense", "torchtitan",
+                     "one node (8 GPUs or fewer)"}
+    # fms-fsdp's HSDP 7B: the HSDP slice, thin (two runs).
+    hsdp = {s["slice"]: s for s in accuracy(_run("IBM 7b 96 H100 HSDP"))}["HSDP"]
+    assert hsdp["thin"] and hsdp["runs"] == HELD_OUT["HSDP"][0] < FEW
+
+
+def test_each_slice_carries_its_stored_figures() -> None:
+    t = Traits("A100 SXM 40GB", "fp16", None, False, 3072, pp=64)
+    got = {s["slice"]: s for s in accuracy(t)}
+    assert set(got) == {"bf16 / fp16", "A100", "dense", "pipeline parallel",
+                        "over 1,000 GPUs"}
+    runs, mean_abs, mean, worst = HELD_OUT["A100"]
+    assert got["A100"] == {"slice": "A100", "runs": runs, "mean_abs_error": mean_abs,
+                           "mean_error": mean, "worst": worst, "thin": False}
+
+
+@pytest.mark.parametrize(("gpu", "held"), [("H100 SXM", True), ("H200 SXM", True),
+                                           ("GB200", True), ("MI300X", False),
+                                           ("H100 PCIe", False)])
+def test_a_plan_says_whether_its_accelerator_had_held_out_runs(gpu: str, held: bool) -> None:
+    best = [{"pp": 4, "cp": 1, "dp_replicate": 1, "stage_layers": [7, 8, 8, 7]}]
+    acc = plan_accuracy(gpu, "bf16", "megatron", False, 64, best)
+    assert acc is not None and acc["accelerator_held_out"] is held
+    names = {s["slice"] for s in acc["slices"]}
+    assert {"pipeline parallel", "uneven pipeline stages", "Megatron-LM / NeMo"} <= names
+    # fp32 on a GPU is in no dtype slice; nothing ranked, nothing to say.
+    fp32 = plan_accuracy(gpu, "fp32", None, True, 8, [{"pp": 1}])
+    assert fp32 is not None and {s["slice"] for s in fp32["slices"]} & {
+        "bf16 / fp16", "fp8", "dense"} == set()
+    assert plan_accuracy(gpu, "bf16", None, False, 8, []) is None
