@@ -85,28 +85,48 @@ NEMOTRON_4_340B = ModelShape(
     "query groups, FFN 73728 (squared ReLU, two matrices), vocabulary 256,000")
 
 
+_NM_BF16_GRADS = (
+    "gradients held and reduced in bf16: NeMo-Framework-Launcher 24.07's fp8 examples "
+    "(examples/training/*/h100/*_fp8*.sh at 8325688d) add '+training.model.optim."
+    "grad_sync_dtype=bf16', and Apex's DistributedFusedAdam keeps its contiguous gradient "
+    "buffer in grad_sync_dtype (the exact command lines are not public)")
+_NM_FP32_GRADS = (
+    "gradients reduced in fp32: the launcher's Nemotron fp8 examples (examples/training/"
+    "nemotron/h100/nemotron_8b_fp8.sh and nemotron_22b_fp8.sh at 8325688d), unlike its GPT "
+    "and Llama ones, add no grad_sync_dtype, so Apex's DistributedFusedAdam reduces in its "
+    "own dtype, fp32")
+
+
+def _nemotron3(size: str, layers: int, hidden: int, heads: int) -> ModelShape:
+    return ModelShape(f"nemotron-3-{size}", layers, hidden, heads, vocab=256000, context=4096,
+                      d_ff=4 * hidden, style="gpt", tied=False, source=f"NeMo-Framework-"
+                      f"Launcher 24.07 conf/training/nemotron/nemotron_{size}.yaml (NeMo's "
+                      f"Nemotron3Config{size.upper()} alike): {layers} layers, {hidden}, "
+                      f"{heads} heads (multi-head), FFN {4 * hidden} (squared ReLU, two "
+                      "matrices), untied; its sentencepiece vocabulary of 256,000")
+
+
 def _nm(key: str, model: ModelShape, gpus: int, gbs: int, mbs: int, seq: int, tp: int,
         pp: int, vp: int, tokens: float, role: str = "validation", cp: int = 1,
-        row: str = "", yaml: bool = False) -> PublishedRun:
+        row: str = "", yaml: bool = False, fp32_grads: bool = False,
+        config: str = "") -> PublishedRun:
     # yaml: the launcher's training config for the model states an optimizer dtype and a
-    # recompute of its own (Nemotron-4 340B).
+    # recompute of its own (Nemotron-4 340B). fp32_grads: the launcher's fp8 example for
+    # the model sets no bf16 gradient reduction. config: a launcher config the row matches.
     optimizer = "bf16" if yaml else ""
     return PublishedRun(
         f"NM {key}", "NVIDIA NeMo 24.07 performance summary (fp8, DGX-H100)", model,
         "H100 SXM", gpus, tp, pp, gbs, seq, tokens_step(gbs, seq, gpus, tokens), role,
         f"{tokens:g} tokens/s per GPU", recompute="selective" if yaml else "none",
         sp=tp > 1, zero=1, micro_batch=mbs, virtual=vp, flash=True, dtype="fp8",
-        options="overlap_dp=1 overlap_tp=1 reduce_dtype=bf16"
+        options="overlap_dp=1 overlap_tp=1" + ("" if fp32_grads else " reduce_dtype=bf16")
         + (f" optimizer_dtype={optimizer}" if optimizer else ""), cp=cp,
         assumed=("fp8 with Transformer Engine (the table's title: 'pre-training ... at FP8 "
                  "precision')", *(() if yaml else ("no recompute",)),
                  "distributed optimizer with overlapped "
                  "gradient reduce and parameter gather, tensor-parallel communication "
-                 "overlap (NeMo's performance recipes)", "gradients held and reduced in "
-                 "bf16: NeMo-Framework-Launcher 24.07's fp8 examples (examples/training/*/"
-                 "h100/*_fp8*.sh at 8325688d) add '+training.model.optim.grad_sync_dtype="
-                 "bf16', and Apex's DistributedFusedAdam keeps its contiguous gradient "
-                 "buffer in grad_sync_dtype (the exact command lines are not public)",
+                 "overlap (NeMo's performance recipes)",
+                 _NM_FP32_GRADS if fp32_grads else _NM_BF16_GRADS,
                  "sequence parallel with tp > 1", *((
                      "the launcher's nemotron_340b.yaml at 24.07 (whose own layout, PP 12 "
                      "VP 8 on 768 nodes, is not the table's): the optimizer's 'dtype: bf16', "
@@ -119,8 +139,13 @@ def _nm(key: str, model: ModelShape, gpus: int, gbs: int, mbs: int, seq: int, tp
                     "= GPUs / (TP x PP x CP)",) if cp > 1 else ()), *DGX_H100),
         checked="rows of performance_summary.md at NeMo commit e2de75c1: GPUs, GBS, MBS, "
         f"sequence, TP, PP, CP {cp}, VP and tokens/s per GPU as quoted" + (
-            f" ({row})" if row else ""))
+            f" ({row})" if row else "") + (f"; {config}" if config else ""))
 
+
+_NM3_CONFIG = ("NeMo-Framework-Launcher 8325688d conf/training/nemotron/nemotron_{size}.yaml: "
+               "{layout}, sequence_parallel true, activations_checkpoint_granularity null, "
+               "ub_tp_comm_overlap true, fp8 hybrid with Transformer Engine (its fp8 example), "
+               "distributed_fused_adam with overlap_grad_sync and overlap_param_sync")
 
 NM_RUNS: tuple[PublishedRun, ...] = (
     _nm("GPT3-5B", _nemo_gpt("gpt3-5b", 24, 4096, 32), 64, 2048, 4, 2048, 1, 1, 1, 23406),
@@ -133,6 +158,15 @@ NM_RUNS: tuple[PublishedRun, ...] = (
         "calibration"),
     _nm("Llama2-13B", get_model("llama-2-13b"), 16, 128, 1, 4096, 1, 4, 10, 8715),
     _nm("Llama2-70B", get_model("llama-2-70b"), 64, 128, 1, 4096, 4, 4, 20, 1728),
+    # Added 2026-12-06 (the table's two rows left out before, priced after they were
+    # written down): Nemotron-3 8B and 22B, whose launcher configs state the table's layout.
+    _nm("Nemotron-8B", _nemotron3("8b", 32, 4096, 32), 64, 256, 4, 4096, 2, 1, 1, 12507,
+        row="'Nemotron-8B | 64 | 256 | 4 | 4096 | 2 | 1 | 1 | 1 | 12507 | 643'",
+        fp32_grads=True, config=_NM3_CONFIG.format(size="8b", layout="TP 2 (PP 1)")),
+    _nm("Nemotron-22B", _nemotron3("22b", 40, 6144, 48), 64, 256, 2, 4096, 2, 4, 10, 4312,
+        row="'Nemotron-22B | 64 | 256 | 2 | 4096 | 2 | 4 | 1 | 10 | 4312 | 562'",
+        fp32_grads=True, config=_NM3_CONFIG.format(size="22b", layout="TP 2, PP 4, VP 10, "
+                                                    "overlap_p2p_comm True")),
     _nm("Nemotron-340B", NEMOTRON_4_340B, 128, 32, 1, 4096, 8, 8, 12, 326, yaml=True),
     # Context parallel (added with cp: issue 17).
     _nm("Llama3-8B CP2", get_model("llama-3-8b"), 8, 128, 1, 8192, 1, 1, 1, 12273, cp=2,
