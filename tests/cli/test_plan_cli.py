@@ -291,6 +291,15 @@ def test_a_plan_states_the_held_out_error_of_runs_like_it(
     assert (f"fp8 {fp8['mean_abs_error']:.1%} over {fp8['runs']} runs "
             f"({fp8['mean_error']:+.1%} signed)") in text
     assert "held-out step-time error of published runs like this" in text
+    # An accelerator with an assumed curve: its own error is unknown, and the line says so;
+    # fp32 on a GPU: no held-out run ran in it.
+    code, out, _ = run(capsys, "llama-3-8b", "--gpu", "mi300x", "--gpus", "8", *GB8, "--top",
+                       "1")
+    assert code == 0 and ("held-out step-time error: unknown on MI300X, whose efficiency "
+                          "curve is assumed") in " ".join(out.split())
+    code, out, _ = run(capsys, "llama-3-8b", "--gpu", "h100", "--gpus", "8", *GB8, "--dtype",
+                       "fp32", "--top", "1")
+    assert code == 0 and "none ran in fp32" in " ".join(out.split())
     # This machine's plan is priced on its own measurement: no published run speaks for it.
     code, out, _ = run(capsys, "--gpu", "cpu", "--gpus", "2", *GB8, "--json")
     assert code == 0 and json.loads(out)["accuracy"] is None

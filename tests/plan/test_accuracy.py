@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import pytest
 
+from shardlab.config.dtypes import POLICIES, get_policy
 from shardlab.plan.accuracy import (
     ACCELERATOR_SLICES,
+    DTYPE_SLICES,
     FEW,
     HELD_OUT,
     SLICES,
     Traits,
     accuracy,
     plan_accuracy,
+    uneven,
 )
 from shardlab.plan.published import RUNS, run_traits
 
@@ -50,20 +53,39 @@ def test_each_slice_carries_its_stored_figures() -> None:
                         "over 1,000 GPUs"}
     runs, mean_abs, mean, worst = HELD_OUT["A100"]
     assert got["A100"] == {"slice": "A100", "runs": runs, "mean_abs_error": mean_abs,
-                           "mean_error": mean, "worst": worst, "thin": False}
+                           "mean_error": mean, "worst_abs_error": worst,
+                           "thin": False}
 
 
 @pytest.mark.parametrize(("gpu", "held"), [("H100 SXM", True), ("H200 SXM", True),
                                            ("GB200", True), ("MI300X", False),
                                            ("H100 PCIe", False)])
 def test_a_plan_says_whether_its_accelerator_had_held_out_runs(gpu: str, held: bool) -> None:
-    best = [{"pp": 4, "cp": 1, "dp_replicate": 1, "stage_layers": [7, 8, 8, 7]}]
-    acc = plan_accuracy(gpu, "bf16", "megatron", False, 64, best)
-    assert acc is not None and acc["accelerator_held_out"] is held
+    best = {"pp": 4, "cp": 1, "dp_replicate": 1, "stage_layers": [7, 8, 8, 7]}
+    acc = plan_accuracy(gpu, "bf16", True, "megatron", False, 64, best)
+    assert acc["accelerator_held_out"] is held and acc["dtype_held_out"]
+    assert acc["curve_fitted"]
     names = {s["slice"] for s in acc["slices"]}
     assert {"pipeline parallel", "uneven pipeline stages", "Megatron-LM / NeMo"} <= names
-    # fp32 on a GPU is in no dtype slice; nothing ranked, nothing to say.
-    fp32 = plan_accuracy(gpu, "fp32", None, True, 8, [{"pp": 1}])
-    assert fp32 is not None and {s["slice"] for s in fp32["slices"]} & {
-        "bf16 / fp16", "fp8", "dense"} == set()
-    assert plan_accuracy(gpu, "bf16", None, False, 8, []) is None
+    # fp32 on a GPU is in no dtype slice, and says so.
+    fp32 = plan_accuracy(gpu, "fp32", True, None, True, 8, {"pp": 1})
+    assert not fp32["dtype_held_out"] and not {s["slice"] for s in fp32["slices"]} & {
+        *DTYPE_SLICES, "dense"}
+
+
+def test_every_dtype_policy_lands_in_the_slice_of_its_linear_layers() -> None:
+    # A plan passes its policy's linear_compute, as a published run's dtype does.
+    expected = {"bf16": "bf16 / fp16", "fp16": "bf16 / fp16", "amp-bf16": "bf16 / fp16",
+                "bf16-pure": "bf16 / fp16", "fp8": "fp8", "fp32": None, "fp64": None}
+    assert set(expected) == set(POLICIES)
+    for name, want in expected.items():
+        t = Traits("H100 SXM", get_policy(name).linear_compute, None, False, 8)
+        got = [s["slice"] for s in accuracy(t) if s["slice"] in DTYPE_SLICES]
+        assert got == ([want] if want else []), name
+
+
+def test_an_even_split_given_explicitly_is_not_uneven() -> None:
+    assert uneven((7, 8, 8, 7)) and not uneven((8, 8, 8, 8)) and not uneven(())
+    acc = plan_accuracy("H100 SXM", "bf16", True, None, False, 64,
+                        {"pp": 4, "stage_layers": [8, 8, 8, 8]})
+    assert "uneven pipeline stages" not in {s["slice"] for s in acc["slices"]}

@@ -373,9 +373,9 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         # --layout that does not fit: what binds and the changes that make it fit.
         "fit": fit, "anchor": anchor,  # --measured-step: the curve fitted to it
         # Held-out error of published runs like the winner (no correction: a statement).
-        "accuracy": None if here else plan_accuracy(
-            acc.name, policy.name, args.framework and fw.name, model.moe is not None,
-            args.gpus, result.best),
+        "accuracy": None if here or not result.best else plan_accuracy(
+            acc.name, policy.linear_compute, acc.efficiency is not None,
+            args.framework and fw.name, model.moe is not None, args.gpus, result.best[0]),
     }
     if args.dry_run_top:
         dry_run_top(doc, model, args.dry_run_top, acc.memory_bytes)

@@ -27,9 +27,10 @@ from typing import Any
 @dataclass(frozen=True)
 class Traits:
     """What places a run (or a planned layout) in the slices: the accelerator's catalog
-    name, the dtype of its linear layers, the framework named (None: none), whether the
-    model is a mixture of experts, the device count and the layout's pipeline, context and
-    HSDP degrees, and whether its pipeline stages are uneven."""
+    name, the dtype its linear layers run in (a policy's ``linear_compute``: bf16, fp16,
+    fp8, fp32), the framework named (None: none), whether the model is a mixture of
+    experts, the device count and the layout's pipeline, context and HSDP degrees, and
+    whether its pipeline stages are uneven."""
 
     gpu: str
     dtype: str
@@ -42,8 +43,9 @@ class Traits:
     uneven: bool = False
 
 
-SIXTEEN_BIT: tuple[str, ...] = ("bf16", "fp16", "amp-bf16", "amp-fp16")
-"""Dtype names whose linear layers run in 16 bits (the published runs' bf16 and fp16)."""
+SIXTEEN_BIT: tuple[str, ...] = ("bf16", "fp16")
+"""The 16-bit dtypes linear layers run in (a policy's ``linear_compute``; the published runs'
+bf16 and fp16)."""
 
 SLICES: dict[str, Callable[[Traits], bool]] = {
     "bf16 / fp16": lambda t: t.dtype in SIXTEEN_BIT,
@@ -92,31 +94,39 @@ FEW = 5
 
 
 def accuracy(traits: Traits) -> list[dict[str, Any]]:
-    """The slices ``traits`` belongs to, each with its held-out figures: ``slice``,
-    ``runs``, ``mean_abs_error``, ``mean_error`` (signed), ``worst`` and ``thin`` (fewer
-    than :data:`FEW` runs)."""
+    """The slices ``traits`` belongs to, each with its held-out figures (fractions, not
+    percent): ``slice``, ``runs``, ``mean_abs_error``, ``mean_error`` (signed),
+    ``worst_abs_error`` and ``thin`` (fewer than :data:`FEW` runs)."""
     return [{"slice": name, "runs": runs, "mean_abs_error": mean_abs, "mean_error": mean,
-             "worst": worst, "thin": runs < FEW}
+             "worst_abs_error": worst, "thin": runs < FEW}
             for name, take in SLICES.items() if take(traits)
             for runs, mean_abs, mean, worst in (HELD_OUT[name],)]
 
 
 ACCELERATOR_SLICES: tuple[str, ...] = ("A100", "H100/H200", "B200/GB200")
 """The slices by accelerator: a plan on none of them has no held-out run on its device."""
+DTYPE_SLICES: tuple[str, ...] = ("bf16 / fp16", "fp8")
+"""The slices by dtype: a plan in neither (fp32 on a GPU) has no held-out run in its dtype."""
 
 
-def plan_accuracy(gpu: str, dtype: str, framework: str | None, moe: bool, gpus: int,
-                  best: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The ``accuracy`` of ``shardlab plan --json`` for its winner (``best[0]``) on ``gpus``
-    devices named ``gpu``: ``slices`` (:func:`accuracy`) and ``accelerator_held_out``
-    (whether any held-out run was on that accelerator: false for MI300X, H100 PCIe, a
-    hardware file's device, where the other slices are other devices' runs); None when no
-    layout was ranked."""
-    if not best:
-        return None
-    b = best[0]
-    slices = accuracy(Traits(gpu, dtype, framework, moe, gpus, int(b["pp"]),
-                             int(b.get("cp", 1)), int(b.get("dp_replicate", 1)),
-                             bool(b.get("stage_layers"))))
-    return {"slices": slices,
-            "accelerator_held_out": any(s["slice"] in ACCELERATOR_SLICES for s in slices)}
+def uneven(stage_layers: tuple[int, ...] | list[int]) -> bool:
+    """Whether a split of layers over pipeline chunks is uneven (an even split given
+    explicitly is not)."""
+    return len(set(stage_layers)) > 1
+
+
+def plan_accuracy(gpu: str, linear_dtype: str, curve_fitted: bool, framework: str | None,
+                  moe: bool, gpus: int, best: dict[str, Any]) -> dict[str, Any]:
+    """The ``accuracy`` of ``shardlab plan --json`` for its winner ``best`` on ``gpus``
+    devices named ``gpu`` whose linear layers run in ``linear_dtype``: ``slices``
+    (:func:`accuracy`); ``accelerator_held_out`` and ``dtype_held_out``, whether any
+    held-out run was on that accelerator (no: MI300X, H100 PCIe, a hardware file's device,
+    where the other slices are other devices' runs) and in that dtype (no: fp32); and
+    ``curve_fitted``, whether the accelerator's efficiency curve was fitted on published
+    runs (no: an assumed curve, so the plan's own error is unknown)."""
+    slices = accuracy(Traits(gpu, linear_dtype, framework, moe, gpus, int(best["pp"]),
+                             int(best.get("cp", 1)), int(best.get("dp_replicate", 1)),
+                             uneven(best.get("stage_layers") or ())))
+    names = {s["slice"] for s in slices}
+    return {"slices": slices, "accelerator_held_out": bool(names & set(ACCELERATOR_SLICES)),
+            "dtype_held_out": bool(names & set(DTYPE_SLICES)), "curve_fitted": curve_fitted}

@@ -36,7 +36,7 @@ import numpy as np
 
 from shardlab.config.dtypes import get_policy
 from shardlab.config.hardware import Efficiency, get_accelerator
-from shardlab.plan.accuracy import SLICES, Traits
+from shardlab.plan.accuracy import SLICES, Traits, uneven
 from shardlab.plan.options import policy_for, step_options_for
 from shardlab.plan.overlap import framework as overlap_framework
 from shardlab.plan.published_run import PublishedRun
@@ -152,8 +152,9 @@ def _device(r: PublishedRun) -> str:
 
 def run_traits(r: PublishedRun) -> Traits:
     """What places ``r`` in the held-out slices (:data:`shardlab.plan.accuracy.SLICES`)."""
-    return Traits(r.gpu, r.dtype, r.framework, r.model.moe is not None, r.gpus, r.pp, r.cp,
-                  r.dp_replicate, bool(r.stage_layers))
+    return Traits(r.gpu, get_policy(r.dtype).linear_compute, r.framework,
+                  r.model.moe is not None, r.gpus, r.pp, r.cp, r.dp_replicate,
+                  uneven(r.stage_layers))
 
 
 def slice_figures(held: list[tuple[PublishedRun, float]]

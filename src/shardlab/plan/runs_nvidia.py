@@ -11,7 +11,10 @@
   September 2024): pre-training at fp8, tokens/s per GPU with TP, PP, VP, MBS, GBS. The
   command lines are not public; the facts each row takes beyond the table come from
   NeMo-Framework-Launcher 24.07 (8325688d): its fp8 example scripts' bf16 gradient
-  reduction, and for Nemotron-4 340B its training config's optimizer dtype and recompute.
+  reduction (GPT-3 and Llama; its Nemotron-3 8B and 22B examples set none: fp32 assumed
+  for those two), for Nemotron-4 340B its training config's optimizer dtype and
+  recompute, and for Nemotron-3 8B and 22B their training configs' layout (TP, PP, VP),
+  sequence parallel, no recompute and TP overlap.
 * MB: NVIDIA-NeMo/Megatron-Bridge ``docs/performance-summary-archive.md`` (25.11
   DGX-H100 rows with their precision column "FP8-CS"; 25.09 MoE rows).
 * ZQ: yanring/Megatron-MoE-ModelZoo ``best_practice/qwen3/readme.md`` (commit 798dfb50):
@@ -91,18 +94,19 @@ _NM_BF16_GRADS = (
     "grad_sync_dtype=bf16', and Apex's DistributedFusedAdam keeps its contiguous gradient "
     "buffer in grad_sync_dtype (the exact command lines are not public)")
 _NM_FP32_GRADS = (
-    "gradients reduced in fp32: the launcher's Nemotron fp8 examples (examples/training/"
-    "nemotron/h100/nemotron_8b_fp8.sh and nemotron_22b_fp8.sh at 8325688d), unlike its GPT "
-    "and Llama ones, add no grad_sync_dtype, so Apex's DistributedFusedAdam reduces in its "
-    "own dtype, fp32")
+    "gradients reduced in fp32 (assumed): the launcher's Nemotron fp8 examples (examples/"
+    "training/nemotron/h100/nemotron_8b_fp8.sh and nemotron_22b_fp8.sh at 8325688d, GBS 32 "
+    "on one or two nodes: not the table's runs), unlike its GPT and Llama ones, add no "
+    "grad_sync_dtype, so Apex's DistributedFusedAdam would reduce in its own dtype, fp32")
 
 
 def _nemotron3(size: str, layers: int, hidden: int, heads: int) -> ModelShape:
     return ModelShape(f"nemotron-3-{size}", layers, hidden, heads, vocab=256000, context=4096,
                       d_ff=4 * hidden, style="gpt", tied=False, source=f"NeMo-Framework-"
-                      f"Launcher 24.07 conf/training/nemotron/nemotron_{size}.yaml (NeMo's "
-                      f"Nemotron3Config{size.upper()} alike): {layers} layers, {hidden}, "
-                      f"{heads} heads (multi-head), FFN {4 * hidden} (squared ReLU, two "
+                      "Launcher 24.07 launcher_scripts/conf/training/nemotron/"
+                      f"nemotron_{size}.yaml (NeMo's Nemotron3Config{size.upper()} alike): "
+                      f"{layers} layers, {hidden}, {heads} heads (multi-head), FFN "
+                      f"{4 * hidden} (squared ReLU, two "
                       "matrices), untied; its sentencepiece vocabulary of 256,000")
 
 
@@ -142,10 +146,12 @@ def _nm(key: str, model: ModelShape, gpus: int, gbs: int, mbs: int, seq: int, tp
             f" ({row})" if row else "") + (f"; {config}" if config else ""))
 
 
-_NM3_CONFIG = ("NeMo-Framework-Launcher 8325688d conf/training/nemotron/nemotron_{size}.yaml: "
-               "{layout}, sequence_parallel true, activations_checkpoint_granularity null, "
-               "ub_tp_comm_overlap true, fp8 hybrid with Transformer Engine (its fp8 example), "
-               "distributed_fused_adam with overlap_grad_sync and overlap_param_sync")
+_NM3_CONFIG = ("NeMo-Framework-Launcher 8325688d launcher_scripts/conf/training/nemotron/"
+               "nemotron_{size}.yaml: {layout}, sequence_parallel true, "
+               "activations_checkpoint_granularity null, ub_tp_comm_overlap true, "
+               "distributed_fused_adam with overlap_grad_sync and overlap_param_sync (its "
+               "micro_batch_size {mbs} is not the table's, which the row takes); fp8 hybrid "
+               "with Transformer Engine (its fp8 example)")
 
 NM_RUNS: tuple[PublishedRun, ...] = (
     _nm("GPT3-5B", _nemo_gpt("gpt3-5b", 24, 4096, 32), 64, 2048, 4, 2048, 1, 1, 1, 23406),
@@ -159,14 +165,14 @@ NM_RUNS: tuple[PublishedRun, ...] = (
     _nm("Llama2-13B", get_model("llama-2-13b"), 16, 128, 1, 4096, 1, 4, 10, 8715),
     _nm("Llama2-70B", get_model("llama-2-70b"), 64, 128, 1, 4096, 4, 4, 20, 1728),
     # Added 2026-12-06 (the table's two rows left out before, priced after they were
-    # written down): Nemotron-3 8B and 22B, whose launcher configs state the table's layout.
+    # written down): Nemotron-3 8B and 22B, whose launcher configs state the table's TP/PP/VP.
     _nm("Nemotron-8B", _nemotron3("8b", 32, 4096, 32), 64, 256, 4, 4096, 2, 1, 1, 12507,
         row="'Nemotron-8B | 64 | 256 | 4 | 4096 | 2 | 1 | 1 | 1 | 12507 | 643'",
-        fp32_grads=True, config=_NM3_CONFIG.format(size="8b", layout="TP 2 (PP 1)")),
+        fp32_grads=True, config=_NM3_CONFIG.format(size="8b", layout="TP 2 (PP 1)", mbs=2)),
     _nm("Nemotron-22B", _nemotron3("22b", 40, 6144, 48), 64, 256, 2, 4096, 2, 4, 10, 4312,
         row="'Nemotron-22B | 64 | 256 | 2 | 4096 | 2 | 4 | 1 | 10 | 4312 | 562'",
         fp32_grads=True, config=_NM3_CONFIG.format(size="22b", layout="TP 2, PP 4, VP 10, "
-                                                    "overlap_p2p_comm True")),
+                                                    "overlap_p2p_comm True", mbs=1)),
     _nm("Nemotron-340B", NEMOTRON_4_340B, 128, 32, 1, 4096, 8, 8, 12, 326, yaml=True),
     # Context parallel (added with cp: issue 17).
     _nm("Llama3-8B CP2", get_model("llama-3-8b"), 8, 128, 1, 8192, 1, 1, 1, 12273, cp=2,

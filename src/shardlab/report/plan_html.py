@@ -66,7 +66,8 @@ def _overview(doc: dict[str, Any], prefix: str) -> Section:
         line = anchor_line(doc["anchor"])
         s.add(para(line[0].upper() + line[1:] + ".", "note"))
     if doc.get("accuracy") is not None:
-        line = accuracy_line(doc["accuracy"], doc["gpu"], anchored=bool(doc.get("anchor")))
+        line = accuracy_line(doc["accuracy"], doc["gpu"], doc["dtype"],
+                             anchored=bool(doc.get("anchor")))
         s.add(para(line[0].upper() + line[1:] + ".", "note"))
     return s
 

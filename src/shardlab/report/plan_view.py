@@ -16,18 +16,25 @@ _SHORT = {"compute": "compute", "recompute": "recomp", "tp_comm": "tp", "pp_comm
 _SCHED = {"interleaved-1f1b": "interleaved", "dualpipev": "dualpipev"}
 
 
-def accuracy_line(acc: dict[str, Any], gpu: str, anchored: bool = False) -> str:
+def accuracy_line(acc: dict[str, Any], gpu: str, dtype: str, anchored: bool = False) -> str:
     """The plan's ``accuracy`` (:mod:`shardlab.plan.accuracy`) in one line: each slice's
     mean absolute error, run count and signed mean; said when no held-out run was on
-    ``gpu``, and when ``--measured-step`` anchored the curve (the figures are the
-    catalog curve's)."""
+    ``gpu`` or in ``dtype``, when ``gpu``'s curve is assumed (its error is then unknown),
+    and when ``--measured-step`` anchored the curve (the figures are the catalog curve's)."""
     parts = [f"{s['slice']} {s['mean_abs_error']:.1%} over {s['runs']} runs "
              f"({s['mean_error']:+.1%} signed{', thin' if s['thin'] else ''})"
              for s in acc["slices"]]
-    head = ("held-out step-time error of published runs like this (mean |error|; signed "
-            "below 0: predicted fast; docs/validation.md)")
-    if not acc["accelerator_held_out"]:
-        head += f": none ran on {gpu}, so these are other accelerators' runs"
+    if not acc["curve_fitted"]:
+        head = (f"held-out step-time error: unknown on {gpu}, whose efficiency curve is "
+                "assumed, not fitted on published runs; on calibrated accelerators, runs "
+                "like this (mean |error|; signed below 0: predicted fast; docs/validation.md)")
+    else:
+        head = ("held-out step-time error of published runs like this (mean |error|; signed "
+                "below 0: predicted fast; docs/validation.md)")
+        missing = [what for what, held in ((f"on {gpu}", acc["accelerator_held_out"]),
+                                           (f"in {dtype}", acc["dtype_held_out"])) if not held]
+        if missing:
+            head += f": none ran {' or '.join(missing)}, so these are runs that differ in that"
     tail = ("; these are the catalog curve's figures, and --measured-step anchored it on "
             "your run" if anchored else "")
     return head + ": " + "; ".join(parts) + tail
@@ -148,7 +155,8 @@ def print_plan(doc: dict[str, Any]) -> None:
          f"operator; {e['link_fraction']:.0%} of link bandwidth ({e['source']})",
          *([anchor_line(doc["anchor"])] if doc.get("anchor") else []),
          *([] if doc.get("accuracy") is None else [
-             accuracy_line(doc["accuracy"], doc["gpu"], anchored=bool(doc.get("anchor")))]),
+             accuracy_line(doc["accuracy"], doc["gpu"], doc["dtype"],
+                           anchored=bool(doc.get("anchor")))]),
          *([] if not doc.get("runtime") else [
              "fixed: the runtime's fixed costs per step and gloo's rate per collective, both "
              "measured by `shardlab hardware --measure` with real ranks"]))
