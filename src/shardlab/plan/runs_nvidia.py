@@ -106,8 +106,8 @@ def _nemotron3(size: str, layers: int, hidden: int, heads: int) -> ModelShape:
                       "Launcher 24.07 launcher_scripts/conf/training/nemotron/"
                       f"nemotron_{size}.yaml (NeMo's Nemotron3Config{size.upper()} alike): "
                       f"{layers} layers, {hidden}, {heads} heads (multi-head), FFN "
-                      f"{4 * hidden} (squared ReLU, two "
-                      "matrices), untied; its sentencepiece vocabulary of 256,000")
+                      f"{4 * hidden} (squared ReLU, two matrices), untied; its sentencepiece "
+                      "vocabulary of 256,000")
 
 
 def _nm(key: str, model: ModelShape, gpus: int, gbs: int, mbs: int, seq: int, tp: int,
