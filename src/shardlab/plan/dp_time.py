@@ -47,14 +47,13 @@ from shardlab.plan.step_inputs import Device, StepOptions
 @dataclass(frozen=True)
 class DpTime:
     """Per layout: the exposed data-parallel seconds per step (``exposed``), all of them
-    (``total``), the dense and the expert parameters' ZeRO shard groups (``group``,
-    ``expert_group``) and the units (layers) a ZeRO-3 rank gathers one by one."""
+    (``total``), and the dense and the expert parameters' ZeRO shard groups (``group``,
+    ``expert_group``)."""
 
     exposed: np.ndarray
     total: np.ndarray
     group: np.ndarray
     expert_group: np.ndarray
-    units: np.ndarray
 
 
 def dp_seconds(c: Candidates, mem: MemoryArrays, policy: DtypePolicy, dev: Device,
@@ -62,9 +61,10 @@ def dp_seconds(c: Candidates, mem: MemoryArrays, policy: DtypePolicy, dev: Devic
                rec_mb: np.ndarray, tp_mb: np.ndarray, cp_mb: np.ndarray,
                ep_comm: np.ndarray) -> DpTime:
     """The data-parallel communication of every layout in ``c`` (module docstring): the
-    timed rank's ``units`` layers, ``micro`` micro-batches, and per micro-batch its compute,
-    recompute, tensor- and context-parallel seconds; ``ep_comm`` its expert all-to-alls
-    per step (their NVLink waits widen a ring's window)."""
+    timed rank's ``units`` layers (ZeRO-3 gathers them one by one), ``micro``
+    micro-batches, and per micro-batch its compute, recompute, tensor- and context-parallel
+    seconds; ``ep_comm`` its expert all-to-alls per step (their NVLink waits widen a ring's
+    window)."""
     tp, cp, dp, pp, gpn = c.tp, c.cp, c.dp, c.pp, dev.gpus_per_node
     # Data parallel / ZeRO: exposed beyond the windows it can hide behind. Dense parameters
     # shard over dp_shard x cp, routed experts over theirs (zero_group_arrays); the shard
@@ -140,4 +140,4 @@ def dp_seconds(c: Candidates, mem: MemoryArrays, policy: DtypePolicy, dev: Devic
     dp_all = np.select([z == 0, z <= 2], [ar, rs + ar_rep + ag],
                        2 * micro * ag3 + syncs * (rs3 + ar_rep))
 
-    return DpTime(dp_comm, dp_all, group, egroup, units)
+    return DpTime(dp_comm, dp_all, group, egroup)

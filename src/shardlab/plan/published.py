@@ -164,8 +164,9 @@ def slice_figures(held: list[tuple[PublishedRun, float]]
     worst absolute one, rounded to 0.1% (what :data:`~shardlab.plan.accuracy.HELD_OUT`
     stores)."""
     out = {}
+    traits = [(run_traits(r), e) for r, e in held]
     for label, take in SLICES.items():
-        errs = np.array([e for r, e in held if take(run_traits(r))])
+        errs = np.array([e for t, e in traits if take(t)])
         if len(errs):
             out[label] = (len(errs), *(round(float(x), 3) for x in (
                 np.mean(np.abs(errs)), np.mean(errs), np.max(np.abs(errs)))))

@@ -273,9 +273,10 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     messages = np.where(pp > 1, 2 * v * micro, 0.0)
     pp_comm = pp_exposed(message, messages, comp_mb / (3 * v), opt.overlap_pp, pp, v, micro)
 
-    dpt = dp_seconds(c, mem, policy, dev, opt, layers.max(axis=1).astype(float), micro,
-                     comp_mb, rec_mb, tp_mb, cp_mb, ep_comm)
-    dp_comm, dp_all, units = dpt.exposed, dpt.total, dpt.units
+    units = layers.max(axis=1).astype(float)
+    dpt = dp_seconds(c, mem, policy, dev, opt, units, micro, comp_mb, rec_mb, tp_mb, cp_mb,
+                     ep_comm)
+    dp_comm, dp_all = dpt.exposed, dpt.total
     shard = np.where(c.zero >= 1, dpt.group, 1).astype(float)
     expert_shard = np.where(c.zero >= 1, dpt.expert_group, 1).astype(float)
     optimizer = 2.0 * policy.state_bytes * ((mem.params - mem.expert_params) / shard
