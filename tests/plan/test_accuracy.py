@@ -41,7 +41,7 @@ def test_a_published_run_falls_in_the_slices_of_what_it_is() -> None:
     names = {s["slice"] for s in accuracy(_run("TT-1 8B FSDP8 eager"))}
     assert names == {"bf16 / fp16", "H100/H200", "dense", "torchtitan",
                      "one node (8 GPUs or fewer)"}
-    # fms-fsdp's HSDP 7B: the HSDP slice, thin (two runs).
+    # fms-fsdp's HSDP 7B: the HSDP slice, thin (three runs: with BloombergGPT).
     hsdp = {s["slice"]: s for s in accuracy(_run("IBM 7b 96 H100 HSDP"))}["HSDP"]
     assert hsdp["thin"] and hsdp["runs"] == HELD_OUT["HSDP"][0] < FEW
 
