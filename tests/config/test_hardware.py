@@ -36,8 +36,8 @@ def test_blackwell_peaks_are_half_the_sparse_tables() -> None:
     assert (b200.gpus_per_node, gb200.gpus_per_node) == (8, 72)
     assert b200.memory_bytes == 1440e9 / 8  # DGX B200: 1,440 GB for 8 GPUs
     assert b200.intra_link.bandwidth == gb200.intra_link.bandwidth == 1.8e12 / 2
-    # One curve for both: peak_fraction and fp8_peak_fraction fitted on two GB200 runs
-    # (tests/plan/test_published.py refits them), the curve's shape Hopper's.
+    # One curve for both: peak_fraction fitted on one GB200 run (tests/plan/test_published.py
+    # refits it), fp8 at the same share, the curve's shape Hopper's.
     assert b200.efficiency is gb200.efficiency is not None
     hopper = get_accelerator("h100").efficiency
     assert b200.efficiency.half_intensity == hopper.half_intensity

@@ -34,9 +34,9 @@ def test_the_anchor_is_priced_at_its_measurement() -> None:
     anchored = replace(eff, fp8_peak_fraction=fam.fitted)
     assert predict(a, anchored)["step_seconds"] == pytest.approx(a.measured_step, rel=1e-4)
     # Its five siblings (other scales and batches of the same model and release) move from
-    # 19-23% fast to within a few percent.
+    # 13-19% fast to within a few percent.
     assert len(fam.runs) == 5
-    assert min(abs(e) for e in fam.zero_shot) > 0.15
+    assert min(abs(e) for e in fam.zero_shot) > 0.12
     assert max(abs(e) for e in fam.anchored) < 0.05
 
 

@@ -68,22 +68,22 @@ SLICES: dict[str, Callable[[Traits], bool]] = {
 """Slices of the held-out runs (a run may be in several), by their :class:`Traits`."""
 
 HELD_OUT: dict[str, tuple[int, float, float, float]] = {
-    "bf16 / fp16": (79, 0.073, -0.004, 0.513),
-    "A100": (28, 0.057, -0.027, 0.513),
-    "H100/H200": (79, 0.083, -0.008, 0.363),
-    "B200/GB200": (31, 0.114, -0.081, 0.256),
-    "fp8": (59, 0.100, -0.060, 0.348),
-    "dense": (118, 0.077, -0.023, 0.513),
-    "MoE": (20, 0.132, -0.056, 0.334),
-    "Megatron-LM / NeMo": (83, 0.095, -0.038, 0.363),
-    "torchtitan": (25, 0.068, -0.002, 0.348),
-    "FSDP (MosaicML, fms-fsdp, NeMo AutoModel)": (27, 0.053, 0.001, 0.192),
-    "pipeline parallel": (62, 0.089, -0.054, 0.334),
-    "context parallel": (16, 0.094, 0.004, 0.348),
+    "bf16 / fp16": (87, 0.078, -0.002, 0.513),
+    "A100": (35, 0.068, -0.012, 0.513),
+    "H100/H200": (82, 0.080, -0.001, 0.363),
+    "B200/GB200": (32, 0.093, -0.047, 0.235),
+    "fp8": (62, 0.083, -0.030, 0.353),
+    "dense": (129, 0.074, -0.009, 0.513),
+    "MoE": (20, 0.119, -0.041, 0.334),
+    "Megatron-LM / NeMo": (86, 0.083, -0.021, 0.363),
+    "torchtitan": (26, 0.066, 0.009, 0.353),
+    "FSDP (MosaicML, fms-fsdp, NeMo AutoModel)": (27, 0.054, 0.002, 0.192),
+    "pipeline parallel": (64, 0.078, -0.039, 0.334),
+    "context parallel": (16, 0.079, 0.022, 0.353),
     "HSDP": (3, 0.198, -0.198, 0.513),
-    "uneven pipeline stages": (15, 0.097, -0.082, 0.334),
-    "one node (8 GPUs or fewer)": (19, 0.081, 0.037, 0.348),
-    "over 1,000 GPUs": (14, 0.066, 0.004, 0.155),
+    "uneven pipeline stages": (16, 0.080, -0.057, 0.334),
+    "one node (8 GPUs or fewer)": (28, 0.094, 0.043, 0.353),
+    "over 1,000 GPUs": (15, 0.066, -0.001, 0.155),
 }
 """Per slice: held-out runs, mean absolute step-time error, mean signed error (predicted /
 measured - 1) and the worst absolute one, each rounded to 0.1%, as ``python -m

@@ -63,10 +63,11 @@ BACKWARD_PREFETCH: tuple[str, ...] = ("pre", "post")
 the current set of parameters' gradient computation" (FSDP1's default), BACKWARD_POST
 "after the current set of parameters' gradient computation ... enables less overlap"
 (torch.distributed.fsdp docs; Composer's ``FSDPConfig.backward_prefetch`` default)."""
-FLASH_KERNELS: tuple[str, ...] = ("fa2", "fa3", "triton")
+FLASH_KERNELS: tuple[str, ...] = ("fa2", "fa3", "triton", "fa1")
 """Fused attention kernels a run can name (``flash_kernel=``): FlashAttention-2, -3 (or cuDNN's),
-and llm-foundry's Triton kernel (``attn_impl: triton``); their shares of the peak are the
-accelerator's :attr:`~shardlab.config.hardware.Efficiency.flash_fractions`."""
+llm-foundry's Triton kernel (``attn_impl: triton``) and FlashAttention-1 (flash-attn 0.x);
+their shares of the peak are the accelerator's
+:attr:`~shardlab.config.hardware.Efficiency.flash_fractions`."""
 FUSED_LOSS_BYTES = 6
 """``fused_loss=1``: a run that states a fused cross-entropy kernel (Megatron-LM's
 ``--cross-entropy-loss-fusion``, Megatron-Bridge's ``cross_entropy_fusion_impl: te``) moves

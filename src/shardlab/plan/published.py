@@ -42,6 +42,7 @@ from shardlab.plan.overlap import framework as overlap_framework
 from shardlab.plan.published_run import PublishedRun
 from shardlab.plan.runs_blackwell import BLACKWELL_RUNS
 from shardlab.plan.runs_dgxc import DGXC_RUNS
+from shardlab.plan.runs_flash import FLASH_RUNS
 from shardlab.plan.runs_functional import FUNCTIONAL_RUNS
 from shardlab.plan.runs_nvidia import NVIDIA_RUNS
 from shardlab.plan.runs_papers import PAPER_RUNS
@@ -49,8 +50,8 @@ from shardlab.plan.runs_pytorch import PYTORCH_RUNS
 from shardlab.plan.search import layout_candidates, layout_step_keys, plan
 from shardlab.plan.space import Space
 
-RUNS: tuple[PublishedRun, ...] = (PAPER_RUNS + NVIDIA_RUNS + PYTORCH_RUNS + BLACKWELL_RUNS
-                                  + DGXC_RUNS + FUNCTIONAL_RUNS)
+RUNS: tuple[PublishedRun, ...] = (PAPER_RUNS + NVIDIA_RUNS + PYTORCH_RUNS + FLASH_RUNS
+                                  + BLACKWELL_RUNS + DGXC_RUNS + FUNCTIONAL_RUNS)
 
 
 def priced(run: PublishedRun, eff: Efficiency | None = None) -> dict[str, Any]:
@@ -99,7 +100,8 @@ def fit(gpu: str, free: tuple[str, ...] = ("peak_fraction", "half_intensity"),
         base: Efficiency | None = None, rounds: int = 3,
         runs: list[PublishedRun] | None = None) -> tuple[Efficiency, float]:
     """Fit ``free`` fields of ``gpu``'s efficiency curve to ``runs`` (default: its
-    calibration runs; ``fp8_peak_fraction`` to their fp8 ones only): the mean absolute
+    calibration runs; ``fp8_peak_fraction`` to their fp8 ones only, of which the catalog
+    has none: :data:`shardlab.config.hardware.FP8_SHARE_SOURCE`): the mean absolute
     step-time error minimised on a grid refined ``rounds`` times. Returns the curve and
     its mean absolute error on those runs."""
     eff = base or get_accelerator(gpu).efficiency

@@ -9,11 +9,11 @@
   ``checked`` field of each run says which). FP8 is current (tensorwise) scaling, MXFP8
   32-element block scaling; both run the linear layers in fp8 and are priced alike.
 
-The Blackwell curve fits ``fp8_peak_fraction`` on the calibration run below (Llama 3.1 405B
-FP8, a plain 3-D layout with no CUDA graph, offload or recompute) and ``peak_fraction`` on
-its bf16 twin in :mod:`shardlab.plan.runs_dgxc` (NVIDIA dgxc-benchmarking's Llama 3.1 405B
-bf16 on 256 GB200); ``half_intensity``, the launch cost and the link fraction are the
-H100 fit's. The rest are held out.
+The Blackwell curve fits ``peak_fraction`` on NVIDIA dgxc-benchmarking's Llama 3.1 405B bf16
+on 256 GB200 (:mod:`shardlab.plan.runs_dgxc`); its fp8 linear matmuls take the same share
+of the fp8 peak (:data:`shardlab.config.hardware.FP8_SHARE_SOURCE`), so the Llama 3.1 405B
+FP8 run below, which calibrated an fp8 share before, is held out like the rest;
+``half_intensity``, the launch cost and the link fraction are the H100 fit's.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ LLAMA_RUNS: tuple[PublishedRun, ...] = (
            "userbuffers_fp8_b200_h16384_tp4_cp2_mbs1_seqlen8192; "
            "account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split "
            "(llama3.py: 128 slots over 64 chunks, 1+2x62+1); " + _PLAIN + _CS26,
-           role="calibration", split=fewer_at_ends(126, 64, 1),
+           split=fewer_at_ends(126, 64, 1),
            options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 fp8_params=1"),
     _llama("Llama3-70B GB200 MXFP8", "llama-3-70b", "GB200", 64, 256, 1, 2, 4, 5, 3828,
            "26.04", "'| DGX-GB200 | 64 | MXFP8 | 256 | 1 | 8192 | 0 | 2 | 4 | 1 | 5 | n/a | "

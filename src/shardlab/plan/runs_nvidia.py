@@ -160,8 +160,7 @@ NM_RUNS: tuple[PublishedRun, ...] = (
         716),
     _nm("GPT3-175B 512", _nemo_gpt("gpt3-175b", 96, 12288, 96), 512, 2048, 2, 2048, 4, 8,
         6, 825),
-    _nm("Llama2-7B", get_model("llama-2-7b"), 8, 128, 1, 4096, 1, 1, 1, 16934,
-        "calibration"),
+    _nm("Llama2-7B", get_model("llama-2-7b"), 8, 128, 1, 4096, 1, 1, 1, 16934),
     _nm("Llama2-13B", get_model("llama-2-13b"), 16, 128, 1, 4096, 1, 4, 10, 8715),
     _nm("Llama2-70B", get_model("llama-2-70b"), 64, 128, 1, 4096, 4, 4, 20, 1728),
     # Added 2026-12-06 (the table's two rows left out before, priced after they were

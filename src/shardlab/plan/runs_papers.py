@@ -11,6 +11,10 @@ paper runs held out beside them.
   Transformer Models" (arXiv 2205.05198), Tables 3 and 5: iteration times with full
   recompute and with selective recompute + sequence parallelism, data parallel 1. The
   selective column is checked against the Megatron-LM README's MFU table.
+* MLM21: the Megatron-LM README's "GPT-3 Example" (commit 152aab30, January 2021) and its
+  ``examples/pretrain_gpt3_175B.sh``: GPT-3 175B on 1024 A100, tp 8, pp 16, micro-batch 1,
+  batch 1536, fp16, activations checkpointed, "each iteration takes around 32 seconds
+  resulting in 138 teraFLOPs per GPU".
 * MTNLG: Smith et al. 2022, "Using DeepSpeed and Megatron to Train Megatron-Turing NLG
   530B" (arXiv 2201.11990), Sec. 2.4: iteration times at 280, 350 and 420 DGX A100
   nodes, batch 1920, sequence 2048.
@@ -68,6 +72,28 @@ def _nar21(name: str, layers: int, hidden: int, heads: int, tp: int, pp: int, gp
                         gpus, tp, pp, batch, 2048, step, role,
                         f"{tflops:g} TFLOP/s per GPU (96BsLh² formula)", dtype="fp16",
                         assumed=_MEGATRON_2021, checked=_NAR21_CHECKED)
+
+
+def _mlm21() -> PublishedRun:
+    """The Megatron-LM README's GPT-3 175B example of January 2021 (module docstring)."""
+    check = narayanan_full_recompute_flops(1536, 2048, 96, 12288, 51200) / (1024 * 32.0 * 1e12)
+    return PublishedRun(
+        "MLM21 GPT-3 175B 1024 GPUs", "Megatron-LM README, GPT-3 Example (152aab30, Jan 2021)",
+        _gpt("175B", 96, 12288, 96), "A100 SXM 80GB", 1024, 8, 16, 1536, 2048, 32.0,
+        "validation", "'each iteration takes around 32 seconds resulting in 138 teraFLOPs "
+        "per GPU'", dtype="fp16",
+        assumed=("A100 80GB on Selene, as Narayanan et al. 2021 ran there months later (the "
+                 "README says '1024 A100 GPUs')", "non-interleaved 1F1B (the only schedule "
+                 "of that commit)", "gradient all-reduce not overlapped with backward "
+                 "(Megatron-LM 2021)", "fp16 gradients all-reduced in fp16",
+                 "vocabulary 51,200 (GPT-2's 50,257 padded to a multiple of 128 x tp)"),
+        checked=f"README.md at 152aab30: 'It uses 8-way and 16-way tensor and pipeline "
+        f"parallelism', 'global-batch-size 1536', 'each iteration takes around 32 seconds "
+        f"resulting in 138 teraFLOPs per GPU which is 44% of the theoretical peak FLOPs'; "
+        f"examples/pretrain_gpt3_175B.sh at that commit: 128 nodes x 8, --num-layers 96 "
+        f"--hidden-size 12288 --num-attention-heads 96 --seq-length 2048 --micro-batch-size 1 "
+        f"--fp16 --checkpoint-activations; the 96BsLh² formula gives {check:.1f} TFLOP/s for "
+        f"32 s")
 
 
 def _kor22(name: str, layers: int, hidden: int, heads: int, pp: int, gpus: int, batch: int,
@@ -253,5 +279,5 @@ PAPER_RUNS = (
     _ms(256, 768, 40.0, 53.0), _ms(512, 768, 21.2, 49.9), _ms(768, 768, 15.2, 46.7),
     _ms(1024, 768, 11.9, 44.7), _ms(3072, 6144, 29.02, 48.7), _ms(6144, 6144, 14.78, 47.8),
     _ms(8192, 6144, 12.24, 43.3), _ms(12288, 6144, 8.57, 41.2), _bloom(),
-    _bloomberg(),
+    _bloomberg(), _mlm21(),
 )

@@ -84,7 +84,7 @@ class StepOptions:
     fp8_cast_bytes: int = fp8.ACTIVATION_CAST_BYTES
     """Bytes an fp8 operand's cast moves per element (the framework's; 7: torchao)."""
     flash_kernel: str = "fa3"
-    """The fused attention kernel (fa2, fa3, triton): the most of the peak it reaches is the
+    """The fused attention kernel (fa2, fa3, triton, fa1): the most of the peak it reaches is the
     accelerator's :attr:`~shardlab.config.hardware.Efficiency.flash_fractions`."""
     grad_reduce_bytes: int = 0
     """Bytes per gradient element the data-parallel reduction moves with bf16 compute (the
