@@ -1,5 +1,6 @@
-"""FlashAttention's own training runs (plan/runs_flash.py): each row's step follows from the
-throughput its source prints, and the source's own figures agree with one another."""
+"""FlashAttention's own training runs (plan/runs_flash.py), a transcription check: each row's
+step, turned back into the source's other printed figures (the chart's TFLOP/s, Lambda's
+iterations per second), gives them back."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ def test_each_fa_row_gives_back_the_readme_chart() -> None:
             1 + s / (6 * m.d_model) + 50257 / (16 * m.layers * m.d_model))
         tokens_per_gpu = r.global_batch * s / (r.measured_step * r.gpus)
         tflops = per_token * tokens_per_gpu / 1e12
-        # The README rounds its tokens/s to three digits ("1310k"): 1% between them.
-        assert tflops == pytest.approx(CHART_TFLOPS[r.name.split("-")[-1]], rel=0.01), r.name
+        # The README rounds its tokens/s ("1310k", "85k") and its bars: 0.6% between them.
+        assert tflops == pytest.approx(CHART_TFLOPS[r.name.split("-")[-1]], rel=0.006), r.name
         assert "flash_kernel=fa1" in r.options and r.recompute == "none"
 
 

@@ -111,6 +111,9 @@ def fit(gpu: str, free: tuple[str, ...] = ("peak_fraction", "half_intensity"),
         runs = [r for r in runs if r.dtype == "fp8"]
     else:
         runs = [r for r in runs if r.dtype != "fp8"]
+    if not runs:
+        raise ValueError(f"no {'fp8 ' if 'fp8_peak_fraction' in free else ''}calibration run "
+                         f"on {gpu}'s curve to fit {', '.join(free)} on")
     spans = dict(SPANS)
     names = tuple(spans)
     for _ in range(rounds):

@@ -41,8 +41,10 @@ express is here; Llama 4 Maverick (dense and MoE layers interleaved), Nemotron-H
 Mamba stack) and DeepSeek-V3 (latent attention) are not.
 
 Role: the 405B bf16 on 256 GB200 is the Blackwell curve's **bf16 calibration run**, chosen as
-the twin of its fp8 one (Megatron-Bridge's Llama 3.1 405B FP8 on 256 GB200,
-:mod:`shardlab.plan.runs_blackwell`): same model, GPU and count. The rest are held out.
+the twin of Megatron-Bridge's Llama 3.1 405B FP8 on 256 GB200
+(:mod:`shardlab.plan.runs_blackwell`: same model, GPU and count), which calibrated an fp8
+share until the ninth revision of docs/validation.md and is held out now. The rest are held
+out.
 """
 
 from __future__ import annotations

@@ -252,9 +252,11 @@ def _bloomberg() -> PublishedRun:
         recompute="full", zero=3, micro_batch=4, dp_replicate=4, framework="deepspeed",
         nics_per_node=4, nic_gbps=100,
         assumed=("no tensor or pipeline parallelism (only ZeRO-3 sharding is described)",
-                 "micro-batch 4: the 4 sequences each GPU takes per step in one pass, the "
-                 "largest of 1, 2, 4 that the planner's memory fits in 40 GB (the split is "
-                 "not stated; ZeRO-3 gathers the weights once per micro-batch)",
+                 "micro-batch 4: the 4 sequences each GPU takes per step in one pass, no "
+                 "accumulation (the split is not stated; 18.4 GiB by the planner's count; "
+                 "ZeRO-3 gathers the weights once per micro-batch, so 1 or 2 would be slower)",
+                 "ZeRO-3 gathers and reduce-scatters in bf16 (the paper stores parameters in "
+                 "FP32; fp32 gathers would double the 7.9 s of collectives, not priced)",
                  "global batch 2,048 (the batch after the first 7,200 of 139,200 steps; "
                  "102 TFLOP/s x 512 GPUs x 32.5 s over its 4.2M tokens is "
                  f"{per_token:.2f} x 50.6B FLOPs per token, 6N and a recomputed forward)",
@@ -270,8 +272,8 @@ def _bloomberg() -> PublishedRun:
         "of the model during training', 'We apply activation checkpointing to each "
         "transformer layer', BF16 forward and backward with FP32 parameters; Sec. 3.3: 64 "
         "p4d.24xlarge, 8 x 40GB A100 each, NVSwitch, EFA 400 Gb/s; Table 4: 32.5 sec/step, "
-        "avg. 102 TFLOPs; Table 4's 50.6B and App. A.5's 50,558,868,480 parameters match "
-        "the shape")
+        "avg. 102 TFLOPs; Table 4's 50.6B and App. A.5's 50,558,868,480 parameters within "
+        "0.03% of the shape's count (gpt style adds 2,048 x 7,680 learned positions)")
 
 
 PAPER_RUNS = (
