@@ -44,6 +44,10 @@ def test_a_published_run_falls_in_the_slices_of_what_it_is() -> None:
     # fms-fsdp's HSDP 7B: the HSDP slice, thin (three runs: with BloombergGPT).
     hsdp = {s["slice"]: s for s in accuracy(_run("IBM 7b 96 H100 HSDP"))}["HSDP"]
     assert hsdp["thin"] and hsdp["runs"] == HELD_OUT["HSDP"][0] < FEW
+    # BLOOM on DeepSpeed: its stack's slice, thin, and predicted fast (signed below 0).
+    ds = {s["slice"]: s for s in accuracy(_run("BL 176B 384 GPUs"))}["DeepSpeed (BLOOM, "
+                                                                     "BloombergGPT)"]
+    assert ds["thin"] and ds["runs"] == 2 and ds["mean_error"] < 0
 
 
 def test_each_slice_carries_its_stored_figures() -> None:
