@@ -157,7 +157,7 @@ def test_fp8_matmuls_take_the_bf16_share_and_no_fp8_run_calibrates() -> None:
         other = replace(eff, fp8_peak_fraction=eff.peak_fraction * 1.1)
         assert published.predict(run, other)["step_seconds"] < step
     assert get_accelerator("H200 SXM").efficiency.fp8_peak_fraction == 0.0  # type: ignore[union-attr]
-    assert "4 x 4096^3" in FP8_SHARE_SOURCE and "unmeasured" in FP8_SHARE_SOURCE
+    assert "4 x 4096^3" in FP8_SHARE_SOURCE and "H800 SXM" in FP8_SHARE_SOURCE
     assert not [r.name for r in RUNS if r.role == "calibration" and r.dtype == "fp8"]
     with pytest.raises(ValueError, match="no fp8 calibration run"):
         fit("H100 SXM", free=("fp8_peak_fraction",), rounds=1)

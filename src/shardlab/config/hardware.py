@@ -240,10 +240,14 @@ FP8_SHARE_SOURCE = (
     "matmul_interpolator_data.h at 71feeddf, 'Update LHS cost models for B200/H100 FP8 "
     "matmul'): B200's largest, 4 x 4096^3, at 1670.5 TFLOP/s in bf16 and 3279.7 in fp8 e4m3, "
     "74% and 73% of the 2250 and 4500 TFLOP/s datasheet peaks (at the table's other large "
-    "shapes fp8 gains a median 1.58x, not 2x: smaller matmuls saturate the fp8 peak less). "
-    "One GPU and one shape; its H100 fp8 column exceeds the H100's fp8 peak and is not used, "
-    "so the H100 and H200 take the rule unmeasured. The rule was adopted after its effect on "
-    "the held-out runs had been seen (docs/validation.md, ninth revision); no fp8 share is "
+    "shapes fp8 gains a median 1.58x, not 2x: smaller matmuls saturate the fp8 peak less); "
+    "its H100 fp8 column exceeds the H100's fp8 peak and is not used. On Hopper, TileLang's "
+    "matmul benchmarks on an H800 SXM (the H100's 989 and 1979 TFLOP/s dense peaks; "
+    "xwhzz/tilelang benchmark/matmul and matmul_fp8 READMEs at b2acfc37): M = N = 8192, "
+    "K = 8192 at 758 TFLOP/s in fp16 and 1507 in fp8 (76.6% and 76.1%), K = 16384 at 766 "
+    "and 1541, but K = 1024 at 628 and 1129 (63.5% and 57.0%). Large matmuls only, and "
+    "TileLang's kernels, not cuBLAS's. The rule was adopted after its effect on the "
+    "held-out runs had been seen (docs/validation.md, ninth revision); no fp8 share is "
     "fitted, and the fp8 runs that calibrated one are held out")
 """Why the catalog's curves price fp8 matmuls at the bf16 share (``fp8_peak_fraction`` 0)."""
 A100_EFFICIENCY = Efficiency(
