@@ -54,7 +54,7 @@ def test_a_search_takes_the_measured_stack_s_options(
 def test_the_view_says_what_was_anchored(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", *JOB, "--layout", MEASURED, "--measured-step", "12"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "anchored on your measured run: fp8_peak_fraction 0.650 -> " in out
+    assert "anchored on your measured run: fp8_peak_fraction 0.698 -> " in out
     assert "takes 12 s as measured (the catalog's curve: " in out
     assert "step options (megatron; --layout keys override)" in out
     # The held-out figures are the catalog curve's, and the line says so.

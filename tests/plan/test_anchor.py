@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from shardlab.config.hardware import H100_EFFICIENCY, Efficiency
+from shardlab.config.hardware import FP8_PEAK_RATIO, H100_EFFICIENCY, Efficiency
 from shardlab.errors import SpecError
 from shardlab.plan.anchor import SPAN, TOLERANCE, anchor_efficiency, share
 from shardlab.report.plan_view import anchor_line
@@ -39,8 +39,12 @@ def test_the_share_that_gives_the_measured_step(field: str) -> None:
     assert len(calls) < 12  # false position on 1/share is exact for a + b/share
 
 
-def test_an_unset_fp8_share_reads_as_bf16_s() -> None:
-    assert share(replace(H100_EFFICIENCY, fp8_peak_fraction=0.0), "fp8_peak_fraction") == 0.650
+def test_an_unset_fp8_share_reads_as_the_fp8_curve_s() -> None:
+    # The bf16 share times the measured fp8 / fp16 asymptote ratio (FP8_PEAK_RATIO); a set
+    # share is read as it is.
+    unset = replace(H100_EFFICIENCY, fp8_peak_fraction=0.0)
+    assert share(unset, "fp8_peak_fraction") == pytest.approx(0.650 * FP8_PEAK_RATIO)
+    assert share(replace(unset, fp8_peak_fraction=0.6), "fp8_peak_fraction") == 0.6
 
 
 @pytest.mark.parametrize(("measured", "says"), [(2.5, "faster than the planner"),

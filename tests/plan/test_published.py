@@ -8,7 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardlab.config.hardware import FP8_SHARE_SOURCE, get_accelerator
+from shardlab.config.hardware import (
+    FP8_HALF_RATIO,
+    FP8_PEAK_RATIO,
+    FP8_SHARE_SOURCE,
+    get_accelerator,
+)
 from shardlab.plan import published
 from shardlab.plan.accuracy import HELD_OUT
 from shardlab.plan.published import RUNS, curve_runs, fit, held_out_errors, held_out_mean
@@ -143,18 +148,19 @@ def test_no_fit_sees_a_validation_run(monkeypatch: pytest.MonkeyPatch) -> None:
     assert seen and set(seen) == {"calibration"}
 
 
-def test_fp8_matmuls_take_the_bf16_share_and_no_fp8_run_calibrates() -> None:
+def test_fp8_matmuls_follow_the_measured_fp8_curve_and_no_fp8_run_calibrates() -> None:
     # FP8_SHARE_SOURCE: the catalog's curves leave the fp8 share unset, which the step model
-    # reads as the bf16 one; an fp8 run is priced as with that share written out, and
-    # differently with another. No fp8 run calibrates, and a fit of the fp8 share refuses.
+    # reads as the bf16 one times FP8_PEAK_RATIO (at FP8_HALF_RATIO times the half-intensity);
+    # an fp8 run is priced as with that share written out, and differently with another. No
+    # fp8 run calibrates, and a fit of the fp8 share refuses.
     for name in ("TT-3 8B FSDP8 fp8", "MBG Llama3.1-405B GB200 FP8"):
         run = next(r for r in RUNS if r.name == name)
         eff = run.accelerator().efficiency
         assert eff is not None and eff.fp8_peak_fraction == 0.0
         step = published.predict(run)["step_seconds"]
-        same = replace(eff, fp8_peak_fraction=eff.peak_fraction)
+        same = replace(eff, fp8_peak_fraction=eff.peak_fraction * FP8_PEAK_RATIO)
         assert published.predict(run, same)["step_seconds"] == pytest.approx(step, rel=1e-12)
-        other = replace(eff, fp8_peak_fraction=eff.peak_fraction * 1.1)
+        other = replace(eff, fp8_peak_fraction=eff.peak_fraction * FP8_PEAK_RATIO * 1.1)
         assert published.predict(run, other)["step_seconds"] < step
     assert get_accelerator("H200 SXM").efficiency.fp8_peak_fraction == 0.0  # type: ignore[union-attr]
     assert "4 x 4096^3" in FP8_SHARE_SOURCE and "H800 SXM" in FP8_SHARE_SOURCE
@@ -188,7 +194,8 @@ def test_doc_states_the_stored_curves() -> None:
     assert (f"A100 {a100.peak_fraction:.3f} x peak x I/(I + {a100.half_intensity:.0f}); H100 "
             f"{h100.peak_fraction:.3f} x peak x I/(I + {h100.half_intensity:.0f}); Blackwell "
             f"{gb200.peak_fraction:.3f} x peak x I/(I + {gb200.half_intensity:.0f}); fp8 linear "
-            f"matmuls at the same share of the fp8 peak") in text
+            f"matmuls on the same curve against the fp8 peak, its share x {FP8_PEAK_RATIO:.3f} "
+            f"and its half-intensity x {FP8_HALF_RATIO:.2f}") in text
 
 
 def test_doc_reports_the_held_out_figures() -> None:

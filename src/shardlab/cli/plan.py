@@ -172,7 +172,8 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
                        "half_intensity": dev.eff.half_intensity,
                        "op_overhead": dev.eff.op_overhead,
                        "link_fraction": dev.eff.link_fraction,
-                       "fp8_peak_fraction": dev.eff.fp8_peak_fraction or dev.eff.peak_fraction,
+                       "fp8_peak_fraction": dev.eff.fp8_curve().peak_fraction,
+                       "fp8_half_intensity": dev.eff.fp8_curve().half_intensity,
                        "flash_fractions": dict(dev.eff.flash_fractions),
                        "source": dev.eff.source},
         # This machine's measured runtime (gloo's rates per collective, fixed costs per

@@ -68,12 +68,21 @@ class Efficiency:
     source: str = field(default="", compare=False)
     fp8_peak_fraction: float = 0.0
     """``peak_fraction`` of the fp8 linear matmuls against the fp8 peak; 0, as every catalog
-    curve leaves it, is the bf16 one: :data:`FP8_SHARE_SOURCE`. ``--measured-step`` with
-    ``--dtype fp8`` fits it on a run of the user's own."""
+    curve leaves it, is the bf16 one times :data:`FP8_PEAK_RATIO` (:meth:`fp8_curve`,
+    :data:`FP8_SHARE_SOURCE`). ``--measured-step`` with ``--dtype fp8`` fits it on a run of
+    the user's own."""
     flash_fractions: tuple[tuple[str, float], ...] = ()
     """The most of the dense peak each fused attention kernel reaches here, (kernel,
     fraction) pairs, as its authors measured it; a kernel not listed is held only to the
     curve."""
+
+    def fp8_curve(self) -> Efficiency:
+        """The curve fp8 linear matmuls follow against the fp8 peak: ``fp8_peak_fraction``
+        (unset: ``peak_fraction`` x :data:`FP8_PEAK_RATIO`) at ``half_intensity`` x
+        :data:`FP8_HALF_RATIO` (:data:`FP8_SHARE_SOURCE`)."""
+        return replace(self, peak_fraction=self.fp8_peak_fraction
+                       or self.peak_fraction * FP8_PEAK_RATIO,
+                       half_intensity=self.half_intensity * FP8_HALF_RATIO)
 
 
 @dataclass(frozen=True)
@@ -234,9 +243,20 @@ _AMPERE_FLASH = (("fa2", 0.73), ("fa3", 0.73), ("triton", 0.73 / _FA2_OVER_FA1),
                  ("fa1", 0.73 / _FA2_OVER_FA1))
 _HOPPER_FLASH = (("fa2", 0.35), ("fa3", 0.75), ("triton", 0.35 / _FA2_OVER_FA1),
                  ("fa1", 0.35 / _FA2_OVER_FA1))
+FP8_PEAK_RATIO = 0.908 / 0.846
+"""fp8 matmuls' asymptotic share of the fp8 peak over fp16's of the fp16 peak: the curve
+``P · I/(I + h)`` fitted (least squares) to TileLang's H800 SXM benchmarks at M = N = 8192,
+K = 256-16384 (:data:`FP8_SHARE_SOURCE`): fp16 P 0.846, h 276 (rms 0.005 of the peak); fp8 P
+0.908, h 494 (rms 0.009)."""
+FP8_HALF_RATIO = 494.0 / 276.0
+"""fp8 matmuls' half-saturation intensity over fp16's, from the same fits: an fp8 matmul
+needs about 1.8x the intensity to reach the same share of its doubled peak."""
 FP8_SHARE_SOURCE = (
-    "fp8 linear matmuls reach the bf16 curve's share of their own (doubled) dense peak, as "
-    "large matmuls do in OpenXLA's measured matmul table (xla/service/gpu/model/"
+    "fp8 linear matmuls follow the bf16 curve against their own (doubled) dense peak, "
+    "reshaped as measured fp8 matmuls are (FP8_PEAK_RATIO, FP8_HALF_RATIO, fitted on "
+    "TileLang's H800 benchmarks below: a larger matmul to saturate, about the same share "
+    "once saturated, as the largest matmuls also reach in OpenXLA's measured matmul table "
+    "(xla/service/gpu/model/"
     "matmul_interpolator_data.h at 71feeddf, 'Update LHS cost models for B200/H100 FP8 "
     "matmul'): B200's largest, 4 x 4096^3, at 1670.5 TFLOP/s in bf16 and 3279.7 in fp8 e4m3, "
     "74% and 73% of the 2250 and 4500 TFLOP/s datasheet peaks (at the table's other large "
@@ -246,10 +266,11 @@ FP8_SHARE_SOURCE = (
     "xwhzz/tilelang benchmark/matmul and matmul_fp8 READMEs at b2acfc37): M = N = 8192, "
     "K = 8192 at 758 TFLOP/s in fp16 and 1507 in fp8 (76.6% and 76.1%), K = 16384 at 766 "
     "and 1541, but K = 1024 at 628 and 1129 (63.5% and 57.0%). Large matmuls only, and "
-    "TileLang's kernels, not cuBLAS's. The rule was adopted after its effect on the "
-    "held-out runs had been seen (docs/validation.md, ninth revision); no fp8 share is "
-    "fitted, and the fp8 runs that calibrated one are held out")
-"""Why the catalog's curves price fp8 matmuls at the bf16 share (``fp8_peak_fraction`` 0)."""
+    "TileLang's kernels, not cuBLAS's. Its first form, fp8 at the bf16 share, was adopted "
+    "after its effect on the held-out runs had been seen (docs/validation.md, ninth "
+    "revision); no fp8 share is fitted on a training run, and the fp8 runs that calibrated "
+    "one are held out")
+"""Why the catalog's curves leave ``fp8_peak_fraction`` unset (:meth:`Efficiency.fp8_curve`)."""
 A100_EFFICIENCY = Efficiency(
     0.847, 248.0, 5e-6, 0.8,
     "fitted on Narayanan et al. 2021 Table 1 (1.7B, 7.5B, 39.1B, 145.6B, 529.6B rows) and "
@@ -260,7 +281,8 @@ H100_EFFICIENCY = Efficiency(
     0.650, 248.0, 5e-6, 0.8,
     "peak_fraction fitted on one bf16 calibration run per software stack: Llama 3 (Dubey et "
     "al. 2024) Table 4 8,192 GPUs, Megatron-Core 16B, torchtitan 8B FSDP8, MosaicML MPT-7B "
-    "on 128 GPUs; fp8 linear matmuls at the same share of the fp8 peak; "
+    "on 128 GPUs; fp8 linear matmuls on the same curve reshaped as measured fp8 matmuls are "
+    "(FP8_SHARE_SOURCE); "
     "half_intensity, op_overhead and link_fraction taken from the A100 fit",
     flash_fractions=_HOPPER_FLASH)
 BLACKWELL_EFFICIENCY = Efficiency(
@@ -268,7 +290,8 @@ BLACKWELL_EFFICIENCY = Efficiency(
     H100_EFFICIENCY.op_overhead, H100_EFFICIENCY.link_fraction,
     "peak_fraction fitted on one bf16 calibration run, NVIDIA dgxc-benchmarking's Llama 3.1 "
     "405B bf16 on 256 GB200 (TP 4, PP 8, CP 2, VP 8; plan/runs_dgxc.py); fp8 linear "
-    "matmuls at the same share of the fp8 peak; half_intensity, op_overhead and "
+    "matmuls on the same curve reshaped as measured fp8 matmuls are (FP8_SHARE_SOURCE); "
+    "half_intensity, op_overhead and "
     "link_fraction are the H100 curve's; no attention-kernel cap")
 
 

@@ -59,10 +59,10 @@ class Anchor:
 
 
 def share(eff: Efficiency, field: str) -> float:
-    """The curve's ``field``; an unset fp8 share (0) is the bf16 one, as the step model
-    reads it."""
-    value = getattr(eff, field)
-    return value if value else eff.peak_fraction
+    """The curve's ``field`` as the step model reads it: an unset fp8 share (0) is
+    :meth:`~shardlab.config.hardware.Efficiency.fp8_curve`'s."""
+    return eff.fp8_curve().peak_fraction if field == "fp8_peak_fraction" else getattr(eff,
+                                                                                     field)
 
 
 def anchor_efficiency(step_at: Callable[[Efficiency], float], eff: Efficiency, field: str,

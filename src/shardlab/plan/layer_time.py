@@ -14,7 +14,7 @@ micro-batches and passes (backward = 2 x forward).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -71,8 +71,7 @@ def layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, d
     h, q, kv = m.d_model, m.q_dim, m.kv_dim
     mm = m.mlp_matrices
     lin = dev.linear_peak or dev.peak
-    lin_eff = (replace(dev.eff, peak_fraction=dev.eff.fp8_peak_fraction)
-               if dev.linear_peak and dev.eff.fp8_peak_fraction else dev.eff)
+    lin_eff = dev.eff.fp8_curve() if dev.linear_peak else dev.eff
 
     def mat(rows: np.ndarray | float, k: np.ndarray | float, n: np.ndarray | float,
             linear: bool = True) -> np.ndarray:

@@ -173,7 +173,8 @@ def slice_figures(held: list[tuple[PublishedRun, float]]
     for label, take in SLICES.items():
         errs = np.array([e for t, e in traits if take(t)])
         if len(errs):
-            out[label] = (len(errs), *(round(float(x), 3) for x in (
+            # + 0.0: a mean that rounds to -0.0 is stored and printed as 0.0.
+            out[label] = (len(errs), *(round(float(x), 3) + 0.0 for x in (
                 np.mean(np.abs(errs)), np.mean(errs), np.max(np.abs(errs)))))
     return out
 
