@@ -160,7 +160,11 @@ def test_a_signal_stops_every_rank_with_one_line(tmp_path: Path, sig: int, code:
     try:
         deadline = time.monotonic() + 120
         while sum("up (" in p.read_text() for p in logs.glob("*/attempt_0/*/stdout.log")) < 2:
-            assert proc.poll() is None and time.monotonic() < deadline
+            if proc.poll() is not None:  # ended before its ranks were up: say how
+                out, err = proc.communicate()
+                pytest.fail(f"verify ended with {proc.returncode} before its ranks were up:"
+                            f"\n{err[-3000:]}\n{out[-2000:]}")
+            assert time.monotonic() < deadline
             time.sleep(0.1)
         os.killpg(proc.pid, sig)
         out, err = proc.communicate(timeout=60)

@@ -164,3 +164,20 @@ def test_a_rank_that_fails_to_set_up_its_group_is_named() -> None:
     assert time.monotonic() - start < 30
     # Both ranks fail alike; the first note written names the job's failure.
     assert e.value.rank in (0, 1) and "Unknown backend type bogus" in e.value.error
+
+
+def test_the_fork_server_starts_under_a_tmpdir_too_deep_for_its_socket(tmp_path: Path) -> None:
+    # pytest's own tmp_path grows past what an AF_UNIX socket path holds once its counter
+    # has three digits: multiprocessing's bind then failed with "AF_UNIX path too long".
+    deep = tmp_path / ("d" * 60) / "tmp"
+    deep.mkdir(parents=True)
+    assert len(str(deep)) + len("/pymp-XXXXXXXX/listener-XXXXXXXX") > 107
+    code = ("from shardlab.distributed import forkserver\n"
+            "import multiprocessing.util as u, tempfile\n"
+            "forkserver.start()\n"
+            "print(u.get_temp_dir().startswith('/tmp/pymp-'), tempfile.gettempdir())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "TMPDIR": str(deep)}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    # The socket's folder moved to /tmp; TMPDIR stays the caller's for everything else.
+    assert out.stdout.split() == ["True", str(deep)]

@@ -16,7 +16,10 @@ beside the command's own on a second core instead of after them.
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.util
+import os
 import signal
+import tempfile
 import threading
 from multiprocessing import forkserver
 
@@ -36,6 +39,31 @@ experiments, in about 0.1 s). torch modules only through shardlab's, so the list
 what shardlab's ranks actually load."""
 
 
+AF_UNIX_PATH_MAX = 107
+"""Bytes an AF_UNIX socket path may hold on Linux (``sun_path``'s 108, less its NUL)."""
+_LISTENER_TAIL = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
+"""What multiprocessing appends to the temporary folder for the server's socket
+(``util.get_temp_dir``'s ``pymp-`` folder, ``connection.arbitrary_address``'s name)."""
+
+
+def _short_socket_dir() -> None:
+    """multiprocessing puts the fork server's socket in a folder of its own under TMPDIR; a
+    TMPDIR deeper than an AF_UNIX path allows (pytest's ``tmp_path``, a scheduler's per-job
+    folder) fails that bind with "AF_UNIX path too long". Then this process's multiprocessing
+    folder goes under /tmp instead (cached by multiprocessing for the process, removed at
+    its exit); TMPDIR itself stays what the caller set for everything else."""
+    if len(os.fsencode(tempfile.gettempdir())) + _LISTENER_TAIL <= AF_UNIX_PATH_MAX:
+        return
+    if not os.access("/tmp", os.W_OK):
+        return  # nowhere shorter to go: the bind names the cause itself
+    saved = tempfile.tempdir
+    tempfile.tempdir = "/tmp"
+    try:
+        multiprocessing.util.get_temp_dir()
+    finally:
+        tempfile.tempdir = saved
+
+
 def start() -> None:
     """Start this process's fork server, preloading :data:`PRELOAD`; nothing when it runs
     already (and a new one when it died). Returns at once: the server imports in the
@@ -46,6 +74,7 @@ def start() -> None:
     no traceback from it; its ranks inherit that, until the launcher's rank body sets its
     own handler."""
     multiprocessing.get_context(START_METHOD).set_forkserver_preload(list(PRELOAD))
+    _short_socket_dir()
     previous = signal.getsignal(signal.SIGINT)
     quiet = threading.current_thread() is threading.main_thread() and previous is not None
     if quiet:
