@@ -8,6 +8,8 @@
 #      vocab, seq 2048), bf16, 12 steps, beside its predicted FLOPs; the document's `mfu`.
 #   3. Dry run vs the device: `shardlab dryrun` of the same job on fake tensors, its
 #      predicted peak beside the train run's torch.cuda.max_memory_allocated.
+#   4. fp8 curve: benchmarks/fp8_curve.py, cuBLAS's fp8 and bf16 matmuls side by side and
+#      the ratios the planner takes from TileLang's (FP8_PEAK_RATIO, FP8_HALF_RATIO).
 set -uo pipefail
 out=${1:-${OUT:-/tmp/gpu-day}}
 mkdir -p "$out"
@@ -23,6 +25,9 @@ echo "train rc=$?"
 timeout 300 $sl dryrun "${shape[@]}" --gpus 1 --layout "micro_batch=4" --global-batch 8 \
     --dtype bf16 --gpu h200 --json > "$out/dryrun.json" 2> "$out/dryrun.err"
 echo "dryrun rc=$?"
+timeout 240 python benchmarks/fp8_curve.py --gpu h200 --json "$out/fp8_curve.json" \
+    > "$out/fp8_curve.txt" 2>&1
+echo "fp8_curve rc=$?"; cat "$out/fp8_curve.txt"
 python - "$out" <<'EOF'
 import json, sys
 from pathlib import Path
