@@ -159,6 +159,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
                           options=options, gpus_per_node=space.gpus_per_node,
                           train_only=train_only, imbalance=args.routing_imbalance).as_dict()
     dev = result.device
+    fp8 = dev.eff.fp8_curve()
     doc = {
         "model": model.name, "model_shape": model.describe(), "moe": model.moe is not None,
         "gpu": acc.name,
@@ -172,8 +173,8 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
                        "half_intensity": dev.eff.half_intensity,
                        "op_overhead": dev.eff.op_overhead,
                        "link_fraction": dev.eff.link_fraction,
-                       "fp8_peak_fraction": dev.eff.fp8_curve().peak_fraction,
-                       "fp8_half_intensity": dev.eff.fp8_curve().half_intensity,
+                       "fp8_peak_fraction": fp8.peak_fraction,
+                       "fp8_half_intensity": fp8.half_intensity,
                        "flash_fractions": dict(dev.eff.flash_fractions),
                        "source": dev.eff.source},
         # This machine's measured runtime (gloo's rates per collective, fixed costs per

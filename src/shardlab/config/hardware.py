@@ -239,10 +239,16 @@ _BLACKWELL = ("NVIDIA Blackwell tables (HGX B200 and GB200 NVL72 columns), dense
 # ``fa1``: FlashAttention-1 itself (flash-attn 0.x), at the same share: the kernel that ratio is
 # stated against.
 _FA2_OVER_FA1 = (1.7 * 3.0) ** 0.5
-_AMPERE_FLASH = (("fa2", 0.73), ("fa3", 0.73), ("triton", 0.73 / _FA2_OVER_FA1),
-                 ("fa1", 0.73 / _FA2_OVER_FA1))
-_HOPPER_FLASH = (("fa2", 0.35), ("fa3", 0.75), ("triton", 0.35 / _FA2_OVER_FA1),
-                 ("fa1", 0.35 / _FA2_OVER_FA1))
+
+
+def _flash(fa2: float, fa3: float) -> tuple[tuple[str, float], ...]:
+    """The kernels' shares from FA2's and FA3's: Triton's and FA1's at FA2's over 2.26."""
+    fa1 = fa2 / _FA2_OVER_FA1
+    return (("fa2", fa2), ("fa3", fa3), ("triton", fa1), ("fa1", fa1))
+
+
+_AMPERE_FLASH = _flash(0.73, 0.73)
+_HOPPER_FLASH = _flash(0.35, 0.75)
 FP8_PEAK_RATIO = 0.908 / 0.846
 """fp8 matmuls' asymptotic share of the fp8 peak over fp16's of the fp16 peak: the curve
 ``P · I/(I + h)`` fitted (least squares) to TileLang's H800 SXM benchmarks at M = N = 8192,
