@@ -3,11 +3,11 @@ mixture-of-experts layouts of issue 16 (expert parallel with FSDP, PP, TP, capac
 dropping, experts split over tp) and issue 17's context parallel, uneven pipeline stages
 and HSDP, state bytes, FLOPs, activations and bytes sent beside the cost model (the CLI's
 parser, checks and report; the runs of one world size share a launch), a rank that fails
-(a real ``python -m shardlab`` process), the human view, bad input."""
+(a real ``python -m shardlab`` process). (The human view: ``test_train_cli_human_view.py``;
+bad input: ``test_train_cli_bad_input.py``.)"""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from shardlab.cli import main
+from tests.cli.train_cli_support import MOE
 
 
 def shardlab(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -41,8 +40,6 @@ BF16 = ["--dp", "2", "--dtype", "bf16", "--steps", "10"]
 # reference runs each rank's micro-batches as its own forward (train/reference.py).
 # The first layout over 20 steps, the others over 8 (the suite's time budget: each step
 # of a MoE run costs a reference step beside it).
-MOE = ["--layers", "3", "--d-model", "32", "--experts", "8", "--top-k", "2",
-       "--shared-experts", "1", "--dense-layers", "1", "--expert-d-ff", "32"]
 MOE_LAYOUTS = [
     ["--dp", "2", "--ep", "2", "--steps", "20"],                   # 2 processes
     ["--dp", "4", "--ep", "2", "--steps", "8"],                    # FSDP over expert_dp 2
@@ -297,106 +294,3 @@ def test_a_rank_that_fails_is_named(tmp_path: Path) -> None:
     assert r.returncode == 1 and "rank 1 failed" in r.stderr
     assert "fault injected on rank 1 at step 2" in r.stderr
     assert list((tmp_path / "ckpt").iterdir()) == []  # the run's lock released on failure
-
-
-def test_human_view(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The human view, the step log, and the TensorBoard files of the same run: rank 0's
-    scalars every step, the launcher's summary (memory, bytes per dim) at the end."""
-    pytest.importorskip("torch")
-    from shardlab.train.tensorboard import read_scalars
-
-    board = tmp_path / "tb"
-    code = main(["train", "--steps", "3", "--log-dir", str(tmp_path), "--tensorboard",
-                 str(board)])
-    out = capsys.readouterr().out
-    assert code == 0 and "Training" in out and "State bytes per rank" in out
-    lines = (tmp_path / "train.jsonl").read_text().splitlines()
-    assert len(lines) == 3 and json.loads(lines[-1])["step"] == 2
-    seen = read_scalars(board)
-    logged = [json.loads(line) for line in lines]
-    assert [s for s, _ in seen["train/loss"]] == [0, 1, 2]
-    for (_, loss), rec in zip(seen["train/loss"], logged, strict=True):
-        assert loss == pytest.approx(rec["loss"], rel=1e-6)  # float32 on disk
-    doc = json.loads((tmp_path / "report.json").read_text())
-    held = doc["memory_per_rank"][0]["measured"]["params"]
-    assert seen["memory/rank0/weights"] == [(doc["measured_step"], pytest.approx(held))]
-
-
-@pytest.mark.parametrize(("argv", "words"), [
-    (["--dp", "2", "--nproc", "3"], "nproc=3"),
-    (["--tp", "3"], "tp=3"),
-    (["--pp", "5"], "pp=5"),
-    (["--dp", "2", "--micro-batch", "3"], "micro_batch=3"),
-    (["--global-batch", "7", "--dp", "2"], "global_batch=7"),
-    (["--data", "/nonexistent/corpus.txt"], "data="),
-    (["--dp", "2", "--tp", "2", "--dp-mode", "ddp"], "dp_mode='ddp'"),
-    (["--dp", "2", "--pp", "2", "--micro-batch", "1", "--dp-mode", "ddp"], "dp_mode='ddp'"),
-    (["--pp", "2", "--micro-batch", "8"], "1f1b needs at least pp=2"),
-    (["--loss-parallel"], "loss_parallel=True: needs tp > 1"),
-    (["--pp", "2", "--micro-batch", "2", "--global-batch", "6",
-      "--schedule", "interleaved-1f1b", "--virtual-stages", "2"], "multiple of pp=2"),
-    (["--pp", "2", "--micro-batch", "2", "--virtual-stages", "2"], "schedule='1f1b'"),
-    (["--pp", "2", "--micro-batch", "2", "--schedule", "interleaved-1f1b"], "virtual_stages=1"),
-    # Issue 17: cp must cut the sequence into 2cp chunks; the stages' layer counts must sum
-    # to the model's and leave none empty; the replicas must divide dp.
-    (["--cp", "3"], "cp=3: must split seq (32) into 2*cp=6 equal chunks"),
-    (["--pp", "2", "--stage-layers", "3,2"], "stage_layers='3+2': must sum to the model's 4"),
-    (["--pp", "2", "--stage-layers", "4,0"], "stage_layers='4+0': must give every stage"),
-    (["--pp", "2", "--stage-layers", "3,1,0"], "stage_layers='3+1+0': must give 2 counts"),
-    (["--dp", "4", "--dp-replicate", "3"], "dp_replicate=3: must divide dp (4)"),
-    (["--dp", "2", "--dp-replicate", "2", "--dp-mode", "ddp"], "dp_replicate=2: needs FSDP"),
-    (["--dp", "2", "--cp", "2", "--nproc", "2"], "nproc=2: must equal dp*cp*tp*pp (4)"),
-])
-def test_bad_input_before_any_rank(capsys: pytest.CaptureFixture[str], argv: list[str],
-                                   words: str) -> None:
-    start = time.monotonic()
-    try:
-        code = main(["train", *argv])
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and words in err, err
-    assert time.monotonic() - start < 3  # no rank was started
-
-
-@pytest.mark.parametrize(("argv", "words"), [
-    (["--dp", "3", "--ep", "3", "--global-batch", "9"], "ep=3: must divide moe.experts (8)"),
-    (["--dp", "2", "--ep", "4"], "ep=4: must divide dp (2)"),
-    (["--dp", "2", "--ep", "2", "--dp-mode", "ddp"], "dp_mode='ddp'"),
-    (["--tp", "2", "--etp", "3"], "etp=3: must be 1 (whole experts) or tp (2)"),
-    (["--tp", "2", "--etp", "2", "--expert-d-ff", "33", "--shared-experts", "0"],
-     "tp=2: must divide moe.expert_d_ff (33)"),
-    (["--tp", "2", "--sp"], "sp=1"),
-    (["--aux-loss-coef", "nan"], "--aux-loss-coef"),
-])
-def test_moe_bad_input_before_any_rank(capsys: pytest.CaptureFixture[str], argv: list[str],
-                                       words: str) -> None:
-    """A bad expert layout: exit 2 with one line naming the field, no rank started."""
-    start = time.monotonic()
-    try:
-        code = main(["train", *MOE, *argv])
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    assert code == 2 and out == "" and words in err, err
-    assert time.monotonic() - start < 3
-
-
-def test_expert_parallel_needs_a_moe_and_dryrun_refuses_one(
-        capsys: pytest.CaptureFixture[str]) -> None:
-    for argv, words in ((["--dp", "2", "--ep", "2"], "ep=2: needs a mixture-of-experts"),
-                        (["--tp", "2", "--etp", "2"], "etp=2: needs a mixture-of-experts")):
-        assert main(["train", *argv]) == 2
-        err = capsys.readouterr().err
-        assert words in err and len(err.splitlines()) == 1, err
-    assert main(["dryrun", *MOE[:-2], "--gpus", "2", "--layout", "dp=2 ep=2"]) == 2
-    err = capsys.readouterr().err
-    assert "is a mixture of experts, which the dry run cannot run" in err
-    assert len(err.strip().splitlines()) == 1
-
-
-def test_empty_data_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    empty = tmp_path / "empty.txt"
-    empty.write_text("")
-    assert main(["train", "--data", str(empty)]) == 2
-    assert "data=" in capsys.readouterr().err
