@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.cli.budget_cli_support import run_cli
 
 from shardlab.calibrate.cpu import BUDGET_SHARES, LINEAR_SHAPES, measure_cpu
 from shardlab.calibrate.runtime import SIZES
 from shardlab.calibrate.store import save_measurement
-from shardlab.cli import main
 from shardlab.config.hardware import ACCELERATORS, Accelerator
 from shardlab.config.measured import (
     LOOPBACK_LATENCY,
@@ -42,15 +42,6 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture(scope="module")
 def measured() -> dict[str, Any]:
     return measure_cpu(threads=1, **FAST)
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_measure_gives_positive_finite_figures(measured: dict[str, Any]) -> None:

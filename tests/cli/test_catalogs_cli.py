@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.cli.budget_cli_support import assert_one_line_error, run_cli
 
-from shardlab.cli import main
 from shardlab.config.catalog import MODELS
 
 DENSE_BF16_PEAKS = {"H100 SXM": 989e12, "H200 SXM": 989e12, "A100 SXM 80GB": 312e12,
@@ -34,16 +34,6 @@ inter_link = { name = "IB NDR", bandwidth = 50e9, latency = 5e-6 }
 """
 
 
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """Run ``shardlab ARGV`` in-process: (exit code, stdout, stderr)."""
-    try:
-        code = main(list(argv))
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def cli_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
     """``shardlab ARGV --json``, checked to succeed quietly, as one JSON document."""
     code, out, err = run_cli(capsys, *argv, "--json")
@@ -52,16 +42,6 @@ def cli_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
     doc = json.loads(out)
     assert isinstance(doc, dict)
     return doc
-
-
-def assert_one_line_error(code: int, out: str, err: str, *needles: str) -> None:
-    """Exit code 2, nothing on stdout, one line on stderr naming each needle, no traceback."""
-    assert code == 2, (code, err)
-    assert out == ""
-    assert "Traceback" not in err
-    assert err.endswith("\n") and err.count("\n") == 1, repr(err)
-    for needle in needles:
-        assert needle in err, f"{needle!r} not in {err!r}"
 
 
 # -- models ----------------------------------------------------------------------------------
