@@ -1,0 +1,183 @@
+"""Choosing between two ways to run one job: the planner's ratio beside the measured one.
+
+A planner is used to choose: fp8 or bf16, async TP or not, one layout or another. What
+that needs is not each step time but their ratio, and the published tables hold many
+pairs of runs of one job measured side by side on one cluster with one software release:
+the same source, model, accelerator (and stated part, power cap and network), device
+count, sequence and global batch, differing in a choice (torchtitan's bf16 and fp8 rows,
+its vanilla and async TP, its 1F1B and interleaved 405B; NVIDIA's bf16 and fp8
+dgxc-benchmarking rows; the Megatron-MoE model zoo's four Qwen3-235B layouts;
+Megatron-Bridge's Llama 3 70B pipelined and FSDP). A stack's own speed, what the held-out
+table's single-run errors mostly measure, cancels in such a ratio.
+
+For each pair (``b`` after ``a`` in the table's order) this module prices both as
+:func:`shardlab.plan.published.predict` does and reports the measured ratio
+``t_b / t_a``, the planner's, the ratio's error (predicted / measured - 1) and whether
+the planner orders the two as measured. A pair whose measured times differ by less than
+:data:`CLOSE` is called close: its order is within a rerun's noise, so it is not counted
+for or against the planner (its ratio error still is). The rule and the 3% were fixed
+before any pair was priced. Excluded and unverified runs are left out, calibration runs
+are kept (the curve's one share per accelerator scales both runs of a pair alike).
+
+``python -m shardlab.plan.published_pairs`` prints the table of ``docs/validation.md``,
+"Choosing between two runs".
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardlab.plan.published import RUNS, predict
+from shardlab.plan.published_run import PublishedRun
+
+CLOSE = 0.03
+"""Measured times within this fraction of each other (|t_b / t_a - 1| < 3%) make a close
+pair: its order is not scored."""
+
+OVERLAP_KEYS = frozenset({"overlap_tp", "overlap_dp", "overlap_ep", "overlap_pp"})
+KERNEL_KEYS = frozenset({"fused_norm", "fused_loss", "flash_kernel"})
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Two runs of one job (``a`` first in the table), what differs between them
+    (``changes``: key -> (a's value, b's)), its ``kind`` and the ratios t_b / t_a."""
+
+    a: PublishedRun
+    b: PublishedRun
+    changes: dict[str, tuple[str, str]]
+    kind: str
+    measured: float
+    predicted: float
+
+    @property
+    def ratio_error(self) -> float:
+        """The planner's ratio over the measured one, less 1."""
+        return self.predicted / self.measured - 1
+
+    @property
+    def close(self) -> bool:
+        """Whether the measured times are within :data:`CLOSE` of each other."""
+        return abs(self.measured - 1) < CLOSE
+
+    @property
+    def agrees(self) -> bool:
+        """Whether the planner puts the faster run first as the measurement does (a
+        predicted tie counts against it)."""
+        return (self.predicted - 1) * (self.measured - 1) > 0
+
+
+def settings(r: PublishedRun) -> dict[str, str]:
+    """The run's choices as ``key=value`` pairs: its layout, its options and its dtype."""
+    out = dict(tok.split("=", 1) for tok in f"{r.layout_text} {r.options}".split())
+    out["dtype"] = r.dtype
+    return out
+
+
+def job(r: PublishedRun) -> tuple[object, ...]:
+    """What two runs must share to be one job run two ways: the source (stack and
+    release), model, accelerator with its stated part, cap and network, device count,
+    sequence and global batch."""
+    return (r.source, r.model.name, r.gpu, r.hardware, r.power_cap_w, r.nics_per_node,
+            r.nic_gbps, r.gpus, r.seq, r.global_batch)
+
+
+def kind_of(changes: dict[str, tuple[str, str]]) -> str:
+    """``precision`` when the dtype changes (fp8's own keys with it), ``overlap`` when only
+    communication-overlap keys do, ``kernels`` when only fused-kernel keys do, else
+    ``layout``."""
+    keys = set(changes)
+    if "dtype" in keys:
+        return "precision"
+    if keys <= OVERLAP_KEYS:
+        return "overlap"
+    if keys <= KERNEL_KEYS:
+        return "kernels"
+    return "layout"
+
+
+def pairs(runs: tuple[PublishedRun, ...] = RUNS) -> list[Pair]:
+    """Every pair of runs of one :func:`job`, in the table's order, each priced."""
+    groups: dict[tuple[object, ...], list[PublishedRun]] = {}
+    for r in runs:
+        if not r.excluded and r.role != "unverified":
+            groups.setdefault(job(r), []).append(r)
+    seconds = {r.name: predict(r)["step_seconds"] for g in groups.values() if len(g) > 1
+               for r in g}
+    out = []
+    for group in groups.values():
+        for a, b in itertools.combinations(group, 2):
+            sa, sb = settings(a), settings(b)
+            changes = {k: (sa.get(k, "-"), sb.get(k, "-")) for k in sorted(sa | sb)
+                       if sa.get(k) != sb.get(k)}
+            out.append(Pair(a, b, changes, kind_of(changes), b.measured_step / a.measured_step,
+                            seconds[b.name] / seconds[a.name]))
+    return out
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Over some pairs: how many, the mean absolute ratio error, how many were scored (not
+    close) and how many of those the planner ordered as measured."""
+
+    count: int
+    ratio_error: float
+    scored: int
+    agreed: int
+
+
+def summary(ps: list[Pair]) -> Summary:
+    """:class:`Summary` of ``ps``."""
+    scored = [p for p in ps if not p.close]
+    return Summary(len(ps), float(np.mean([abs(p.ratio_error) for p in ps])), len(scored),
+                   sum(p.agrees for p in scored))
+
+
+def _change_text(changes: dict[str, tuple[str, str]]) -> str:
+    """What differs, shortly: stage splits named, not spelled out."""
+    parts = []
+    for k, (x, y) in changes.items():
+        if k == "stage_layers":
+            parts.append("uneven stages" if y != "-" else "even stages")
+        else:
+            parts.append(f"{k} {x} -> {y}")
+    return ", ".join(parts)
+
+
+def pairs_table(ps: list[Pair]) -> str:
+    """The markdown of ``ps``: a row per pair."""
+    lines = ["| kind | run a | run b | what b changes | measured t_b / t_a | predicted | "
+             "ratio error | order |", "|---|---|---|---|---|---|---|---|"]
+    for p in ps:
+        order = "close" if p.close else ("agrees" if p.agrees else "**reversed**")
+        lines.append(f"| {p.kind} | {p.a.name} | {p.b.name} | {_change_text(p.changes)} | "
+                     f"{p.measured:.3f} | {p.predicted:.3f} | {p.ratio_error:+.1%} | {order} |")
+    return "\n".join(lines)
+
+
+def summary_lines(ps: list[Pair]) -> list[str]:
+    """One line per kind and one for all: the counts and the two figures."""
+    lines = []
+    for label in ("precision", "overlap", "kernels", "layout", "all"):
+        sel = ps if label == "all" else [p for p in ps if p.kind == label]
+        if sel:
+            s = summary(sel)
+            lines.append(f"- {label}: {s.count} pairs, mean absolute ratio error "
+                         f"{s.ratio_error:.1%}; ordered as measured {s.agreed} of {s.scored} "
+                         f"(the other {s.count - s.scored} within {CLOSE:.0%})")
+    return lines
+
+
+def main() -> int:
+    """Print the summary and the table of every pair."""
+    ps = pairs()
+    print("\n".join(summary_lines(ps)) + "\n\n" + pairs_table(ps))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

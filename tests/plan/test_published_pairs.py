@@ -1,0 +1,100 @@
+"""Pairs of published runs of one job (plan/published_pairs.py): how they are formed, what
+they are called, and the figures docs/validation.md states of them. Ratios are compared
+with ``pytest.approx(rel=1e-12)`` (one division each way)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from shardlab.plan.published import RUNS, predict
+from shardlab.plan.published_pairs import (
+    CLOSE,
+    Pair,
+    job,
+    kind_of,
+    pairs,
+    settings,
+    summary,
+    summary_lines,
+)
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "validation.md"
+BY_NAME = {r.name: r for r in RUNS}
+
+
+@pytest.fixture(scope="module")
+def all_pairs() -> list[Pair]:
+    return pairs()
+
+
+def test_a_pair_is_two_checked_runs_of_one_job_in_the_table_order(all_pairs: list[Pair]
+                                                                  ) -> None:
+    order = {r.name: i for i, r in enumerate(RUNS)}
+    assert all_pairs
+    for p in all_pairs:
+        assert job(p.a) == job(p.b)
+        assert order[p.a.name] < order[p.b.name]
+        for r in (p.a, p.b):
+            assert not r.excluded and r.role != "unverified"
+        assert p.changes, (p.a.name, p.b.name)  # one job run one way twice is no pair
+
+
+def test_runs_of_another_release_or_scale_are_not_paired(all_pairs: list[Pair]) -> None:
+    names = {(p.a.name, p.b.name) for p in all_pairs}
+    # NeMo 24.07's and Megatron-Bridge 25.11's Llama 3 8B on 8 H100: two releases.
+    assert ("NM Llama3-8B CP2", "MB Llama3-8B FSDP8") not in names
+    # One layout at 128 and 256 GB200s: a scaling, not a choice.
+    assert ("DGXC Llama3.1-405B GB200 128", "DGXC Llama3.1-405B GB200 256") not in names
+    assert ("TT-2 8B FSDP8", "TT-3 8B FSDP8 fp8") in names
+
+
+def test_ratios_are_the_measured_and_the_predicted_steps(all_pairs: list[Pair]) -> None:
+    p = next(p for p in all_pairs if (p.a.name, p.b.name) == ("TA-1 70B bf16", "TA-3 70B fp8"))
+    assert p.kind == "precision" and p.changes == {"dtype": ("bf16", "fp8")}
+    assert p.measured == pytest.approx(p.b.measured_step / p.a.measured_step, rel=1e-12)
+    assert p.predicted == pytest.approx(
+        predict(p.b)["step_seconds"] / predict(p.a)["step_seconds"], rel=1e-12)
+    assert p.ratio_error == pytest.approx(p.predicted / p.measured - 1, rel=1e-12)
+
+
+def test_what_differs_names_the_kind() -> None:
+    assert kind_of({"dtype": ("bf16", "fp8"), "fp8_params": ("-", "1")}) == "precision"
+    assert kind_of({"overlap_tp": ("0", "1")}) == "overlap"
+    assert kind_of({"overlap_ep": ("-", "1"), "overlap_tp": ("0", "1")}) == "overlap"
+    assert kind_of({"fused_norm": ("0", "1")}) == "kernels"
+    assert kind_of({"fused_norm": ("0", "1"), "overlap_tp": ("0", "1")}) == "layout"
+    assert kind_of({"tp": ("4", "2"), "ep": ("8", "32")}) == "layout"
+    s = settings(BY_NAME["TT-8 70B FSDP32 TP8 fp8 async"])
+    assert (s["tp"], s["overlap_tp"], s["dtype"]) == ("8", "1", "fp8")
+
+
+def test_close_pairs_are_not_scored() -> None:
+    a, b = BY_NAME["TA-1 70B bf16"], BY_NAME["TA-2 70B bf16 async"]
+    near = Pair(a, b, {"overlap_tp": ("0", "1")}, "overlap", 1 + CLOSE / 2, 0.9)
+    far_right = replace(near, measured=0.9, predicted=0.95)
+    far_wrong = replace(near, measured=0.9, predicted=1.05)
+    tie = replace(near, measured=0.9, predicted=1.0)
+    assert near.close and not far_right.close
+    assert far_right.agrees and not far_wrong.agrees and not tie.agrees
+    s = summary([near, far_right, far_wrong, tie])
+    assert (s.count, s.scored, s.agreed) == (4, 3, 1)
+
+
+def test_every_precision_and_overlap_pair_is_ordered_as_measured(all_pairs: list[Pair]
+                                                                 ) -> None:
+    # What the fp8 curve and the TP-overlap model are for: the planner must say fp8 and
+    # async TP win where the stacks measured that they did.
+    for kind in ("precision", "overlap"):
+        chosen = [p for p in all_pairs if p.kind == kind and not p.close]
+        assert len(chosen) >= 5
+        assert all(p.agrees for p in chosen), [(p.a.name, p.b.name) for p in chosen
+                                               if not p.agrees]
+
+
+def test_doc_states_the_pairs_figures(all_pairs: list[Pair]) -> None:
+    text = " ".join(DOC.read_text(encoding="utf-8").split())
+    for line in summary_lines(all_pairs):
+        assert line in text, line
