@@ -1,6 +1,7 @@
-"""Pairs of published runs of one job (plan/published_pairs.py): how they are formed, what
-they are called, and the figures docs/validation.md states of them. Ratios are compared
-with ``pytest.approx(rel=1e-12)`` (one division each way)."""
+"""Pairs of published runs of one job, and of one series of scales (plan/published_pairs.py):
+how they are formed, what they are called, and the figures docs/validation.md states of
+them. Ratios are compared with ``pytest.approx(rel=1e-12)`` (a few products and divisions
+each way)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ import pytest
 
 from shardlab.plan.published import RUNS, predict
 from shardlab.plan.published_pairs import (
+    CHOICES,
     CLOSE,
+    SCALE_KEYS,
     Pair,
     job,
     kind_of,
     pairs,
+    series,
     settings,
     summary,
     summary_lines,
@@ -35,20 +39,34 @@ def test_a_pair_is_two_checked_runs_of_one_job_in_the_table_order(all_pairs: lis
     order = {r.name: i for i, r in enumerate(RUNS)}
     assert all_pairs
     for p in all_pairs:
-        assert job(p.a) == job(p.b)
-        assert order[p.a.name] < order[p.b.name]
+        if p.kind in CHOICES:
+            assert job(p.a) == job(p.b)
+            assert order[p.a.name] < order[p.b.name]
+        else:  # one series: only the devices, the data-parallel degree and the batch move
+            assert series(p.a) == series(p.b)
+            assert set(p.changes) <= SCALE_KEYS
+            assert (p.a.gpus, p.a.global_batch) < (p.b.gpus, p.b.global_batch)
         for r in (p.a, p.b):
             assert not r.excluded and r.role != "unverified"
         assert p.changes, (p.a.name, p.b.name)  # one job run one way twice is no pair
 
 
-def test_runs_of_another_release_or_scale_are_not_paired(all_pairs: list[Pair]) -> None:
-    names = {(p.a.name, p.b.name) for p in all_pairs}
+def test_runs_of_another_release_are_not_paired_and_scales_pair_along_one_line(
+        all_pairs: list[Pair]) -> None:
+    kinds = {(p.a.name, p.b.name): p.kind for p in all_pairs}
     # NeMo 24.07's and Megatron-Bridge 25.11's Llama 3 8B on 8 H100: two releases.
-    assert ("NM Llama3-8B CP2", "MB Llama3-8B FSDP8") not in names
-    # One layout at 128 and 256 GB200s: a scaling, not a choice.
-    assert ("DGXC Llama3.1-405B GB200 128", "DGXC Llama3.1-405B GB200 256") not in names
-    assert ("TT-2 8B FSDP8", "TT-3 8B FSDP8 fp8") in names
+    assert ("NM Llama3-8B CP2", "MB Llama3-8B FSDP8") not in kinds
+    assert kinds[("TT-2 8B FSDP8", "TT-3 8B FSDP8 fp8")] == "precision"
+    # One layout at 128 and 256 GB200s, a batch per GPU of 1/2: weak scaling.
+    assert kinds[("DGXC Llama3.1-405B GB200 128", "DGXC Llama3.1-405B GB200 256")] == "weak"
+    # MegaScale's 768-sequence batch from 256 to 512 GPUs: strong; to the next run only.
+    assert kinds[("MS 256 GPUs", "MS 512 GPUs")] == "strong"
+    assert ("MS 256 GPUs", "MS 768 GPUs") not in kinds
+    # NVIDIA's Nemotron-4 340B at 32 and 512 sequences on 128 GB200s: batch.
+    assert kinds[("DGXC Nemotron4-340B GB200 128", "DGXC Nemotron4-340B GB200 128 GBS512")
+                 ] == "batch"
+    # Different layouts at different scales are neither a choice nor a series.
+    assert ("TT-7 70B FSDP32 TP8 fp8", "TT-9 405B 3D 1F1B fp8") not in kinds
 
 
 def test_ratios_are_the_measured_and_the_predicted_steps(all_pairs: list[Pair]) -> None:
@@ -60,6 +78,19 @@ def test_ratios_are_the_measured_and_the_predicted_steps(all_pairs: list[Pair]) 
     assert p.ratio_error == pytest.approx(p.predicted / p.measured - 1, rel=1e-12)
 
 
+def test_across_scales_the_ratio_is_of_gpu_seconds_per_sequence(all_pairs: list[Pair]
+                                                                ) -> None:
+    p = next(p for p in all_pairs if (p.a.name, p.b.name) == ("TT-2 8B FSDP8",
+                                                               "TT-5 8B FSDP128"))
+    assert p.changes == {"dp": ("8", "128"), "global_batch": ("16", "256"),
+                         "gpus": ("8", "128")}
+    a, b = p.a, p.b
+    assert p.measured == pytest.approx(
+        (b.measured_step * 128 / 256) / (a.measured_step * 8 / 16), rel=1e-12)
+    assert p.predicted == pytest.approx(
+        predict(b)["step_seconds"] / predict(a)["step_seconds"], rel=1e-12)
+
+
 def test_what_differs_names_the_kind() -> None:
     assert kind_of({"dtype": ("bf16", "fp8"), "fp8_params": ("-", "1")}) == "precision"
     assert kind_of({"overlap_tp": ("0", "1")}) == "overlap"
@@ -67,6 +98,10 @@ def test_what_differs_names_the_kind() -> None:
     assert kind_of({"fused_norm": ("0", "1")}) == "kernels"
     assert kind_of({"fused_norm": ("0", "1"), "overlap_tp": ("0", "1")}) == "layout"
     assert kind_of({"tp": ("4", "2"), "ep": ("8", "32")}) == "layout"
+    assert kind_of({"gpus": ("8", "16"), "dp": ("8", "16")}) == "strong"
+    assert kind_of({"gpus": ("8", "16"), "dp": ("8", "16"), "global_batch": ("8", "16")}
+                   ) == "weak"
+    assert kind_of({"global_batch": ("32", "512")}) == "batch"
     s = settings(BY_NAME["TT-8 70B FSDP32 TP8 fp8 async"])
     assert (s["tp"], s["overlap_tp"], s["dtype"]) == ("8", "1", "fp8")
 

@@ -1,4 +1,5 @@
-"""Choosing between two ways to run one job: the planner's ratio beside the measured one.
+"""Choosing between two ways to run one job, or two scales of it: the planner's ratio beside
+the measured one.
 
 A planner is used to choose: fp8 or bf16, async TP or not, one layout or another. What
 that needs is not each step time but their ratio, and the published tables hold many
@@ -19,6 +20,15 @@ for or against the planner (its ratio error still is). The rule and the 3% were 
 before any pair was priced. Excluded and unverified runs are left out, calibration runs
 are kept (the curve's one share per accelerator scales both runs of a pair alike).
 
+How many devices to rent is a choice too. Runs of one source, model, accelerator, sequence
+and dtype whose settings differ only in the data-parallel degree and the global batch
+(MegaScale's 256 to 12,288 GPUs, NVIDIA's 128, 256 and 512 GB200s, MosaicML's tables) are
+a series. Each run of a series is paired with the next one along each of three lines: more
+devices at the same global batch (**strong** scaling), more devices at the same batch per
+device (**weak** scaling), a larger global batch on the same devices (**batch**). The ratio
+is of the cost of a sequence, GPU-seconds per sequence (t·N / global batch), which for two
+runs of one job is t_b / t_a: above 1, the larger scale or batch trains less per GPU.
+
 ``python -m shardlab.plan.published_pairs`` prints the table of ``docs/validation.md``,
 "Choosing between two runs".
 """
@@ -27,6 +37,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,10 +83,28 @@ class Pair:
 
 
 def settings(r: PublishedRun) -> dict[str, str]:
-    """The run's choices as ``key=value`` pairs: its layout, its options and its dtype."""
+    """The run's choices as ``key=value`` pairs: its layout, its options, its dtype, its
+    device count and global batch."""
     out = dict(tok.split("=", 1) for tok in f"{r.layout_text} {r.options}".split())
-    out["dtype"] = r.dtype
+    out.update(dtype=r.dtype, gpus=str(r.gpus), global_batch=str(r.global_batch))
     return out
+
+
+def cost(r: PublishedRun, seconds: float) -> float:
+    """GPU-seconds per sequence of ``r`` at a step of ``seconds``."""
+    return seconds * r.gpus / r.global_batch
+
+
+SCALE_KEYS = frozenset({"dp", "gpus", "global_batch"})
+"""What a scale (or batch) series may change: nothing but these."""
+
+
+def series(r: PublishedRun) -> tuple[object, ...]:
+    """What the runs of a scale series share: :func:`job` without the device count and the
+    global batch, and every setting but :data:`SCALE_KEYS`."""
+    fixed = sorted((k, v) for k, v in settings(r).items() if k not in SCALE_KEYS)
+    return (r.source, r.model.name, r.gpu, r.hardware, r.power_cap_w, r.nics_per_node,
+            r.nic_gbps, r.seq, tuple(fixed))
 
 
 def job(r: PublishedRun) -> tuple[object, ...]:
@@ -87,10 +116,16 @@ def job(r: PublishedRun) -> tuple[object, ...]:
 
 
 def kind_of(changes: dict[str, tuple[str, str]]) -> str:
-    """``precision`` when the dtype changes (fp8's own keys with it), ``overlap`` when only
-    communication-overlap keys do, ``kernels`` when only fused-kernel keys do, else
+    """In a :func:`series`: ``weak`` when the device count and the global batch change,
+    ``strong`` when only the device count does, ``batch`` when only the global batch does.
+    Otherwise ``precision`` when the dtype changes (fp8's own keys with it), ``overlap`` when
+    only communication-overlap keys do, ``kernels`` when only fused-kernel keys do, else
     ``layout``."""
     keys = set(changes)
+    if "gpus" in keys:
+        return "weak" if "global_batch" in keys else "strong"
+    if "global_batch" in keys:
+        return "batch"
     if "dtype" in keys:
         return "precision"
     if keys <= OVERLAP_KEYS:
@@ -100,22 +135,50 @@ def kind_of(changes: dict[str, tuple[str, str]]) -> str:
     return "layout"
 
 
-def pairs(runs: tuple[PublishedRun, ...] = RUNS) -> list[Pair]:
-    """Every pair of runs of one :func:`job`, in the table's order, each priced."""
-    groups: dict[tuple[object, ...], list[PublishedRun]] = {}
+def _grouped(runs: tuple[PublishedRun, ...], key: Callable[[PublishedRun], object]
+             ) -> list[list[PublishedRun]]:
+    """The checked runs (not excluded, not unverified) grouped by ``key``, in the table's
+    order; groups of one dropped."""
+    groups: dict[object, list[PublishedRun]] = {}
     for r in runs:
         if not r.excluded and r.role != "unverified":
-            groups.setdefault(job(r), []).append(r)
-    seconds = {r.name: predict(r)["step_seconds"] for g in groups.values() if len(g) > 1
-               for r in g}
+            groups.setdefault(key(r), []).append(r)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def _next_along_each_line(a: PublishedRun, group: list[PublishedRun]
+                          ) -> list[tuple[PublishedRun, PublishedRun]]:
+    """``a`` with the next run of its series along each line: the fewest more devices at
+    its global batch, the fewest more devices at its batch per device, the smallest larger
+    global batch on its devices."""
+    lines = (lambda b: b.global_batch == a.global_batch and b.gpus > a.gpus,
+             lambda b: (b.global_batch * a.gpus == a.global_batch * b.gpus
+                        and b.gpus > a.gpus),
+             lambda b: b.gpus == a.gpus and b.global_batch > a.global_batch)
     out = []
-    for group in groups.values():
-        for a, b in itertools.combinations(group, 2):
-            sa, sb = settings(a), settings(b)
-            changes = {k: (sa.get(k, "-"), sb.get(k, "-")) for k in sorted(sa | sb)
-                       if sa.get(k) != sb.get(k)}
-            out.append(Pair(a, b, changes, kind_of(changes), b.measured_step / a.measured_step,
-                            seconds[b.name] / seconds[a.name]))
+    for on_line in lines:
+        later = [b for b in group if on_line(b)]
+        if later:
+            out.append((a, min(later, key=lambda b: (b.gpus, b.global_batch))))
+    return out
+
+
+def pairs(runs: tuple[PublishedRun, ...] = RUNS) -> list[Pair]:
+    """Every pair of runs of one :func:`job`, in the table's order, then each run of a
+    :func:`series` with the next along each line (:func:`_next_along_each_line`); each
+    priced."""
+    todo = [p for g in _grouped(runs, job) for p in itertools.combinations(g, 2)]
+    for group in _grouped(runs, series):
+        todo += [p for a in group for p in _next_along_each_line(a, group) if p not in todo]
+    seconds = {r.name: predict(r)["step_seconds"] for p in todo for r in p}
+    out = []
+    for a, b in todo:
+        sa, sb = settings(a), settings(b)
+        changes = {k: (sa.get(k, "-"), sb.get(k, "-")) for k in sorted(sa | sb)
+                   if sa.get(k) != sb.get(k)}
+        out.append(Pair(a, b, changes, kind_of(changes),
+                        cost(b, b.measured_step) / cost(a, a.measured_step),
+                        cost(b, seconds[b.name]) / cost(a, seconds[a.name])))
     return out
 
 
@@ -150,7 +213,7 @@ def _change_text(changes: dict[str, tuple[str, str]]) -> str:
 
 def pairs_table(ps: list[Pair]) -> str:
     """The markdown of ``ps``: a row per pair."""
-    lines = ["| kind | run a | run b | what b changes | measured t_b / t_a | predicted | "
+    lines = ["| kind | run a | run b | what b changes | measured b / a | predicted | "
              "ratio error | order |", "|---|---|---|---|---|---|---|---|"]
     for p in ps:
         order = "close" if p.close else ("agrees" if p.agrees else "**reversed**")
@@ -159,11 +222,17 @@ def pairs_table(ps: list[Pair]) -> str:
     return "\n".join(lines)
 
 
+CHOICES = ("precision", "overlap", "kernels", "layout")
+"""The kinds of pair that are one job run two ways."""
+
+
 def summary_lines(ps: list[Pair]) -> list[str]:
-    """One line per kind and one for all: the counts and the two figures."""
+    """One line per kind, one for the choices together, then the scaling and batch pairs:
+    the counts and the two figures."""
     lines = []
-    for label in ("precision", "overlap", "kernels", "layout", "all"):
-        sel = ps if label == "all" else [p for p in ps if p.kind == label]
+    for label in (*CHOICES, "all choices", "strong", "weak", "batch"):
+        sel = ([p for p in ps if p.kind in CHOICES] if label == "all choices"
+               else [p for p in ps if p.kind == label])
         if sel:
             s = summary(sel)
             lines.append(f"- {label}: {s.count} pairs, mean absolute ratio error "
