@@ -93,3 +93,19 @@ def test_an_even_split_given_explicitly_is_not_uneven() -> None:
     acc = plan_accuracy("H100 SXM", "bf16", True, None, False, 64,
                         {"pp": 4, "stage_layers": [8, 8, 8, 8]})
     assert "uneven pipeline stages" not in {s["slice"] for s in acc["slices"]}
+
+
+def test_a_moe_layout_with_many_experts_a_rank_carries_the_warning_slice() -> None:
+    warning = "MoE, 8 or more experts a rank"
+    # Megatron-Core's Qwen3-235B at EP 8 (16 experts a rank) and at EP 32 (4).
+    assert warning in {s["slice"] for s in accuracy(_run("ZQ Qwen3-235B TP4 PP8 EP8"))}
+    assert warning not in {s["slice"] for s in accuracy(_run("ZQ Qwen3-235B TP2 PP8 EP32"))}
+    assert warning not in {s["slice"] for s in accuracy(_run("TT-1 8B FSDP8 eager"))}
+    # A plan's winner: 128 experts over its ep.
+    best = {"pp": 16, "cp": 1, "dp_replicate": 1, "ep": 8}
+    for ep, warned in ((8, True), (16, True), (32, False)):
+        got = plan_accuracy("H100 SXM", "bf16", True, "megatron", True, 256,
+                            {**best, "ep": ep}, experts=128)
+        assert (warning in {s["slice"] for s in got["slices"]}) is warned
+    runs, _, mean, _ = HELD_OUT[warning]
+    assert runs >= 5 and mean < 0  # what it warns of: such runs ran slower than predicted

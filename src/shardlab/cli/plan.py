@@ -200,7 +200,8 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         # Held-out error of published runs like the winner (no correction: a statement).
         "accuracy": None if here or not result.best else plan_accuracy(
             acc.name, policy.linear_compute, acc.efficiency is not None,
-            args.framework and fw.name, model.moe is not None, args.gpus, result.best[0]),
+            args.framework and fw.name, model.moe is not None, args.gpus, result.best[0],
+            model.moe.experts if model.moe else 0),
     }
     if args.dry_run_top:
         dry_run_top(doc, model, args.dry_run_top, acc.memory_bytes)

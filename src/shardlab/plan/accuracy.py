@@ -29,8 +29,9 @@ class Traits:
     """What places a run (or a planned layout) in the slices: the accelerator's catalog
     name, the dtype its linear layers run in (a policy's ``linear_compute``: bf16, fp16,
     fp8, fp32), the framework named (None: none), whether the model is a mixture of
-    experts, the device count and the layout's pipeline, context and HSDP degrees, and
-    whether its pipeline stages are uneven."""
+    experts, the device count and the layout's pipeline, context and HSDP degrees,
+    whether its pipeline stages are uneven, and the routed experts each expert-parallel
+    rank holds (0 for a dense model)."""
 
     gpu: str
     dtype: str
@@ -41,6 +42,14 @@ class Traits:
     cp: int = 1
     dp_replicate: int = 1
     uneven: bool = False
+    local_experts: float = 0.0
+
+
+MANY_LOCAL_EXPERTS = 8
+"""Experts a rank from which a MoE layout is in the slice "MoE, 8 or more experts a rank".
+That slice was added after its runs' gap was known (docs/validation.md, "Where the model
+is weakest": Megatron-Core's MoE rows with 8 or 16 local experts predicted 1.1-1.5x fast),
+to warn a plan whose winner is like them, not to score the model: it corrects nothing."""
 
 
 SIXTEEN_BIT: tuple[str, ...] = ("bf16", "fp16")
@@ -55,6 +64,7 @@ SLICES: dict[str, Callable[[Traits], bool]] = {
     "fp8": lambda t: t.dtype == "fp8",
     "dense": lambda t: not t.moe,
     "MoE": lambda t: t.moe,
+    "MoE, 8 or more experts a rank": lambda t: t.local_experts >= MANY_LOCAL_EXPERTS,
     "Megatron-LM / NeMo": lambda t: t.framework == "megatron",
     "torchtitan": lambda t: t.framework == "torchtitan",
     "FSDP (MosaicML, fms-fsdp, NeMo AutoModel)": lambda t: t.framework == "fsdp",
@@ -76,6 +86,7 @@ HELD_OUT: dict[str, tuple[int, float, float, float]] = {
     "fp8": (62, 0.081, -0.027, 0.352),
     "dense": (129, 0.073, -0.009, 0.513),
     "MoE": (20, 0.115, -0.036, 0.334),
+    "MoE, 8 or more experts a rank": (8, 0.184, -0.136, 0.334),
     "Megatron-LM / NeMo": (86, 0.081, -0.019, 0.363),
     "torchtitan": (26, 0.067, 0.008, 0.352),
     "FSDP (MosaicML, fms-fsdp, NeMo AutoModel)": (27, 0.054, 0.002, 0.192),
@@ -118,9 +129,11 @@ def uneven(stage_layers: tuple[int, ...] | list[int]) -> bool:
 
 
 def plan_accuracy(gpu: str, linear_dtype: str, curve_fitted: bool, framework: str | None,
-                  moe: bool, gpus: int, best: dict[str, Any]) -> dict[str, Any]:
+                  moe: bool, gpus: int, best: dict[str, Any], experts: int = 0
+                  ) -> dict[str, Any]:
     """The ``accuracy`` of ``shardlab plan --json`` for its winner ``best`` on ``gpus``
-    devices named ``gpu`` whose linear layers run in ``linear_dtype``: ``slices``
+    devices named ``gpu`` whose linear layers run in ``linear_dtype`` (a MoE model's
+    ``experts`` routed experts over the winner's ``ep``): ``slices``
     (:func:`accuracy`); ``accelerator_held_out`` and ``dtype_held_out``, whether any
     held-out run was on that accelerator (no: MI300X, H100 PCIe, a hardware file's device,
     where the other slices are other devices' runs) and in that dtype (no: fp32); and
@@ -128,7 +141,8 @@ def plan_accuracy(gpu: str, linear_dtype: str, curve_fitted: bool, framework: st
     runs (no: an assumed curve, so the plan's own error is unknown)."""
     slices = accuracy(Traits(gpu, linear_dtype, framework, moe, gpus, int(best["pp"]),
                              int(best.get("cp", 1)), int(best.get("dp_replicate", 1)),
-                             uneven(best.get("stage_layers") or ())))
+                             uneven(best.get("stage_layers") or ()),
+                             experts / int(best.get("ep", 1)) if moe else 0.0))
     names = {s["slice"] for s in slices}
     return {"slices": slices, "accelerator_held_out": bool(names & set(ACCELERATOR_SLICES)),
             "dtype_held_out": bool(names & set(DTYPE_SLICES)), "curve_fitted": curve_fitted}

@@ -157,9 +157,10 @@ def _device(r: PublishedRun) -> str:
 
 def run_traits(r: PublishedRun) -> Traits:
     """What places ``r`` in the held-out slices (:data:`shardlab.plan.accuracy.SLICES`)."""
+    moe = r.model.moe
     return Traits(r.gpu, get_policy(r.dtype).linear_compute, r.framework,
-                  r.model.moe is not None, r.gpus, r.pp, r.cp, r.dp_replicate,
-                  uneven(r.stage_layers))
+                  moe is not None, r.gpus, r.pp, r.cp, r.dp_replicate,
+                  uneven(r.stage_layers), moe.experts / r.ep if moe else 0.0)
 
 
 def slice_figures(held: list[tuple[PublishedRun, float]]
