@@ -13,11 +13,11 @@ from shardlab.cli.budget import apply_cluster_args
 from shardlab.cli.job import check_emit_path, emit_config
 from shardlab.cli.output import print_json
 from shardlab.cli.plan_anchor import anchored
-from shardlab.cli.plan_args import add_plan_args, check_layout_against_flags
+from shardlab.cli.plan_args import SEARCH_DEFAULTS, add_plan_args, check_layout_against_flags
 from shardlab.cli.plan_dryrun import dry_run_top
 from shardlab.config.dtypes import get_policy
 from shardlab.config.hardware import matmul_peaks
-from shardlab.config.layout import check_stage_layers, parse_stage_layers
+from shardlab.config.layout import SCHEDULES, check_stage_layers, parse_stage_layers
 from shardlab.config.measured import accelerator_or_measured, slow_dtype_note
 from shardlab.config.resolve import load_model
 from shardlab.errors import SpecError
@@ -26,6 +26,7 @@ from shardlab.plan.accuracy import plan_accuracy
 from shardlab.plan.fit import explain_fit
 from shardlab.plan.options import check_trainable, policy_for, step_options_for
 from shardlab.plan.overlap import framework as overlap_framework
+from shardlab.plan.overlap import framework_schedules, runs_schedules
 from shardlab.plan.search import (
     STEP_KEYS,
     given_layout,
@@ -122,6 +123,11 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     split = parse_stage_layers(args.stage_layers)
     if split:
         check_stage_layers(model, len(split), split)
+    fw = overlap_framework(args.framework)
+    # The named framework's pipeline schedules only (--schedules naming another: one line).
+    asked = framework_schedules(fw, tuple(args.schedules),
+                                args.schedules is not SEARCH_DEFAULTS["schedules"])
+    schedules = tuple(s for s in asked if not runnable or s in TRAIN_SCHEDULES)
     space = Space(
         gpus=args.gpus, global_batch=args.global_batch, seq=seq,
         gpus_per_node=args.gpus_per_node or acc.gpus_per_node, max_tp=args.max_tp,
@@ -130,8 +136,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         # This machine, and a plan whose layouts are dry-run: what shardlab train runs.
         zero=tuple(z for z in args.zero if not runnable or z in TRAIN_ZERO) or (0,),
         recompute=args.recompute,
-        schedules=tuple(s for s in args.schedules if not runnable or s in TRAIN_SCHEDULES)
-        or ("1f1b",),
+        schedules=schedules or (() if fw.schedules == () else ("1f1b",)),
         train_only=train_only, ep=args.ep, capacity_factor=args.capacity_factor,
         cp=args.cp, dp_replicate=args.dp_replicate, stage_layers=split,
         # Megatron-Core and torchtitan fold their experts onto a mesh of their own;
@@ -141,11 +146,15 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     given = args.layout and set(parse_layout(args.layout, STEP_KEYS)) - set(step_keys)
     check_layout_against_flags(args, bool(given), step_keys)
     only = layout_candidates(model, space, args.layout) if given else None
+    if only is not None and int(only.pp[0]) > 1 and fw.schedules is not None:
+        name = SCHEDULES[int(only.schedule[0])]
+        if name not in fw.schedules:
+            raise SpecError("schedule" if fw.schedules else "pp",
+                            name if fw.schedules else int(only.pp[0]), runs_schedules(fw))
     dropout = args.dropout if args.dropout is not None else model.style == "gpt"
     options = step_options_for(acc, flash=args.attention == "flash",
                                overlap_dp=not args.no_overlap_dp, framework=args.framework,
                                overrides=step_keys)
-    fw = overlap_framework(args.framework)
     acc, anchor = anchored(args, model, acc, space, measured_policy, dropout, notes)
     result = plan(model, acc, space, policy, top=args.top, dropout=dropout, options=options,
                   train_prefix=(f"shardlab train {model_flags}"

@@ -175,6 +175,10 @@ class Framework:
     "expert_parallel_degree must divide dp_shard * cp * tp", ``efsdp = fsdp * tp // ep``).
     Without it (shardlab's own runtime, DeepSpeed) the ep group is drawn from dp and an
     expert is replicated over dp/ep x cp ranks."""
+    schedules: tuple[str, ...] | None = None
+    """The pipeline schedules it runs (names of :data:`shardlab.config.layout.SCHEDULES`;
+    empty: no pipeline parallelism; None: any): ``plan`` searches only these, and a
+    ``--layout`` or ``--schedules`` naming another is refused."""
 
     def options(self) -> dict[str, object]:
         """The options as StepOptions keywords."""
@@ -194,6 +198,9 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
         "megatron", "off", "off", "interleaved", True, True, fp8_cast_bytes=3,
         grad_reduce_bytes=4, loss_bytes=52, moe_sequence_split=True, expert_fold=True,
         expert_launches=True,
+        # megatron/core/pipeline_parallel/schedules.py (d98e8a64): no pipelining,
+        # forward_backward_pipelining_without_interleaving (1F1B) and _with_interleaving.
+        schedules=("1f1b", "interleaved-1f1b"),
         memory=MemoryFacts(loss_bytes=6.0, held_grad_bytes=4, reduce_bytes=4,
                            fp8_input_bytes=1, combine_bytes=0, source=
             "bf16 gradients accumulate in fp32 main_grad buffers (arguments.py: 'bfloat16 "
@@ -216,6 +223,10 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework(
         "torchtitan", "on", "off", "off", False, False, tp_overlap_kind="forward",
         flash_kernel="fa2", grad_reduce_bytes=4, selective="op", loss_bytes=36,
+        # torch.distributed.pipelining 2.13: ScheduleGPipe, Schedule1F1B,
+        # ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble (ZB-H1 with one chunk),
+        # ScheduleZBVZeroBubble, ScheduleDualPipeV; no ZB-H2.
+        schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipev"),
         reduce_each_micro=True, cp_expanded_kv=True, expert_fold=True,
         memory=MemoryFacts(loss_bytes=12.0, reduce_bytes=4, fsdp2_root=True,
                            combine_bytes=4, parallel_loss_bytes=16.0, sp_gathered_inputs=2,
@@ -246,7 +257,7 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
         "'op' saves every other mm; the loss is cross_entropy on the logits cast to fp32"),
     Framework(
         "fsdp", "on", "off", "off", False, False, tp_overlap_kind="forward", fp8_cast_bytes=3,
-        flash_kernel="fa2", grad_reduce_bytes=4, reduce_each_micro=True,
+        flash_kernel="fa2", grad_reduce_bytes=4, reduce_each_micro=True, schedules=(),
         source=
         "PyTorch FSDP outside torchtitan (Composer, fms-fsdp, Accelerate): as torchtitan, "
         "FSDP's backward and forward prefetch overlap the all-gathers and reduce-scatters; "
@@ -255,7 +266,8 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
         "fused_crossentropy is one kernel over the bf16 logits"),
     Framework(
         "deepspeed", "zero3", "off", "off", True, False, fp8_cast_bytes=3, flash_kernel="fa2",
-        loss_bytes=52, source=
+        # deepspeed/runtime/pipe/schedule.py: TrainSchedule, 1F1B (PipeDream-Flush).
+        loss_bytes=52, schedules=("1f1b",), source=
         "DeepSpeed deepspeed/runtime/zero/config.py: overlap_comm left unset becomes "
         "stage == 3 (on for ZeRO-3 only); tensor parallelism from Megatron-DeepSpeed runs "
         "synchronously; the pipeline engine's sends and receives block; fused norms from "
@@ -281,6 +293,27 @@ def framework(name: str | None) -> Framework:
 
 _WORDS: dict[str, str] = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off",
                           "no": "off"}
+
+
+def framework_schedules(fw: Framework, asked: tuple[str, ...], explicit: bool
+                        ) -> tuple[str, ...]:
+    """The pipeline schedules of ``asked`` that ``fw`` runs (:attr:`Framework.schedules`).
+    With ``explicit`` (the user named them), one it does not run is a one-line SpecError
+    rather than dropped."""
+    if fw.schedules is None:
+        return asked
+    if explicit:
+        for name in asked:
+            if name not in fw.schedules:
+                raise SpecError("schedules", name, runs_schedules(fw))
+    return tuple(s for s in asked if s in fw.schedules)
+
+
+def runs_schedules(fw: Framework) -> str:
+    """What ``fw`` runs, said in an error line."""
+    if not fw.schedules:
+        return f"--framework {fw.name} runs no pipeline parallelism (pp=1)"
+    return f"--framework {fw.name} runs {', '.join(fw.schedules)}"
 
 
 def mode(field: str, value: object, allowed: tuple[str, ...]) -> str:

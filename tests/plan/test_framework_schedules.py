@@ -1,0 +1,73 @@
+"""The pipeline schedules each framework runs (plan/overlap.py ``Framework.schedules``):
+what the planner searches with ``--framework``, and what it refuses."""
+
+from __future__ import annotations
+
+import pytest
+from tests.conftest import one_line_error, plan_json
+
+from shardlab.config.layout import SCHEDULES
+from shardlab.errors import SpecError
+from shardlab.plan.overlap import FRAMEWORKS, framework, framework_schedules, runs_schedules
+from shardlab.plan.published import RUNS
+
+
+def test_each_framework_names_only_known_schedules() -> None:
+    for fw in FRAMEWORKS.values():
+        assert fw.schedules is not None and set(fw.schedules) <= set(SCHEDULES)
+    assert framework("megatron").schedules == ("1f1b", "interleaved-1f1b")
+    assert framework("fsdp").schedules == ()  # no pipeline parallelism of its own
+    assert framework(None).schedules is None  # no framework named: every schedule
+
+
+def test_the_search_keeps_the_framework_s_schedules_and_an_explicit_one_is_refused() -> None:
+    megatron = framework("megatron")
+    assert framework_schedules(megatron, SCHEDULES, explicit=False) == ("1f1b",
+                                                                        "interleaved-1f1b")
+    assert framework_schedules(framework(None), SCHEDULES, explicit=True) == SCHEDULES
+    with pytest.raises(SpecError, match=r"zb-v.*megatron runs 1f1b, interleaved-1f1b"):
+        framework_schedules(megatron, ("1f1b", "zb-v"), explicit=True)
+    assert framework_schedules(framework("fsdp"), SCHEDULES, explicit=False) == ()
+    assert "no pipeline parallelism" in runs_schedules(framework("fsdp"))
+
+
+def test_every_published_pipeline_runs_a_schedule_its_framework_has() -> None:
+    for r in RUNS:
+        schedules = framework(r.framework).schedules
+        if r.pp > 1 and schedules is not None:
+            schedule = r.schedule or ("interleaved-1f1b" if r.virtual > 1 else "1f1b")
+            assert schedule in schedules, r.name
+
+
+@pytest.mark.parametrize(("fw", "allowed"), [
+    ("megatron", {"1f1b", "interleaved-1f1b"}),
+    ("deepspeed", {"1f1b"}),
+])
+def test_a_framework_s_plan_ranks_only_what_it_runs(capsys: pytest.CaptureFixture[str],
+                                                    fw: str, allowed: set[str]) -> None:
+    doc = plan_json(capsys, "llama-3-70b", "--gpu", "h100", "--gpus", "64",
+                    "--global-batch", "64", "--framework", fw, "--top", "50")
+    piped = [b for b in doc["best"] if b["pp"] > 1]
+    assert piped and {b["schedule"] for b in piped} <= allowed
+
+
+def test_fsdp_plans_no_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = plan_json(capsys, "llama-3-8b", "--gpu", "h100", "--gpus", "16",
+                    "--global-batch", "32", "--framework", "fsdp", "--top", "50")
+    assert doc["best"] and all(b["pp"] == 1 for b in doc["best"])
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--framework", "megatron", "--schedules", "1f1b,zb-v"],
+     ["schedules='zb-v'", "megatron runs 1f1b, interleaved-1f1b"]),
+    (["--framework", "megatron", "--layout", "dp=8 tp=1 pp=8 virtual=2 schedule=zb-v"],
+     ["schedule='zb-v'", "megatron runs"]),
+    (["--framework", "fsdp", "--layout", "dp=8 tp=1 pp=8"],
+     ["pp=8", "fsdp runs no pipeline parallelism (pp=1)"]),
+])
+def test_a_schedule_the_framework_does_not_run_is_one_line(
+        capsys: pytest.CaptureFixture[str], argv: list[str], words: list[str]) -> None:
+    line = one_line_error(capsys, ["plan", "llama-3-70b", "--gpu", "h100", "--gpus", "64",
+                                   "--global-batch", "64", *argv])
+    for w in words:
+        assert w in line, line
