@@ -76,6 +76,11 @@ def test_the_human_budget_prints_the_frameworks_peak(capsys: pytest.CaptureFixtu
      "framework='nemo': must be one of megatron, torchtitan, fsdp, deepspeed"),
     (("budget", "--params", "7B", "--framework", "megatron"),
      "framework='megatron': needs a MODEL"),
+    (("budget", "llama-3-70b", "--gpu", "h100", "--tp", "8", "--pp", "4", "--dp", "2",
+      "--schedule", "zb-v", "--virtual-stages", "2", "--framework", "megatron"),
+     "schedule='zb-v': --framework megatron runs 1f1b, interleaved-1f1b"),
+    (("budget", "llama-3-70b", "--gpu", "h100", "--tp", "8", "--pp", "4", "--dp", "2",
+      "--framework", "fsdp"), "pp=4: --framework fsdp runs no pipeline parallelism (pp=1)"),
 ])
 def test_bad_framework_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str],
                                               argv: tuple[str, ...], message: str) -> None:
