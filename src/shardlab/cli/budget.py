@@ -28,8 +28,8 @@ from shardlab.errors import SpecError, require_int_at_most
 from shardlab.estimate.budget import Assumptions, model_budget, params_budget
 from shardlab.plan.fit import explain_fit, layout_memory
 from shardlab.plan.options import step_options_for
+from shardlab.plan.overlap import check_framework_runs
 from shardlab.plan.overlap import framework as overlap_framework
-from shardlab.plan.overlap import runs_schedules
 from shardlab.report.budget_view import print_budget
 
 
@@ -277,11 +277,9 @@ def run(args: argparse.Namespace) -> int:
         doc["fit"] = None  # a bare count has no activations and no step-time model to try
     else:
         model, layout = model_and_layout(args)
-        fw = overlap_framework(args.framework) if args.framework is not None else None
-        if fw is not None and fw.schedules is not None and layout.pp > 1 and (
-                layout.schedule not in fw.schedules):
-            raise SpecError("schedule" if fw.schedules else "pp",
-                            layout.schedule if fw.schedules else layout.pp, runs_schedules(fw))
+        if args.framework is not None:
+            check_framework_runs(overlap_framework(args.framework), layout.pp, layout.schedule,
+                                 layout.dp * layout.cp, layout.zero)
         doc = model_budget(model, layout, acc, a)
         doc["fit"] = fit_advice(model, layout, acc, a, doc)
         if args.framework is not None:

@@ -25,8 +25,8 @@ from shardlab.nn.garden import garden_vocab
 from shardlab.plan.accuracy import plan_accuracy
 from shardlab.plan.fit import explain_fit
 from shardlab.plan.options import check_trainable, policy_for, step_options_for
+from shardlab.plan.overlap import check_framework_runs, framework_keeps
 from shardlab.plan.overlap import framework as overlap_framework
-from shardlab.plan.overlap import framework_schedules, runs_schedules
 from shardlab.plan.search import (
     STEP_KEYS,
     given_layout,
@@ -124,17 +124,20 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     if split:
         check_stage_layers(model, len(split), split)
     fw = overlap_framework(args.framework)
-    # The named framework's pipeline schedules only (--schedules naming another: one line).
-    asked = framework_schedules(fw, tuple(args.schedules),
-                                args.schedules is not SEARCH_DEFAULTS["schedules"])
+    # The named framework's pipeline schedules and ZeRO stages only (--schedules or --zero
+    # naming another: one line).
+    asked = framework_keeps(fw, "schedules", tuple(args.schedules),
+                            args.schedules is not SEARCH_DEFAULTS["schedules"])
     schedules = tuple(s for s in asked if not runnable or s in TRAIN_SCHEDULES)
+    stages = framework_keeps(fw, "zero", tuple(args.zero),
+                             args.zero is not SEARCH_DEFAULTS["zero"])
     space = Space(
         gpus=args.gpus, global_batch=args.global_batch, seq=seq,
         gpus_per_node=args.gpus_per_node or acc.gpus_per_node, max_tp=args.max_tp,
         max_pp=args.max_pp, max_virtual=args.max_virtual,
         micro_batches=tuple(sorted(set(args.micro_batches))),
         # This machine, and a plan whose layouts are dry-run: what shardlab train runs.
-        zero=tuple(z for z in args.zero if not runnable or z in TRAIN_ZERO) or (0,),
+        zero=tuple(z for z in stages if not runnable or z in TRAIN_ZERO) or (0,),
         recompute=args.recompute,
         schedules=schedules or (() if fw.schedules == () else ("1f1b",)),
         train_only=train_only, ep=args.ep, capacity_factor=args.capacity_factor,
@@ -146,11 +149,9 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     given = args.layout and set(parse_layout(args.layout, STEP_KEYS)) - set(step_keys)
     check_layout_against_flags(args, bool(given), step_keys)
     only = layout_candidates(model, space, args.layout) if given else None
-    if only is not None and int(only.pp[0]) > 1 and fw.schedules is not None:
-        name = SCHEDULES[int(only.schedule[0])]
-        if name not in fw.schedules:
-            raise SpecError("schedule" if fw.schedules else "pp",
-                            name if fw.schedules else int(only.pp[0]), runs_schedules(fw))
+    if only is not None:
+        check_framework_runs(fw, int(only.pp[0]), SCHEDULES[int(only.schedule[0])],
+                             int(only.dp[0]) * int(only.cp[0]), int(only.zero[0]))
     dropout = args.dropout if args.dropout is not None else model.style == "gpt"
     options = step_options_for(acc, flash=args.attention == "flash",
                                overlap_dp=not args.no_overlap_dp, framework=args.framework,

@@ -50,6 +50,7 @@ its own defaults (:data:`DEFAULTS`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -179,6 +180,10 @@ class Framework:
     """The pipeline schedules it runs (names of :data:`shardlab.config.layout.SCHEDULES`;
     empty: no pipeline parallelism; None: any): ``plan`` searches only these, and a
     ``--layout`` or ``--schedules`` naming another is refused."""
+    zero: tuple[int, ...] | None = None
+    """The ZeRO stages it runs (None: 0-3), likewise: PyTorch FSDP's sharding strategies
+    are NO_SHARD, SHARD_GRAD_OP and FULL_SHARD (ZeRO 0, 2, 3: no optimizer-only sharding),
+    and torchtitan's DDP and FSDP2 without or with resharding after forward."""
 
     def options(self) -> dict[str, object]:
         """The options as StepOptions keywords."""
@@ -227,6 +232,7 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
         # ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble (ZB-H1 with one chunk),
         # ScheduleZBVZeroBubble, ScheduleDualPipeV; no ZB-H2.
         schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipev"),
+        zero=(0, 2, 3),
         reduce_each_micro=True, cp_expanded_kv=True, expert_fold=True,
         memory=MemoryFacts(loss_bytes=12.0, reduce_bytes=4, fsdp2_root=True,
                            combine_bytes=4, parallel_loss_bytes=16.0, sp_gathered_inputs=2,
@@ -258,6 +264,7 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework(
         "fsdp", "on", "off", "off", False, False, tp_overlap_kind="forward", fp8_cast_bytes=3,
         flash_kernel="fa2", grad_reduce_bytes=4, reduce_each_micro=True, schedules=(),
+        zero=(0, 2, 3),
         source=
         "PyTorch FSDP outside torchtitan (Composer, fms-fsdp, Accelerate): as torchtitan, "
         "FSDP's backward and forward prefetch overlap the all-gathers and reduce-scatters; "
@@ -295,25 +302,40 @@ _WORDS: dict[str, str] = {"1": "on", "true": "on", "yes": "on", "0": "off", "fal
                           "no": "off"}
 
 
-def framework_schedules(fw: Framework, asked: tuple[str, ...], explicit: bool
-                        ) -> tuple[str, ...]:
-    """The pipeline schedules of ``asked`` that ``fw`` runs (:attr:`Framework.schedules`).
-    With ``explicit`` (the user named them), one it does not run is a one-line SpecError
-    rather than dropped."""
-    if fw.schedules is None:
+def framework_keeps(fw: Framework, knob: str, asked: tuple[Any, ...], explicit: bool
+                    ) -> tuple[Any, ...]:
+    """The values of ``asked`` for ``knob`` (``schedules`` or ``zero``) that ``fw`` runs
+    (:attr:`Framework.schedules`, :attr:`Framework.zero`). With ``explicit`` (the user
+    named them), one it does not run is a one-line SpecError rather than dropped."""
+    runs = getattr(fw, knob)
+    if runs is None:
         return asked
     if explicit:
-        for name in asked:
-            if name not in fw.schedules:
-                raise SpecError("schedules", name, runs_schedules(fw))
-    return tuple(s for s in asked if s in fw.schedules)
+        for value in asked:
+            if value not in runs:
+                raise SpecError(knob, value, runs_text(fw, knob))
+    return tuple(x for x in asked if x in runs)
 
 
-def runs_schedules(fw: Framework) -> str:
-    """What ``fw`` runs, said in an error line."""
-    if not fw.schedules:
+def check_framework_runs(fw: Framework, pp: int, schedule: str, shards: int, zero: int
+                         ) -> None:
+    """A one-line SpecError where a given layout (``pp`` stages on ``schedule``, ZeRO
+    ``zero`` over ``shards`` = dp x cp ranks) is one ``fw`` does not run."""
+    if pp > 1 and fw.schedules is not None and schedule not in fw.schedules:
+        raise SpecError("schedule" if fw.schedules else "pp",
+                        schedule if fw.schedules else pp, runs_text(fw, "schedules"))
+    if shards > 1 and fw.zero is not None and zero not in fw.zero:
+        raise SpecError("zero", zero, runs_text(fw, "zero"))
+
+
+def runs_text(fw: Framework, knob: str) -> str:
+    """What ``fw`` runs of ``knob``, said in an error line."""
+    runs = getattr(fw, knob)
+    if knob == "zero":
+        return f"--framework {fw.name} runs ZeRO {', '.join(map(str, runs))}"
+    if not runs:
         return f"--framework {fw.name} runs no pipeline parallelism (pp=1)"
-    return f"--framework {fw.name} runs {', '.join(fw.schedules)}"
+    return f"--framework {fw.name} runs {', '.join(runs)}"
 
 
 def mode(field: str, value: object, allowed: tuple[str, ...]) -> str:

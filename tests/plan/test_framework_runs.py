@@ -1,5 +1,6 @@
-"""The pipeline schedules each framework runs (plan/overlap.py ``Framework.schedules``):
-what the planner searches with ``--framework``, and what it refuses."""
+"""The pipeline schedules and ZeRO stages each framework runs (plan/overlap.py
+``Framework.schedules`` and ``Framework.zero``): what the planner searches with
+``--framework``, and what it refuses."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from tests.conftest import one_line_error, plan_json
 
 from shardlab.config.layout import SCHEDULES
 from shardlab.errors import SpecError
-from shardlab.plan.overlap import FRAMEWORKS, framework, framework_schedules, runs_schedules
+from shardlab.plan.overlap import FRAMEWORKS, framework, framework_keeps, runs_text
 from shardlab.plan.published import RUNS
 
 
@@ -22,21 +23,30 @@ def test_each_framework_names_only_known_schedules() -> None:
 
 def test_the_search_keeps_the_framework_s_schedules_and_an_explicit_one_is_refused() -> None:
     megatron = framework("megatron")
-    assert framework_schedules(megatron, SCHEDULES, explicit=False) == ("1f1b",
-                                                                        "interleaved-1f1b")
-    assert framework_schedules(framework(None), SCHEDULES, explicit=True) == SCHEDULES
+    assert framework_keeps(megatron, "schedules", SCHEDULES, explicit=False) == (
+        "1f1b", "interleaved-1f1b")
+    assert framework_keeps(framework(None), "schedules", SCHEDULES, explicit=True) == SCHEDULES
     with pytest.raises(SpecError, match=r"zb-v.*megatron runs 1f1b, interleaved-1f1b"):
-        framework_schedules(megatron, ("1f1b", "zb-v"), explicit=True)
-    assert framework_schedules(framework("fsdp"), SCHEDULES, explicit=False) == ()
-    assert "no pipeline parallelism" in runs_schedules(framework("fsdp"))
+        framework_keeps(megatron, "schedules", ("1f1b", "zb-v"), explicit=True)
+    assert framework_keeps(framework("fsdp"), "schedules", SCHEDULES, explicit=False) == ()
+    assert "no pipeline parallelism" in runs_text(framework("fsdp"), "schedules")
+    # ZeRO: PyTorch FSDP and torchtitan have no optimizer-only sharding (ZeRO-1).
+    for name in ("fsdp", "torchtitan"):
+        assert framework_keeps(framework(name), "zero", (0, 1, 2, 3), explicit=False) == (
+            0, 2, 3)
+    with pytest.raises(SpecError, match="zero=1: --framework torchtitan runs ZeRO 0, 2, 3"):
+        framework_keeps(framework("torchtitan"), "zero", (1, 3), explicit=True)
+    assert framework_keeps(megatron, "zero", (0, 1, 2, 3), explicit=True) == (0, 1, 2, 3)
 
 
-def test_every_published_pipeline_runs_a_schedule_its_framework_has() -> None:
+def test_every_published_run_runs_what_its_framework_has() -> None:
     for r in RUNS:
-        schedules = framework(r.framework).schedules
-        if r.pp > 1 and schedules is not None:
+        fw = framework(r.framework)
+        if r.pp > 1 and fw.schedules is not None:
             schedule = r.schedule or ("interleaved-1f1b" if r.virtual > 1 else "1f1b")
-            assert schedule in schedules, r.name
+            assert schedule in fw.schedules, r.name
+        if fw.zero is not None and r.gpus > r.tp * r.pp:
+            assert r.zero in fw.zero, r.name
 
 
 @pytest.mark.parametrize(("fw", "allowed"), [
@@ -51,10 +61,13 @@ def test_a_framework_s_plan_ranks_only_what_it_runs(capsys: pytest.CaptureFixtur
     assert piped and {b["schedule"] for b in piped} <= allowed
 
 
-def test_fsdp_plans_no_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("fw", ["fsdp", "torchtitan"])
+def test_fsdp_stacks_plan_no_zero_1_and_fsdp_no_pipeline(capsys: pytest.CaptureFixture[str],
+                                                         fw: str) -> None:
     doc = plan_json(capsys, "llama-3-8b", "--gpu", "h100", "--gpus", "16",
-                    "--global-batch", "32", "--framework", "fsdp", "--top", "50")
-    assert doc["best"] and all(b["pp"] == 1 for b in doc["best"])
+                    "--global-batch", "32", "--framework", fw, "--top", "200")
+    assert doc["best"] and all(b["zero"] in (0, 2, 3) for b in doc["best"])
+    assert (fw != "fsdp") or all(b["pp"] == 1 for b in doc["best"])
 
 
 @pytest.mark.parametrize(("argv", "words"), [
@@ -64,8 +77,12 @@ def test_fsdp_plans_no_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
      ["schedule='zb-v'", "megatron runs"]),
     (["--framework", "fsdp", "--layout", "dp=8 tp=1 pp=8"],
      ["pp=8", "fsdp runs no pipeline parallelism (pp=1)"]),
+    (["--framework", "torchtitan", "--zero", "1,3"],
+     ["zero=1", "torchtitan runs ZeRO 0, 2, 3"]),
+    (["--framework", "fsdp", "--layout", "dp=64 tp=1 pp=1 zero=1"],
+     ["zero=1", "fsdp runs ZeRO 0, 2, 3"]),
 ])
-def test_a_schedule_the_framework_does_not_run_is_one_line(
+def test_what_the_framework_does_not_run_is_one_line(
         capsys: pytest.CaptureFixture[str], argv: list[str], words: list[str]) -> None:
     line = one_line_error(capsys, ["plan", "llama-3-70b", "--gpu", "h100", "--gpus", "64",
                                    "--global-batch", "64", *argv])
