@@ -80,7 +80,8 @@ def test_the_human_budget_prints_the_frameworks_peak(capsys: pytest.CaptureFixtu
       "--schedule", "zb-v", "--virtual-stages", "2", "--framework", "megatron"),
      "schedule='zb-v': --framework megatron runs 1f1b, interleaved-1f1b"),
     (("budget", "llama-3-70b", "--gpu", "h100", "--tp", "8", "--pp", "4", "--dp", "2",
-      "--framework", "fsdp"), "pp=4: --framework fsdp runs no pipeline parallelism (pp=1)"),
+      "--schedule", "zb-h2", "--framework", "torchtitan"),
+     "schedule='zb-h2': --framework torchtitan runs gpipe, 1f1b"),
     (("budget", "llama-3-8b", "--gpu", "h100", "--gpus", "8", "--zero", "1",
       "--framework", "torchtitan"), "zero=1: --framework torchtitan runs ZeRO 0, 2, 3"),
 ])

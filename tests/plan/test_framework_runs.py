@@ -17,7 +17,8 @@ def test_each_framework_names_only_known_schedules() -> None:
     for fw in FRAMEWORKS.values():
         assert fw.schedules is not None and set(fw.schedules) <= set(SCHEDULES)
     assert framework("megatron").schedules == ("1f1b", "interleaved-1f1b")
-    assert framework("fsdp").schedules == ()  # no pipeline parallelism of its own
+    assert framework("fsdp").schedules == framework("torchtitan").schedules  # torch's
+    assert "zb-h2" not in framework("torchtitan").schedules
     assert framework(None).schedules is None  # no framework named: every schedule
 
 
@@ -28,8 +29,9 @@ def test_the_search_keeps_the_framework_s_schedules_and_an_explicit_one_is_refus
     assert framework_keeps(framework(None), "schedules", SCHEDULES, explicit=True) == SCHEDULES
     with pytest.raises(SpecError, match=r"zb-v.*megatron runs 1f1b, interleaved-1f1b"):
         framework_keeps(megatron, "schedules", ("1f1b", "zb-v"), explicit=True)
-    assert framework_keeps(framework("fsdp"), "schedules", SCHEDULES, explicit=False) == ()
-    assert "no pipeline parallelism" in runs_text(framework("fsdp"), "schedules")
+    assert framework_keeps(framework("deepspeed"), "schedules", SCHEDULES, explicit=False
+                           ) == ("1f1b",)
+    assert runs_text(framework("deepspeed"), "schedules") == "--framework deepspeed runs 1f1b"
     # ZeRO: PyTorch FSDP and torchtitan have no optimizer-only sharding (ZeRO-1).
     for name in ("fsdp", "torchtitan"):
         assert framework_keeps(framework(name), "zero", (0, 1, 2, 3), explicit=False) == (
@@ -62,12 +64,10 @@ def test_a_framework_s_plan_ranks_only_what_it_runs(capsys: pytest.CaptureFixtur
 
 
 @pytest.mark.parametrize("fw", ["fsdp", "torchtitan"])
-def test_fsdp_stacks_plan_no_zero_1_and_fsdp_no_pipeline(capsys: pytest.CaptureFixture[str],
-                                                         fw: str) -> None:
+def test_fsdp_stacks_plan_no_zero_1(capsys: pytest.CaptureFixture[str], fw: str) -> None:
     doc = plan_json(capsys, "llama-3-8b", "--gpu", "h100", "--gpus", "16",
                     "--global-batch", "32", "--framework", fw, "--top", "200")
     assert doc["best"] and all(b["zero"] in (0, 2, 3) for b in doc["best"])
-    assert (fw != "fsdp") or all(b["pp"] == 1 for b in doc["best"])
 
 
 @pytest.mark.parametrize(("argv", "words"), [
@@ -75,8 +75,8 @@ def test_fsdp_stacks_plan_no_zero_1_and_fsdp_no_pipeline(capsys: pytest.CaptureF
      ["schedules='zb-v'", "megatron runs 1f1b, interleaved-1f1b"]),
     (["--framework", "megatron", "--layout", "dp=8 tp=1 pp=8 virtual=2 schedule=zb-v"],
      ["schedule='zb-v'", "megatron runs"]),
-    (["--framework", "fsdp", "--layout", "dp=8 tp=1 pp=8"],
-     ["pp=8", "fsdp runs no pipeline parallelism (pp=1)"]),
+    (["--framework", "fsdp", "--schedules", "zb-h2"],
+     ["schedules='zb-h2'", "fsdp runs gpipe, 1f1b"]),
     (["--framework", "torchtitan", "--zero", "1,3"],
      ["zero=1", "torchtitan runs ZeRO 0, 2, 3"]),
     (["--framework", "fsdp", "--layout", "dp=64 tp=1 pp=1 zero=1"],

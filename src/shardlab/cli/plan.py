@@ -139,7 +139,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         # This machine, and a plan whose layouts are dry-run: what shardlab train runs.
         zero=tuple(z for z in stages if not runnable or z in TRAIN_ZERO) or (0,),
         recompute=args.recompute,
-        schedules=schedules or (() if fw.schedules == () else ("1f1b",)),
+        schedules=schedules or ("1f1b",),
         train_only=train_only, ep=args.ep, capacity_factor=args.capacity_factor,
         cp=args.cp, dp_replicate=args.dp_replicate, stage_layers=split,
         # Megatron-Core and torchtitan fold their experts onto a mesh of their own;

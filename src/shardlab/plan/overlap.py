@@ -69,6 +69,12 @@ FLASH_KERNELS: tuple[str, ...] = ("fa2", "fa3", "triton", "fa1")
 llm-foundry's Triton kernel (``attn_impl: triton``) and FlashAttention-1 (flash-attn 0.x);
 their shares of the peak are the accelerator's
 :attr:`~shardlab.config.hardware.Efficiency.flash_fractions`."""
+TORCH_PIPELINING: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v",
+                                     "dualpipev")
+"""The schedules ``torch.distributed.pipelining`` 2.13 runs (ScheduleGPipe, Schedule1F1B,
+ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble: ZB-H1 with one chunk,
+ScheduleZBVZeroBubble, ScheduleDualPipeV; no ZB-H2): torchtitan's and the PyTorch-native
+FSDP stacks' (NeMo AutoModel's AutoPipeline is built on it)."""
 FUSED_LOSS_BYTES = 6
 """``fused_loss=1``: a run that states a fused cross-entropy kernel (Megatron-LM's
 ``--cross-entropy-loss-fusion``, Megatron-Bridge's ``cross_entropy_fusion_impl: te``) moves
@@ -178,8 +184,8 @@ class Framework:
     expert is replicated over dp/ep x cp ranks."""
     schedules: tuple[str, ...] | None = None
     """The pipeline schedules it runs (names of :data:`shardlab.config.layout.SCHEDULES`;
-    empty: no pipeline parallelism; None: any): ``plan`` searches only these, and a
-    ``--layout`` or ``--schedules`` naming another is refused."""
+    None: any): ``plan`` searches only these, and a ``--layout`` or ``--schedules`` naming
+    another is refused."""
     zero: tuple[int, ...] | None = None
     """The ZeRO stages it runs (None: 0-3), likewise: PyTorch FSDP's sharding strategies
     are NO_SHARD, SHARD_GRAD_OP and FULL_SHARD (ZeRO 0, 2, 3: no optimizer-only sharding),
@@ -228,11 +234,7 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework(
         "torchtitan", "on", "off", "off", False, False, tp_overlap_kind="forward",
         flash_kernel="fa2", grad_reduce_bytes=4, selective="op", loss_bytes=36,
-        # torch.distributed.pipelining 2.13: ScheduleGPipe, Schedule1F1B,
-        # ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble (ZB-H1 with one chunk),
-        # ScheduleZBVZeroBubble, ScheduleDualPipeV; no ZB-H2.
-        schedules=("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "dualpipev"),
-        zero=(0, 2, 3),
+        schedules=TORCH_PIPELINING, zero=(0, 2, 3),
         reduce_each_micro=True, cp_expanded_kv=True, expert_fold=True,
         memory=MemoryFacts(loss_bytes=12.0, reduce_bytes=4, fsdp2_root=True,
                            combine_bytes=4, parallel_loss_bytes=16.0, sp_gathered_inputs=2,
@@ -263,12 +265,14 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
         "'op' saves every other mm; the loss is cross_entropy on the logits cast to fp32"),
     Framework(
         "fsdp", "on", "off", "off", False, False, tp_overlap_kind="forward", fp8_cast_bytes=3,
-        flash_kernel="fa2", grad_reduce_bytes=4, reduce_each_micro=True, schedules=(),
-        zero=(0, 2, 3),
+        flash_kernel="fa2", grad_reduce_bytes=4, reduce_each_micro=True,
+        schedules=TORCH_PIPELINING, zero=(0, 2, 3),
         source=
         "PyTorch FSDP outside torchtitan (Composer, fms-fsdp, Accelerate): as torchtitan, "
         "FSDP's backward and forward prefetch overlap the all-gathers and reduce-scatters; "
-        "no tensor or pipeline parallelism of its own; eager norms unless compiled; "
+        "no tensor or pipeline parallelism of its own in Composer and fms-fsdp (NeMo "
+        "AutoModel pipelines with torch.distributed.pipelining: AutoPipeline); eager norms "
+        "unless compiled; "
         "Composer reduce-scatters after every micro-batch and llm-foundry's "
         "fused_crossentropy is one kernel over the bf16 logits"),
     Framework(
@@ -322,8 +326,7 @@ def check_framework_runs(fw: Framework, pp: int, schedule: str, shards: int, zer
     """A one-line SpecError where a given layout (``pp`` stages on ``schedule``, ZeRO
     ``zero`` over ``shards`` = dp x cp ranks) is one ``fw`` does not run."""
     if pp > 1 and fw.schedules is not None and schedule not in fw.schedules:
-        raise SpecError("schedule" if fw.schedules else "pp",
-                        schedule if fw.schedules else pp, runs_text(fw, "schedules"))
+        raise SpecError("schedule", schedule, runs_text(fw, "schedules"))
     if shards > 1 and fw.zero is not None and zero not in fw.zero:
         raise SpecError("zero", zero, runs_text(fw, "zero"))
 
@@ -333,8 +336,6 @@ def runs_text(fw: Framework, knob: str) -> str:
     runs = getattr(fw, knob)
     if knob == "zero":
         return f"--framework {fw.name} runs ZeRO {', '.join(map(str, runs))}"
-    if not runs:
-        return f"--framework {fw.name} runs no pipeline parallelism (pp=1)"
     return f"--framework {fw.name} runs {', '.join(runs)}"
 
 
