@@ -84,6 +84,8 @@ def test_the_human_budget_prints_the_frameworks_peak(capsys: pytest.CaptureFixtu
      "schedule='zb-h2': --framework torchtitan runs gpipe, 1f1b"),
     (("budget", "llama-3-8b", "--gpu", "h100", "--gpus", "8", "--zero", "1",
       "--framework", "torchtitan"), "zero=1: --framework torchtitan runs ZeRO 0, 2, 3"),
+    (("budget", "llama-3-8b", "--gpu", "h100", "--gpus", "8", "--cp", "2", "--seq", "8192",
+      "--framework", "deepspeed"), "cp=2: --framework deepspeed runs no context parallelism"),
 ])
 def test_bad_framework_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str],
                                               argv: tuple[str, ...], message: str) -> None:

@@ -1,6 +1,6 @@
-"""The pipeline schedules and ZeRO stages each framework runs (plan/overlap.py
-``Framework.schedules`` and ``Framework.zero``): what the planner searches with
-``--framework``, and what it refuses."""
+"""The pipeline schedules, ZeRO stages and context parallelism each framework runs
+(plan/framework_runs.py over plan/overlap.py's ``Framework``): what the planner searches
+with ``--framework``, and what it refuses."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from tests.conftest import one_line_error, plan_json
 
 from shardlab.config.layout import SCHEDULES
 from shardlab.errors import SpecError
-from shardlab.plan.overlap import FRAMEWORKS, framework, framework_keeps, runs_text
+from shardlab.plan.framework_runs import framework_cp, framework_keeps, runs_text
+from shardlab.plan.overlap import FRAMEWORKS, framework
 from shardlab.plan.published import RUNS
 
 
@@ -49,6 +50,21 @@ def test_every_published_run_runs_what_its_framework_has() -> None:
             assert schedule in fw.schedules, r.name
         if fw.zero is not None and r.gpus > r.tp * r.pp:
             assert r.zero in fw.zero, r.name
+        assert r.cp == 1 or fw.context_parallel, r.name
+
+
+def test_deepspeed_searches_no_context_parallelism(capsys: pytest.CaptureFixture[str]) -> None:
+    deepspeed = framework("deepspeed")
+    assert framework_cp(deepspeed, None) == (1,) == framework_cp(deepspeed, (1,))
+    assert framework_cp(framework("megatron"), None) is None  # the search's own choices
+    with pytest.raises(SpecError, match="cp=2: --framework deepspeed runs no context"):
+        framework_cp(deepspeed, (1, 2))
+    argv = ("llama-3-8b", "--gpu", "h100", "--gpus", "64", "--global-batch", "64", "--seq",
+            "131072", "--top", "20")
+    assert all(b["cp"] == 1 for b in plan_json(capsys, *argv, "--framework",
+                                               "deepspeed")["best"])
+    # At 128K tokens the planner's own choice is context parallel (here, Megatron's).
+    assert plan_json(capsys, *argv, "--framework", "megatron")["best"][0]["cp"] > 1
 
 
 @pytest.mark.parametrize(("fw", "allowed"), [
@@ -81,6 +97,8 @@ def test_fsdp_stacks_plan_no_zero_1(capsys: pytest.CaptureFixture[str], fw: str)
      ["zero=1", "torchtitan runs ZeRO 0, 2, 3"]),
     (["--framework", "fsdp", "--layout", "dp=64 tp=1 pp=1 zero=1"],
      ["zero=1", "fsdp runs ZeRO 0, 2, 3"]),
+    (["--framework", "deepspeed", "--seq", "8192", "--layout", "dp=32 cp=2 tp=1 pp=1 zero=1"],
+     ["cp=2", "deepspeed runs no context parallelism", "Ulysses"]),
 ])
 def test_what_the_framework_does_not_run_is_one_line(
         capsys: pytest.CaptureFixture[str], argv: list[str], words: list[str]) -> None:

@@ -27,8 +27,8 @@ from shardlab.config.resolve import load_model
 from shardlab.errors import SpecError, require_int_at_most
 from shardlab.estimate.budget import Assumptions, model_budget, params_budget
 from shardlab.plan.fit import explain_fit, layout_memory
+from shardlab.plan.framework_runs import check_framework_runs
 from shardlab.plan.options import step_options_for
-from shardlab.plan.overlap import check_framework_runs
 from shardlab.plan.overlap import framework as overlap_framework
 from shardlab.report.budget_view import print_budget
 
@@ -279,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
         model, layout = model_and_layout(args)
         if args.framework is not None:
             check_framework_runs(overlap_framework(args.framework), layout.pp, layout.schedule,
-                                 layout.dp * layout.cp, layout.zero)
+                                 layout.dp * layout.cp, layout.zero, layout.cp)
         doc = model_budget(model, layout, acc, a)
         doc["fit"] = fit_advice(model, layout, acc, a, doc)
         if args.framework is not None:

@@ -24,8 +24,8 @@ from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_vocab
 from shardlab.plan.accuracy import plan_accuracy
 from shardlab.plan.fit import explain_fit
+from shardlab.plan.framework_runs import check_framework_runs, framework_cp, framework_keeps
 from shardlab.plan.options import check_trainable, policy_for, step_options_for
-from shardlab.plan.overlap import check_framework_runs, framework_keeps
 from shardlab.plan.overlap import framework as overlap_framework
 from shardlab.plan.search import (
     STEP_KEYS,
@@ -141,7 +141,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         recompute=args.recompute,
         schedules=schedules or ("1f1b",),
         train_only=train_only, ep=args.ep, capacity_factor=args.capacity_factor,
-        cp=args.cp, dp_replicate=args.dp_replicate, stage_layers=split,
+        cp=framework_cp(fw, args.cp), dp_replicate=args.dp_replicate, stage_layers=split,
         # Megatron-Core and torchtitan fold their experts onto a mesh of their own;
         # shardlab train (this machine, or a dry run of the top layouts) draws ep from dp.
         expert_fold=overlap_framework(args.framework).expert_fold and not runnable)
@@ -151,7 +151,8 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     only = layout_candidates(model, space, args.layout) if given else None
     if only is not None:
         check_framework_runs(fw, int(only.pp[0]), SCHEDULES[int(only.schedule[0])],
-                             int(only.dp[0]) * int(only.cp[0]), int(only.zero[0]))
+                             int(only.dp[0]) * int(only.cp[0]), int(only.zero[0]),
+                             int(only.cp[0]))
     dropout = args.dropout if args.dropout is not None else model.style == "gpt"
     options = step_options_for(acc, flash=args.attention == "flash",
                                overlap_dp=not args.no_overlap_dp, framework=args.framework,

@@ -50,7 +50,6 @@ its own defaults (:data:`DEFAULTS`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -186,6 +185,11 @@ class Framework:
     """The pipeline schedules it runs (names of :data:`shardlab.config.layout.SCHEDULES`;
     None: any): ``plan`` searches only these, and a ``--layout`` or ``--schedules`` naming
     another is refused."""
+    context_parallel: bool = True
+    """Whether it runs context parallelism as the planner prices it (each rank a chunk of
+    every sequence, K and V gathered or passed around a ring); DeepSpeed's sequence
+    parallelism is DeepSpeed-Ulysses' all-to-all over attention heads instead
+    (deepspeed/sequence/layer.py ``DistributedAttention``), not priced: cp stays 1."""
     zero: tuple[int, ...] | None = None
     """The ZeRO stages it runs (None: 0-3), likewise: PyTorch FSDP's sharding strategies
     are NO_SHARD, SHARD_GRAD_OP and FULL_SHARD (ZeRO 0, 2, 3: no optimizer-only sharding),
@@ -278,7 +282,7 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework(
         "deepspeed", "zero3", "off", "off", True, False, fp8_cast_bytes=3, flash_kernel="fa2",
         # deepspeed/runtime/pipe/schedule.py: TrainSchedule, 1F1B (PipeDream-Flush).
-        loss_bytes=52, schedules=("1f1b",), source=
+        loss_bytes=52, schedules=("1f1b",), context_parallel=False, source=
         "DeepSpeed deepspeed/runtime/zero/config.py: overlap_comm left unset becomes "
         "stage == 3 (on for ZeRO-3 only); tensor parallelism from Megatron-DeepSpeed runs "
         "synchronously; the pipeline engine's sends and receives block; fused norms from "
@@ -304,39 +308,6 @@ def framework(name: str | None) -> Framework:
 
 _WORDS: dict[str, str] = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off",
                           "no": "off"}
-
-
-def framework_keeps(fw: Framework, knob: str, asked: tuple[Any, ...], explicit: bool
-                    ) -> tuple[Any, ...]:
-    """The values of ``asked`` for ``knob`` (``schedules`` or ``zero``) that ``fw`` runs
-    (:attr:`Framework.schedules`, :attr:`Framework.zero`). With ``explicit`` (the user
-    named them), one it does not run is a one-line SpecError rather than dropped."""
-    runs = getattr(fw, knob)
-    if runs is None:
-        return asked
-    if explicit:
-        for value in asked:
-            if value not in runs:
-                raise SpecError(knob, value, runs_text(fw, knob))
-    return tuple(x for x in asked if x in runs)
-
-
-def check_framework_runs(fw: Framework, pp: int, schedule: str, shards: int, zero: int
-                         ) -> None:
-    """A one-line SpecError where a given layout (``pp`` stages on ``schedule``, ZeRO
-    ``zero`` over ``shards`` = dp x cp ranks) is one ``fw`` does not run."""
-    if pp > 1 and fw.schedules is not None and schedule not in fw.schedules:
-        raise SpecError("schedule", schedule, runs_text(fw, "schedules"))
-    if shards > 1 and fw.zero is not None and zero not in fw.zero:
-        raise SpecError("zero", zero, runs_text(fw, "zero"))
-
-
-def runs_text(fw: Framework, knob: str) -> str:
-    """What ``fw`` runs of ``knob``, said in an error line."""
-    runs = getattr(fw, knob)
-    if knob == "zero":
-        return f"--framework {fw.name} runs ZeRO {', '.join(map(str, runs))}"
-    return f"--framework {fw.name} runs {', '.join(runs)}"
 
 
 def mode(field: str, value: object, allowed: tuple[str, ...]) -> str:
