@@ -5,7 +5,7 @@ each way)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -49,6 +49,24 @@ def test_a_pair_is_two_checked_runs_of_one_job_in_the_table_order(all_pairs: lis
         for r in (p.a, p.b):
             assert not r.excluded and r.role != "unverified"
         assert p.changes, (p.a.name, p.b.name)  # one job run one way twice is no pair
+
+
+# What a pair's change text cannot show: how the measurement was taken and stated.
+UNSHOWN = {"name", "role", "measured_step", "measured_from", "assumed", "checked", "excluded",
+           "measured_memory_gib", "memory_figure"}
+# What settings() shows: the layout text, the options, the dtype, devices and batch.
+SHOWN = {"tp", "pp", "recompute", "sp", "zero", "micro_batch", "virtual", "schedule", "dtype",
+         "options", "ep", "etp", "capacity_factor", "cp", "stage_layers", "dp_replicate",
+         "gpus", "global_batch"}
+
+
+def test_runs_of_a_pair_differ_in_nothing_but_what_its_changes_show(all_pairs: list[Pair]
+                                                                    ) -> None:
+    for p in all_pairs:
+        for f in fields(p.a):
+            if f.name not in UNSHOWN | SHOWN:
+                assert getattr(p.a, f.name) == getattr(p.b, f.name), (p.a.name, p.b.name,
+                                                                      f.name)
 
 
 def test_runs_of_another_release_are_not_paired_and_scales_pair_along_one_line(
@@ -96,7 +114,9 @@ def test_what_differs_names_the_kind() -> None:
     assert kind_of({"overlap_tp": ("0", "1")}) == "overlap"
     assert kind_of({"overlap_ep": ("-", "1"), "overlap_tp": ("0", "1")}) == "overlap"
     assert kind_of({"fused_norm": ("0", "1")}) == "kernels"
-    assert kind_of({"fused_norm": ("0", "1"), "overlap_tp": ("0", "1")}) == "layout"
+    assert kind_of({"fused_norm": ("0", "1"), "overlap_tp": ("0", "1")}) == "mixed"
+    assert kind_of({"dtype": ("bf16", "fp8"), "overlap_tp": ("0", "1")}) == "mixed"
+    assert kind_of({"dtype": ("bf16", "fp8"), "tp": ("8", "4")}) == "layout"
     assert kind_of({"tp": ("4", "2"), "ep": ("8", "32")}) == "layout"
     assert kind_of({"gpus": ("8", "16"), "dp": ("8", "16")}) == "strong"
     assert kind_of({"gpus": ("8", "16"), "dp": ("8", "16"), "global_batch": ("8", "16")}

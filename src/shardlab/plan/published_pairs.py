@@ -11,7 +11,8 @@ dgxc-benchmarking rows; the Megatron-MoE model zoo's four Qwen3-235B layouts;
 Megatron-Bridge's Llama 3 70B pipelined and FSDP). A stack's own speed, what the held-out
 table's single-run errors mostly measure, cancels in such a ratio.
 
-For each pair (``b`` after ``a`` in the table's order) this module prices both as
+For each pair (``b`` after ``a`` in the table's order; in a series below, ``b`` the larger
+scale or batch) this module prices both as
 :func:`shardlab.plan.published.predict` does and reports the measured ratio
 ``t_b / t_a``, the planner's, the ratio's error (predicted / measured - 1) and whether
 the planner orders the two as measured. A pair whose measured times differ by less than
@@ -29,8 +30,11 @@ device (**weak** scaling), a larger global batch on the same devices (**batch**)
 is of the cost of a sequence, GPU-seconds per sequence (t·N / global batch), which for two
 runs of one job is t_b / t_a: above 1, the larger scale or batch trains less per GPU.
 
+Several pairs of one group share a run (four runs give six pairs, three of them
+independent), so the counts below are of pairs, not of independent measurements.
+
 ``python -m shardlab.plan.published_pairs`` prints the table of ``docs/validation.md``,
-"Choosing between two runs".
+"Choosing between two runs of one job, and between two scales".
 """
 
 from __future__ import annotations
@@ -51,12 +55,14 @@ pair: its order is not scored."""
 
 OVERLAP_KEYS = frozenset({"overlap_tp", "overlap_dp", "overlap_ep", "overlap_pp"})
 KERNEL_KEYS = frozenset({"fused_norm", "fused_loss", "flash_kernel"})
+PRECISION_KEYS = frozenset({"dtype", "fp8_params"})
 
 
 @dataclass(frozen=True)
 class Pair:
-    """Two runs of one job (``a`` first in the table), what differs between them
-    (``changes``: key -> (a's value, b's)), its ``kind`` and the ratios t_b / t_a."""
+    """Two runs of one job (``a`` first in the table) or of one series (``a`` the smaller
+    scale or batch), what differs between them (``changes``: key -> (a's value, b's)), its
+    ``kind`` and the measured and predicted ratios of b's cost to a's."""
 
     a: PublishedRun
     b: PublishedRun
@@ -103,36 +109,43 @@ def series(r: PublishedRun) -> tuple[object, ...]:
     """What the runs of a scale series share: :func:`job` without the device count and the
     global batch, and every setting but :data:`SCALE_KEYS`."""
     fixed = sorted((k, v) for k, v in settings(r).items() if k not in SCALE_KEYS)
-    return (r.source, r.model.name, r.gpu, r.hardware, r.power_cap_w, r.nics_per_node,
-            r.nic_gbps, r.seq, tuple(fixed))
+    return (*_stack(r), r.seq, tuple(fixed))
+
+
+def _stack(r: PublishedRun) -> tuple[object, ...]:
+    """The source (stack and release), framework, attention convention, model and
+    accelerator with its stated part, cap and network."""
+    return (r.source, r.framework, r.flash, r.model, r.gpu, r.hardware, r.power_cap_w,
+            r.nics_per_node, r.nic_gbps)
 
 
 def job(r: PublishedRun) -> tuple[object, ...]:
     """What two runs must share to be one job run two ways: the source (stack and
-    release), model, accelerator with its stated part, cap and network, device count,
-    sequence and global batch."""
-    return (r.source, r.model.name, r.gpu, r.hardware, r.power_cap_w, r.nics_per_node,
-            r.nic_gbps, r.gpus, r.seq, r.global_batch)
+    release), framework, attention convention, model, accelerator with its stated part,
+    cap and network, device count, sequence and global batch."""
+    return (*_stack(r), r.gpus, r.seq, r.global_batch)
 
 
 def kind_of(changes: dict[str, tuple[str, str]]) -> str:
     """In a :func:`series`: ``weak`` when the device count and the global batch change,
     ``strong`` when only the device count does, ``batch`` when only the global batch does.
-    Otherwise ``precision`` when the dtype changes (fp8's own keys with it), ``overlap`` when
-    only communication-overlap keys do, ``kernels`` when only fused-kernel keys do, else
-    ``layout``."""
+    Otherwise ``layout`` when any layout key changes (tp, pp, ep, recompute, ...: a layout
+    choice, whatever else its stack changed with it), ``precision`` when only the dtype
+    does (with fp8's own ``fp8_params``), ``overlap`` when only communication-overlap keys
+    do, ``kernels`` when only fused-kernel keys do, else ``mixed`` (a dtype with an overlap
+    or a kernel, two effects in one ratio)."""
     keys = set(changes)
     if "gpus" in keys:
         return "weak" if "global_batch" in keys else "strong"
     if "global_batch" in keys:
         return "batch"
-    if "dtype" in keys:
-        return "precision"
-    if keys <= OVERLAP_KEYS:
-        return "overlap"
-    if keys <= KERNEL_KEYS:
-        return "kernels"
-    return "layout"
+    if keys - PRECISION_KEYS - OVERLAP_KEYS - KERNEL_KEYS:
+        return "layout"
+    for kind, own in (("precision", PRECISION_KEYS), ("overlap", OVERLAP_KEYS),
+                      ("kernels", KERNEL_KEYS)):
+        if keys <= own:
+            return kind
+    return "mixed"
 
 
 def _grouped(runs: tuple[PublishedRun, ...], key: Callable[[PublishedRun], object]
@@ -222,7 +235,7 @@ def pairs_table(ps: list[Pair]) -> str:
     return "\n".join(lines)
 
 
-CHOICES = ("precision", "overlap", "kernels", "layout")
+CHOICES = ("precision", "overlap", "kernels", "mixed", "layout")
 """The kinds of pair that are one job run two ways."""
 
 
