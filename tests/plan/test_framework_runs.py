@@ -99,6 +99,10 @@ def test_fsdp_stacks_plan_no_zero_1(capsys: pytest.CaptureFixture[str], fw: str)
      ["zero=1", "fsdp runs ZeRO 0, 2, 3"]),
     (["--framework", "deepspeed", "--seq", "8192", "--layout", "dp=32 cp=2 tp=1 pp=1 zero=1"],
      ["cp=2", "deepspeed runs no context parallelism", "Ulysses"]),
+    (["--framework", "deepspeed", "--layout", "dp=4 tp=8 pp=2 zero=3"],
+     ["zero=3", "deepspeed pipelines with ZeRO 0-1 only (pp=2)"]),
+    (["--framework", "megatron", "--measured-step", "10", "--measured-layout",
+      "dp=8 tp=1 pp=8 virtual=2 schedule=zb-v"], ["schedule='zb-v'", "megatron runs"]),
 ])
 def test_what_the_framework_does_not_run_is_one_line(
         capsys: pytest.CaptureFixture[str], argv: list[str], words: list[str]) -> None:
@@ -106,3 +110,24 @@ def test_what_the_framework_does_not_run_is_one_line(
                                    "--global-batch", "64", *argv])
     for w in words:
         assert w in line, line
+
+
+def test_deepspeed_pipelines_with_zero_0_or_1_only(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = plan_json(capsys, "llama-3-70b", "--gpu", "h100", "--gpus", "64", "--global-batch",
+                    "64", "--framework", "deepspeed", "--top", "200")
+    piped = [b for b in doc["best"] if b["pp"] > 1]
+    assert piped and all(b["zero"] <= 1 for b in piped)
+    assert any(b["zero"] >= 2 for b in doc["best"] if b["pp"] == 1)  # ZeRO-3 without pp
+    assert doc["rejected"]["ZeRO above what the framework pipelines (DeepSpeed: 0-1)"] > 0
+
+
+def test_the_fit_advice_skips_what_the_framework_does_not_run(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    doc = plan_json(capsys, "llama-3-8b", "--gpu", "h100", "--gpus", "8", "--global-batch",
+                    "64", "--seq", "8192", "--framework", "torchtitan", "--layout",
+                    "dp=8 tp=1 pp=1 micro_batch=8 zero=0 recompute=none")
+    fit = doc["fit"]
+    tried = {c["change"] for c in fit["changes"]}
+    assert "zero=3" in tried and "zero=1" not in tried
+    assert {"change": "zero=1", "reason": "--framework torchtitan runs ZeRO 0, 2, 3"} in fit[
+        "skipped"]

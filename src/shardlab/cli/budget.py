@@ -202,16 +202,19 @@ def model_and_layout(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def fit_advice(model: ModelShape, layout: Layout, acc: Accelerator, a: Assumptions,
-               doc: dict[str, Any]) -> dict[str, Any] | None:
+               doc: dict[str, Any], framework: str | None = None) -> dict[str, Any] | None:
     """The budget's ``fit`` object: None when the layout fits, else what binds and the
     changes that make it fit (:func:`shardlab.plan.fit.explain_fit`), held to the same
-    capacity as the budget's verdict and with the budget's activation conventions."""
+    capacity as the budget's verdict and with the budget's activation conventions; with
+    ``framework``, only changes to layouts it runs."""
     if doc["memory"]["fits"]:
         return None
     options = step_options_for(acc, flash=a.attention == "flash")
     return explain_fit(model, layout, acc, capacity=doc["memory"]["capacity"],
                        dropout=doc["assumptions"]["dropout"], options=options,
-                       imbalance=a.routing_imbalance).as_dict()
+                       imbalance=a.routing_imbalance,
+                       framework=overlap_framework(framework) if framework else None
+                       ).as_dict()
 
 
 def framework_memory(model: ModelShape, layout: Layout, acc: Accelerator, a: Assumptions,
@@ -281,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
             check_framework_runs(overlap_framework(args.framework), layout.pp, layout.schedule,
                                  layout.dp * layout.cp, layout.zero, layout.cp)
         doc = model_budget(model, layout, acc, a)
-        doc["fit"] = fit_advice(model, layout, acc, a, doc)
+        doc["fit"] = fit_advice(model, layout, acc, a, doc, args.framework)
         if args.framework is not None:
             doc["memory"]["framework"] = framework_memory(model, layout, acc, a, doc,
                                                           args.framework)

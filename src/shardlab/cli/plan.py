@@ -142,9 +142,10 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         schedules=schedules or ("1f1b",),
         train_only=train_only, ep=args.ep, capacity_factor=args.capacity_factor,
         cp=framework_cp(fw, args.cp), dp_replicate=args.dp_replicate, stage_layers=split,
+        pipeline_max_zero=fw.pipeline_max_zero,
         # Megatron-Core and torchtitan fold their experts onto a mesh of their own;
         # shardlab train (this machine, or a dry run of the top layouts) draws ep from dp.
-        expert_fold=overlap_framework(args.framework).expert_fold and not runnable)
+        expert_fold=fw.expert_fold and not runnable)
     # A --layout of step-time keys alone sets options for the search.
     given = args.layout and set(parse_layout(args.layout, STEP_KEYS)) - set(step_keys)
     check_layout_against_flags(args, bool(given), step_keys)
@@ -168,7 +169,8 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         layout = replace(layout, dtype=policy)  # with --layout's optimizer_dtype
         fit = explain_fit(model, layout, acc, capacity=result.device_memory, dropout=dropout,
                           options=options, gpus_per_node=space.gpus_per_node,
-                          train_only=train_only, imbalance=args.routing_imbalance).as_dict()
+                          train_only=train_only, imbalance=args.routing_imbalance,
+                          framework=fw if args.framework else None).as_dict()
     dev = result.device
     fp8 = dev.eff.fp8_curve()
     doc = {

@@ -10,11 +10,14 @@ from typing import Any
 from shardlab.cli.args import positive_float
 from shardlab.config.dtypes import DtypePolicy
 from shardlab.config.hardware import Accelerator
+from shardlab.config.layout import SCHEDULES
 from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
 from shardlab.plan.anchor import Anchor, anchor_efficiency, share
 from shardlab.plan.efficiency import efficiency_of
+from shardlab.plan.framework_runs import check_framework_runs
 from shardlab.plan.options import policy_for, step_options_for
+from shardlab.plan.overlap import framework as overlap_framework
 from shardlab.plan.search import (
     STEP_KEYS,
     is_this_machine,
@@ -67,6 +70,10 @@ def anchored(args: argparse.Namespace, model: ModelShape, acc: Accelerator, spac
                         "(dp, tp, pp, micro_batch, zero, ...), not only step-time keys")
     # The measured run is priced, never emitted or trained: shardlab train's rules stay off.
     only = layout_candidates(model, replace(space, train_only=False), text)
+    # A measured run on a named framework is one that framework runs.
+    check_framework_runs(overlap_framework(args.framework), int(only.pp[0]),
+                         SCHEDULES[int(only.schedule[0])], int(only.dp[0]) * int(only.cp[0]),
+                         int(only.zero[0]), int(only.cp[0]))
     pol = policy_for(policy, keys)
     options = step_options_for(acc, flash=args.attention == "flash",
                                overlap_dp=not args.no_overlap_dp, framework=args.framework,

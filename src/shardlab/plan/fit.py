@@ -76,9 +76,11 @@ from shardlab.plan.fit_moves import (
     moves,
     would_be,
 )
+from shardlab.plan.framework_runs import check_framework_runs
 from shardlab.plan.memory import MemoryOptions, memory_arrays, memory_options, rank_memory
 from shardlab.plan.offload import offload_refused
 from shardlab.plan.options import step_options_for
+from shardlab.plan.overlap import Framework
 from shardlab.plan.rules import R_OFFLOAD, REASONS, check_rules
 from shardlab.plan.search import device_of
 from shardlab.plan.space import Space
@@ -159,7 +161,7 @@ class FitAdvice:
 def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity: float,
                 dropout: bool | None = None, options: StepOptions | None = None,
                 gpus_per_node: int | None = None, train_only: bool = False,
-                imbalance: float = 1.0) -> FitAdvice:
+                imbalance: float = 1.0, framework: Framework | None = None) -> FitAdvice:
     """Memory by category, binding category and priced changes of ``layout`` (module
     docstring).
 
@@ -170,7 +172,9 @@ def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity
     its ``flash`` also sets the activation convention. ``gpus_per_node``: how far tp may
     grow (default the accelerator's). ``train_only``: only what ``shardlab train`` runs
     (as ``plan`` on this machine). ``imbalance``: the router's max/mean tokens per
-    expert (MoE activations). Raises SpecError for a capacity that is not > 0.
+    expert (MoE activations). ``framework``: a change to a layout it does not run
+    (:func:`~shardlab.plan.framework_runs.check_framework_runs`) is skipped, with what it
+    runs. Raises SpecError for a capacity that is not > 0.
     """
     if not (capacity > 0 and math.isfinite(capacity)):
         raise SpecError("capacity", capacity, "must be a finite number of bytes > 0")
@@ -196,7 +200,7 @@ def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity
     singles = moves(base, node, train_only, experts, lay.seq, lay.expert_fold)
     skipped = [(would_be(kind, base), why) for kind, k, why in singles if k is None]
     tried = [k for _, k, _ in singles if k is not None]
-    valid, rejected = _check(model, space, tried, options.offload_layers)
+    valid, rejected = _check(model, space, tried, options.offload_layers, framework)
     skipped += [(k.label(base), why) for k, why in rejected]
 
     step_now, priced = _price(model, lay, acc, base, valid, capacity, mem_opt, options)
@@ -204,7 +208,7 @@ def explain_fit(model: ModelShape, layout: Layout, acc: Accelerator, *, capacity
     pairs: list[FitChange] = []
     if not any(c.fits for c in changes):
         pairs = _pairs(model, lay, acc, base, singles, {base, *tried}, space, capacity,
-                       mem_opt, options, node, train_only)
+                       mem_opt, options, node, train_only, framework)
     return FitAdvice(peak, now, stage, capacity, peak <= capacity, binding, without,
                      step_now, changes, pairs, skipped, options.memory is not None)
 
@@ -224,18 +228,37 @@ def layout_memory(model: ModelShape, layout: Layout, options: StepOptions, *, dr
     return {**out, "offloaded_to_host": float(mem.offloaded[0]), "total": float(mem.total[0])}
 
 
-def _check(model: ModelShape, space: Space, states: list[Knobs], offload: int = 0
+def _check(model: ModelShape, space: Space, states: list[Knobs], offload: int = 0,
+           framework: Framework | None = None
            ) -> tuple[list[Knobs], list[tuple[Knobs, str]]]:
     """``states`` split by the planner's rules (with ``offload`` layers offloaded, also
-    :data:`~shardlab.plan.rules.R_OFFLOAD`): (valid, [(invalid, the rule it breaks)])."""
+    :data:`~shardlab.plan.rules.R_OFFLOAD`; with ``framework``, what it does not run):
+    (valid, [(invalid, the rule it breaks)])."""
     if not states:
         return [], []
     c = knob_candidates(states, space.global_batch, space.capacity_factor, space.expert_fold)
     check_rules(model, space, c)
     c.reason[(c.reason < 0) & offload_refused(c, offload)] = REASONS.index(R_OFFLOAD)
-    valid = [s for s, r in zip(states, c.reason.tolist(), strict=True) if r < 0]
-    bad = [(s, REASONS[r]) for s, r in zip(states, c.reason.tolist(), strict=True) if r >= 0]
+    valid, bad = [], []
+    for s, r in zip(states, c.reason.tolist(), strict=True):
+        why = REASONS[r] if r >= 0 else _refused(framework, s)
+        if why:
+            bad.append((s, why))
+        else:
+            valid.append(s)
     return valid, bad
+
+
+def _refused(framework: Framework | None, k: Knobs) -> str:
+    """Why ``framework`` does not run the layout of ``k`` ("" where it does, or none is
+    named)."""
+    if framework is None:
+        return ""
+    try:
+        check_framework_runs(framework, k.pp, k.schedule, k.dp * k.cp, k.zero, k.cp)
+    except SpecError as e:
+        return e.allowed
+    return ""
 
 
 def _price(model: ModelShape, lay: Layout, acc: Accelerator, base: Knobs, states: list[Knobs],
@@ -267,7 +290,7 @@ def _ordered(changes: list[FitChange]) -> list[FitChange]:
 def _pairs(model: ModelShape, lay: Layout, acc: Accelerator, base: Knobs,
            singles: list[tuple[str, Knobs | None, str]], seen: set[Knobs], space: Space,
            capacity: float, mem_opt: MemoryOptions, options: StepOptions, node: int,
-           train_only: bool) -> list[FitChange]:
+           train_only: bool, framework: Framework | None = None) -> list[FitChange]:
     """Two changes applied one after the other (FitAdvice's ``pairs``): kinds in
     :data:`KINDS` order, so each pair is built once, and the same kind twice only for
     :data:`REPEATABLE` ones; a pair that lands on a layout already priced is not again."""
@@ -284,7 +307,7 @@ def _pairs(model: ModelShape, lay: Layout, acc: Accelerator, base: Knobs,
                     later or (kind2 == kind and kind in REPEATABLE)):
                 seen.add(second)
                 two.append(second)
-    valid, _ = _check(model, space, two, options.offload_layers)
+    valid, _ = _check(model, space, two, options.offload_layers, framework)
     _, priced = _price(model, lay, acc, base, valid, capacity, mem_opt, options)
     fitting = _ordered([c for c in priced if c.fits])
     if fitting:

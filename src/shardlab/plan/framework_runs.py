@@ -37,6 +37,9 @@ def check_framework_runs(fw: Framework, pp: int, schedule: str, shards: int, zer
         raise SpecError("schedule", schedule, runs_text(fw, "schedules"))
     if shards > 1 and fw.zero is not None and zero not in fw.zero:
         raise SpecError("zero", zero, runs_text(fw, "zero"))
+    if pp > 1 and fw.pipeline_max_zero is not None and zero > fw.pipeline_max_zero:
+        raise SpecError("zero", zero, f"--framework {fw.name} pipelines with ZeRO "
+                        f"0-{fw.pipeline_max_zero} only (pp={pp})")
 
 
 NO_CP = ("--framework {} runs no context parallelism the planner prices (its sequence "

@@ -190,6 +190,10 @@ class Framework:
     every sequence, K and V gathered or passed around a ring); DeepSpeed's sequence
     parallelism is DeepSpeed-Ulysses' all-to-all over attention heads instead
     (deepspeed/sequence/layer.py ``DistributedAttention``), not priced: cp stays 1."""
+    pipeline_max_zero: int | None = None
+    """The highest ZeRO stage it runs with pipeline parallelism (None: as :attr:`zero`):
+    DeepSpeed's PipelineEngine asserts ``zero_optimization_stage() < 2`` ("ZeRO-2 and
+    ZeRO-3 are incompatible with pipeline parallelism", deepspeed/runtime/pipe/engine.py)."""
     zero: tuple[int, ...] | None = None
     """The ZeRO stages it runs (None: 0-3), likewise: PyTorch FSDP's sharding strategies
     are NO_SHARD, SHARD_GRAD_OP and FULL_SHARD (ZeRO 0, 2, 3: no optimizer-only sharding),
@@ -282,7 +286,8 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework(
         "deepspeed", "zero3", "off", "off", True, False, fp8_cast_bytes=3, flash_kernel="fa2",
         # deepspeed/runtime/pipe/schedule.py: TrainSchedule, 1F1B (PipeDream-Flush).
-        loss_bytes=52, schedules=("1f1b",), context_parallel=False, source=
+        loss_bytes=52, schedules=("1f1b",), context_parallel=False, pipeline_max_zero=1,
+        source=
         "DeepSpeed deepspeed/runtime/zero/config.py: overlap_comm left unset becomes "
         "stage == 3 (on for ZeRO-3 only); tensor parallelism from Megatron-DeepSpeed runs "
         "synchronously; the pipeline engine's sends and receives block; fused norms from "

@@ -25,10 +25,11 @@ R_HSDP = "dp_replicate > 1 (HSDP) needs ZeRO >= 1"
 R_INTERLEAVED = "interleaved-1f1b needs micro-batches in multiples of pp"
 R_DUALPIPE = "dualpipev needs at least 2 x pp micro-batches"
 R_TRAIN = "not supported by shardlab train"
+R_PIPE_ZERO = "ZeRO above what the framework pipelines (DeepSpeed: 0-1)"
 R_OFFLOAD = "offload_layers needs pp 1 and no recompute (Megatron-Core)"
 R_MEMORY = "out of memory"
 REASONS: tuple[str, ...] = (R_TP, R_EP, R_CHUNKS, R_BATCH, R_CP, R_SP, R_HSDP, R_INTERLEAVED,
-                            R_DUALPIPE, R_TRAIN, R_OFFLOAD, R_MEMORY)
+                            R_DUALPIPE, R_TRAIN, R_PIPE_ZERO, R_OFFLOAD, R_MEMORY)
 
 
 def _mark(c: Candidates, bad: np.ndarray, reason: str) -> None:
@@ -65,3 +66,5 @@ def check_rules(model: ModelShape, sp: Space, c: Candidates) -> None:
             bad |= (c.cp > 1) | (c.dp_replicate > 1)  # train: cp and HSDP of dense models
         bad |= (c.dp_replicate > 1) & (c.zero == 0)  # HSDP is FSDP2's: not with DDP
         _mark(c, bad, R_TRAIN)
+    if sp.pipeline_max_zero is not None:
+        _mark(c, (c.pp > 1) & (c.zero > sp.pipeline_max_zero), R_PIPE_ZERO)

@@ -88,6 +88,9 @@ class Space:
     dp_replicate: tuple[int, ...] | None = None
     """HSDP replica counts to try: None, 1 and the shard-within-a-node one
     (:mod:`shardlab.plan.choices`); values that do not divide a mesh's dp are skipped."""
+    pipeline_max_zero: int | None = None
+    """The highest ZeRO stage the framework runs with pipeline parallelism
+    (:attr:`~shardlab.plan.overlap.Framework.pipeline_max_zero`; None: any)."""
     stage_layers: tuple[int, ...] = ()
     """One uneven split to use (its length = pp x virtual stages); empty: search the even
     split and :attr:`fewer_at_ends`."""
