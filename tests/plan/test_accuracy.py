@@ -19,6 +19,7 @@ from shardlab.plan.accuracy import (
     uneven,
 )
 from shardlab.plan.published import RUNS, run_traits
+from shardlab.report.plan_view import accuracy_line
 
 
 def _run(name: str) -> Traits:
@@ -58,7 +59,7 @@ def test_each_slice_carries_its_stored_figures() -> None:
     runs, mean_abs, mean, worst = HELD_OUT["A100"]
     assert got["A100"] == {"slice": "A100", "runs": runs, "mean_abs_error": mean_abs,
                            "mean_error": mean, "worst_abs_error": worst,
-                           "thin": False}
+                           "thin": False, "warning": False}
 
 
 @pytest.mark.parametrize(("gpu", "held"), [("H100 SXM", True), ("H200 SXM", True),
@@ -109,3 +110,9 @@ def test_a_moe_layout_with_many_experts_a_rank_carries_the_warning_slice() -> No
         assert (warning in {s["slice"] for s in got["slices"]}) is warned
     runs, _, mean, _ = HELD_OUT[warning]
     assert runs >= 5 and mean < 0  # what it warns of: such runs ran slower than predicted
+    # Shown as a warning, not as a score: flagged in JSON, named so in the printed line.
+    got = plan_accuracy("H100 SXM", "bf16", True, "megatron", True, 256, best, experts=128)
+    slices = {s["slice"]: s for s in got["slices"]}
+    assert slices[warning]["warning"] and not slices["MoE"]["warning"]
+    line = accuracy_line(got, "H100 SXM", "bf16")
+    assert f"warning: {warning} " in line and "warning: MoE 11" not in line

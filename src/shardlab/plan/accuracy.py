@@ -78,6 +78,10 @@ SLICES: dict[str, Callable[[Traits], bool]] = {
 }
 """Slices of the held-out runs (a run may be in several), by their :class:`Traits`."""
 
+WARNINGS: frozenset[str] = frozenset({"MoE, 8 or more experts a rank"})
+"""Slices drawn around a gap already known (:data:`MANY_LOCAL_EXPERTS`): a warning for a plan
+like them, not a score of the model; shown as such."""
+
 HELD_OUT: dict[str, tuple[int, float, float, float]] = {
     "bf16 / fp16": (87, 0.078, -0.002, 0.513),
     "A100": (35, 0.068, -0.012, 0.513),
@@ -109,9 +113,10 @@ FEW = 5
 def accuracy(traits: Traits) -> list[dict[str, Any]]:
     """The slices ``traits`` belongs to, each with its held-out figures (fractions, not
     percent): ``slice``, ``runs``, ``mean_abs_error``, ``mean_error`` (signed),
-    ``worst_abs_error`` and ``thin`` (fewer than :data:`FEW` runs)."""
+    ``worst_abs_error``, ``thin`` (fewer than :data:`FEW` runs) and ``warning`` (a slice of
+    :data:`WARNINGS`, drawn after its gap was known)."""
     return [{"slice": name, "runs": runs, "mean_abs_error": mean_abs, "mean_error": mean,
-             "worst_abs_error": worst, "thin": runs < FEW}
+             "worst_abs_error": worst, "thin": runs < FEW, "warning": name in WARNINGS}
             for name, take in SLICES.items() if take(traits)
             for runs, mean_abs, mean, worst in (HELD_OUT[name],)]
 

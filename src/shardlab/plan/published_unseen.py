@@ -56,7 +56,8 @@ def unseen() -> list[Unseen]:
     """Each stack of :data:`GPU`'s calibration runs left out of the fit in turn."""
     cal = curve_runs(GPU)
     stored = get_accelerator(GPU).efficiency
-    assert stored is not None
+    if stored is None:
+        raise ValueError(f"{GPU} has no fitted efficiency curve to leave stacks out of")
     out = []
     for left in cal:
         eff, _ = fit(GPU, free=("peak_fraction",), runs=[r for r in cal if r is not left])

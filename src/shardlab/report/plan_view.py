@@ -21,7 +21,8 @@ def accuracy_line(acc: dict[str, Any], gpu: str, dtype: str, anchored: bool = Fa
     mean absolute error, run count and signed mean; said when no held-out run was on
     ``gpu`` or in ``dtype``, when ``gpu``'s curve is assumed (its error is then unknown),
     and when ``--measured-step`` anchored the curve (the figures are the catalog curve's)."""
-    parts = [f"{s['slice']} {s['mean_abs_error']:.1%} over {s['runs']} runs "
+    parts = [f"{'warning: ' if s.get('warning') else ''}{s['slice']} "
+             f"{s['mean_abs_error']:.1%} over {s['runs']} runs "
              f"({s['mean_error']:+.1%} signed{', thin' if s['thin'] else ''})"
              for s in acc["slices"]]
     if not acc["curve_fitted"]:
