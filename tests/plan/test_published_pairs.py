@@ -153,3 +153,22 @@ def test_doc_states_the_pairs_figures(all_pairs: list[Pair]) -> None:
     text = " ".join(DOC.read_text(encoding="utf-8").split())
     for line in summary_lines(all_pairs):
         assert line in text, line
+
+
+def test_readme_and_guide_state_the_chooser_figures(all_pairs: list[Pair]) -> None:
+    root = DOC.parents[1]
+    texts = [" ".join((root / f).read_text(encoding="utf-8").split())
+             for f in ("README.md", "docs/guide/plan.md")]
+    by_kind = {k: summary([p for p in all_pairs if p.kind == k])
+               for k in ("precision", "overlap", "mixed", "layout")}
+    scales = summary([p for p in all_pairs if p.kind in ("strong", "weak", "batch")])
+    p, o, m, lay = (by_kind[k] for k in ("precision", "overlap", "mixed", "layout"))
+    assert p.agreed == p.scored == p.count and o.agreed == o.scored == o.count
+    assert m.agreed == m.scored == m.count
+    for text in texts:
+        assert (f"{p.ratio_error:.1%}, {o.ratio_error:.1%} and {m.ratio_error:.1%} on "
+                "average") in text
+        assert f"{lay.agreed} of {lay.scored} layout pairs" in text
+        assert f"{scales.count}" in text and f"within {scales.ratio_error:.1%}" in text
+    assert f"all {p.count} fp8-or-bf16 pairs, all {o.count}" in texts[0]
+    assert f"Every fp8-or-bf16 pair ({p.count}), every overlap pair ({o.count})" in texts[1]
