@@ -115,6 +115,8 @@ def test_what_the_framework_does_not_run_is_one_line(
 def test_deepspeed_pipelines_with_zero_0_or_1_only(capsys: pytest.CaptureFixture[str]) -> None:
     doc = plan_json(capsys, "llama-3-70b", "--gpu", "h100", "--gpus", "64", "--global-batch",
                     "64", "--framework", "deepspeed", "--top", "200")
+    assert doc["framework_runs"] == {"schedules": ["1f1b"], "zero": None,
+                                     "context_parallel": False, "pipeline_max_zero": 1}
     piped = [b for b in doc["best"] if b["pp"] > 1]
     assert piped and all(b["zero"] <= 1 for b in piped)
     assert any(b["zero"] >= 2 for b in doc["best"] if b["pp"] == 1)  # ZeRO-3 without pp

@@ -200,6 +200,11 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         # The step-time options priced: the framework's defaults, then --layout's keys.
         "framework": None if args.framework is None else fw.name,
         "expert_fold": space.expert_fold,
+        # What the named framework runs, which the search kept to (null: any).
+        "framework_runs": None if args.framework is None else {
+            "schedules": fw.schedules, "zero": fw.zero,
+            "context_parallel": fw.context_parallel,
+            "pipeline_max_zero": fw.pipeline_max_zero},
         "step_options": {**asdict(options), "framework_source": fw.source},
         "step_keys_from": (step_keys or None) and ("--layout" if args.layout
                                                    else "--measured-layout"),
