@@ -74,16 +74,13 @@ def unseen_table(rows: list[Unseen]) -> tuple[str, float, float, int]:
     lines = ["| stack left out (its calibration run) | share: all four -> without it | "
              "its held-out H100/H200 runs | mean abs. error: catalog | stack unseen |",
              "|---|---|---|---|---|"]
-    cat: list[float] = []
-    uns: list[float] = []
-    for u in rows:
-        c, n = np.abs(u.catalog_errors), np.abs(u.unseen_errors)
-        cat += list(c)
-        uns += list(n)
-        lines.append(f"| {u.framework or 'Llama 3 (Meta)'} ({u.calibration.name}) | "
-                     f"{u.catalog:.3f} -> {u.without:.3f} | {len(c)} | {c.mean():.1%} | "
-                     f"{n.mean():.1%} |")
-    mc, mu = float(np.mean(cat)), float(np.mean(uns))
+    lines += [f"| {u.framework or 'Llama 3 (Meta)'} ({u.calibration.name}) | "
+              f"{u.catalog:.3f} -> {u.without:.3f} | {len(u.runs)} | "
+              f"{np.mean(np.abs(u.catalog_errors)):.1%} | "
+              f"{np.mean(np.abs(u.unseen_errors)):.1%} |" for u in rows]
+    cat = np.abs(np.concatenate([u.catalog_errors for u in rows]))
+    uns = np.abs(np.concatenate([u.unseen_errors for u in rows]))
+    mc, mu = float(cat.mean()), float(uns.mean())
     lines.append(f"| **all** | | **{len(cat)}** | **{mc:.1%}** | **{mu:.1%}** |")
     return "\n".join(lines), mc, mu, len(cat)
 
