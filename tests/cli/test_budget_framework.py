@@ -86,6 +86,10 @@ def test_the_human_budget_prints_the_frameworks_peak(capsys: pytest.CaptureFixtu
       "--framework", "torchtitan"), "zero=1: --framework torchtitan runs ZeRO 0, 2, 3"),
     (("budget", "llama-3-8b", "--gpu", "h100", "--gpus", "8", "--cp", "2", "--seq", "8192",
       "--framework", "deepspeed"), "cp=2: --framework deepspeed runs no context parallelism"),
+    (("budget", "llama-3-70b", "--gpu", "h100", "--tp", "8", "--pp", "4", "--dp", "2",
+      "--virtual-stages", "2", "--framework", "deepspeed"),
+     "schedule='interleaved-1f1b': --framework deepspeed runs 1f1b (virtual=2 makes it "
+     "interleaved-1f1b)"),
 ])
 def test_bad_framework_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str],
                                               argv: tuple[str, ...], message: str) -> None:

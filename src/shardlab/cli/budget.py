@@ -282,7 +282,8 @@ def run(args: argparse.Namespace) -> int:
         model, layout = model_and_layout(args)
         if args.framework is not None:
             check_framework_runs(overlap_framework(args.framework), layout.pp, layout.schedule,
-                                 layout.dp * layout.cp, layout.zero, layout.cp)
+                                 layout.dp * layout.cp, layout.zero, layout.cp,
+                                 layout.virtual_stages)
         doc = model_budget(model, layout, acc, a)
         doc["fit"] = fit_advice(model, layout, acc, a, doc, args.framework)
         if args.framework is not None:

@@ -153,7 +153,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     if only is not None:
         check_framework_runs(fw, int(only.pp[0]), SCHEDULES[int(only.schedule[0])],
                              int(only.dp[0]) * int(only.cp[0]), int(only.zero[0]),
-                             int(only.cp[0]))
+                             int(only.cp[0]), int(only.virtual[0]))
     dropout = args.dropout if args.dropout is not None else model.style == "gpt"
     options = step_options_for(acc, flash=args.attention == "flash",
                                overlap_dp=not args.no_overlap_dp, framework=args.framework,

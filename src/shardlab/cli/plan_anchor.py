@@ -73,7 +73,7 @@ def anchored(args: argparse.Namespace, model: ModelShape, acc: Accelerator, spac
     # A measured run on a named framework is one that framework runs.
     check_framework_runs(overlap_framework(args.framework), int(only.pp[0]),
                          SCHEDULES[int(only.schedule[0])], int(only.dp[0]) * int(only.cp[0]),
-                         int(only.zero[0]), int(only.cp[0]))
+                         int(only.zero[0]), int(only.cp[0]), int(only.virtual[0]))
     pol = policy_for(policy, keys)
     options = step_options_for(acc, flash=args.attention == "flash",
                                overlap_dp=not args.no_overlap_dp, framework=args.framework,

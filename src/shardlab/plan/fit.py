@@ -255,7 +255,8 @@ def _refused(framework: Framework | None, k: Knobs) -> str:
     if framework is None:
         return ""
     try:
-        check_framework_runs(framework, k.pp, k.schedule, k.dp * k.cp, k.zero, k.cp)
+        check_framework_runs(framework, k.pp, k.schedule, k.dp * k.cp, k.zero, k.cp,
+                             k.virtual_stages)
     except SpecError as e:
         return e.allowed
     return ""

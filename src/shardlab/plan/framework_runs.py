@@ -27,14 +27,17 @@ def framework_keeps(fw: Framework, knob: str, asked: tuple[Any, ...], explicit: 
 
 
 def check_framework_runs(fw: Framework, pp: int, schedule: str, shards: int, zero: int,
-                         cp: int = 1) -> None:
-    """A one-line SpecError where a given layout (``pp`` stages on ``schedule``, ZeRO
-    ``zero`` over ``shards`` = dp x cp ranks, context parallel ``cp``) is one ``fw`` does
-    not run."""
+                         cp: int = 1, virtual: int = 1) -> None:
+    """A one-line SpecError where a given layout (``pp`` stages on ``schedule`` with
+    ``virtual`` chunks a rank, ZeRO ``zero`` over ``shards`` = dp x cp ranks, context
+    parallel ``cp``) is one ``fw`` does not run."""
     if cp > 1 and not fw.context_parallel:
         raise SpecError("cp", cp, NO_CP.format(fw.name))
     if pp > 1 and fw.schedules is not None and schedule not in fw.schedules:
-        raise SpecError("schedule", schedule, runs_text(fw, "schedules"))
+        # Virtual stages alone make a layout interleaved: say where the schedule came from.
+        came = (f" (virtual={virtual} makes it {schedule})"
+                if virtual > 1 and schedule == "interleaved-1f1b" else "")
+        raise SpecError("schedule", schedule, runs_text(fw, "schedules") + came)
     if shards > 1 and fw.zero is not None and zero not in fw.zero:
         raise SpecError("zero", zero, runs_text(fw, "zero"))
     if pp > 1 and fw.pipeline_max_zero is not None and zero > fw.pipeline_max_zero:
