@@ -4,6 +4,10 @@ with ``--framework``, and what it refuses."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 from tests.conftest import one_line_error, plan_json
 
@@ -133,3 +137,18 @@ def test_the_fit_advice_skips_what_the_framework_does_not_run(
     assert "zero=3" in tried and "zero=1" not in tried
     assert {"change": "zero=1", "reason": "--framework torchtitan runs ZeRO 0, 2, 3"} in fit[
         "skipped"]
+
+
+def test_the_printed_plan_says_what_the_search_kept_to() -> None:
+    argv = ["plan", "llama-3-8b", "--gpu", "h100", "--gpus", "16", "--global-batch", "32",
+            "--top", "1"]
+    out = _printed([*argv, "--framework", "deepspeed"])
+    assert "searched only what it runs: schedules 1f1b, ZeRO <= 1 with pp > 1, no cp" in out
+    assert "searched only what it runs" not in _printed(argv)  # no framework: every layout
+
+
+def _printed(argv: list[str]) -> str:
+    """``shardlab ARGV``'s printed plan, lines joined (rich wraps them at the terminal)."""
+    r = subprocess.run([sys.executable, "-m", "shardlab", *argv], capture_output=True,
+                       text=True, timeout=120, check=True, env={**os.environ, "COLUMNS": "400"})
+    return " ".join(r.stdout.split())

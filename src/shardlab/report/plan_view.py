@@ -101,7 +101,23 @@ def _options_line(doc: dict[str, Any]) -> str:
             + (f", offload_layers {o['offload_layers']}" if o.get("offload_layers") else "")
             + (", backward_prefetch post" if o.get("backward_prefetch") == "post" else "")
             + (", recompute_modules " + "+".join(o["recompute_modules"])
-               if o.get("recompute_modules") else ""))
+               if o.get("recompute_modules") else "") + _runs_text(doc.get("framework_runs")))
+
+
+def _runs_text(runs: dict[str, Any] | None) -> str:
+    """What the named framework runs, which the search kept to ("" without one)."""
+    if not runs:
+        return ""
+    parts = []
+    if runs["schedules"] is not None:
+        parts.append("schedules " + ", ".join(runs["schedules"]))
+    if runs["zero"] is not None:
+        parts.append("ZeRO " + ", ".join(map(str, runs["zero"])))
+    if runs["pipeline_max_zero"] is not None:
+        parts.append(f"ZeRO <= {runs['pipeline_max_zero']} with pp > 1")
+    if not runs["context_parallel"]:
+        parts.append("no cp")
+    return "; searched only what it runs: " + ", ".join(parts) if parts else ""
 
 
 def print_plan(doc: dict[str, Any]) -> None:
