@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from shardlab.plan.choice_kinds import CHOOSER
 from shardlab.plan.published import RUNS, predict
 from shardlab.plan.published_pairs import (
     CHOICES,
@@ -172,3 +173,11 @@ def test_readme_and_guide_state_the_chooser_figures(all_pairs: list[Pair]) -> No
         assert f"{scales.count}" in text and f"within {scales.ratio_error:.1%}" in text
     assert f"all {p.count} fp8-or-bf16 pairs, all {o.count}" in texts[0]
     assert f"Every fp8-or-bf16 pair ({p.count}), every overlap pair ({o.count})" in texts[1]
+
+
+def test_the_stored_chooser_figures_are_the_pairs_own(all_pairs: list[Pair]) -> None:
+    assert set(CHOOSER) == {*CHOICES, "strong", "weak", "batch"}
+    for kind, (count, error, scored, agreed) in CHOOSER.items():
+        s = summary([p for p in all_pairs if p.kind == kind])
+        assert (count, scored, agreed) == (s.count, s.scored, s.agreed), kind
+        assert error == pytest.approx(s.ratio_error, abs=5e-4), kind

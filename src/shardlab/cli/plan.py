@@ -15,6 +15,7 @@ from shardlab.cli.output import print_json
 from shardlab.cli.plan_anchor import anchored
 from shardlab.cli.plan_args import SEARCH_DEFAULTS, add_plan_args, check_layout_against_flags
 from shardlab.cli.plan_dryrun import dry_run_top
+from shardlab.cli.plan_versus import versus
 from shardlab.config.dtypes import get_policy
 from shardlab.config.hardware import matmul_peaks
 from shardlab.config.layout import SCHEDULES, check_stage_layers, parse_stage_layers
@@ -171,6 +172,11 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
                           options=options, gpus_per_node=space.gpus_per_node,
                           train_only=train_only, imbalance=args.routing_imbalance,
                           framework=fw if args.framework else None).as_dict()
+    vs = None
+    if args.versus is not None:
+        if only is None:
+            raise SpecError("versus", args.versus, "compares with one layout: give --layout")
+        vs = versus(args, model, acc, space, policy, dropout, fw, result.best[0])
     dev = result.device
     fp8 = dev.eff.fp8_curve()
     doc = {
@@ -215,6 +221,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         "smallest_memory_per_device": result.smallest_memory, "best": result.best,
         # --layout that does not fit: what binds and the changes that make it fit.
         "fit": fit, "anchor": anchor,  # --measured-step: the curve fitted to it
+        "versus": vs,  # --versus: a second layout priced beside --layout's
         # Held-out error of published runs like the winner (no correction: a statement).
         "accuracy": None if here or not result.best else plan_accuracy(
             acc.name, policy.linear_compute, acc.efficiency is not None,

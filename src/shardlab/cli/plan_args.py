@@ -132,6 +132,10 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    "program `shardlab train` runs, on fake tensors: minutes at scale), mark "
                    "those whose real peak exceeds the device, and re-rank; the search then "
                    "keeps to what train runs (ZeRO 0/2/3; gpipe, 1f1b, interleaved-1f1b)")
+    g.add_argument("--versus", metavar="LAYOUT",
+                   help="with --layout: price this second layout (its own step-time keys) "
+                   "beside it, their step-time ratio, and how far off the planner's ratio has "
+                   "been on published pairs of the same kind of change (docs/validation.md)")
     g.add_argument("--layout", help='evaluate one layout instead of searching, e.g. "dp=1 '
                    'tp=8 pp=8 virtual=3 micro_batch=1 zero=1 sp=1 recompute=selective '
                    'schedule=1f1b", MoE: ep=8 etp=1 capacity_factor=1.25, context '

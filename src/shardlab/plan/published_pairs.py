@@ -46,17 +46,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shardlab.plan.choice_kinds import CHOICES, kind_of
 from shardlab.plan.published import RUNS, predict
 from shardlab.plan.published_run import PublishedRun
 
 CLOSE = 0.03
 """Measured times within this fraction of each other (|t_b / t_a - 1| < 3%) make a close
 pair: its order is not scored."""
-
-OVERLAP_KEYS = frozenset({"overlap_tp", "overlap_dp", "overlap_ep", "overlap_pp"})
-KERNEL_KEYS = frozenset({"fused_norm", "fused_loss", "flash_kernel"})
-PRECISION_KEYS = frozenset({"dtype", "fp8_params"})
-
 
 @dataclass(frozen=True)
 class Pair:
@@ -124,28 +120,6 @@ def job(r: PublishedRun) -> tuple[object, ...]:
     release), framework, attention convention, model, accelerator with its stated part,
     cap and network, device count, sequence and global batch."""
     return (*_stack(r), r.gpus, r.seq, r.global_batch)
-
-
-def kind_of(changes: dict[str, tuple[str, str]]) -> str:
-    """In a :func:`series`: ``weak`` when the device count and the global batch change,
-    ``strong`` when only the device count does, ``batch`` when only the global batch does.
-    Otherwise ``layout`` when any layout key changes (tp, pp, ep, recompute, ...: a layout
-    choice, whatever else its stack changed with it), ``precision`` when only the dtype
-    does (with fp8's own ``fp8_params``), ``overlap`` when only communication-overlap keys
-    do, ``kernels`` when only fused-kernel keys do, else ``mixed`` (a dtype with an overlap
-    or a kernel, two effects in one ratio)."""
-    keys = set(changes)
-    if "gpus" in keys:
-        return "weak" if "global_batch" in keys else "strong"
-    if "global_batch" in keys:
-        return "batch"
-    if keys - PRECISION_KEYS - OVERLAP_KEYS - KERNEL_KEYS:
-        return "layout"
-    for kind, own in (("precision", PRECISION_KEYS), ("overlap", OVERLAP_KEYS),
-                      ("kernels", KERNEL_KEYS)):
-        if keys <= own:
-            return kind
-    return "mixed"
 
 
 def _grouped(runs: tuple[PublishedRun, ...], key: Callable[[PublishedRun], object]
@@ -233,10 +207,6 @@ def pairs_table(ps: list[Pair]) -> str:
         lines.append(f"| {p.kind} | {p.a.name} | {p.b.name} | {_change_text(p.changes)} | "
                      f"{p.measured:.3f} | {p.predicted:.3f} | {p.ratio_error:+.1%} | {order} |")
     return "\n".join(lines)
-
-
-CHOICES = ("precision", "overlap", "kernels", "mixed", "layout")
-"""The kinds of pair that are one job run two ways."""
 
 
 def summary_lines(ps: list[Pair]) -> list[str]:

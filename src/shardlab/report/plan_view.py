@@ -41,6 +41,22 @@ def accuracy_line(acc: dict[str, Any], gpu: str, dtype: str, anchored: bool = Fa
     return head + ": " + "; ".join(parts) + tail
 
 
+_KIND = {"precision": "a precision", "overlap": "an overlap", "kernels": "a kernel",
+         "mixed": "a mixed", "layout": "a layout"}
+
+
+def versus_line(v: dict[str, Any]) -> str:
+    """The ``versus`` object in one line: B's step, its ratio to A's and the chooser's
+    record on published pairs of that kind."""
+    b, c = v["best"], v["chooser"]
+    fits = "" if b["fits"] else ", does not fit"
+    return (f"versus \"{v['layout']}\": {b['step_seconds']:.3f} s, {v['ratio']:.3f}x "
+            f"--layout's{fits} ({_KIND.get(v['kind'], v['kind'])} change); on {c['pairs']} "
+            f"published pairs of "
+            f"that kind the planner's ratio was off by {c['ratio_error']:.1%} on average and "
+            f"ordered {c['agreed']} of {c['scored']} as measured (docs/validation.md)")
+
+
 def anchor_line(a: dict[str, Any]) -> str:
     """One line of the plan's ``anchor`` (``--measured-step``, :mod:`shardlab.plan.anchor`):
     the share that moved and the measured layout's step before and after."""
@@ -171,6 +187,7 @@ def print_plan(doc: dict[str, Any]) -> None:
          f"{e['half_intensity']:.0f}) at intensity I; {e['op_overhead'] * 1e6:.2g} µs per "
          f"operator; {e['link_fraction']:.0%} of link bandwidth ({e['source']})",
          *([anchor_line(doc["anchor"])] if doc.get("anchor") else []),
+         *([versus_line(doc["versus"])] if doc.get("versus") else []),
          *([] if doc.get("accuracy") is None else [
              accuracy_line(doc["accuracy"], doc["gpu"], doc["dtype"],
                            anchored=bool(doc.get("anchor")))]),
