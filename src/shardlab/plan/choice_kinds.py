@@ -20,13 +20,14 @@ CHOICES = ("precision", "overlap", "kernels", "mixed", "layout")
 
 
 def kind_of(changes: dict[str, tuple[str, str]]) -> str:
-    """In a :func:`series`: ``weak`` when the device count and the global batch change,
-    ``strong`` when only the device count does, ``batch`` when only the global batch does.
-    Otherwise ``layout`` when any layout key changes (tp, pp, ep, recompute, ...: a layout
-    choice, whatever else its stack changed with it), ``precision`` when only the dtype
-    does (with fp8's own ``fp8_params``), ``overlap`` when only communication-overlap keys
-    do, ``kernels`` when only fused-kernel keys do, else ``mixed`` (a dtype with an overlap
-    or a kernel, two effects in one ratio)."""
+    """In a scale series (:func:`shardlab.plan.published_pairs.series`): ``weak`` when the
+    device count and the global batch change, ``strong`` when only the device count does,
+    ``batch`` when only the global batch does. Otherwise ``layout`` when any layout key
+    changes (tp, pp, ep, recompute, ...: a layout choice, whatever else its stack changed
+    with it), ``precision`` when only the dtype does (with fp8's own ``fp8_params``),
+    ``overlap`` when only communication-overlap keys do, ``kernels`` when only fused-kernel
+    keys do, else ``mixed`` (a dtype with an overlap or a kernel, two effects in one
+    ratio)."""
     keys = set(changes)
     if "gpus" in keys:
         return "weak" if "global_batch" in keys else "strong"
