@@ -143,8 +143,8 @@ def test_the_printed_plan_says_what_the_search_kept_to() -> None:
     argv = ["plan", "llama-3-8b", "--gpu", "h100", "--gpus", "16", "--global-batch", "32",
             "--top", "1"]
     out = _printed([*argv, "--framework", "deepspeed"])
-    assert "searched only what it runs: schedules 1f1b, ZeRO <= 1 with pp > 1, no cp" in out
-    assert "searched only what it runs" not in _printed(argv)  # no framework: every layout
+    assert "deepspeed runs only: schedules 1f1b, ZeRO <= 1 with pp > 1, no cp" in out
+    assert "runs only:" not in _printed(argv)  # no framework: every layout
 
 
 def _printed(argv: list[str]) -> str:

@@ -40,7 +40,7 @@ def test_a_pair_is_two_checked_runs_of_one_job_in_the_table_order(all_pairs: lis
     order = {r.name: i for i, r in enumerate(RUNS)}
     assert all_pairs
     for p in all_pairs:
-        if p.kind in CHOICES:
+        if p.kind not in ("strong", "weak", "batch"):
             assert job(p.a) == job(p.b)
             assert order[p.a.name] < order[p.b.name]
         else:  # one series: only the devices, the data-parallel degree and the batch move
@@ -118,6 +118,8 @@ def test_what_differs_names_the_kind() -> None:
     assert kind_of({"fused_norm": ("0", "1"), "overlap_tp": ("0", "1")}) == "mixed"
     assert kind_of({"dtype": ("bf16", "fp8"), "overlap_tp": ("0", "1")}) == "mixed"
     assert kind_of({"dtype": ("bf16", "fp8"), "tp": ("8", "4")}) == "layout"
+    assert kind_of({"reduce_dtype": ("fp32", "bf16")}) == "other"  # no published record
+    assert kind_of({"reduce_dtype": ("fp32", "bf16"), "zero": ("1", "3")}) == "layout"
     assert kind_of({"tp": ("4", "2"), "ep": ("8", "32")}) == "layout"
     assert kind_of({"gpus": ("8", "16"), "dp": ("8", "16")}) == "strong"
     assert kind_of({"gpus": ("8", "16"), "dp": ("8", "16"), "global_batch": ("8", "16")}

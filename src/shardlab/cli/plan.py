@@ -175,8 +175,10 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     vs = None
     if args.versus is not None:
         if only is None:
-            raise SpecError("versus", args.versus, "compares with one layout: give --layout")
-        vs = versus(args, model, acc, space, policy, dropout, fw, result.best[0])
+            raise SpecError("versus", args.versus, "compares with one layout: give --layout "
+                            "(a layout: dp, tp, pp, ..., not only step-time keys)")
+        vs = versus(args, model, acc, space, measured_policy, dropout, fw, result.best[0],
+                    options, policy, runnable or train_only)
     dev = result.device
     fp8 = dev.eff.fp8_curve()
     doc = {
@@ -206,7 +208,8 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         # The step-time options priced: the framework's defaults, then --layout's keys.
         "framework": None if args.framework is None else fw.name,
         "expert_fold": space.expert_fold,
-        # What the named framework runs, which the search kept to (null: any).
+        # What the named framework runs, which the search and --layout keep to (null: any;
+        # the search may keep to less: --schedules, --zero, shardlab train's rules).
         "framework_runs": None if args.framework is None else {
             "schedules": fw.schedules, "zero": fw.zero,
             "context_parallel": fw.context_parallel,

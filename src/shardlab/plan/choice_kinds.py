@@ -14,6 +14,11 @@ from __future__ import annotations
 OVERLAP_KEYS = frozenset({"overlap_tp", "overlap_dp", "overlap_ep", "overlap_pp"})
 KERNEL_KEYS = frozenset({"fused_norm", "fused_loss", "flash_kernel"})
 PRECISION_KEYS = frozenset({"dtype", "fp8_params"})
+LAYOUT_KEYS = frozenset({"dp", "tp", "pp", "virtual", "virtual_stages", "micro_batch", "zero",
+                         "sp", "recompute", "schedule", "ep", "etp", "capacity_factor", "cp",
+                         "stage_layers", "dp_replicate", "recompute_modules", "offload_layers"})
+"""The keys of a layout proper (``--layout``'s mesh, schedule, ZeRO, recompute, micro-batch
+and MoE keys, as a published run's layout text or a priced plan entry names them)."""
 
 CHOICES = ("precision", "overlap", "kernels", "mixed", "layout")
 """The kinds of pair that are one job run two ways."""
@@ -22,19 +27,21 @@ CHOICES = ("precision", "overlap", "kernels", "mixed", "layout")
 def kind_of(changes: dict[str, tuple[str, str]]) -> str:
     """In a scale series (:func:`shardlab.plan.published_pairs.series`): ``weak`` when the
     device count and the global batch change, ``strong`` when only the device count does,
-    ``batch`` when only the global batch does. Otherwise ``layout`` when any layout key
-    changes (tp, pp, ep, recompute, ...: a layout choice, whatever else its stack changed
-    with it), ``precision`` when only the dtype does (with fp8's own ``fp8_params``),
-    ``overlap`` when only communication-overlap keys do, ``kernels`` when only fused-kernel
-    keys do, else ``mixed`` (a dtype with an overlap or a kernel, two effects in one
-    ratio)."""
+    ``batch`` when only the global batch does. Otherwise ``layout`` when any key of
+    :data:`LAYOUT_KEYS` changes (a layout choice, whatever else its stack changed with it),
+    ``precision`` when only the dtype does (with fp8's own ``fp8_params``), ``overlap`` when
+    only communication-overlap keys do, ``kernels`` when only fused-kernel keys do,
+    ``mixed`` when these three kinds mix (two effects in one ratio), else ``other`` (a
+    gradient-reduction dtype, a dispatcher, ...: no published pair changed one alone)."""
     keys = set(changes)
     if "gpus" in keys:
         return "weak" if "global_batch" in keys else "strong"
     if "global_batch" in keys:
         return "batch"
-    if keys - PRECISION_KEYS - OVERLAP_KEYS - KERNEL_KEYS:
+    if keys & LAYOUT_KEYS:
         return "layout"
+    if keys - PRECISION_KEYS - OVERLAP_KEYS - KERNEL_KEYS:
+        return "other"
     for kind, own in (("precision", PRECISION_KEYS), ("overlap", OVERLAP_KEYS),
                       ("kernels", KERNEL_KEYS)):
         if keys <= own:

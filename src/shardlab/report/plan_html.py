@@ -14,7 +14,7 @@ from typing import Any
 
 from shardlab.report import charts
 from shardlab.report.html import Section, heading, para, pre, table_html
-from shardlab.report.plan_view import accuracy_line, anchor_line
+from shardlab.report.plan_view import accuracy_line, anchor_line, versus_line
 from shardlab.schedules.draw import figure_bytes
 from shardlab.schedules.generators import build
 from shardlab.schedules.simulate import Durations, simulate
@@ -64,6 +64,9 @@ def _overview(doc: dict[str, Any], prefix: str) -> Section:
                f"bandwidth. Source: {e['source']}", "note"))
     if doc.get("anchor"):
         line = anchor_line(doc["anchor"])
+        s.add(para(line[0].upper() + line[1:] + ".", "note"))
+    if doc.get("versus"):
+        line = versus_line(doc["versus"])
         s.add(para(line[0].upper() + line[1:] + ".", "note"))
     if doc.get("accuracy") is not None:
         line = accuracy_line(doc["accuracy"], doc["gpu"], doc["dtype"],

@@ -42,7 +42,7 @@ def accuracy_line(acc: dict[str, Any], gpu: str, dtype: str, anchored: bool = Fa
 
 
 _KIND = {"precision": "a precision", "overlap": "an overlap", "kernels": "a kernel",
-         "mixed": "a mixed", "layout": "a layout"}
+         "mixed": "a mixed", "layout": "a layout", "other": "another kind of"}
 
 
 def versus_line(v: dict[str, Any]) -> str:
@@ -50,11 +50,13 @@ def versus_line(v: dict[str, Any]) -> str:
     record on published pairs of that kind."""
     b, c = v["best"], v["chooser"]
     fits = "" if b["fits"] else ", does not fit"
+    record = ("no published pair changed only this kind of thing, so the ratio's error is "
+              "unknown" if c is None else
+              f"on {c['pairs']} published pairs of that kind the planner's ratio was off by "
+              f"{c['ratio_error']:.1%} on average and ordered {c['agreed']} of {c['scored']} "
+              "as measured (docs/validation.md)")
     return (f"versus \"{v['layout']}\": {b['step_seconds']:.3f} s, {v['ratio']:.3f}x "
-            f"--layout's{fits} ({_KIND.get(v['kind'], v['kind'])} change); on {c['pairs']} "
-            f"published pairs of "
-            f"that kind the planner's ratio was off by {c['ratio_error']:.1%} on average and "
-            f"ordered {c['agreed']} of {c['scored']} as measured (docs/validation.md)")
+            f"--layout's{fits} ({_KIND.get(v['kind'], v['kind'])} change); {record}")
 
 
 def anchor_line(a: dict[str, Any]) -> str:
@@ -117,11 +119,13 @@ def _options_line(doc: dict[str, Any]) -> str:
             + (f", offload_layers {o['offload_layers']}" if o.get("offload_layers") else "")
             + (", backward_prefetch post" if o.get("backward_prefetch") == "post" else "")
             + (", recompute_modules " + "+".join(o["recompute_modules"])
-               if o.get("recompute_modules") else "") + _runs_text(doc.get("framework_runs")))
+               if o.get("recompute_modules") else "")
+            + _runs_text(doc.get("framework"), doc.get("framework_runs")))
 
 
-def _runs_text(runs: dict[str, Any] | None) -> str:
-    """What the named framework runs, which the search kept to ("" without one)."""
+def _runs_text(name: str | None, runs: dict[str, Any] | None) -> str:
+    """What the named framework runs, which the search and a given layout keep to (""
+    without one)."""
     if not runs:
         return ""
     parts = []
@@ -133,7 +137,7 @@ def _runs_text(runs: dict[str, Any] | None) -> str:
         parts.append(f"ZeRO <= {runs['pipeline_max_zero']} with pp > 1")
     if not runs["context_parallel"]:
         parts.append("no cp")
-    return "; searched only what it runs: " + ", ".join(parts) if parts else ""
+    return f"; {name} runs only: " + ", ".join(parts) if parts else ""
 
 
 def print_plan(doc: dict[str, Any]) -> None:
