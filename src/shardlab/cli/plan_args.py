@@ -82,8 +82,11 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    "keys, which override it) and, for megatron and torchtitan, its memory at "
                    "its peak (the loss's working set, one layer's recompute, FSDP's unsharded "
                    "layers, Megatron's fp32 gradients, torchtitan's per-op checkpointing: "
-                   "docs/validation.md); default: data-parallel overlap only, memory as "
-                   "states and saved activations")
+                   "docs/validation.md); the search keeps to the pipeline schedules, ZeRO "
+                   "stages and context parallelism it runs (megatron: 1f1b, "
+                   "interleaved-1f1b; deepspeed: 1f1b at ZeRO 0-1, no cp; torchtitan, fsdp: "
+                   "no zb-h2, no ZeRO-1); default: data-parallel overlap only, memory as "
+                   "states and saved activations, every layout")
     g.add_argument("--attention", choices=("flash", "eager"), default="flash",
                    help="flash (default, as budget and today's real runs): a fused kernel "
                    "keeps only softmax statistics; eager: the s x s scores are kept "
