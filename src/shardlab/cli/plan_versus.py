@@ -19,14 +19,20 @@ from shardlab.plan.choice_kinds import CHOOSER, kind_of
 from shardlab.plan.framework_runs import check_framework_runs
 from shardlab.plan.options import check_trainable, policy_for, step_options_for
 from shardlab.plan.overlap import Framework
-from shardlab.plan.search import STEP_KEYS, layout_candidates, layout_step_keys, parse_layout, plan
+from shardlab.plan.search import (
+    LAYOUT_KEYS,
+    STEP_KEYS,
+    layout_candidates,
+    layout_step_keys,
+    parse_layout,
+    plan,
+)
 from shardlab.plan.space import Space
 from shardlab.plan.step_inputs import StepOptions
 
-LAYOUT_FIELDS = ("dp", "tp", "pp", "virtual_stages", "micro_batch", "zero", "sp", "recompute",
-                 "schedule", "ep", "etp", "capacity_factor", "cp", "dp_replicate",
-                 "stage_layers")
-"""A priced layout's fields (``best`` entries) that two layouts may differ in."""
+LAYOUT_FIELDS = tuple("virtual_stages" if k == "virtual" else k for k in LAYOUT_KEYS)
+"""A priced layout's fields (``best`` entries) that two layouts may differ in: ``--layout``'s
+keys, the virtual stages under the entry's name for them."""
 
 OPTION_NAMES = {"loss_bytes": "fused_loss", "grad_reduce_bytes": "reduce_dtype"}
 """Step options under the ``--layout`` key that sets them (the kinds of

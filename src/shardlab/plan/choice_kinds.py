@@ -5,20 +5,22 @@ A plan that prices two layouts side by side (``shardlab plan --layout A --versus
 what kind of change B is and how far off the planner's ratio has been on published pairs
 of that kind; :data:`CHOOSER` keeps those figures as ``python -m
 shardlab.plan.published_pairs`` prints them (``tests/plan/test_published_pairs.py``
-recomputes them and fails when the two part). Torch-free and run-free: the plan command
-imports this, not the published runs.
+recomputes them and fails when the two part). Run-free: the plan command imports this,
+not the published runs.
 """
 
 from __future__ import annotations
 
+from shardlab.plan import search
+
 OVERLAP_KEYS = frozenset({"overlap_tp", "overlap_dp", "overlap_ep", "overlap_pp"})
 KERNEL_KEYS = frozenset({"fused_norm", "fused_loss", "flash_kernel"})
 PRECISION_KEYS = frozenset({"dtype", "fp8_params"})
-LAYOUT_KEYS = frozenset({"dp", "tp", "pp", "virtual", "virtual_stages", "micro_batch", "zero",
-                         "sp", "recompute", "schedule", "ep", "etp", "capacity_factor", "cp",
-                         "stage_layers", "dp_replicate", "recompute_modules", "offload_layers"})
-"""The keys of a layout proper (``--layout``'s mesh, schedule, ZeRO, recompute, micro-batch
-and MoE keys, as a published run's layout text or a priced plan entry names them)."""
+LAYOUT_KEYS = frozenset({*search.LAYOUT_KEYS, "virtual_stages", "recompute_modules",
+                         "offload_layers"})
+"""The keys of a layout proper: ``--layout``'s own (:data:`shardlab.plan.search.LAYOUT_KEYS`:
+mesh, schedule, ZeRO, recompute, micro-batch, MoE), a priced plan entry's name for the
+virtual stages, and the two step keys that choose what to recompute or offload."""
 
 CHOICES = ("precision", "overlap", "kernels", "mixed", "layout")
 """The kinds of pair that are one job run two ways."""

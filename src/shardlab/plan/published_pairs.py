@@ -49,10 +49,12 @@ import numpy as np
 from shardlab.plan.choice_kinds import CHOICES, kind_of
 from shardlab.plan.published import RUNS, predict
 from shardlab.plan.published_run import PublishedRun
+from shardlab.plan.search import STEP_KEYS, parse_layout
 
 CLOSE = 0.03
 """Measured times within this fraction of each other (|t_b / t_a - 1| < 3%) make a close
 pair: its order is not scored."""
+
 
 @dataclass(frozen=True)
 class Pair:
@@ -85,11 +87,10 @@ class Pair:
 
 
 def settings(r: PublishedRun) -> dict[str, str]:
-    """The run's choices as ``key=value`` pairs: its layout, its options, its dtype, its
-    device count and global batch."""
-    out = dict(tok.split("=", 1) for tok in f"{r.layout_text} {r.options}".split())
-    out.update(dtype=r.dtype, gpus=str(r.gpus), global_batch=str(r.global_batch))
-    return out
+    """The run's choices as ``key=value`` pairs: its layout with its step-time keys (its
+    ``layout_text``, read as ``--layout`` is), its dtype, device count and global batch."""
+    return {**parse_layout(r.layout_text, STEP_KEYS), "dtype": r.dtype, "gpus": str(r.gpus),
+            "global_batch": str(r.global_batch)}
 
 
 def cost(r: PublishedRun, seconds: float) -> float:

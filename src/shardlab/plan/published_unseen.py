@@ -58,10 +58,11 @@ def unseen() -> list[Unseen]:
     stored = get_accelerator(GPU).efficiency
     if stored is None:
         raise ValueError(f"{GPU} has no fitted efficiency curve to leave stacks out of")
+    held = [r for r in curve_runs(GPU, "validation") if not r.excluded]
     out = []
     for left in cal:
         eff, _ = fit(GPU, free=("peak_fraction",), runs=[r for r in cal if r is not left])
-        runs = [r for r in curve_runs(GPU, "validation") if not r.excluded and same_stack(r, left)]
+        runs = [r for r in held if same_stack(r, left)]
         out.append(Unseen(left.framework, left, stored.peak_fraction, eff.peak_fraction,
                           tuple(runs), tuple(errors(runs)), tuple(errors(runs, eff))))
     return out
