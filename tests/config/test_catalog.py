@@ -1,5 +1,7 @@
 """The model catalog: exact parameter counts of the released checkpoints, and loose lookup."""
 
+import math
+
 import pytest
 
 from shardlab.config.catalog import MODELS, get_model
@@ -28,6 +30,11 @@ PUBLISHED = {
     "qwen3-30b-a3b": 30_532_122_624,
     "qwen3-235b-a22b": 235_093_634_560,
     "hypo-100b": 101_209_569_280,
+    # DeepSeek's family: the sum of the tensors DeepseekV3ForCausalLM builds from each
+    # config.json (test_deepseek_tensors_from_config), MTP layers excluded.
+    "deepseek-v2-lite": 15_706_484_224,
+    "deepseek-v3": 671_026_419_200,
+    "kimi-k2": 1_026_408_232_448,
 }
 
 
@@ -47,6 +54,74 @@ def test_mixtral_active_parameters() -> None:
     c = count_params(get_model("mixtral-8x7b"))
     assert c.active_per_token == 12_879_925_248
     assert c.router == 32 * 4096 * 8
+
+
+def deepseek_tensors(c: dict[str, int]) -> int:
+    """numel summed over the tensors of a DeepSeek-V2/V3 checkpoint (``modeling_deepseek.py``
+    names), built one by one from its config.json fields: an independent count."""
+    h, heads, rope = c["hidden_size"], c["num_attention_heads"], c["qk_rope_head_dim"]
+    qk = c["qk_nope_head_dim"] + rope
+    q_lora, kv_lora = c["q_lora_rank"], c["kv_lora_rank"]
+    if q_lora:
+        query = {"q_a_proj": (q_lora, h), "q_a_layernorm": (q_lora,),
+                 "q_b_proj": (heads * qk, q_lora)}
+    else:
+        query = {"q_proj": (heads * qk, h)}
+    attn = {**query, "kv_a_proj_with_mqa": (kv_lora + rope, h), "kv_a_layernorm": (kv_lora,),
+            "kv_b_proj": (heads * (c["qk_nope_head_dim"] + c["v_head_dim"]), kv_lora),
+            "o_proj": (h, heads * c["v_head_dim"]), "input_layernorm": (h,),
+            "post_attention_layernorm": (h,)}
+
+    def mlp(width: int) -> list[tuple[int, ...]]:
+        return [(width, h), (width, h), (h, width)]  # gate, up, down
+
+    dense = mlp(c["intermediate_size"])
+    moe = (mlp(c["moe_intermediate_size"]) * c["n_routed_experts"]
+           + mlp(c["moe_intermediate_size"] * c["n_shared_experts"])
+           + [(c["n_routed_experts"], h)]  # gate.weight
+           + ([(c["n_routed_experts"],)] if c["noaux_tc"] else []))  # e_score_correction_bias
+    k = c["first_k_dense_replace"]
+    shapes = (list(attn.values()) * c["num_hidden_layers"] + dense * k
+              + moe * (c["num_hidden_layers"] - k)
+              + [(c["vocab_size"], h), (h,), (c["vocab_size"], h)])  # embed, norm, lm_head
+    return sum(math.prod(s) for s in shapes)
+
+
+_V3 = {"hidden_size": 7168, "num_attention_heads": 128, "qk_rope_head_dim": 64,
+       "qk_nope_head_dim": 128, "v_head_dim": 128, "q_lora_rank": 1536, "kv_lora_rank": 512,
+       "intermediate_size": 18432, "moe_intermediate_size": 2048, "n_routed_experts": 256,
+       "n_shared_experts": 1, "noaux_tc": 1, "first_k_dense_replace": 3,
+       "num_hidden_layers": 61, "vocab_size": 129280}
+DEEPSEEK_CONFIGS = {
+    "deepseek-v3": _V3,
+    "kimi-k2": {**_V3, "num_attention_heads": 64, "n_routed_experts": 384,
+                "first_k_dense_replace": 1, "vocab_size": 163840},
+    "deepseek-v2-lite": {**_V3, "hidden_size": 2048, "num_attention_heads": 16,
+                         "q_lora_rank": 0, "intermediate_size": 10944,
+                         "moe_intermediate_size": 1408, "n_routed_experts": 64,
+                         "n_shared_experts": 2, "noaux_tc": 0, "first_k_dense_replace": 1,
+                         "num_hidden_layers": 27, "vocab_size": 102400},
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEEPSEEK_CONFIGS))
+def test_deepseek_tensors_from_config(name: str) -> None:
+    assert count_params(MODELS[name]).total == deepseek_tensors(DEEPSEEK_CONFIGS[name])
+
+
+@pytest.mark.parametrize(("name", "total", "unit", "active_b"), [
+    # DeepSeek-V3 report (arXiv 2412.19437), abstract: "671B total parameters with 37B
+    # activated for each token"; Kimi K2's model card: 1T total, 32B activated;
+    # DeepSeek-V2 (arXiv 2405.04434), DeepSeek-V2-Lite: "15.7B parameters in total".
+    ("deepseek-v3", 671, 1e9, 37), ("kimi-k2", 1, 1e12, 32),
+    ("deepseek-v2-lite", 157, 1e8, None),
+])
+def test_deepseek_published_sizes(name: str, total: int, unit: float,
+                                  active_b: int | None) -> None:
+    c = count_params(MODELS[name])
+    assert round(c.total / unit) == total
+    if active_b is not None:  # activated: without the input embedding (a lookup)
+        assert round((c.active_per_token - c.embedding) / 1e9) == active_b
 
 
 def test_gpt_layer_is_12d2_plus_13d() -> None:

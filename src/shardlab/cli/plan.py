@@ -162,7 +162,8 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     acc, anchor = anchored(args, model, acc, space, measured_policy, dropout, notes)
     result = plan(model, acc, space, policy, top=args.top, dropout=dropout, options=options,
                   train_prefix=(f"shardlab train {model_flags}"
-                                if here and not model.qk_norm else None),
+                                if here and not model.qk_norm and model.mla is None
+                                else None),
                   train_dtype=dtype, only=only, imbalance=args.routing_imbalance)
     fit = None
     if only is not None and not result.best[0]["fits"]:

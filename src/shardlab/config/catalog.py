@@ -7,7 +7,7 @@ checkpoint's exact count (the sum of ``numel`` over its tensors).
 from __future__ import annotations
 
 from shardlab.config.lookup import find
-from shardlab.config.model import ModelShape, MoE
+from shardlab.config.model import MLA, ModelShape, MoE
 
 _GPT2 = "OpenAI GPT-2 (Radford et al. 2019), Hugging Face config.json of openai-community/{}"
 _HF = "Hugging Face config.json of {}"
@@ -23,6 +23,10 @@ def _llama(name: str, repo: str, layers: int, d: int, heads: int, kv: int, ff: i
     return ModelShape(name, layers, d, heads, vocab=vocab, context=ctx, kv_heads=kv, d_ff=ff,
                       style="llama", tied=False, source=_HF.format(repo), **extra)  # type: ignore[arg-type]
 
+
+_MLA_V3 = MLA(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+              q_lora_rank=1536)
+"""DeepSeek-V3's latent attention (its config.json), which Kimi K2 shares."""
 
 MODELS: dict[str, ModelShape] = {m.name: m for m in (
     _gpt2("gpt2", "gpt2", 12, 768, 12),
@@ -54,6 +58,20 @@ MODELS: dict[str, ModelShape] = {m.name: m for m in (
     _llama("qwen3-235b-a22b", "Qwen/Qwen3-235B-A22B", 94, 4096, 64, 4, 12288, 151936, 40960,
            head_dim=128, qk_norm=True, rope_theta=1e6,
            moe=MoE(experts=128, experts_per_token=8, expert_d_ff=1536)),
+    # DeepSeek's latent attention (mla) and MoE: dense first layers, shared experts, and
+    # (noaux_tc routing) a per-expert correction bias in every router.
+    _llama("deepseek-v2-lite", "deepseek-ai/DeepSeek-V2-Lite", 27, 2048, 16, 16, 10944,
+           102400, 163840, mla=MLA(512, 128, 64, 128),
+           moe=MoE(experts=64, experts_per_token=6, expert_d_ff=1408, shared_experts=2,
+                   dense_layers=1)),
+    _llama("deepseek-v3", "deepseek-ai/DeepSeek-V3", 61, 7168, 128, 128, 18432, 129280,
+           163840, mla=_MLA_V3,
+           moe=MoE(experts=256, experts_per_token=8, expert_d_ff=2048, shared_experts=1,
+                   router_bias=True, dense_layers=3)),
+    _llama("kimi-k2", "moonshotai/Kimi-K2-Base", 61, 7168, 64, 64, 18432, 163840, 131072,
+           mla=_MLA_V3,
+           moe=MoE(experts=384, experts_per_token=8, expert_d_ff=2048, shared_experts=1,
+                   router_bias=True, dense_layers=1)),
     ModelShape("hypo-100b", 80, 10240, 80, vocab=50257, context=2048, style="gpt", tied=True,
                source="the seed calculator's hypothetical GPT-3-style 100B model "
                       "(80 layers, d=10240, 80 heads of 128, GPT-2 BPE vocabulary)"),
@@ -67,6 +85,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "llama-3.1-405b": ("llama-405b",),
     "qwen3-30b-a3b": ("qwen3-30b",),
     "qwen3-235b-a22b": ("qwen3-235b",),
+    "deepseek-v3": ("dsv3", "deepseek-v3-671b", "deepseek-r1"),
+    "deepseek-v2-lite": ("dsv2-lite",),
+    "kimi-k2": ("kimi-k2-1t",),
     "hypo-100b": ("100b", "hypothetical-100b"),
 }
 

@@ -39,6 +39,8 @@ that builds the weights from it:
   ``moe_intermediate_size`` (Qwen3MoeSparseMoeBlock, a bias-free router); a MoE block in
   every layer: ``decoder_sparse_step`` 1 and no ``mlp_only_layers``. ``use_sliding_window``
   true is refused. shardlab prices these shapes; its runtime does not build them.
+* ``deepseek_v2``, ``deepseek_v3``, ``kimi_k2``: latent attention and DeepSeek's MoE
+  (:mod:`shardlab.config.hf_deepseek`), priced only.
 * ``gpt2`` (GPT2Config): ``n_embd``, ``n_layer``, ``n_head``, ``n_positions`` (absent:
   the older ``n_ctx``), ``vocab_size``, ``n_inner`` (absent or null: 4 * ``n_embd``,
   GPT2Block), ``tie_word_embeddings`` (absent: true, the PretrainedConfig default);
@@ -69,13 +71,14 @@ from pathlib import Path
 from typing import Any
 
 from shardlab.config.files import read_input_text
+from shardlab.config.hf_deepseek import DEEPSEEK_ARCHITECTURES, DEEPSEEK_FAMILIES, deepseek_fields
 from shardlab.config.model import LN_EPS, RMS_EPS, ROPE_THETA, ModelShape, MoE
 from shardlab.errors import SpecError
 
 Config = dict[str, Any]
 
 FAMILIES: tuple[str, ...] = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe",
-                             "gpt2")
+                             "gpt2", *DEEPSEEK_FAMILIES)
 ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
@@ -83,13 +86,14 @@ ARCHITECTURES: dict[str, str] = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
-    "GPT2LMHeadModel": "gpt2",
+    "GPT2LMHeadModel": "gpt2", **DEEPSEEK_ARCHITECTURES,
 }
 
 # What an *absent* num_key_value_heads means: the config class's own default
 # (None for Llama, then = heads; a literal 8 for Mistral/Mixtral, 32 for Qwen2).
 _ABSENT_KV_HEADS: dict[str, int | None] = {"llama": None, "mistral": 8, "mixtral": 8,
-                                           "qwen2": 32, "qwen3": None, "qwen3_moe": None}
+                                           "qwen2": 32, "qwen3": None, "qwen3_moe": None,
+                                           **dict.fromkeys(DEEPSEEK_FAMILIES)}
 _MISSING = object()
 # GPT2Config's default activation is gelu_new: the same tanh approximation of GELU as
 # gelu_pytorch_tanh (transformers' NewGELUActivation), which export writes.
@@ -302,9 +306,16 @@ def _gpt2(r: _Reader) -> dict[str, Any]:
     }
 
 
+def _deepseek(r: _Reader) -> dict[str, Any]:
+    r.refuse_true("attention_bias", "DeepSeek's attention then biases its projections")
+    fields = _rotary(r)
+    return {**fields, **deepseek_fields(r, fields["heads"])}
+
+
 _BUILDERS: dict[str, Callable[[_Reader], dict[str, Any]]] = {
     "llama": _llama, "mistral": _rotary, "mixtral": _mixtral, "qwen2": _qwen2,
     "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "gpt2": _gpt2,
+    **dict.fromkeys(DEEPSEEK_FAMILIES, _deepseek),
 }
 
 

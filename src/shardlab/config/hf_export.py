@@ -16,6 +16,10 @@ def hf_family(shape: ModelShape) -> str:
     if shape.qk_norm:
         raise SpecError("qk_norm", True, "shardlab's model has no query/key norms (Qwen3): "
                         "budget and plan price this shape; export and import need one without")
+    if shape.mla is not None:
+        raise SpecError("mla", "latent attention", "shardlab's model has no multi-head latent "
+                        "attention (DeepSeek): budget and plan price this shape; export and "
+                        "import need one without")
     if shape.moe is not None:
         _check_mixtral(shape)
         return "mixtral"

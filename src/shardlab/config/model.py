@@ -13,6 +13,17 @@ Mixture-of-experts layers (``moe``) replace the MLP with ``experts`` expert MLPs
 of width ``expert_d_ff``, a linear router of ``d_model x experts`` and
 ``shared_experts`` always-on experts; each token goes through
 ``experts_per_token`` routed experts.
+
+Multi-head latent attention (``mla``: DeepSeek-V2, arXiv 2405.04434 Sec. 2.1; DeepSeek-V3,
+arXiv 2412.19437) replaces the Q, K and V projections with low-rank ones: the input is
+projected down to a latent of ``kv_lora_rank`` (plus one shared rotary key of
+``qk_rope_head_dim``) and, with ``q_lora_rank``, a query latent; each latent is
+RMS-normed and projected up to every head's key (``qk_nope_head_dim``, joined by the
+shared rotary part) and value (``v_head_dim``) and query (nope + rope). The down
+projections are whole on every tensor-parallel rank (Megatron-LM's ``gpt_layer_specs``:
+``linear_q_down_proj=backend.linear()``, a duplicated layer; the up projections are
+column-parallel), so a layer's attention is :attr:`ModelShape.attention_linears`, not
+four matrices.
 """
 
 from __future__ import annotations
@@ -96,6 +107,47 @@ class MoE:
 
 
 @dataclass(frozen=True)
+class MLA:
+    """Multi-head latent attention's widths (module docstring), per token: the key/value
+    latent ``kv_lora_rank``, the query latent ``q_lora_rank`` (0: queries projected
+    directly, as DeepSeek-V2-Lite), and per head the key's ``qk_nope_head_dim`` and
+    ``qk_rope_head_dim`` (the rotary part, one key shared by all heads) and the value's
+    ``v_head_dim``. Names as DeepSeek's config.json."""
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            require_positive_int(f"mla.{name}", getattr(self, name))
+            require_int_at_most(f"mla.{name}", getattr(self, name), MAX_WIDTH)
+        require_nonnegative_int("mla.q_lora_rank", self.q_lora_rank)
+        require_int_at_most("mla.q_lora_rank", self.q_lora_rank, MAX_WIDTH)
+
+    @property
+    def qk_head_dim(self) -> int:
+        """A head's query and key width: nope + rope."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
+class AttentionLinear:
+    """One linear layer of an attention block: ``d_in`` x ``d_out`` weights, and how
+    tensor parallelism splits it: ``column`` (its outputs over tp), ``row`` (its inputs
+    over tp) or ``duplicated`` (whole on every tp rank). ``reads_input``: it reads the
+    block's (normed) input, T x d_model, which sequence parallelism gathers."""
+
+    name: str
+    d_in: int
+    d_out: int
+    split: Literal["column", "row", "duplicated"]
+    reads_input: bool = False
+
+
+@dataclass(frozen=True)
 class ModelShape:
     """A decoder-only transformer, as the integers that fix its cost.
 
@@ -125,6 +177,10 @@ class ModelShape:
     head_dim weights each). Priced by budget and plan; shardlab's runtime does not build
     it (train, simulate, dryrun, export and import refuse such a shape)."""
     moe: MoE | None = None
+    mla: MLA | None = None
+    """Multi-head latent attention (module docstring): ``head_dim`` is then its query/key
+    head width (nope + rope) and ``kv_heads`` = ``heads``. Priced by budget and plan;
+    shardlab's runtime does not build it (:func:`require_buildable`)."""
     rope_theta: float = ROPE_THETA
     source: str = field(default="", compare=False)
 
@@ -141,6 +197,8 @@ class ModelShape:
         object.__setattr__(self, "rope_theta", float(theta))
         if self.style not in STYLES:
             raise SpecError("style", self.style, f"must be one of {', '.join(STYLES)}")
+        if self.mla is not None:
+            self._check_mla(self.mla)
         if self.kv_heads == 0:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.head_dim == 0:
@@ -157,6 +215,16 @@ class ModelShape:
             raise SpecError("moe.dense_layers", self.moe.dense_layers,
                             f"must be <= layers ({self.layers})")
 
+    def _check_mla(self, mla: MLA) -> None:
+        """Latent attention gives every head its own key and value, of nope + rope width."""
+        if self.kv_heads not in (0, self.heads):
+            raise SpecError("kv_heads", self.kv_heads,
+                            f"must equal heads ({self.heads}) with latent attention (mla)")
+        if self.head_dim not in (0, mla.qk_head_dim):
+            raise SpecError("head_dim", self.head_dim, "must be mla.qk_nope_head_dim + "
+                            f"mla.qk_rope_head_dim ({mla.qk_head_dim}) with latent attention")
+        object.__setattr__(self, "head_dim", mla.qk_head_dim)
+
     @property
     def q_dim(self) -> int:
         """Width of the query projection output: heads * head_dim."""
@@ -164,8 +232,61 @@ class ModelShape:
 
     @property
     def kv_dim(self) -> int:
-        """Width of each of the key and value projection outputs: kv_heads * head_dim."""
+        """Width of the key projection output (and of the value's, without latent
+        attention): kv_heads * head_dim."""
         return self.kv_heads * self.head_dim
+
+    @property
+    def v_head_dim(self) -> int:
+        """A head's value width: head_dim, or latent attention's ``v_head_dim``."""
+        return self.head_dim if self.mla is None else self.mla.v_head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """Width of the value projection output: kv_heads * v_head_dim (= kv_dim without
+        latent attention)."""
+        return self.kv_heads * self.v_head_dim
+
+    @property
+    def o_dim(self) -> int:
+        """Width of the attention output, the output projection's input: heads *
+        v_head_dim (= q_dim without latent attention)."""
+        return self.heads * self.v_head_dim
+
+    @property
+    def latent_dim(self) -> int:
+        """Latent attention's per-token latents, whole on every tensor-parallel rank:
+        q_lora_rank + kv_lora_rank + qk_rope_head_dim (0 without latent attention)."""
+        a = self.mla
+        return 0 if a is None else a.q_lora_rank + a.kv_lora_rank + a.qk_rope_head_dim
+
+    @property
+    def attention_linears(self) -> tuple[AttentionLinear, ...]:
+        """The attention block's linear layers in the order its forward calls them: Q, K,
+        V (column-parallel) and the output (row-parallel); with latent attention the query
+        (down, duplicated, and up, column-parallel; or one column-parallel projection
+        without a query latent), the key/value down projection (latent plus the shared
+        rotary key, duplicated), the key/value up projection (every head's nope key and
+        value, column-parallel) and the output (DeepSeek-V3's ``modeling_deepseek.py``:
+        q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj)."""
+        h, a = self.d_model, self.mla
+        out = AttentionLinear("o", self.o_dim, h, "row")
+        if a is None:
+            return (AttentionLinear("q", h, self.q_dim, "column", True),
+                    AttentionLinear("k", h, self.kv_dim, "column", True),
+                    AttentionLinear("v", h, self.v_dim, "column", True), out)
+        if a.q_lora_rank:
+            query: tuple[AttentionLinear, ...] = (
+                AttentionLinear("q_down", h, a.q_lora_rank, "duplicated", True),
+                AttentionLinear("q_up", a.q_lora_rank, self.q_dim, "column"))
+        else:
+            query = (AttentionLinear("q", h, self.q_dim, "column", True),)
+        return (*query,
+                AttentionLinear("kv_down", h, a.kv_lora_rank + a.qk_rope_head_dim,
+                                "duplicated", True),
+                AttentionLinear("kv_up", a.kv_lora_rank,
+                                self.heads * (a.qk_nope_head_dim + a.v_head_dim), "column"),
+                out)
 
     @property
     def biases(self) -> bool:
@@ -192,6 +313,10 @@ class ModelShape:
         gqa = f" kv={self.kv_heads}" if self.kv_heads != self.heads else ""
         moe = (f" moe={self.moe.experts}x top{self.moe.experts_per_token}"
                if self.moe else "")
+        if self.mla is not None:
+            a = self.mla
+            gqa = (f" mla=kv{a.kv_lora_rank}/q{a.q_lora_rank}/rope{a.qk_rope_head_dim}"
+                   f"/v{a.v_head_dim}")
         return (f"{self.style} L={self.layers} d={self.d_model} heads={self.heads}{gqa} "
                 f"hd={self.head_dim} ff={self.d_ff} V={self.vocab} ctx={self.context}"
                 f"{' tied' if self.tied else ''}{' qk_norm' if self.qk_norm else ''}{moe}"
@@ -199,8 +324,13 @@ class ModelShape:
 
 
 def require_buildable(shape: ModelShape) -> None:
-    """One-line SpecError for a shape shardlab's runtime model does not build: query/key
-    norms (Qwen3, :attr:`ModelShape.qk_norm`), which budget and plan price."""
+    """One-line SpecError for a shape shardlab's runtime model does not build: latent
+    attention (DeepSeek, :attr:`ModelShape.mla`) or query/key norms (Qwen3,
+    :attr:`ModelShape.qk_norm`), which budget and plan price."""
+    if shape.mla is not None:
+        raise SpecError("mla", "latent attention", f"{shape.name}: shardlab's model has no "
+                        "multi-head latent attention (DeepSeek); budget and plan price this "
+                        "shape, but train, simulate and dryrun need one without")
     if shape.qk_norm:
         raise SpecError("qk_norm", True, f"{shape.name}: shardlab's model has no query/key "
                         "norms (Qwen3); budget and plan price this shape, but train, simulate "

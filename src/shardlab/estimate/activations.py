@@ -38,6 +38,14 @@ the attention output beside the kernel's bf16 one (Megatron-Core core_v0.14.0
 newer TE with a non-delayed recipe drops it). torchao's Float8Linear saves the bf16
 input (``ctx.save_for_backward(input_hp, weight_hp_t)``), so torchtitan keeps e.
 
+Latent attention (``mla``) saves Q, K (heads·qk_head_dim each), V and the attention
+output (heads·v_head_dim each) inside the tensor-parallel region, and outside it, like
+the norms' inputs (split by t only with sequence parallelism: its down projections run
+on the local s/t tokens), each latent twice, its norm's input at e and the up
+projection's input at the linear input's bytes, and the shared rotary key at e:
+sb·(e·(q_lora + kv_lora + rope) + li·(q_lora + kv_lora)). An estimate from the
+module's structure (DeepSeek-V3's ``modeling_deepseek.py``), not a measured count.
+
 A fused attention kernel (``flash=True``: FlashAttention, Dao et al. 2022, and
 torch's scaled_dot_product_attention) never stores the s x s matrices: it keeps
 the softmax statistics, a·s·b fp32 values (4·a·s·b bytes, divided by t), and
@@ -108,13 +116,18 @@ def activation_terms(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int,
     if eager:
         extra = m.q_dim + (m.q_dim + m.kv_dim if m.style == "llama" else 0)
     # fp8 inputs: the output projection's own copy beside the attention kernel's output.
-    proj_copy = li * m.q_dim if li != e else 0
+    proj_copy = li * m.o_dim if li != e else 0
     # A MoE layer's MLP input is the router's, a bf16 linear (the experts' fp8 copies are
     # the dispatched rows of the routed part).
     mlp_in = e if moe else li
+    latents = 0
+    if m.mla is not None:
+        lora = m.mla.q_lora_rank + m.mla.kv_lora_rank
+        latents = e * (lora + m.mla.qk_rope_head_dim) + li * lora
     return ActivationTerms(
-        outside_tp=sb * m.d_model * (2 * e + li + mlp_in + 2 * mask),
-        inside_tp=sb * (e * (2 * m.q_dim + 2 * m.kv_dim + extra) + mlp_hidden + proj_copy),
+        outside_tp=sb * (m.d_model * (2 * e + li + mlp_in + 2 * mask) + latents),
+        inside_tp=sb * (e * (m.q_dim + m.kv_dim + m.v_dim + m.o_dim + extra) + mlp_hidden
+                        + proj_copy),
         attention_core=m.heads * seq * sb * (2 * e + mask),
         layer_input=sb * m.d_model * e,
     )
@@ -184,8 +197,10 @@ def op_checkpoint_saves(m: ModelShape) -> tuple[bool, ...]:
     torchtitan's per-operator selective checkpointing: every ``aten.mm`` "except every
     second mm" (``meta[mm_count_key] % 2 == 0`` is recomputed, a fresh counter per block:
     pytorch/torchtitan ``parallelize_llama.py`` ``_custom_policy``, commits 9dec370 and
-    2887250b), so the 1st, 3rd, 5th and 7th: q, v, gate and down (SwiGLU)."""
-    return tuple(i % 2 == 0 for i in range(4 + m.mlp_matrices))
+    2887250b), so the 1st, 3rd, 5th and 7th: q, v, gate and down (SwiGLU). Latent
+    attention's linears count in their own call order
+    (:attr:`~shardlab.config.model.ModelShape.attention_linears`)."""
+    return tuple(i % 2 == 0 for i in range(len(m.attention_linears) + m.mlp_matrices))
 
 
 def op_checkpoint_layer_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int = 2,
@@ -198,12 +213,12 @@ def op_checkpoint_layer_bytes(m: ModelShape, micro_batch: int, seq: int, elem_by
     log-sum-exp (split by tp), and with sequence parallelism the two reduce-scatters'
     outputs (split by tp). Dropout masks: none (torchtitan's Llama has no dropout)."""
     sb, e, h = seq * micro_batch, elem_bytes, m.d_model
-    widths = [m.q_dim / tp, m.kv_dim / tp, m.kv_dim / tp, h]
+    widths = [x.d_out / tp if x.split == "column" else x.d_out for x in m.attention_linears]
     widths += [m.d_ff / tp] * (m.mlp_matrices - 1) + [h]
     saved = sum(w for w, keep in zip(widths, op_checkpoint_saves(m), strict=True) if keep)
     block_input = h / tp if sp else h
     scatters = 2 * h / tp if sp and tp > 1 else 0.0
-    kernel = m.q_dim / tp
+    kernel = m.o_dim / tp
     return e * sb * (block_input + saved + kernel + scatters) + 4.0 * m.heads * sb / tp
 
 

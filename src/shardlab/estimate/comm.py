@@ -248,10 +248,18 @@ def tensor_rows(m: ModelShape, tp: int, vocab_parallel: bool
     tensor-parallel rank: one block's, the first stage's extras (embedding, positions),
     the last stage's (final norm, head). Column-parallel weights and their biases keep
     1/tp of their rows, row-parallel weights 1/tp of their columns (Megatron-LM; torch's
-    ``ColwiseParallel`` / ``RowwiseParallel``); norms and row biases stay whole."""
+    ``ColwiseParallel`` / ``RowwiseParallel``); norms, row biases and latent attention's
+    down projections stay whole."""
     d, q, kv, f = m.d_model, m.q_dim // tp, m.kv_dim // tp, m.d_ff // tp
     norm = [(d, 1)] * (2 if m.style == "gpt" else 1)  # LayerNorm: scale and shift
-    block = [*norm, (q, d), (kv, d), (kv, d), (d, q), *norm, (f, d), (d, f)]
+    # Each attention linear as torch stores it, [out, in]: column-parallel keeps 1/tp of
+    # its rows, row-parallel 1/tp of its columns, a duplicated one stays whole.
+    attn = [(x.d_out // tp, x.d_in) if x.split == "column"
+            else (x.d_out, x.d_in // tp) if x.split == "row" else (x.d_out, x.d_in)
+            for x in m.attention_linears]
+    if m.mla is not None:  # the latents' norms, whole on every rank
+        attn += [(n, 1) for n in (m.mla.q_lora_rank, m.mla.kv_lora_rank) if n]
+    block = [*norm, *attn, *norm, (f, d), (d, f)]
     if m.biases or m.qkv_bias:
         block += [(q, 1), (kv, 1), (kv, 1)]
     if m.biases:

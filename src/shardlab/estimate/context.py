@@ -106,10 +106,12 @@ def local_layout(lay: Layout) -> Layout:
 
 def kv_width(m: ModelShape, tp: int = 1) -> int:
     """Elements of K and V together per token on one tensor-parallel rank:
-    2 · (kv_heads / tp) · head_dim."""
+    2 · (kv_heads / tp) · head_dim; with latent attention every head's decompressed K and
+    V, (heads / tp) · (qk_head_dim + v_head_dim): the attention kernel's inputs, which
+    a context-parallel ring passes, come after the up projection."""
     if m.kv_heads % tp:
         raise ValueError(f"tp={tp} does not divide kv_heads={m.kv_heads}")
-    return 2 * (m.kv_heads // tp) * m.head_dim
+    return (m.kv_heads // tp) * (m.head_dim + m.v_head_dim)
 
 
 def kv_gather_bytes(m: ModelShape, lay: Layout) -> int:
@@ -217,11 +219,12 @@ def causal_imbalance(seq: int, cp: int, zigzag: bool = True) -> float:
 
 def cp_attention_flops(m: ModelShape, lay: Layout, rank: int = 0, zigzag: bool = True) -> int:
     """Forward FLOPs of Q·Kᵀ and scores·V one tensor-parallel rank of cp rank ``rank`` runs
-    per layer and micro-batch: 4 · pairs · (q_dim/tp) · b, with the exact causal pairs of
+    per layer and micro-batch: 2 · pairs · ((q_dim + o_dim)/tp) · b (4 · pairs · q_dim/tp
+    without latent attention), with the exact causal pairs of
     :func:`rank_causal_pairs` (the flops module's ``causal=True`` counts s/2 keys per
     query instead of (s+1)/2). Summed over the cp ranks: the one-device figure."""
     pairs = rank_causal_pairs(lay.seq, lay.cp, rank, zigzag)
-    return 4 * pairs * (m.q_dim // lay.tp) * lay.micro_batch
+    return 2 * pairs * ((m.q_dim + m.o_dim) // lay.tp) * lay.micro_batch
 
 
 # -- gradients over dp x cp ----------------------------------------------------------

@@ -10,7 +10,11 @@ Conventions (state them: tools differ):
 * Attention scores and the weighted sum of values cost 4·s·(heads·head_dim) per
   token and layer with the full s×s matrix (Megatron, PaLM, the seed calculator);
   ``causal=True`` halves it (only the lower triangle is needed: FlashAttention's
-  convention).
+  convention). With latent attention the scores run at the query/key head width and
+  the sum at the value's: 2·s·heads·(qk_head_dim + v_head_dim) (each score a dot product
+  of nope + rope terms, each output a sum over s values of v_head_dim: DeepSeek-V2, arXiv
+  2405.04434, Eq. 10-18, the training form with K and V decompressed); its down and up
+  projections are matmuls like any other.
 * Training = forward + backward, backward = 2x forward (input and weight
   gradients), so 3x forward: these are *model* FLOPs, the ones MFU divides by.
   *Hardware* FLOPs add what recompute runs again: selective recompute one more
@@ -34,7 +38,7 @@ from shardlab.config.model import ModelShape
 
 def layer_matmul_weights(m: ModelShape, moe_layer: bool) -> int:
     """Weights one token multiplies through in one layer: attention, MLP (top-k experts), router."""
-    attn = m.d_model * m.q_dim + 2 * m.d_model * m.kv_dim + m.q_dim * m.d_model
+    attn = sum(x.d_in * x.d_out for x in m.attention_linears)
     if not moe_layer or m.moe is None:
         return attn + m.mlp_matrices * m.d_model * m.d_ff
     e = m.moe
@@ -49,9 +53,10 @@ def matmul_weights_per_token(m: ModelShape) -> int:
 
 
 def attention_core_flops_per_token(m: ModelShape, seq: int, causal: bool = False) -> float:
-    """Forward FLOPs of Q·Kᵀ and scores·V per token, all layers: 4·L·s·q_dim (halved if causal)."""
+    """Forward FLOPs of Q·Kᵀ and scores·V per token, all layers: 2·L·s·(q_dim + o_dim),
+    4·L·s·q_dim without latent attention (halved if causal)."""
     keys = seq / 2 if causal else seq
-    return 4.0 * m.layers * keys * m.q_dim
+    return 2.0 * m.layers * keys * (m.q_dim + m.o_dim)
 
 
 @dataclass(frozen=True)

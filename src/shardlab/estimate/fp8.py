@@ -52,10 +52,12 @@ SCALE_BYTES_PER_LINEAR = 36
 def linear_weights(m: ModelShape, tp: int, moe_layer: bool, ep: int = 1,
                    etp: int | None = None) -> int:
     """Linear-layer weight elements of one layer on one tensor-parallel rank: Q, K, V and
-    output over tp, the MLP over tp, or (MoE) the shared experts over tp and the rank's
-    experts/ep routed experts over etp (default tp). No router, no biases, no norms."""
+    output over tp (latent attention's down projections whole), the MLP over tp, or (MoE)
+    the shared experts over tp and the rank's experts/ep routed experts over etp (default
+    tp). No router, no biases, no norms."""
     h = m.d_model
-    n = (h * (m.q_dim + 2 * m.kv_dim) + m.q_dim * h) // tp
+    n = sum(x.d_in * x.d_out // (1 if x.split == "duplicated" else tp)
+            for x in m.attention_linears)
     if moe_layer and m.moe is not None:
         e = m.moe
         n += m.mlp_matrices * h * e.shared_experts * e.shared_d_ff // tp
@@ -104,6 +106,25 @@ def mean_width(m: ModelShape) -> float:
     return (m.moe_layers * width + m.dense_layers * m.d_ff) / m.layers
 
 
+def attention_cast_widths(m: ModelShape, t: np.ndarray, sp: np.ndarray | bool
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) elements per token the attention's fp8 casts read on one tensor-
+    parallel rank: the block's input once (h, h/t with sequence parallelism) and every other
+    linear's input (a row-parallel one split by t, an up projection's latent whole); the
+    gradient of every linear's output (column-parallel over t, a duplicated down projection
+    over t only with sequence parallelism, the row-parallel output whole). Without latent
+    attention: (h/t or h) + q/t forward, (q + 2kv)/t + h backward."""
+    local = np.where(sp, t, 1.0)
+    inputs = m.d_model / local + 0.0 * t
+    grads = 0.0 * t
+    for x in m.attention_linears:
+        if not x.reads_input:
+            inputs = inputs + (x.d_in / t if x.split == "row" else float(x.d_in))
+        grads = grads + (x.d_out / t if x.split == "column"
+                         else x.d_out / local if x.split == "duplicated" else float(x.d_out))
+    return inputs, grads
+
+
 def cast_bytes(m: ModelShape, tokens: np.ndarray | float, tp: np.ndarray | float,
                sp: np.ndarray | bool, weights: np.ndarray | float,
                per_element: int = ACTIVATION_CAST_BYTES,
@@ -119,9 +140,9 @@ def cast_bytes(m: ModelShape, tokens: np.ndarray | float, tp: np.ndarray | float
     t = np.asarray(tp, float)
     tok = np.asarray(tokens, float)
     h, f = m.d_model, mean_width(m)
-    inputs = tok * ((1 + mlp_copies) * h / np.where(sp, t, 1.0) + (m.q_dim + f) / t)
-    grads = tok * ((m.q_dim + 2 * m.kv_dim + (m.mlp_matrices - 1) * f) / t
-                   + (1 + mlp_copies) * h)
+    attn_in, attn_grads = attention_cast_widths(m, t, sp)
+    inputs = tok * (attn_in + mlp_copies * h / np.where(sp, t, 1.0) + f / t)
+    grads = tok * (attn_grads + (m.mlp_matrices - 1) * f / t + mlp_copies * h)
     return (per_element * inputs + WEIGHT_CAST_BYTES * np.asarray(weights, float),
             per_element * grads)
 

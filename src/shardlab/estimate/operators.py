@@ -9,7 +9,10 @@ element-wise and reduction operators are approximate counts per element, marked
 ``~`` in the kind: LayerNorm 8, RMSNorm 4, softmax with scale and mask 5, GELU 8,
 SiLU-and-multiply 6, rotary embedding 3, residual add 1 (the seed calculator's
 counts where it has them). A mixture-of-experts MLP counts its top-k experts'
-FLOPs and the weights of every expert the batch touches.
+FLOPs and the weights of every expert the batch touches. Latent attention (``mla``)
+lists its down and up projections one by one and runs in its training form, K and V
+decompressed for every key (a decode engine that absorbs the up projections into the
+query and output, DeepSeek-V2 Sec. 2.1.2, reads the latent cache instead).
 """
 
 from __future__ import annotations
@@ -50,18 +53,27 @@ def layer_operators(m: ModelShape, acc: Accelerator, batch: int, q_len: int, kv_
         mlp_weights = m.mlp_matrices * d * f
     llama = m.style == "llama"
     norm = ("RMSNorm", "reduce~", 4) if llama else ("LayerNorm", "reduce~", 8)
+    if m.mla is None:
+        proj: list[tuple[str, str, float, float]] = [
+            ("QKV projection", "matmul", 2 * n * d * (q + 2 * k),
+             (n * d + d * (q + 2 * k) + n * (q + 2 * k)) * bp)]
+        rotated = q + k
+    else:
+        proj = [(f"{x.name} projection", "matmul", 2 * n * x.d_in * x.d_out,
+                 (n * x.d_in + x.d_in * x.d_out + n * x.d_out) * bp)
+                for x in m.attention_linears[:-1]]
+        rotated = (m.heads + 1) * m.mla.qk_rope_head_dim  # every query's, the shared key's
+    v, o = m.v_dim, m.o_dim
+    v_read = batch * kv_len * v
     ops: list[tuple[str, str, float, float]] = [
-        (f"{norm[0]} 1", norm[1], norm[2] * n * d, 2 * n * d * bp),
-        ("QKV projection", "matmul", 2 * n * d * (q + 2 * k),
-         (n * d + d * (q + 2 * k) + n * (q + 2 * k)) * bp),
-    ]
+        (f"{norm[0]} 1", norm[1], norm[2] * n * d, 2 * n * d * bp), *proj]
     if llama:
-        ops.append(("rotary embedding", "elementwise~", 3 * n * (q + k), 2 * n * (q + k) * bp))
+        ops.append(("rotary embedding", "elementwise~", 3 * n * rotated, 2 * n * rotated * bp))
     ops += [
         ("Q·Kᵀ scores", "matmul", 2 * batch * q_len * kv_len * q, (n * q + kv_read + scores) * bp),
         ("scale+mask+softmax", "reduce~", 5 * scores, 2 * scores * bp),
-        ("scores·V", "matmul", 2 * batch * q_len * kv_len * q, (scores + kv_read + n * q) * bp),
-        ("output projection", "matmul", 2 * n * q * d, (n * q + q * d + n * d) * bp),
+        ("scores·V", "matmul", 2 * batch * q_len * kv_len * o, (scores + v_read + n * o) * bp),
+        ("output projection", "matmul", 2 * n * o * d, (n * o + o * d + n * d) * bp),
         ("residual add 1", "elementwise~", n * d, 3 * n * d * bp),
         (f"{norm[0]} 2", norm[1], norm[2] * n * d, 2 * n * d * bp),
     ]

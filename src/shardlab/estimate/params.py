@@ -4,6 +4,9 @@ Per layer (d = d_model, q = heads*head_dim, k = kv_heads*head_dim, f = d_ff):
 
 * attention: Q d*q, K and V d*k each, output q*d; gpt style adds the biases
   q + 2k + d, ``qkv_bias`` adds q + 2k, ``qk_norm`` two RMSNorm scales of head_dim.
+  Latent attention (``mla``): the sum of its linear layers' weights
+  (:attr:`~shardlab.config.model.ModelShape.attention_linears`) and the RMSNorm scales of
+  its latents, q_lora_rank + kv_lora_rank (DeepSeek-V3: 187,107,328 a layer).
 * dense MLP: gpt 2*d*f + f + d (GELU, biases); llama 3*d*f (SwiGLU, no biases).
 * norms: two per layer plus a final one; LayerNorm 2d each, RMSNorm d each.
 * MoE layer: ``experts`` routed MLPs of width expert_d_ff, one shared MLP of width
@@ -24,8 +27,9 @@ from shardlab.config.model import ModelShape
 
 
 def attention_params(m: ModelShape) -> int:
-    """Parameters of one attention block: Q, K, V, output projections and their biases."""
-    n = m.d_model * m.q_dim + 2 * m.d_model * m.kv_dim + m.q_dim * m.d_model
+    """Parameters of one attention block: Q, K, V, output projections and their biases
+    (latent attention: its down and up projections and its latents' norms)."""
+    n = sum(x.d_in * x.d_out for x in m.attention_linears) + latent_norm_params(m)
     if m.biases:
         n += m.q_dim + 2 * m.kv_dim + m.d_model
     elif m.qkv_bias:
@@ -37,6 +41,19 @@ def qk_norm_params(m: ModelShape) -> int:
     """The query and key norms' scales of one layer (Qwen3's q_norm, k_norm): 2·head_dim,
     the same on every head and every tensor-parallel rank; 0 without ``qk_norm``."""
     return 2 * m.head_dim if m.qk_norm else 0
+
+
+def latent_norm_params(m: ModelShape) -> int:
+    """The RMSNorm scales of latent attention's latents (DeepSeek's ``q_a_layernorm``,
+    ``kv_a_layernorm``): q_lora_rank + kv_lora_rank; 0 without latent attention."""
+    return 0 if m.mla is None else m.mla.q_lora_rank + m.mla.kv_lora_rank
+
+
+def duplicated_attention_params(m: ModelShape) -> int:
+    """Attention parameters every tensor-parallel rank holds whole: the query/key norms,
+    and latent attention's down projections and latent norms (module docstring)."""
+    return (qk_norm_params(m) + latent_norm_params(m)
+            + sum(x.d_in * x.d_out for x in m.attention_linears if x.split == "duplicated"))
 
 
 def mlp_params(m: ModelShape, d_ff: int) -> int:

@@ -30,9 +30,9 @@ from shardlab.config.layout import V_SCHEDULES, Layout
 from shardlab.config.model import ModelShape
 from shardlab.estimate.params import (
     attention_params,
+    duplicated_attention_params,
     mlp_params,
     norm_params,
-    qk_norm_params,
     router_params,
     shared_expert_params,
 )
@@ -110,8 +110,10 @@ def layer_params_per_tp_rank(m: ModelShape, tp: int, moe_layer: bool, ep: int = 
     """Parameters of one layer on one tensor-parallel rank (routed experts: one ep rank's
     share, each split over ``etp``, default tp)."""
     bias = m.d_model if m.biases else 0  # row-parallel output bias: replicated
-    # So are the query/key norms' scales (one head_dim each, every head and rank).
-    n = _split(attention_params(m), bias + qk_norm_params(m), tp) + 2 * norm_params(m)
+    # So are the query/key norms' scales (one head_dim each, every head and rank) and
+    # latent attention's down projections and latent norms.
+    n = (_split(attention_params(m), bias + duplicated_attention_params(m), tp)
+         + 2 * norm_params(m))
     if moe_layer and m.moe is not None:
         e = m.moe
         n += _split(shared_expert_params(m), bias if e.shared_experts else 0, tp)
@@ -149,7 +151,8 @@ def layer_replicated_params(m: ModelShape) -> int:
     norms and the row-parallel biases (attention output, MLP down). Under sequence
     parallelism each rank sees only part of the sequence, so their gradients are partial
     and need an all-reduce over the tensor-parallel group (Korthikanti et al. 2022)."""
-    return 2 * norm_params(m) + (2 * m.d_model if m.biases else 0) + qk_norm_params(m)
+    return (2 * norm_params(m) + (2 * m.d_model if m.biases else 0)
+            + duplicated_attention_params(m))
 
 
 def stage_params(m: ModelShape, tp: int, pp: int, virtual_stages: int = 1,

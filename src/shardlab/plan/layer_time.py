@@ -78,13 +78,24 @@ def layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, d
         return matmul_seconds(2.0 * rows * k * n, rows, k, n, lin if linear else dev.peak,
                               lin_eff if linear else dev.eff)
 
-    qkv, out = mat(tokens, h, (q + 2 * kv) / t), mat(tokens, q / t, h)
+    out = mat(tokens, m.o_dim / t, h)
+    if m.mla is None:
+        qkv = mat(tokens, h, (q + 2 * kv) / t)
+        # The block's linear matmuls one by one, in call order (q, k, v, output, then the
+        # MLP's), for the ones per-operator checkpointing runs again.
+        calls = [mat(tokens, h, q / t), mat(tokens, h, kv / t), mat(tokens, h, kv / t), out]
+    else:
+        # Latent attention: each projection on its own; a duplicated down projection runs
+        # whole, on the rank's s/t tokens under sequence parallelism (Megatron-LM's MLA),
+        # on all of them without.
+        local = np.where(c.sp, t, 1.0) if c is not None else 1.0
+        calls = [mat(tokens / local, x.d_in, x.d_out) if x.split == "duplicated"
+                 else mat(tokens, x.d_in, x.d_out / t) for x in m.attention_linears[:-1]]
+        qkv = sum(calls[1:], calls[0])
+        calls.append(out)
     secs = qkv + out
-    # The block's linear matmuls one by one, in call order (q, k, v, output, then the MLP's),
-    # for the ones per-operator checkpointing runs again.
-    calls = ([mat(tokens, h, q / t), mat(tokens, h, kv / t), mat(tokens, h, kv / t),
-              mat(tokens, q / t, h)])
     again = op_checkpoint_matmuls(m)
+    attn_calls = len(m.attention_linears)
     if moe_layer and m.moe is not None:
         assert c is not None
         e = m.moe
@@ -102,17 +113,18 @@ def layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, d
             mlp_out = mlp_out + mat(tokens, width / t, h)
         secs = secs + mlp_in + mlp_out + mat(tokens, h, float(e.experts), linear=False)
         # The experts' grouped matmuls are no aten.mm: the policy runs them all again.
-        redo = sum(x for x, r in zip(calls, again[:4], strict=True) if r) + experts
+        redo = sum(x for x, r in zip(calls, again[:attn_calls], strict=True) if r) + experts
     else:
         mlp_in, mlp_out = mat(tokens, h, (mm - 1) * m.d_ff / t), mat(tokens, m.d_ff / t, h)
         secs = secs + mlp_in + mlp_out
         calls += [mat(tokens, h, m.d_ff / t)] * (mm - 1) + [mat(tokens, m.d_ff / t, h)]
         redo = sum(x for x, r in zip(calls, again, strict=True) if r)
-    # Attention core: Q·Kᵀ and scores·V per sequence and head, [s/cp, hd] x [hd, s]; a
+    # Attention core: Q·Kᵀ and scores·V per sequence and head, [s/cp, hd] x [hd, s] (the
+    # sum at the value's width under latent attention: 2·(s/cp)·s·(q + o)); a
     # fused (flash) kernel keeps the scores on chip, so it moves only Q, O (s/cp tokens)
     # and K, V (s): 4·(s/cp)·s·hd FLOPs over 2·(s/cp + s)·hd 2-byte elements, an intensity
     # of s/(cp + 1) (s/2 without cp).
-    core_flops = 4.0 * tokens * seq * q / t * balance
+    core_flops = 2.0 * tokens * seq * (q + m.o_dim) / t * balance
     if flash:
         cap = dict(dev.eff.flash_fractions).get(kernel, 1.0)
         intensity = queries * seq / (queries + seq)

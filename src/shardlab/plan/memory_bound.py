@@ -28,9 +28,10 @@ def layer_elementwise_elements(model: ModelShape, seq: int, tp: np.ndarray, mb: 
     :func:`shardlab.estimate.operators.layer_operators` counts them (T = b·s tokens): two
     norms 2·T·h each (RMSNorm in eager torch: :data:`EAGER_NORM_PASSES` x that) and two
     residual adds 3·T·h each (divided by t with sequence parallelism, else replicated),
-    rotary 2·T·(q + kv)/t (llama style), softmax 2·b·heads·s²/t (none with a fused
-    attention kernel), activation 3·T·f/t (SwiGLU) or 2·T·f/t (GELU), f the MLP width (a
-    MoE layer: its top-k experts' and shared widths). A context-parallel rank runs them on
+    rotary 2·T·(q + kv)/t (llama style; latent attention 2·T·(heads·rope/t + rope)),
+    softmax 2·b·heads·s²/t (none with a fused attention kernel), activation 3·T·f/t
+    (SwiGLU) or 2·T·f/t (GELU), f the MLP width (a MoE layer: its top-k experts' and shared
+    widths). A context-parallel rank runs them on
     its T = b·s/cp tokens, the softmax on its s/cp queries against all s keys."""
     m = model
     t = tp.astype(float)
@@ -39,7 +40,11 @@ def layer_elementwise_elements(model: ModelShape, seq: int, tp: np.ndarray, mb: 
     llama = m.style == "llama"
     f = mean_width(m)
     soft = 0.0 if flash else 2.0 * tokens * m.heads * seq / t
-    rotary = 2.0 * tokens * (m.q_dim + m.kv_dim) / t if llama else 0.0
+    if m.mla is not None:  # latent attention rotates each head's rope part and one key
+        rope = m.mla.qk_rope_head_dim
+        rotary = 2.0 * tokens * (m.heads * rope / t + rope)
+    else:
+        rotary = 2.0 * tokens * (m.q_dim + m.kv_dim) / t if llama else 0.0
     act = (3.0 if llama else 2.0) * tokens * f / t
     norms = 4.0 * rep * (EAGER_NORM_PASSES if llama and not fused_norm else 1)
     total = norms + 6.0 * rep + rotary + soft + act

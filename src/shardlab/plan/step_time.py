@@ -61,7 +61,8 @@ context-parallel rank), on devices of dense peak P (:class:`Device`):
   Megatron-LM, :func:`moe_split_share`): its two MLP windows carry nothing.
 * **cp_comm** (context parallel, cp > 1): per layer and micro-batch an all-gather of the
   rank's K and V forward (again under full recompute) and the reduce-scatter of their
-  gradients backward, (cp-1)·b·(s/cp)·2·kv_dim/t·e bytes each
+  gradients backward, (cp-1)·b·(s/cp)·2·kv_dim/t·e bytes each ((kv_dim + v_dim) under
+  latent attention)
   (:func:`shardlab.estimate.context.kv_gather_bytes`; Llama 3, Dubey et al. 2024,
   Sec. 3.3.2), each call (cp-1)·α + bytes/B, on the critical path (attention waits for
   its keys). The cp group spans cp·t consecutive ranks (rank order tp innermost, then
@@ -233,8 +234,8 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     # full recompute) and the reduce-scatter of their gradients backward, each of the
     # whole b·s·2·kv_dim/t K and V: (cp-1)α + (cp-1)/cp·n/B. torch's ring under torchtitan
     # (cp_expanded_kv): K/V of every query head, gathered again backward, fp32 gradients.
-    kv_bytes = (mb * seq * 2.0 * (m.q_dim if opt.cp_expanded_kv else m.kv_dim) / tp
-                * policy.activation_bytes)
+    kv_bytes = (mb * seq * ((m.q_dim + m.o_dim) if opt.cp_expanded_kv else (m.kv_dim + m.v_dim))
+                / tp * policy.activation_bytes)
     link_cp = dev.link("all_gather", cp * tp <= gpn, members_per_node(cp, tp, gpn))
     one_kv = gather_seconds(kv_bytes, cp, *link_cp)
     per_layer_cp = np.where(full, 3.0, 2.0) * one_kv + (gather_seconds(

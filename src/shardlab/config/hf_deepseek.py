@@ -1,0 +1,77 @@
+"""DeepSeek's ``config.json`` families, read into a ModelShape: ``deepseek_v2``
+(DeepSeek-V2, V2-Lite), ``deepseek_v3`` (DeepSeek-V3, R1) and ``kimi_k2`` (Moonshot's
+Kimi K2, DeepSeek-V3's architecture at other sizes).
+
+What each field means follows transformers' ``DeepseekV3Config`` and the modeling code
+the checkpoints ship (``modeling_deepseek.py``):
+
+* attention is latent (``mla``): ``kv_lora_rank``, ``q_lora_rank`` (null: queries
+  projected directly, V2-Lite), ``qk_nope_head_dim``, ``qk_rope_head_dim``,
+  ``v_head_dim``; ``num_key_value_heads`` must equal ``num_attention_heads`` (every head
+  has its own decompressed key and value);
+* ``first_k_dense_replace`` leading layers keep a dense MLP of ``intermediate_size``, the
+  rest are MoE layers of ``n_routed_experts`` experts of ``moe_intermediate_size``, top
+  ``num_experts_per_tok``, and ``n_shared_experts`` shared experts (one MLP of
+  n x moe_intermediate_size); ``moe_layer_freq`` must be 1 (every layer past the dense
+  ones is MoE);
+* ``topk_method`` ``noaux_tc`` (V3, K2) gives each router a per-expert
+  ``e_score_correction_bias``, a tensor of the checkpoint (``router_bias``);
+* the multi-token-prediction layers (``num_nextn_predict_layers``) are not part of the
+  model transformers builds and are not priced (a training run that uses them adds about
+  one layer's work).
+
+shardlab prices these shapes; its runtime does not build latent attention.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from shardlab.config.model import MLA, MoE
+from shardlab.errors import SpecError
+
+
+class Reader(Protocol):
+    """What :mod:`shardlab.config.hf_config`'s reader offers: typed fields that name
+    themselves in errors."""
+
+    config: dict[str, Any]
+
+    def positive_int(self, field: str, default: object = ...) -> int: ...
+
+
+DEEPSEEK_FAMILIES: tuple[str, ...] = ("deepseek_v2", "deepseek_v3", "kimi_k2")
+DEEPSEEK_ARCHITECTURES: dict[str, str] = {
+    "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
+}
+
+
+def deepseek_fields(r: Reader, heads: int) -> dict[str, Any]:
+    """The ``mla`` and ``moe`` of a DeepSeek-family config (module docstring), and
+    ``head_dim`` 0 (latent attention sets it)."""
+    kv_heads = r.config.get("num_key_value_heads", heads)
+    if kv_heads not in (None, heads):
+        raise SpecError("num_key_value_heads", kv_heads, f"must equal num_attention_heads "
+                        f"({heads}): latent attention gives every head its key and value")
+    q_lora = 0 if r.config.get("q_lora_rank") is None else r.positive_int("q_lora_rank")
+    mla = MLA(kv_lora_rank=r.positive_int("kv_lora_rank"),
+              qk_nope_head_dim=r.positive_int("qk_nope_head_dim"),
+              qk_rope_head_dim=r.positive_int("qk_rope_head_dim"),
+              v_head_dim=r.positive_int("v_head_dim"), q_lora_rank=q_lora)
+    if r.config.get("moe_layer_freq", 1) != 1:
+        raise SpecError("moe_layer_freq", r.config["moe_layer_freq"], "must be 1: every "
+                        "layer past first_k_dense_replace is a MoE layer")
+    experts = r.positive_int("n_routed_experts")
+    top_k = r.positive_int("num_experts_per_tok")
+    if top_k > experts:
+        raise SpecError("num_experts_per_tok", top_k,
+                        f"must be <= n_routed_experts ({experts})")
+    shared = r.config.get("n_shared_experts")
+    dense = r.config.get("first_k_dense_replace", 0)
+    if isinstance(dense, bool) or not isinstance(dense, int) or dense < 0:
+        raise SpecError("first_k_dense_replace", dense, "must be an integer >= 0")
+    moe = MoE(experts=experts, experts_per_token=top_k,
+              expert_d_ff=r.positive_int("moe_intermediate_size"),
+              shared_experts=0 if shared is None else r.positive_int("n_shared_experts"),
+              router_bias=r.config.get("topk_method") == "noaux_tc", dense_layers=dense)
+    return {"mla": mla, "moe": moe, "head_dim": 0, "kv_heads": heads}
