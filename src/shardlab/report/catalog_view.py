@@ -9,11 +9,13 @@ from shardlab.units import human
 
 
 def print_models(rows: list[dict[str, Any]]) -> None:
-    """One row per catalog model: shape, exact parameter count, source."""
-    show(table("Models", ("name", "style", "L", "d", "heads", "kv", "d_ff", "vocab", "context",
+    """One row per catalog model: shape (heads as query/key-value heads), exact parameter
+    count, source."""
+    show(table("Models", ("name", "style", "L", "d", "heads", "d_ff", "vocab", "context",
                           "params", "active"),
-               [(r["name"], r["style"], r["layers"], r["d_model"], r["heads"], r["kv_heads"],
-                 r["d_ff"], r["vocab"], r["context"], f"{r['params']:,}",
+               [(r["name"], r["style"], r["layers"], r["d_model"],
+                 f"{r['heads']}/{r['kv_heads']}", r["d_ff"], r["vocab"], r["context"],
+                 f"{r['params']:,}",
                  human(r["active_params"])) for r in rows]))
     show(table("Sources", ("name", "source"), [(r["name"], r["source"]) for r in rows], left=2))
 
