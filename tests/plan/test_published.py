@@ -17,6 +17,7 @@ from shardlab.config.hardware import (
 from shardlab.plan import published
 from shardlab.plan.accuracy import HELD_OUT
 from shardlab.plan.published import RUNS, curve_runs, fit, held_out_errors, held_out_mean
+from shardlab.plan.runs_dgxc import DGXC_RUNS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "validation.md"
 
@@ -58,7 +59,7 @@ def test_fsdp_stacks_state_their_kernel_and_reduction_with_a_source() -> None:
 def test_moe_runs_state_their_dispatcher_loss_and_recompute_with_a_source() -> None:
     # Each MoE row's dispatcher, fused loss and recompute are what its recipe says.
     moe = [r for r in RUNS if r.model.moe is not None]
-    assert len(moe) == 20
+    assert len(moe) == 28
     for r in moe:
         deepep = "flex" in r.checked or "enable_deepep" in r.checked
         assert ("dispatcher=flex" in r.options) == deepep
@@ -112,7 +113,7 @@ def test_bf16_gradient_reduction_is_priced_where_a_run_states_it() -> None:
 def test_dgxc_rows_carry_their_launch_flags_and_step() -> None:
     # Each DGXC row's layout is the launch.sh flags its checked field quotes, and its step
     # time is the table's figure.
-    rows = [r for r in RUNS if r.name.startswith("DGXC")]
+    rows = list(DGXC_RUNS)  # DeepSeek-V3's dgxc rows: tests/plan/test_runs_deepseek.py
     assert len(rows) == 32 and sum(r.role == "calibration" for r in rows) == 1
     for r in rows:
         for flag, value in (("-tp", r.tp), ("-pp", r.pp), ("-cp", r.cp),

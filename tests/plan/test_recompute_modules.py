@@ -60,7 +60,7 @@ def test_the_modules_trade_memory_for_memory_bound_time(
 
 
 @pytest.mark.parametrize(("extra", "words"), [
-    (["--layout", "dp=16 recompute=selective recompute_modules=mlp"], "not priced"),
+    (["--layout", "dp=16 recompute=selective recompute_modules=moe"], "not priced"),
     (["--layout", "dp=16 recompute=none recompute_modules=moe_act"], "recompute=selective"),
     (["--framework", "torchtitan", "--layout", "recompute_modules=moe_act"], "torchtitan"),
     (["--recompute", "none", "--layout", "recompute_modules=moe_act"], "recompute=selective"),

@@ -22,7 +22,7 @@ from shardlab.config.hardware import Accelerator, matmul_peaks, power_capped, wi
 from shardlab.config.layout import RECOMPUTE, SCHEDULES, Layout, make_layout, parse_stage_layers
 from shardlab.config.limits import MAX_CONTEXT, MAX_GPUS
 from shardlab.config.measured import NAME, accelerator_or_measured
-from shardlab.config.model import ModelShape
+from shardlab.config.model import ModelShape, with_mtp
 from shardlab.config.resolve import load_model
 from shardlab.errors import SpecError, require_int_at_most
 from shardlab.estimate.budget import Assumptions, model_budget, params_budget
@@ -161,10 +161,25 @@ def add_assumption_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--decode-context", type=positive_int_at_most(MAX_CONTEXT),
                    help="tokens of context per decoded sequence, at most 2^24 (default: "
                    "model context)")
+    g.add_argument("--mtp-layers", type=mtp_layers_arg, default=0, metavar="N",
+                   help=MTP_HELP)
     g.add_argument("--routing-imbalance", type=imbalance_arg, default=1.0,
                    help="MoE: max/mean tokens per expert the router produces (a run's "
                    "routing_imbalance); routed activations are sized for it (default 1.0: "
                    "balanced)")
+
+
+MTP_HELP = ("train with N multi-token-prediction depths (DeepSeek-V3; Megatron's "
+            "--mtp-num-layers): N layers of the model's last kind appended, each with its "
+            "projection and one more pass through the head; priced only, 0 to 16 (default 0)")
+
+
+def mtp_layers_arg(text: str) -> int:
+    """Multi-token-prediction depths: an integer from 0 to 16 (DeepSeek-V3 uses 1)."""
+    value = nonneg_int(text)
+    if value > 16:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at most 16 (prediction depths)")
+    return value
 
 
 def imbalance_arg(text: str) -> float:
@@ -189,7 +204,7 @@ def assumptions_from(args: argparse.Namespace) -> Any:
 def model_and_layout(args: argparse.Namespace) -> tuple[Any, Any]:
     """MODEL and the layout the flags of :func:`add_layout_args` give (SpecError if bad)."""
 
-    model = load_model(args.model)
+    model = with_mtp(load_model(args.model), args.mtp_layers)
     split = parse_stage_layers(args.stage_layers)
     layout = make_layout(model, gpus=args.gpus, dp=args.dp, tp=args.tp, pp=args.pp,
                          virtual_stages=args.virtual_stages, zero=args.zero, sp=args.sp,

@@ -20,6 +20,7 @@ from shardlab.config.dtypes import get_policy
 from shardlab.config.hardware import matmul_peaks
 from shardlab.config.layout import SCHEDULES, check_stage_layers, parse_stage_layers
 from shardlab.config.measured import accelerator_or_measured, slow_dtype_note
+from shardlab.config.model import runtime_builds, with_mtp
 from shardlab.config.resolve import load_model
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_vocab
@@ -60,12 +61,13 @@ def register(sub: Any) -> None:
 def model_from_args(args: argparse.Namespace) -> tuple[Any, str]:
     """The model, and how `shardlab train` names it (catalog name, or the shape flags)."""
     shape_flags(args, f"MODEL ({args.model})" if args.model is not None else None)
+    mtp = getattr(args, "mtp_layers", 0)  # plan's --mtp-layers; dryrun has none
     if args.model is not None:
-        return load_model(args.model), shlex.quote(args.model)
+        return with_mtp(load_model(args.model), mtp), shlex.quote(args.model)
     vocab = garden_vocab().size
     if args.seq is None:
         args.seq = 32
-    shape = build_shape(args, vocab)
+    shape = with_mtp(build_shape(args, vocab), mtp)
     flags = [f"--style {args.style}", f"--layers {args.layers}", f"--d-model {args.d_model}",
              f"--heads {args.heads}"]
     for flag, value in (("--kv-heads", args.kv_heads), ("--d-ff", args.d_ff),
@@ -162,8 +164,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     acc, anchor = anchored(args, model, acc, space, measured_policy, dropout, notes)
     result = plan(model, acc, space, policy, top=args.top, dropout=dropout, options=options,
                   train_prefix=(f"shardlab train {model_flags}"
-                                if here and not model.qk_norm and model.mla is None
-                                else None),
+                                if here and runtime_builds(model) else None),
                   train_dtype=dtype, only=only, imbalance=args.routing_imbalance)
     fit = None
     if only is not None and not result.best[0]["fits"]:
@@ -230,7 +231,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         "accuracy": None if here or not result.best else plan_accuracy(
             acc.name, policy.linear_compute, acc.efficiency is not None,
             args.framework and fw.name, model.moe is not None, args.gpus, result.best[0],
-            model.moe.experts if model.moe else 0),
+            model.moe.experts if model.moe else 0, model.mla is not None),
     }
     if args.dry_run_top:
         dry_run_top(doc, model, args.dry_run_top, acc.memory_bytes)

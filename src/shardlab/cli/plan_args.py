@@ -13,7 +13,7 @@ from shardlab.cli.args import (
     positive_int,
     positive_int_at_most,
 )
-from shardlab.cli.budget import add_cluster_args, imbalance_arg
+from shardlab.cli.budget import MTP_HELP, add_cluster_args, imbalance_arg, mtp_layers_arg
 from shardlab.cli.plan_anchor import add_anchor_args
 from shardlab.config.layout import RECOMPUTE, SCHEDULES
 from shardlab.errors import SpecError
@@ -98,6 +98,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--capacity-factor", type=nonneg_float, default=0.0,
                    help="MoE capacity factor of the job: each expert takes at most "
                    "ceil(F*tokens*top_k/experts) tokens of each rank; 0 (default) is dropless")
+    g.add_argument("--mtp-layers", type=mtp_layers_arg, default=0, metavar="N",
+                   help=MTP_HELP)
     g.add_argument("--routing-imbalance", type=imbalance_arg, default=1.0,
                    help="MoE: max/mean tokens per expert the router produces; routed "
                    "activations are sized for it (default 1.0: balanced)")
@@ -166,8 +168,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    'those gathers unhidden), optimizer_dtype=fp32|bf16_moments|bf16 its Adam '
                    'state (12, 8 or 4 bytes per parameter: fp32 master and moments; '
                    'bf16 moments beside the fp32 master; bf16 moments and no master), '
-                   'recompute_modules=moe_act+layernorm+core_attn what recompute=selective '
-                   "runs again (Megatron's --recompute-modules), "
+                   'recompute_modules=moe_act+layernorm+core_attn+mla_up_proj+mlp what '
+                   "recompute=selective runs again (Megatron's --recompute-modules), "
                    'offload_layers=N the layers per rank whose activations go to host '
                    "memory (Megatron's --cpu-offloading-num-layers; pp 1, no recompute), "
                    'fused_loss=1 a fused cross-entropy, '

@@ -29,7 +29,7 @@ four matrices.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from shardlab.config.limits import (
@@ -182,6 +182,12 @@ class ModelShape:
     head width (nope + rope) and ``kv_heads`` = ``heads``. Priced by budget and plan;
     shardlab's runtime does not build it (:func:`require_buildable`)."""
     rope_theta: float = ROPE_THETA
+    mtp_layers: int = 0
+    """Multi-token prediction (DeepSeek-V3, arXiv 2412.19437 Sec. 2.2; Megatron-Core's
+    ``--mtp-num-layers``): the last ``mtp_layers`` of ``layers`` are prediction depths,
+    each a transformer block of the model's last kind fed by a projection of its two
+    normed inputs (2·d_model to d_model) and scored through the shared embedding and head
+    once more. A training-time module: a checkpoint as transformers builds it has none."""
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -211,6 +217,10 @@ class ModelShape:
         if self.heads % self.kv_heads:
             raise SpecError("kv_heads", self.kv_heads,
                             f"must divide heads ({self.heads}): each kv head serves a group")
+        require_nonnegative_int("mtp_layers", self.mtp_layers)
+        if self.mtp_layers >= self.layers:
+            raise SpecError("mtp_layers", self.mtp_layers,
+                            f"must be < layers ({self.layers}): they are the last layers")
         if self.moe is not None and self.moe.dense_layers > self.layers:
             raise SpecError("moe.dense_layers", self.moe.dense_layers,
                             f"must be <= layers ({self.layers})")
@@ -320,7 +330,23 @@ class ModelShape:
         return (f"{self.style} L={self.layers} d={self.d_model} heads={self.heads}{gqa} "
                 f"hd={self.head_dim} ff={self.d_ff} V={self.vocab} ctx={self.context}"
                 f"{' tied' if self.tied else ''}{' qk_norm' if self.qk_norm else ''}{moe}"
-                f"{f' rope_theta={self.rope_theta:g}' if self.rope_theta != ROPE_THETA else ''}")
+                f"{f' rope_theta={self.rope_theta:g}' if self.rope_theta != ROPE_THETA else ''}"
+                f"{f' mtp={self.mtp_layers}' if self.mtp_layers else ''}")
+
+
+def with_mtp(shape: ModelShape, depths: int) -> ModelShape:
+    """``shape`` trained with ``depths`` multi-token-prediction depths: that many layers of
+    its last kind appended as :attr:`ModelShape.mtp_layers` (``--mtp-layers``; 0 gives
+    ``shape`` back)."""
+    require_nonnegative_int("mtp_layers", depths)
+    if not depths:
+        return shape
+    return replace(shape, layers=shape.layers + depths, mtp_layers=shape.mtp_layers + depths)
+
+
+def runtime_builds(shape: ModelShape) -> bool:
+    """Whether shardlab's runtime model builds ``shape`` (:func:`require_buildable`)."""
+    return not (shape.qk_norm or shape.mla is not None or shape.mtp_layers)
 
 
 def require_buildable(shape: ModelShape) -> None:
@@ -331,6 +357,10 @@ def require_buildable(shape: ModelShape) -> None:
         raise SpecError("mla", "latent attention", f"{shape.name}: shardlab's model has no "
                         "multi-head latent attention (DeepSeek); budget and plan price this "
                         "shape, but train, simulate and dryrun need one without")
+    if shape.mtp_layers:
+        raise SpecError("mtp_layers", shape.mtp_layers, f"{shape.name}: shardlab's model has "
+                        "no multi-token prediction; budget and plan price it, but train, "
+                        "simulate and dryrun need a shape without")
     if shape.qk_norm:
         raise SpecError("qk_norm", True, f"{shape.name}: shardlab's model has no query/key "
                         "norms (Qwen3); budget and plan price this shape, but train, simulate "

@@ -87,6 +87,8 @@ class ActivationTerms:
     inside_tp: float    # Q, K, V, projections' inputs, MLP hidden (split by tp)
     attention_core: float  # a·s²·b terms (split by tp; dropped by selective recompute)
     layer_input: float  # what full recompute keeps
+    mlp_hidden: float = 0.0  # of inside_tp: a dense MLP's hidden activations
+    up_proj: float = 0.0  # of inside_tp: latent attention's Q, K and V (up projections' outputs)
 
 
 def activation_terms(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int,
@@ -128,6 +130,8 @@ def activation_terms(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int,
         outside_tp=sb * (m.d_model * (2 * e + li + mlp_in + 2 * mask) + latents),
         inside_tp=sb * (e * (m.q_dim + m.kv_dim + m.v_dim + m.o_dim + extra) + mlp_hidden
                         + proj_copy),
+        mlp_hidden=0.0 if moe else sb * mlp_hidden,
+        up_proj=sb * e * (m.q_dim + m.kv_dim + m.v_dim) if m.mla is not None else 0.0,
         attention_core=m.heads * seq * sb * (2 * e + mask),
         layer_input=sb * m.d_model * e,
     )
@@ -165,6 +169,13 @@ def layer_activation_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes
             act_recompute=recompute == "selective" and "moe_act" in modules,
             combine_bytes=combine_bytes)
     outside = t.outside_tp / tp if sp else t.outside_tp
+    inside = t.inside_tp
+    if recompute == "selective":
+        # Megatron-Core's ``mlp`` (a dense layer's MLP checkpointed: its input, the norm's
+        # output, kept) and ``mla_up_proj`` (latent attention's up projections' outputs, Q,
+        # K and V, discarded and projected again from the kept latents).
+        inside -= (t.mlp_hidden if "mlp" in modules else 0.0) + (
+            t.up_proj if "mla_up_proj" in modules else 0.0)
     if recompute == "selective" and "layernorm" in modules and moe_layer:
         # The MoE layer's own pre-MLP norm: its output, the router's bf16 input, is dropped.
         outside -= seq * micro_batch * m.d_model * elem_bytes / (tp if sp else 1)
@@ -177,10 +188,10 @@ def layer_activation_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes
     else:
         dropped = recompute == "selective" and (not modules or "core_attn" in modules)
         core = 0.0 if dropped else t.attention_core / tp
-    return outside + t.inside_tp / tp + core + routed
+    return outside + inside / tp + core + routed
 
 
-RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "moe_act")
+RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp")
 """Megatron-Core's ``--recompute-modules`` that shardlab prices (``recompute=selective``
 with ``recompute_modules=``): ``core_attn`` (normal checkpoint of the attention core:
 Korthikanti's selective, Megatron's default), ``layernorm`` (output-discarding: the norm
@@ -188,7 +199,11 @@ output of a layer whose norm is a module of its own, with Transformer Engine onl
 layer's pre-MLP norm, is dropped and the norm run again in backward) and ``moe_act``
 (output-discarding: the grouped experts' activation output, fc2's input, dropped and the
 activation run again from fc1's output); Megatron-LM transformer_layer.py and
-moe/experts.py at d98e8a64 (``CheckpointWithoutOutput``)."""
+moe/experts.py at d98e8a64 (``CheckpointWithoutOutput``). ``mla_up_proj``
+(output-discarding: latent attention's up projections' outputs, Q, K and V, dropped and
+projected again from the kept latents; multi_latent_attention.py) and ``mlp`` (a normal
+checkpoint of a dense layer's MLP, its input kept: transformer_layer.py sets
+``recompute_mlp`` only where the MLP is not a MoELayer)."""
 
 
 def op_checkpoint_saves(m: ModelShape) -> tuple[bool, ...]:

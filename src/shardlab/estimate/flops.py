@@ -48,8 +48,11 @@ def layer_matmul_weights(m: ModelShape, moe_layer: bool) -> int:
 
 def matmul_weights_per_token(m: ModelShape) -> int:
     """Weights one token multiplies through in the whole model, the output head included."""
+    # A multi-token-prediction depth (one of the layers) adds its projection (2h x h) and
+    # one more pass through the head (DeepSeek-V3 Sec. 2.2).
     return (m.dense_layers * layer_matmul_weights(m, False)
-            + m.moe_layers * layer_matmul_weights(m, True) + m.vocab * m.d_model)
+            + m.moe_layers * layer_matmul_weights(m, True) + m.vocab * m.d_model
+            + m.mtp_layers * (2 * m.d_model * m.d_model + m.vocab * m.d_model))
 
 
 def attention_core_flops_per_token(m: ModelShape, seq: int, causal: bool = False) -> float:

@@ -98,12 +98,15 @@ class ParamCount:
     position: int
     head: int
     active_experts: int
+    mtp: int = 0
+    """Multi-token prediction beyond its layers (counted with the others): each depth's
+    projection and norms (:func:`mtp_params`)."""
 
     @property
     def total(self) -> int:
         """Every parameter of the checkpoint."""
         return (self.attention + self.mlp + self.experts + self.router + self.norms
-                + self.embedding + self.position + self.head)
+                + self.embedding + self.position + self.head + self.mtp)
 
     @property
     def active_per_token(self) -> int:
@@ -121,7 +124,7 @@ class ParamCount:
                 "non_embedding": self.non_embedding, "attention": self.attention,
                 "mlp": self.mlp, "experts": self.experts, "router": self.router,
                 "norms": self.norms, "embedding": self.embedding, "position": self.position,
-                "head": self.head}
+                "head": self.head, "mtp": self.mtp}
 
 
 def count_params(m: ModelShape) -> ParamCount:
@@ -142,4 +145,14 @@ def count_params(m: ModelShape) -> ParamCount:
         position=m.context * m.d_model if m.style == "gpt" else 0,
         head=0 if m.tied else m.vocab * m.d_model,
         active_experts=active,
+        mtp=m.mtp_layers * mtp_params(m),
     )
+
+
+def mtp_params(m: ModelShape) -> int:
+    """One multi-token-prediction depth's parameters beyond its transformer layer: the
+    projection of its two normed inputs, 2·d_model x d_model, and three norms (of the
+    hidden state, of the next token's embedding, and its final one): Megatron-Core's
+    ``MultiTokenPredictionLayer`` (``eh_proj``, ``hnorm``, ``enorm``,
+    ``final_layernorm``); DeepSeek-V3 Sec. 2.2's M_k and RMSNorms."""
+    return 2 * m.d_model * m.d_model + 3 * norm_params(m)

@@ -32,6 +32,7 @@ from shardlab.estimate.params import (
     attention_params,
     duplicated_attention_params,
     mlp_params,
+    mtp_params,
     norm_params,
     router_params,
     shared_expert_params,
@@ -191,6 +192,13 @@ def stage_params(m: ModelShape, tp: int, pp: int, virtual_stages: int = 1,
             n += norm_params(m)
             if not m.tied or head != 0:
                 n += vocab_shard
+            if m.mtp_layers:
+                # Multi-token prediction sits with the head: each depth's projection
+                # (column-parallel) and norms, and the embedding it looks the next token up
+                # in (a copy on the last rank, as a tied head keeps one).
+                n += m.mtp_layers * (mtp_params(m) - 2 * m.d_model * m.d_model
+                                     + 2 * m.d_model * m.d_model // tp)
+                n += vocab_shard if head != 0 else 0
         out.append(n)
     return out
 

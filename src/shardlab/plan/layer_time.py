@@ -44,6 +44,9 @@ class LayerForward:
     collectives (sequence parallel's all-gather before q, k, v; reduce-scatter after the
     output projection; all-gather before the MLP's first matmul(s); reduce-scatter after
     its last): the only compute a decomposed collective can ride alongside."""
+    up_proj: np.ndarray | float = 0.0
+    """Latent attention's up projections (query and key/value), the matmuls Megatron-Core's
+    ``mla_up_proj`` recompute runs again; 0 without latent attention."""
 
 
 def op_checkpoint_matmuls(model: ModelShape) -> tuple[bool, ...]:
@@ -79,6 +82,7 @@ def layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, d
                               lin_eff if linear else dev.eff)
 
     out = mat(tokens, m.o_dim / t, h)
+    up_proj: np.ndarray | float = 0.0
     if m.mla is None:
         qkv = mat(tokens, h, (q + 2 * kv) / t)
         # The block's linear matmuls one by one, in call order (q, k, v, output, then the
@@ -92,6 +96,8 @@ def layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, d
         calls = [mat(tokens / local, x.d_in, x.d_out) if x.split == "duplicated"
                  else mat(tokens, x.d_in, x.d_out / t) for x in m.attention_linears[:-1]]
         qkv = sum(calls[1:], calls[0])
+        up_proj = sum(x for x, a in zip(calls, m.attention_linears, strict=False)
+                      if a.split == "column" and not a.reads_input)
         calls.append(out)
     secs = qkv + out
     again = op_checkpoint_matmuls(m)
@@ -143,7 +149,7 @@ def layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, d
     secs = secs + ops * dev.eff.op_overhead
     windows = tuple(np.asarray(x, float) + 0.0 * t for x in (qkv, out, mlp_in, mlp_out))
     return LayerForward(np.asarray(secs, float), np.asarray(core, float),
-                        np.asarray(redo, float) + 0.0 * t, windows)
+                        np.asarray(redo, float) + 0.0 * t, windows, up_proj + 0.0 * t)
 
 
 def cp_balance(seq: int, cp: np.ndarray) -> np.ndarray:

@@ -41,6 +41,7 @@ from shardlab.plan.options import policy_for, step_options_for
 from shardlab.plan.overlap import framework as overlap_framework
 from shardlab.plan.published_run import PublishedRun
 from shardlab.plan.runs_blackwell import BLACKWELL_RUNS
+from shardlab.plan.runs_deepseek import DEEPSEEK_RUNS
 from shardlab.plan.runs_dgxc import DGXC_RUNS
 from shardlab.plan.runs_flash import FLASH_RUNS
 from shardlab.plan.runs_functional import FUNCTIONAL_RUNS
@@ -51,7 +52,7 @@ from shardlab.plan.search import layout_candidates, layout_step_keys, plan
 from shardlab.plan.space import Space
 
 RUNS: tuple[PublishedRun, ...] = (PAPER_RUNS + NVIDIA_RUNS + PYTORCH_RUNS + FLASH_RUNS
-                                  + BLACKWELL_RUNS + DGXC_RUNS + FUNCTIONAL_RUNS)
+                                  + BLACKWELL_RUNS + DGXC_RUNS + FUNCTIONAL_RUNS + DEEPSEEK_RUNS)
 
 
 def priced(run: PublishedRun, eff: Efficiency | None = None) -> dict[str, Any]:
@@ -160,7 +161,8 @@ def run_traits(r: PublishedRun) -> Traits:
     moe = r.model.moe
     return Traits(r.gpu, get_policy(r.dtype).linear_compute, r.framework,
                   moe is not None, r.gpus, r.pp, r.cp, r.dp_replicate,
-                  uneven(r.stage_layers), moe.experts / r.ep if moe else 0.0)
+                  uneven(r.stage_layers), moe.experts / r.ep if moe else 0.0,
+                  r.model.mla is not None)
 
 
 def slice_figures(held: list[tuple[PublishedRun, float]]

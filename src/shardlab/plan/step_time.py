@@ -165,6 +165,7 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     dense_l = layer_forward(m, seq, tp, mb, dev, moe_layer=False, flash=opt.flash,
                             kernel=opt.flash_kernel, cp=cp, balance=balance)
     mat_l, core_l, redo_l = dense_l.matmul, dense_l.core, dense_l.op_recompute
+    up_l = dense_l.up_proj  # the same in every layer: attention is
     windows = dense_l.tp_windows
     if m.moe_layers:
         moe_l = layer_forward(m, seq, tp, mb, dev, moe_layer=True, c=c, flash=opt.flash,
@@ -189,10 +190,16 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     perm = permute_seconds(m, c, seq, policy.activation_bytes, ew_bw)
     cast_f, cast_b = cast_f + perm, cast_b + perm
     tokens = mb * seq / cp  # a context-parallel rank's tokens of a micro-batch
-    head = matmul_seconds(2.0 * tokens * m.d_model * m.vocab / tp, tokens, m.d_model,
-                          m.vocab / tp, dev.peak, dev.eff)
-    # The loss over the rank's T x V/t logits, forward and backward, memory-bound.
-    loss = tokens * m.vocab / tp * opt.loss_bytes / ew_bw
+    # The head, and for each multi-token-prediction depth its projection (2h to h/t) and the
+    # head again (DeepSeek-V3 Sec. 2.2); the depths' blocks are among the layers.
+    heads = 1 + m.mtp_layers
+    head = heads * matmul_seconds(2.0 * tokens * m.d_model * m.vocab / tp, tokens, m.d_model,
+                                  m.vocab / tp, dev.peak, dev.eff) + m.mtp_layers * (
+        matmul_seconds(2.0 * tokens * 2 * m.d_model * m.d_model / tp, tokens, 2 * m.d_model,
+                       m.d_model / tp, dev.peak, dev.eff))
+    # The loss over the rank's T x V/t logits (each head's), forward and backward,
+    # memory-bound.
+    loss = heads * tokens * m.vocab / tp * opt.loss_bytes / ew_bw
     # Hardware FLOPs beyond the model's, per layer forward (a fused kernel's backward
     # recomputes half its core). Selective: the attention core (Korthikanti et al. 2022) or
     # Megatron's modules, or per operator (torchtitan) every second linear matmul with its
@@ -203,6 +210,14 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
                  else flash_redo + selective_seconds(core_l + soft_l, m, c, seq,
                                                      opt.recompute_modules,
                                                      policy.activation_bytes, ew_bw))
+    if not by_op:
+        # Megatron-Core's mla_up_proj (every layer's up projections again) and mlp (a dense
+        # layer's MLP again: its matmuls and activation), averaged over the layers.
+        mods = opt.recompute_modules
+        dense_mlp = (dense_l.tp_windows[2] + dense_l.tp_windows[3]
+                     + m.mlp_matrices * tokens * m.d_ff / tp * policy.activation_bytes / ew_bw)
+        sel_extra = (sel_extra + (up_l if "mla_up_proj" in mods else 0.0)
+                     + (m.dense_layers / m.layers * dense_mlp if "mlp" in mods else 0.0))
     extra_layer = np.select([selective, full], [sel_extra, fwd_layer + cast_f], flash_redo)
     # Tensor-parallel all-reduces of T·h activations: 2 per layer forward, 2 backward and 2
     # more with full recompute; exposed as overlap_tp leaves them (overlap module).

@@ -8,7 +8,8 @@ from shardlab.report.fit_view import print_fit
 from shardlab.report.tables import show, table
 from shardlab.units import human, human_bytes, human_gib, human_seconds
 
-PARTS = ("attention", "mlp", "experts", "router", "norms", "embedding", "position", "head")
+PARTS = ("attention", "mlp", "experts", "router", "norms", "embedding", "position", "head",
+         "mtp")
 
 
 def _pct(x: float, total: float) -> str:
