@@ -66,3 +66,8 @@ def test_docs_state_the_deepseek_figures() -> None:
     for r, e in zip(DEEPSEEK_RUNS, errs, strict=True):
         assert f"{e:+.1%}" in doc, r.name
     assert re.search(r"worst 59\.4% \(DeepSeek-V3 on 256 GB200", " ".join(readme.split()))
+    # The plan guide's example is the 25.09 H100 run in its own layout.
+    guide = " ".join((ROOT / "docs" / "guide" / "plan.md").read_text().split())
+    h100 = {r.name: e for r, e in zip(DEEPSEEK_RUNS, errs, strict=True)}
+    assert f"the planner is {-h100['MBG DeepSeek-V3 H100 1024 FP8']:.1%} fast" in guide
+    assert f"other H100 run ({h100['DGXC DeepSeek-V3 H100 1024']:+.1%})" in guide
