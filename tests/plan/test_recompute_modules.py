@@ -60,7 +60,7 @@ def test_the_modules_trade_memory_for_memory_bound_time(
 
 
 @pytest.mark.parametrize(("extra", "words"), [
-    (["--layout", "dp=16 recompute=selective recompute_modules=moe"], "not priced"),
+    (["--layout", "dp=16 recompute=selective recompute_modules=shared_experts"], "not priced"),
     (["--layout", "dp=16 recompute=none recompute_modules=moe_act"], "recompute=selective"),
     (["--framework", "torchtitan", "--layout", "recompute_modules=moe_act"], "torchtitan"),
     (["--recompute", "none", "--layout", "recompute_modules=moe_act"], "recompute=selective"),
@@ -80,3 +80,19 @@ def test_moe_modules_on_a_dense_model_are_refused(capsys: pytest.CaptureFixture[
                  "dp=8 recompute=selective recompute_modules=moe_act"])
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and err.count("\n") == 1 and "dense" in err
+
+
+def test_moe_drops_the_whole_moe_layer_and_runs_it_and_its_all_to_alls_again(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Megatron-Core's ``moe``: the routed activations and the shared experts' hidden are not
+    # kept (the layer's input is); a dense layer is untouched.
+    routed = _bytes(True, ()) - _bytes(True, ("moe",))
+    assert routed > _bytes(True, ()) - _bytes(True, ("moe_act",)) > 0
+    assert _bytes(False, ("moe",)) == _bytes(False, ())
+    plain = _plan(capsys, "")
+    whole = _plan(capsys, " recompute_modules=moe")
+    assert whole["memory_breakdown"]["activations"] < plain["memory_breakdown"]["activations"]
+    assert whole["breakdown"]["recompute"] > plain["breakdown"]["recompute"]
+    # Dispatch and combine three times, not twice (forward, the recompute, backward).
+    assert whole["breakdown"]["ep_comm"] == pytest.approx(1.5 * plain["breakdown"]["ep_comm"],
+                                                          rel=1e-9)

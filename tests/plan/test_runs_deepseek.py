@@ -17,7 +17,8 @@ from shardlab.plan.runs_deepseek import DEEPSEEK_RUNS, DSV3_MTP
 ROOT = Path(__file__).resolve().parents[2]
 
 # Each row's published model TFLOP/s per GPU beside the throughput it was measured at.
-TFLOPS = {"DGXC DeepSeek-V3 H100 1024": 163.7, "DGXC DeepSeek-V3 GB200 256": 249.11,
+TFLOPS = {"DGXC DeepSeek-V3 H100 1024": 163.7, "DGXC DeepSeek-V3 H100 1024 v25.08": 235.43,
+          "DGXC DeepSeek-V3 GB200 256": 249.11,
           "DGXC DeepSeek-V3 GB200 256 v25.10": 769.50, "MBG DeepSeek-V3 H100 1024 FP8": 338,
           "MBG DeepSeek-V3 GB200 256 FP8": 899, "MBG DeepSeek-V3 B200 256 FP8": 589,
           "MBG DeepSeek-V3 GB200 256 MXFP8": 1028, "MBG DeepSeek-V3 B200 256 MXFP8": 699}
@@ -70,4 +71,5 @@ def test_docs_state_the_deepseek_figures() -> None:
     guide = " ".join((ROOT / "docs" / "guide" / "plan.md").read_text().split())
     h100 = {r.name: e for r, e in zip(DEEPSEEK_RUNS, errs, strict=True)}
     assert f"the planner is {-h100['MBG DeepSeek-V3 H100 1024 FP8']:.1%} fast" in guide
-    assert f"other H100 run ({h100['DGXC DeepSeek-V3 H100 1024']:+.1%})" in guide
+    assert f"NeMo 25.04 H100 run ({h100['DGXC DeepSeek-V3 H100 1024']:+.1%})" in guide
+    assert f"prices {h100['DGXC DeepSeek-V3 H100 1024 v25.08']:.1%} slow" in guide

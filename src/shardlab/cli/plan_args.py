@@ -168,7 +168,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    'those gathers unhidden), optimizer_dtype=fp32|bf16_moments|bf16 its Adam '
                    'state (12, 8 or 4 bytes per parameter: fp32 master and moments; '
                    'bf16 moments beside the fp32 master; bf16 moments and no master), '
-                   'recompute_modules=moe_act+layernorm+core_attn+mla_up_proj+mlp what '
+                   'recompute_modules=core_attn+layernorm+moe_act+moe+mlp+mla_up_proj what '
                    "recompute=selective runs again (Megatron's --recompute-modules), "
                    'offload_layers=N the layers per rank whose activations go to host '
                    "memory (Megatron's --cpu-offloading-num-layers; pp 1, no recompute), "

@@ -87,7 +87,7 @@ class ActivationTerms:
     inside_tp: float    # Q, K, V, projections' inputs, MLP hidden (split by tp)
     attention_core: float  # a·s²·b terms (split by tp; dropped by selective recompute)
     layer_input: float  # what full recompute keeps
-    mlp_hidden: float = 0.0  # of inside_tp: a dense MLP's hidden activations
+    mlp_hidden: float = 0.0  # of inside_tp: a dense MLP's (a MoE layer's shared experts') hidden
     up_proj: float = 0.0  # of inside_tp: latent attention's Q, K and V (up projections' outputs)
 
 
@@ -130,7 +130,7 @@ def activation_terms(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int,
         outside_tp=sb * (m.d_model * (2 * e + li + mlp_in + 2 * mask) + latents),
         inside_tp=sb * (e * (m.q_dim + m.kv_dim + m.v_dim + m.o_dim + extra) + mlp_hidden
                         + proj_copy),
-        mlp_hidden=0.0 if moe else sb * mlp_hidden,
+        mlp_hidden=sb * mlp_hidden,
         up_proj=sb * e * (m.q_dim + m.kv_dim + m.v_dim) if m.mla is not None else 0.0,
         attention_core=m.heads * seq * sb * (2 * e + mask),
         layer_input=sb * m.d_model * e,
@@ -174,8 +174,13 @@ def layer_activation_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes
         # Megatron-Core's ``mlp`` (a dense layer's MLP checkpointed: its input, the norm's
         # output, kept) and ``mla_up_proj`` (latent attention's up projections' outputs, Q,
         # K and V, discarded and projected again from the kept latents).
-        inside -= (t.mlp_hidden if "mlp" in modules else 0.0) + (
+        # ``moe`` (a MoE layer checkpointed whole: router, dispatch, experts, combine and
+        # shared experts; its input kept) drops the routed part and the shared hidden.
+        block = "moe" if moe_layer else "mlp"
+        inside -= (t.mlp_hidden if block in modules else 0.0) + (
             t.up_proj if "mla_up_proj" in modules else 0.0)
+        if moe_layer and "moe" in modules:
+            routed = 0.0
     if recompute == "selective" and "layernorm" in modules and moe_layer:
         # The MoE layer's own pre-MLP norm: its output, the router's bf16 input, is dropped.
         outside -= seq * micro_batch * m.d_model * elem_bytes / (tp if sp else 1)
@@ -191,7 +196,8 @@ def layer_activation_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes
     return outside + inside / tp + core + routed
 
 
-RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp")
+RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp",
+                                      "moe")
 """Megatron-Core's ``--recompute-modules`` that shardlab prices (``recompute=selective``
 with ``recompute_modules=``): ``core_attn`` (normal checkpoint of the attention core:
 Korthikanti's selective, Megatron's default), ``layernorm`` (output-discarding: the norm
@@ -203,7 +209,9 @@ moe/experts.py at d98e8a64 (``CheckpointWithoutOutput``). ``mla_up_proj``
 (output-discarding: latent attention's up projections' outputs, Q, K and V, dropped and
 projected again from the kept latents; multi_latent_attention.py) and ``mlp`` (a normal
 checkpoint of a dense layer's MLP, its input kept: transformer_layer.py sets
-``recompute_mlp`` only where the MLP is not a MoELayer)."""
+``recompute_mlp`` only where the MLP is not a MoELayer) and ``moe`` (a normal checkpoint
+of a whole MoE layer, moe_layer.py ``moe_layer_recompute``: router, dispatch, experts,
+combine and shared experts run again, the layer's input kept)."""
 
 
 def op_checkpoint_saves(m: ModelShape) -> tuple[bool, ...]:

@@ -109,7 +109,7 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
                 if name not in RECOMPUTE_MODULES:
                     known = ", ".join(RECOMPUTE_MODULES)
                     raise SpecError(key, value, f"modules must be of {known} joined by '+' "
-                                    "(moe and shared_experts are not priced)")
+                                    "(shared_experts is not priced)")
             opts[key] = names
             continue
         if key in ("dispatcher", "routing", "backward_prefetch"):

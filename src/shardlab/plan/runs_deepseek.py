@@ -7,8 +7,9 @@ Bridge/NeMo count with the MTP layer, 249.8 without; shardlab's count is that pl
 router's matmul, 0.64 GFLOP a token: ``tests/plan/test_runs_deepseek.py``):
 
 * DGXC: NVIDIA/dgxc-benchmarking ``deepseek_v3/pretraining/README.md`` at tag v25.05 (NeMo
-  25.04.01, ``scripts/performance/llm/pretrain_deepseek_v3.py`` at 7a8f1cc7) and
-  ``deepseek_v3/pretrain/README.md`` at v25.10.02 (Megatron-Bridge d7dfa764,
+  25.04.01, ``scripts/performance/llm/pretrain_deepseek_v3.py`` at 7a8f1cc7),
+  ``deepseek_v3/pretrain/README.md`` at v25.08.02 (NeMo 25.07.01, the script at 9244b1ec)
+  and at v25.10.02 (Megatron-Bridge d7dfa764,
   ``scripts/performance/run_script.py``): the layout table and the "Training step time"
   (seconds per step).
 * MBG: NVIDIA-NeMo/Megatron-Bridge ``docs/performance-summary.md`` (25.09 table at
@@ -22,8 +23,7 @@ the last pipeline chunk (``[E+4t] + [4t]x14 + [t, mtp, loss]`` for PP x VP = 16;
 v25.05 rows ``num_layers_in_first/last_pipeline_stage``; 25.09 H100 ``Et|(tt|)*30mL``).
 What the planner does not price, stated per run: the shared expert's overlap with the
 dispatch (``moe_shared_expert_overlap``), Transformer Engine's partial CUDA graphs, the
-delayed weight-gradient split. Left out, and why: the dgxc v25.08.02 H100 row recomputes
-whole MoE layers (``recompute_modules`` ``moe``, not priced); GB300 and B300 (no such
+delayed weight-gradient split. Left out, and why: GB300 and B300 (no such
 accelerator here); the 25.11 rows (their configs are not on a released branch); the 26.06
 and later rows (full-iteration CUDA graphs with experts padded to 1.5x capacity); Kimi K2
 (the Muon optimizer, not priced). All are held out.
@@ -95,6 +95,24 @@ DEEPSEEK_RUNS: tuple[PublishedRun, ...] = (
          "16 | 1 | 64 | 1 | 32 | 1 | 1 | 8192 | 256 |' and 'Deepseek V3 BF16 H100 | 1024x "
          "H100 GPUs' 'Training step time (seconds per step)| 52.04' (163.7 TFLOP/s per GPU); "
          "H100: TP=2 PP=16 EP=64 VP=1 RM='mla_up_proj'; " + _V25_05, capacity=1.0),
+    _run("DGXC DeepSeek-V3 H100 1024 v25.08", f"{_DGXC} v25.08.02 (NeMo 25.07.01), H100",
+         "H100 SXM", 1024, 1, 8, 2, 64, 8192, 36.189, "training step time 36.189 s", "bf16",
+         _LAST, " dispatcher=flex recompute_modules=mla_up_proj+mlp+moe",
+         (*DGX_H100, "the distributed optimizer's gradient reduce and parameter gather "
+          "overlapped (NeMo's MegatronCommOverlapCallback defaults)",
+          "the MTP depth on the last chunk with the loss (the (8, 2) layout names no mtp "
+          "entry; the TFLOP/s count includes it)"),
+         "deepseek_v3/pretrain/README.md at v25.08.02: '| 671B | BF16/FP8-DS | 1024 | 4096 | 61 "
+         "| 1 | 8 | 1 | 64 | 1 | 128 | 2 | 1 | 8192 | 64 | mla_up_proj,mlp,moe |' and "
+         "'pretrain_deepseek_v3_bf16_gpus1024_tp1_pp8_cp1_vp2_ep64_mbs1_gbs8192 Success "
+         "36.189 0.300 235.43 1.95' (iterations 35-44); launch.sh: TP=1 EP=64 PP=8 VP=2 "
+         "RM='mla_up_proj mlp moe' MBS=1 GBS=JOB_TOTAL_GPUS*8 CG=false; NeMo 9244b1ec "
+         "pretrain_deepseek_v3.py: for h100 moe_token_dispatcher_type flex, "
+         "moe_enable_deepep, moe_shared_expert_overlap False, "
+         "moe_router_force_load_balancing, moe_permute_fusion, apply_rope_fusion, layout "
+         "(8, 2) [embedding + 4 decoder] + [4 decoder] x 14 + [decoder, loss]; "
+         "scripts/performance/helpers.py cross_entropy_fusion_impl te; recipe "
+         "grad_reduce_in_fp32 False"),
     _run("DGXC DeepSeek-V3 GB200 256", f"{_DGXC} v25.05 (NeMo 25.04.01), GB200", "GB200", 256,
          2, 4, 1, 64, 2048, 34.194, "training step time 34.194 s", "bf16", (15, 16, 16, 15),
          " recompute_modules=core_attn",

@@ -215,15 +215,15 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
     if mods and not (c.recompute == RECOMPUTE.index("selective")).any():
         raise SpecError("recompute_modules", "+".join(mods), "needs recompute=selective "
                         "(Megatron's --recompute-granularity selective)")
-    if model.moe is None and {"moe_act", "layernorm"} & set(mods):
-        raise SpecError("recompute_modules", "+".join(mods), f"moe_act and layernorm are a "
-                        f"MoE layer's modules here ({model.name} is dense)")
+    if model.moe is None and {"moe_act", "layernorm", "moe"} & set(mods):
+        raise SpecError("recompute_modules", "+".join(mods), f"moe, moe_act and layernorm are "
+                        f"a MoE layer's modules here ({model.name} is dense)")
     if model.mla is None and "mla_up_proj" in mods:
         raise SpecError("recompute_modules", "+".join(mods), f"mla_up_proj is latent "
                         f"attention's ({model.name} has none)")
     if not model.dense_layers and "mlp" in mods:
         raise SpecError("recompute_modules", "+".join(mods), f"mlp is a dense layer's MLP "
-                        f"({model.name} has only MoE layers; moe is not priced)")
+                        f"({model.name} has only MoE layers: theirs is moe)")
     dev, memory = device_of(acc, policy, space.gpus)
     usable = USABLE_MEMORY * memory
     valid = c.reason < 0

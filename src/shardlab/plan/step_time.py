@@ -218,6 +218,12 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
                      + m.mlp_matrices * tokens * m.d_ff / tp * policy.activation_bytes / ew_bw)
         sel_extra = (sel_extra + (up_l if "mla_up_proj" in mods else 0.0)
                      + (m.dense_layers / m.layers * dense_mlp if "mlp" in mods else 0.0))
+        if "moe" in mods and m.moe_layers:
+            # A MoE layer again: its experts' and shared experts' matmuls, the experts'
+            # activation and the permutation (its all-to-alls: below).
+            sel_extra = sel_extra + (m.moe_layers / m.layers * (
+                moe_l.tp_windows[2] + moe_l.tp_windows[3]) + perm + selective_seconds(
+                    np.zeros(len(c)), m, c, seq, ("moe_act",), policy.activation_bytes, ew_bw))
     extra_layer = np.select([selective, full], [sel_extra, fwd_layer + cast_f], flash_redo)
     # Tensor-parallel all-reduces of T·h activations: 2 per layer forward, 2 backward and 2
     # more with full recompute; exposed as overlap_tp leaves them (overlap module).
@@ -244,6 +250,9 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
     nvl, net = (dev.link("all_to_all", np.full(len(c), x)) for x in (True, False))
     per_layer_a2a = ex.alltoall_layer_seconds(m, c, seq, policy, *nvl, opt.dispatcher, opt.routing,
                                               net, ex.ep_members_per_node(c, cp, gpn))
+    if "moe" in opt.recompute_modules and not by_op:
+        # A recomputed MoE layer dispatches and combines once more: 3 passes, not 2.
+        per_layer_a2a = np.where(selective, 1.5, 1.0) * per_layer_a2a
 
     # Context parallel: per layer and micro-batch the K/V all-gathers forward (twice under
     # full recompute) and the reduce-scatter of their gradients backward, each of the
