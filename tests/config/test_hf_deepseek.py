@@ -43,7 +43,8 @@ def test_v3_reads_latent_attention_and_its_moe() -> None:
     ({"qk_rope_head_dim": 0}, "qk_rope_head_dim"),
     ({"num_experts_per_tok": 300}, "num_experts_per_tok"),
     ({"first_k_dense_replace": -1}, "first_k_dense_replace"),
-    ({"first_k_dense_replace": 62}, "moe.dense_layers"),
+    ({"first_k_dense_replace": 62}, "first_k_dense_replace"),
+    ({"moe_layer_freq": True}, "moe_layer_freq"),
     ({"attention_bias": True}, "attention_bias"),
 ])
 def test_bad_deepseek_fields_are_named(tmp_path: Path, changes: dict, field: str) -> None:
@@ -58,3 +59,9 @@ def test_the_runtime_and_export_refuse_latent_attention() -> None:
         with pytest.raises(SpecError, match="latent attention") as e:
             check(shape)
         assert e.value.field == "mla"
+
+
+@pytest.mark.parametrize("changes", [{"n_routed_experts": None}, {"first_k_dense_replace": 61}])
+def test_a_deepseek_config_with_no_moe_layer_is_dense(tmp_path: Path, changes: dict) -> None:
+    shape = shape_from_hf_config(edited(tmp_path, "deepseek-v3", **changes))
+    assert shape.moe is None and shape.mla is not None and shape.layers == 61

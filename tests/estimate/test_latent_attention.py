@@ -99,10 +99,13 @@ def test_operators_list_each_projection_and_the_value_width() -> None:
 
 @pytest.mark.parametrize(("kw", "field"), [
     ({"kv_heads": 8}, "kv_heads"), ({"head_dim": 128}, "head_dim"),
+    ({"style": "gpt"}, "style"), ({"qkv_bias": True}, "qkv_bias"),
+    ({"qk_norm": True}, "qk_norm"),
 ])
 def test_latent_attention_needs_a_head_per_key(kw: dict, field: str) -> None:
     with pytest.raises(SpecError) as e:
-        ModelShape("t", 2, 256, 4, 100, 64, style="llama", mla=MLA(32, 16, 8, 16), **kw)
+        ModelShape("t", 2, 256, 4, 100, 64, mla=MLA(32, 16, 8, 16),
+                   **{"style": "llama", **kw})
     assert e.value.field == field
 
 

@@ -12,6 +12,7 @@ from tests.cli.budget_cli_support import assert_one_line_error, run_cli
 from shardlab.config.catalog import get_model
 from shardlab.config.model import require_buildable, runtime_builds, with_mtp
 from shardlab.errors import SpecError
+from shardlab.estimate.activations import last_stage_extra_bytes
 from shardlab.estimate.flops import (
     flops_per_token,
     layer_matmul_weights,
@@ -49,6 +50,21 @@ def test_the_last_rank_holds_the_depth_its_projection_and_an_embedding() -> None
     assert one[-1] - plain[-1] == 2 * h * h + 3 * h + V3.vocab * h
 
 
+def test_a_tied_head_is_the_depth_s_embedding_already() -> None:
+    gpt = with_mtp(get_model("gpt2"), 1)  # tied: the last rank's head is the embedding
+    one, plain = (stage_params(x, 1, 2) for x in (gpt, replace(gpt, mtp_layers=0)))
+    h = gpt.d_model
+    assert one[-1] - plain[-1] == 2 * h * h + 3 * 2 * h  # LayerNorm: scale and shift
+
+
+def test_the_last_stage_keeps_each_depth_s_logits_and_inputs() -> None:
+    m, seq, h = with_mtp(V3, 1), 4096, V3.d_model
+    extra = last_stage_extra_bytes(m, 1, seq, 2) - last_stage_extra_bytes(V3, 1, seq, 2)
+    # Its fp32 logits, its final norm's and head's inputs, its two norms' and its
+    # projection's 2h-wide input.
+    assert extra == 4 * seq * V3.vocab + (2 + 4) * seq * h * 2
+
+
 def test_mtp_layers_must_leave_a_layer_and_the_runtime_refuses_them() -> None:
     with pytest.raises(SpecError) as e:
         replace(V3, mtp_layers=61)
@@ -63,6 +79,10 @@ def test_budget_and_plan_take_mtp_layers(capsys: pytest.CaptureFixture[str]) -> 
     code, out, _ = run_cli(capsys, "budget", "deepseek-v3", "--gpus", "1024", "--pp", "16",
                            "--ep", "64", "--seq", "4096", "--mtp-layers", "1", "--json")
     assert code == 0 and '"mtp":102781952' in out.replace(" ", "")
+    # Serving has no prediction depth: the cache is the 61 layers' latents.
+    assert '"kv_bytes_per_token":70272' in out.replace(" ", "")
+    assert_one_line_error(*run_cli(capsys, "budget", "--params", "7e9", "--mtp-layers", "1"),
+                          "mtp_layers", "needs a MODEL")
     assert_one_line_error(*run_cli(capsys, "budget", "deepseek-v3", "--mtp-layers", "17"),
                           "--mtp-layers", "16")
     assert_one_line_error(*run_cli(capsys, "plan", "gpt2", "--gpus", "8", "--mtp-layers",

@@ -40,12 +40,16 @@ def _plan(capsys: pytest.CaptureFixture[str], modules: str) -> dict:
 
 def test_each_module_trades_activations_for_recompute(
         capsys: pytest.CaptureFixture[str]) -> None:
-    plain = _plan(capsys, "")
-    for modules in (" recompute_modules=mla_up_proj", " recompute_modules=mlp"):
-        less = _plan(capsys, modules)
+    # Against the same layout recomputing the MoE layers' norms only (a fused kernel's
+    # backward recomputes half its core under any selective layout): each module adds its
+    # own matmuls again and keeps fewer activations.
+    base = " recompute_modules=layernorm"
+    plain = _plan(capsys, base)
+    for module in ("mla_up_proj", "mlp"):
+        less = _plan(capsys, f"{base}+{module}")
         assert less["memory_breakdown"]["activations"] < plain["memory_breakdown"][
-            "activations"], modules
-        assert less["breakdown"]["recompute"] > 0, modules
+            "activations"], module
+        assert less["breakdown"]["recompute"] > plain["breakdown"]["recompute"], module
 
 
 @pytest.mark.parametrize(("model", "modules", "words"), [

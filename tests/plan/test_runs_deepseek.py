@@ -21,7 +21,8 @@ TFLOPS = {"DGXC DeepSeek-V3 H100 1024": 163.7, "DGXC DeepSeek-V3 H100 1024 v25.0
           "DGXC DeepSeek-V3 GB200 256": 249.11,
           "DGXC DeepSeek-V3 GB200 256 v25.10": 769.50, "MBG DeepSeek-V3 H100 1024 FP8": 338,
           "MBG DeepSeek-V3 GB200 256 FP8": 899, "MBG DeepSeek-V3 B200 256 FP8": 589,
-          "MBG DeepSeek-V3 GB200 256 MXFP8": 1028, "MBG DeepSeek-V3 B200 256 MXFP8": 699}
+          "MBG DeepSeek-V3 GB200 256 MXFP8": 1028, "MBG DeepSeek-V3 B200 256 MXFP8": 699,
+          "MBG DeepSeek-V3 B200 256 MXFP8 EP32": 864}
 
 
 def test_every_row_quotes_its_figure_and_places_62_layers() -> None:

@@ -171,7 +171,8 @@ def add_assumption_args(p: argparse.ArgumentParser) -> None:
 
 MTP_HELP = ("train with N multi-token-prediction depths (DeepSeek-V3; Megatron's "
             "--mtp-num-layers): N layers of the model's last kind appended, each with its "
-            "projection and one more pass through the head; priced only, 0 to 16 (default 0)")
+            "projection and one more pass through the head (a --stage-layers split counts "
+            "them); priced only, 0 to 16 (default 0)")
 
 
 def mtp_layers_arg(text: str) -> int:
@@ -274,7 +275,8 @@ def run(args: argparse.Namespace) -> int:
                                 "experts")
         for name, value, default in (("cp", args.cp, 1), ("stage_layers", args.stage_layers,
                                                           None),
-                                     ("dp_replicate", args.dp_replicate, 1)):
+                                     ("dp_replicate", args.dp_replicate, 1),
+                                     ("mtp_layers", args.mtp_layers, 0)):
             if value != default:
                 raise SpecError(name, value, "needs a MODEL: a bare parameter count has no "
                                 "layers or sequence to split")

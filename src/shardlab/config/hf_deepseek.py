@@ -13,12 +13,12 @@ the checkpoints ship (``modeling_deepseek.py``):
   rest are MoE layers of ``n_routed_experts`` experts of ``moe_intermediate_size``, top
   ``num_experts_per_tok``, and ``n_shared_experts`` shared experts (one MLP of
   n x moe_intermediate_size); ``moe_layer_freq`` must be 1 (every layer past the dense
-  ones is MoE);
+  ones is MoE); with ``n_routed_experts`` null or every layer dense, the model is dense;
 * ``topk_method`` ``noaux_tc`` (V3, K2) gives each router a per-expert
   ``e_score_correction_bias``, a tensor of the checkpoint (``router_bias``);
 * the multi-token-prediction layers (``num_nextn_predict_layers``) are not part of the
-  model transformers builds and are not priced (a training run that uses them adds about
-  one layer's work).
+  model transformers builds, so the shape has none; ``--mtp-layers`` prices training with
+  them (:func:`shardlab.config.model.with_mtp`).
 
 shardlab prices these shapes; its runtime does not build latent attention.
 """
@@ -58,7 +58,16 @@ def deepseek_fields(r: Reader, heads: int) -> dict[str, Any]:
               qk_nope_head_dim=r.positive_int("qk_nope_head_dim"),
               qk_rope_head_dim=r.positive_int("qk_rope_head_dim"),
               v_head_dim=r.positive_int("v_head_dim"), q_lora_rank=q_lora)
-    if r.config.get("moe_layer_freq", 1) != 1:
+    layers = r.positive_int("num_hidden_layers")
+    dense = r.config.get("first_k_dense_replace", 0)
+    if isinstance(dense, bool) or not isinstance(dense, int) or not 0 <= dense <= layers:
+        raise SpecError("first_k_dense_replace", dense,
+                        f"must be an integer from 0 to num_hidden_layers ({layers})")
+    if r.config.get("n_routed_experts") is None or dense == layers:
+        # No routed experts (the modeling code's `is not None`), or no MoE layer: dense.
+        return {"mla": mla, "moe": None, "head_dim": 0, "kv_heads": heads}
+    freq = r.config.get("moe_layer_freq", 1)
+    if isinstance(freq, bool) or freq != 1:
         raise SpecError("moe_layer_freq", r.config["moe_layer_freq"], "must be 1: every "
                         "layer past first_k_dense_replace is a MoE layer")
     experts = r.positive_int("n_routed_experts")
@@ -67,9 +76,6 @@ def deepseek_fields(r: Reader, heads: int) -> dict[str, Any]:
         raise SpecError("num_experts_per_tok", top_k,
                         f"must be <= n_routed_experts ({experts})")
     shared = r.config.get("n_shared_experts")
-    dense = r.config.get("first_k_dense_replace", 0)
-    if isinstance(dense, bool) or not isinstance(dense, int) or dense < 0:
-        raise SpecError("first_k_dense_replace", dense, "must be an integer >= 0")
     moe = MoE(experts=experts, experts_per_token=top_k,
               expert_d_ff=r.positive_int("moe_intermediate_size"),
               shared_experts=0 if shared is None else r.positive_int("n_shared_experts"),

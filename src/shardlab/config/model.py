@@ -226,7 +226,13 @@ class ModelShape:
                             f"must be <= layers ({self.layers})")
 
     def _check_mla(self, mla: MLA) -> None:
-        """Latent attention gives every head its own key and value, of nope + rope width."""
+        """Latent attention gives every head its own key and value, of nope + rope width, in a
+        llama-style block without q/k/v biases or query/key norms (DeepSeek's)."""
+        for name, bad in (("style", self.style != "llama"), ("qkv_bias", self.qkv_bias),
+                          ("qk_norm", self.qk_norm)):
+            if bad:
+                raise SpecError(name, getattr(self, name), "latent attention (mla) is "
+                                "DeepSeek's: llama style, no q/k/v biases, no query/key norms")
         if self.kv_heads not in (0, self.heads):
             raise SpecError("kv_heads", self.kv_heads,
                             f"must equal heads ({self.heads}) with latent attention (mla)")
@@ -342,6 +348,14 @@ def with_mtp(shape: ModelShape, depths: int) -> ModelShape:
     if not depths:
         return shape
     return replace(shape, layers=shape.layers + depths, mtp_layers=shape.mtp_layers + depths)
+
+
+def served(shape: ModelShape) -> ModelShape:
+    """``shape`` as it is served: its multi-token-prediction depths dropped (a checkpoint as
+    transformers builds it has none; inference prices this)."""
+    if not shape.mtp_layers:
+        return shape
+    return replace(shape, layers=shape.layers - shape.mtp_layers, mtp_layers=0)
 
 
 def runtime_builds(shape: ModelShape) -> bool:

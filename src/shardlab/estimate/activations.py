@@ -275,10 +275,14 @@ LOGIT_BYTES = 4.0
 
 def last_stage_extra_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int = 2, *,
                            tp: int = 1, sp: bool = False) -> float:
-    """Final norm input, head input and fp32 logits kept by the last stage, per micro-batch."""
+    """Final norm input, head input and fp32 logits kept by the last stage, per micro-batch;
+    each multi-token-prediction depth keeps its own (and its two norms' inputs and its
+    projection's 2h-wide input: 4·s·b·h more)."""
     sb = seq * micro_batch
-    norm_and_head = 2 * sb * m.d_model * elem_bytes
-    return (norm_and_head / tp if sp else norm_and_head) + LOGIT_BYTES * sb * m.vocab / tp
+    heads = 1 + m.mtp_layers
+    norm_and_head = (2 * heads + 4 * m.mtp_layers) * sb * m.d_model * elem_bytes
+    return ((norm_and_head / tp if sp else norm_and_head)
+            + heads * LOGIT_BYTES * sb * m.vocab / tp)
 
 
 def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,

@@ -24,7 +24,7 @@ from typing import Any
 from shardlab.config.dtypes import DtypePolicy
 from shardlab.config.hardware import Accelerator, matmul_peaks
 from shardlab.config.layout import Layout
-from shardlab.config.model import ModelShape
+from shardlab.config.model import ModelShape, served
 from shardlab.errors import SpecError
 from shardlab.estimate import fp8
 from shardlab.estimate.budget_sections import alltoall_calls, cp_seconds, cp_section, moe_section
@@ -166,16 +166,18 @@ def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
     context = a.decode_context or m.context
     bp = lay.dtype.activation_bytes
     devices = lay.tp
-    decode = decode_step(m, acc, a.decode_batch, context, devices, bp, lay.dtype.compute)
-    prefill = prefill_step(m, acc, a.decode_batch, context, devices, bp, lay.dtype.compute,
+    sm = served(m)  # serving has no multi-token-prediction depths
+    decode = decode_step(sm, acc, a.decode_batch, context, devices, bp, lay.dtype.compute)
+    prefill = prefill_step(sm, acc, a.decode_batch, context, devices, bp, lay.dtype.compute,
                            causal=a.causal)
-    weights_bytes = pc.total * bp
-    kv_cache = kv_bytes_per_token(m, bp) * context * a.decode_batch
+    weights_bytes = count_params(sm).total * bp
+    kv_cache = kv_bytes_per_token(sm, bp) * context * a.decode_batch
     infer_mem = (weights_bytes + kv_cache) / devices
 
-    def ops(batch: int, q_len: int, kv_len: int) -> list[dict[str, Any]]:
+    def ops(batch: int, q_len: int, kv_len: int, shape: ModelShape = m) -> list[dict[str, Any]]:
         return [{"name": o.name, "kind": o.kind, **_roof(o.roofline)}
-                for o in layer_operators(m, acc, batch, q_len, kv_len, bp, lay.dtype.compute)]
+                for o in layer_operators(shape, acc, batch, q_len, kv_len, bp,
+                                         lay.dtype.compute)]
 
     def grad_allreduce(nbytes: float, ranks: int, lk: Any) -> float:
         return ring_allreduce_seconds(nbytes * lay.dtype.grad_bytes, ranks, lk)
@@ -262,16 +264,16 @@ def model_budget(m: ModelShape, layout: Layout, acc: Accelerator,
         "cp": cp_section(m, lay, link_cp.name),
         "moe": moe_section(m, lay, a.routing_imbalance),
         "inference": {
-            "kv_bytes_per_token": kv_bytes_per_token(m, bp), "bytes_per_value": bp,
+            "kv_bytes_per_token": kv_bytes_per_token(sm, bp), "bytes_per_value": bp,
             "batch": a.decode_batch, "context": context, "devices": devices,
             "weights_bytes": weights_bytes, "kv_cache_bytes": kv_cache,
             "memory_per_device": infer_mem, "fits": infer_mem <= capacity,
-            "max_batch": max_decode_batch(m, acc, context, devices, bp),
+            "max_batch": max_decode_batch(sm, acc, context, devices, bp),
             "prefill": {**_roof(prefill.roofline), "tokens_per_s": prefill.tokens_per_s},
             "decode": {**_roof(decode.roofline), "tokens_per_s": decode.tokens_per_s},
         },
         "operators": {"train": ops(lay.micro_batch, lay.seq // lay.cp, lay.seq),
-                      "decode": ops(a.decode_batch, 1, context)},
+                      "decode": ops(a.decode_batch, 1, context, sm)},
     }
 
 

@@ -85,7 +85,8 @@ def flops_per_token(m: ModelShape, seq: int, recompute: str = "none",
     elif recompute == "selective":
         extra = attn
     elif recompute == "full":
-        extra = forward - logits
+        # Every layer's forward again, not the heads (nor a prediction depth's projection).
+        extra = forward - (1 + m.mtp_layers) * logits - m.mtp_layers * 4.0 * m.d_model ** 2
     else:
         raise ValueError(f"recompute={recompute!r}")
     return FlopsPerToken(forward, attn, logits, train, train + extra)

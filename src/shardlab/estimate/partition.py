@@ -198,7 +198,8 @@ def stage_params(m: ModelShape, tp: int, pp: int, virtual_stages: int = 1,
                 # in (a copy on the last rank, as a tied head keeps one).
                 n += m.mtp_layers * (mtp_params(m) - 2 * m.d_model * m.d_model
                                      + 2 * m.d_model * m.d_model // tp)
-                n += vocab_shard if head != 0 else 0
+                # (a tied head on that rank is the embedding already)
+                n += vocab_shard if head != 0 and not m.tied else 0
         out.append(n)
     return out
 

@@ -96,8 +96,10 @@ def layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, d
         calls = [mat(tokens / local, x.d_in, x.d_out) if x.split == "duplicated"
                  else mat(tokens, x.d_in, x.d_out / t) for x in m.attention_linears[:-1]]
         qkv = sum(calls[1:], calls[0])
+        # The column-parallel projections mla_up_proj reruns: the query's (up, or the whole
+        # one without a query latent) and the key/value up projection.
         up_proj = sum(x for x, a in zip(calls, m.attention_linears, strict=False)
-                      if a.split == "column" and not a.reads_input)
+                      if a.split == "column")
         calls.append(out)
     secs = qkv + out
     again = op_checkpoint_matmuls(m)

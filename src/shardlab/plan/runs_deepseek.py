@@ -26,7 +26,7 @@ dispatch (``moe_shared_expert_overlap``), Transformer Engine's partial CUDA grap
 delayed weight-gradient split. Left out, and why: GB300 and B300 (no such
 accelerator here); the 25.11 rows (their configs are not on a released branch); the 26.06
 and later rows (full-iteration CUDA graphs with experts padded to 1.5x capacity); Kimi K2
-(the Muon optimizer, not priced). All are held out.
+(the Muon optimizer, not priced); B300 rows. All are held out.
 """
 
 from __future__ import annotations
@@ -67,6 +67,8 @@ _CS = ("; scripts/performance/utils/helpers.py get_precision_config at v0.1.0rc4
        "first_last_layers_bf16 False)")
 _MX = ("; scripts/performance/utils/precision.py get_precision_config at r0.3.0: fp8_mx = "
        "bf16_with_mxfp8_mixed (fp8_param_gather True, reuse_grad_buf_for_mxfp8_param_ag)")
+_PAO = ("; recipes/deepseek/deepseek_v3.py: use_precision_aware_optimizer, main_params_dtype "
+        "fp32, main_grads_dtype, exp_avg_dtype and exp_avg_sq_dtype bf16")
 _DGXC = "NVIDIA dgxc-benchmarking"
 _BRIDGE = "Megatron-Bridge performance summary"
 _V25_05 = ("launch.sh at v25.05 and NeMo 7a8f1cc7 pretrain_deepseek_v3.py: MBS 1, GBS 8 x "
@@ -125,7 +127,8 @@ DEEPSEEK_RUNS: tuple[PublishedRun, ...] = (
          "RM='core_attn'; " + _V25_05, capacity=1.0),
     _run("DGXC DeepSeek-V3 GB200 256 v25.10", f"{_DGXC} v25.10.02 (Megatron-Bridge), GB200",
          "GB200", 256, 1, 4, 4, 64, 2048, 11.07148, "training step time 11,071.48 ms",
-         "bf16", _LAST, " recompute_modules=mla_up_proj", (*_GB200, _DROP, _SHARED),
+         "bf16", _LAST, " optimizer_dtype=bf16_moments recompute_modules=mla_up_proj",
+         (*_GB200, _DROP, _SHARED),
          "deepseek_v3/pretrain/README.md at v25.10.02: '| BF16/FP8 | 256 | 4096 | 61 | 1 | 4 "
          "| 1 | 64 | 64 | 4 | 1 | 2048 | 32 |' and 'pretrain_deepseek_v3_bf16_gpus256_tp1_pp4_"
          "cp1_vp4_ep64_mbs1_gbs2048 Success 11071.480 8.236 769.50'; Megatron-Bridge "
@@ -133,7 +136,8 @@ DEEPSEEK_RUNS: tuple[PublishedRun, ...] = (
          "factor 1.0, padded, moe_token_dispatcher_type alltoall), moe_shared_expert_overlap, "
          "recompute_modules ['mla_up_proj'], overlap_grad_reduce, no CUDA graphs (cuda_graphs "
          "false), deepseek_v3_llm_pretrain.yaml cross_entropy_fusion_impl te, "
-         "mtp_num_layers 1, layout (4, 4) [E+4t] + [4t]x14 + [t, mtp, loss]", capacity=1.0),
+         "mtp_num_layers 1, layout (4, 4) [E+4t] + [4t]x14 + [t, mtp, loss]" + _PAO,
+         capacity=1.0),
     _run("MBG DeepSeek-V3 H100 1024 FP8", f"{_BRIDGE}, 25.09 DGX-H100", "H100 SXM", 1024, 2,
          8, 4, 64, 8192, tokens_step(8192, 4096, 1024, 1297), "1,297 tokens/s per GPU", "fp8",
          (1, *[2] * 30, 1),
@@ -151,10 +155,10 @@ DEEPSEEK_RUNS: tuple[PublishedRun, ...] = (
          "A2A_1F1B (overlap_moe_expert_parallel_comm, delay_wgrad_compute), recompute_modules "
          "['mla_up_proj', 'mlp'], layout 'Et|(tt|)*30mL' (the MTP depth alone with the loss), "
          "mtp_num_layers 1, overlap_param_gather, precision-aware optimizer (bf16 main grads "
-         "and moments), cross_entropy_fusion_impl te" + _CS),
+         "and moments), cross_entropy_fusion_impl te" + _CS + _PAO),
     _run("MBG DeepSeek-V3 GB200 256 FP8", f"{_BRIDGE}, 25.09 DGX-GB200", "GB200", 256, 1, 4, 4,
          64, 2048, tokens_step(2048, 4096, 256, 3454), "3,454 tokens/s per GPU", "fp8", _LAST,
-         " fp8_params=1 recompute_modules=mla_up_proj",
+         " fp8_params=1 optimizer_dtype=bf16_moments recompute_modules=mla_up_proj",
          (*_GB200, _DROP, _SHARED, "fp8 current (tensorwise) scaling, the table's main "
           "figure (its '(2835)' is MXFP8 at PP 8 VP 2)"),
          "25.09 table (fa0315ae): '| DeepSeekV3 (tokendrop) | 256 | 2048 | 1 | 4096 | 0 | 1 | "
@@ -163,17 +167,17 @@ DEEPSEEK_RUNS: tuple[PublishedRun, ...] = (
          "(apply_moe_token_drop, capacity factor 1.0, padded, moe_token_dispatcher_type "
          "alltoall), moe_shared_expert_overlap, recompute_modules ['mla_up_proj'], "
          "overlap_grad_reduce, cross_entropy_fusion_impl te, mtp_num_layers 1, layout (4, 4)"
-         + _CS, capacity=1.0),
+         + _CS + _PAO, capacity=1.0),
     _run("MBG DeepSeek-V3 B200 256 FP8", f"{_BRIDGE}, 25.09 DGX-B200", "B200", 256, 1, 16, 1,
          8, 2048, tokens_step(2048, 4096, 256, 2265), "2,265 tokens/s per GPU", "fp8", _LAST,
-         " fp8_params=1 recompute_modules=mla_up_proj",
+         " fp8_params=1 optimizer_dtype=bf16_moments recompute_modules=mla_up_proj",
          (_DROP, _SHARED, "DGX B200: 8 GPUs per node, 8 x 400 Gb/s", "fp8 current "
           "(tensorwise) scaling, the table's main figure (its '(2159)' is MXFP8)"),
          "25.09 table (fa0315ae): '| DeepSeekV3 (tokendrop) | 256 | 2048 | 1 | 4096 | 0 | 1 | "
          "16 | 1 | 1 | 8 | 128 | 2265 (2159) | 589 (562) |'; v0.1.0rc4 yaml b200.num_gpus_256: "
          "TP 1, PP 16, VP null, EP 8, ETP 1, cuda_graphs false; token drop as GB200 "
          "(moe_token_dispatcher_type alltoall), recompute_modules ['mla_up_proj'], "
-         "cross_entropy_fusion_impl te, mtp_num_layers 1, layout (16, 1)" + _CS,
+         "cross_entropy_fusion_impl te, mtp_num_layers 1, layout (16, 1)" + _CS + _PAO,
          capacity=1.0),
     _run("MBG DeepSeek-V3 GB200 256 MXFP8", f"{_BRIDGE}, 26.02 DGX-GB200", "GB200", 256, 1, 4,
          4, 64, 4096, tokens_step(4096, 4096, 256, 3955), "3,955 tokens/s per GPU", "fp8",
@@ -187,6 +191,25 @@ DEEPSEEK_RUNS: tuple[PublishedRun, ...] = (
          "| 4 | 64 | 3955 | 1028 |' and its force-balance, dropless footnote (26.02.01: 4021); "
          "GB200_V1: PP 4, VP 4, EP 64, cuda_graph_impl 'transformer_engine', scope ['attn', "
          "'moe_router', 'moe_preprocess']; " + _R030 + _MX),
+    _run("MBG DeepSeek-V3 B200 256 MXFP8 EP32", f"{_BRIDGE}, 26.04.01 DGX-B200", "B200", 256,
+         1, 8, 2, 32, 4096, tokens_step(4096, 4096, 256, 3328), "3,328 tokens/s per GPU",
+         "fp8", _LAST, " dispatcher=flex overlap_ep=1 fp8_params=1 "
+         "optimizer_dtype=bf16_moments recompute_modules=mla_up_proj+mlp",
+         ("DGX B200: 8 GPUs per node, 8 x 400 Gb/s", "MXFP8 priced as the linear layers in "
+          "fp8", "Transformer Engine's CUDA graphs of attention, router and dispatch "
+          "preprocessing not priced", "the delayed weight-gradient split "
+          "(delay_wgrad_compute) not priced"),
+         "26.04.01 table (archive): '| DGX-B200 | 256 | MXFP8 | 4096 | 1 | 4096 | 0 | 1 | 8 | 1 "
+         "| 2 | 32 | 3328 | 864 |' and its force-balance, dropless footnote; "
+         "deepseek_workload_base_configs.py on branch r0.4.0 (3743c703): "
+         "DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2: moe_flex_dispatcher_backend 'deepep', "
+         "PP 8, VP 2, EP 32, GBS 4096, moe_a2a_overlap True (overrides.py: "
+         "overlap_moe_expert_parallel_comm, delay_wgrad_compute, moe_shared_expert_overlap "
+         "False), pp_layout 'Et*4|(t*4|)*14tmL', cuda_graph_impl 'transformer_engine', scope "
+         "['attn', 'moe_router', 'moe_preprocess'], recompute_modules ['mla_up_proj', 'mlp']; "
+         "deepseek_llm_pretrain.py overlap_grad_reduce, moe_router_force_load_balancing; "
+         "overrides.py cross_entropy_fusion_impl te; precision.py fp8_mx = "
+         "bf16_with_mxfp8_mixed (fp8_param_gather True)" + _PAO),
     _run("MBG DeepSeek-V3 B200 256 MXFP8", f"{_BRIDGE}, 26.02 DGX-B200", "B200", 256, 1, 16,
          1, 8, 4096, tokens_step(4096, 4096, 256, 2689), "2,689 tokens/s per GPU", "fp8",
          _LAST, " dispatcher=flex fp8_params=1 optimizer_dtype=bf16_moments "
