@@ -41,6 +41,7 @@ def test_v3_reads_latent_attention_and_its_moe() -> None:
     ({"moe_layer_freq": 2}, "moe_layer_freq"),
     ({"kv_lora_rank": ...}, "kv_lora_rank"),
     ({"qk_rope_head_dim": 0}, "qk_rope_head_dim"),
+    ({"kv_lora_rank": 2 ** 31}, "kv_lora_rank"),
     ({"num_experts_per_tok": 300}, "num_experts_per_tok"),
     ({"first_k_dense_replace": -1}, "first_k_dense_replace"),
     ({"first_k_dense_replace": 62}, "first_k_dense_replace"),

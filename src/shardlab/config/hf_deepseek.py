@@ -27,8 +27,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from shardlab.config.limits import MAX_WIDTH
 from shardlab.config.model import MLA, MoE
-from shardlab.errors import SpecError
+from shardlab.errors import SpecError, require_int_at_most
 
 
 class Reader(Protocol):
@@ -54,10 +55,11 @@ def deepseek_fields(r: Reader, heads: int) -> dict[str, Any]:
         raise SpecError("num_key_value_heads", kv_heads, f"must equal num_attention_heads "
                         f"({heads}): latent attention gives every head its key and value")
     q_lora = 0 if r.config.get("q_lora_rank") is None else r.positive_int("q_lora_rank")
-    mla = MLA(kv_lora_rank=r.positive_int("kv_lora_rank"),
-              qk_nope_head_dim=r.positive_int("qk_nope_head_dim"),
-              qk_rope_head_dim=r.positive_int("qk_rope_head_dim"),
-              v_head_dim=r.positive_int("v_head_dim"), q_lora_rank=q_lora)
+    widths = {f: r.positive_int(f) for f in ("kv_lora_rank", "qk_nope_head_dim",
+                                              "qk_rope_head_dim", "v_head_dim")}
+    for field, value in (*widths.items(), ("q_lora_rank", q_lora)):
+        require_int_at_most(field, value, MAX_WIDTH)  # named as config.json names it
+    mla = MLA(q_lora_rank=q_lora, **widths)
     layers = r.positive_int("num_hidden_layers")
     dense = r.config.get("first_k_dense_replace", 0)
     if isinstance(dense, bool) or not isinstance(dense, int) or not 0 <= dense <= layers:
