@@ -36,3 +36,14 @@ def test_moe_validation() -> None:
     assert MoE(experts=4, experts_per_token=2, expert_d_ff=8).shared_d_ff == 8
     with pytest.raises(SpecError, match="dense_layers"):
         ModelShape("t", 2, 64, 4, 100, 32, moe=MoE(4, 2, 8, dense_layers=3))
+
+
+def test_group_limited_routing_validation() -> None:
+    # DeepSeek-V3: 256 experts in 8 groups, each token's 8 from its best 4 groups.
+    assert MoE(256, 8, 2048, groups=8, group_topk=4).groups == 8
+    for kw, field in (({"groups": 3}, "moe.groups"), ({"groups": 8, "group_topk": 9},
+                                                      "moe.group_topk"),
+                      ({"groups": 8, "group_topk": 3}, "moe.group_topk")):
+        with pytest.raises(SpecError) as e:
+            MoE(256, 8, 2048, **kw)
+        assert e.value.field == field

@@ -67,7 +67,7 @@ MODELS: dict[str, ModelShape] = {m.name: m for m in (
     _llama("deepseek-v3", "deepseek-ai/DeepSeek-V3", 61, 7168, 128, 128, 18432, 129280,
            163840, mla=_MLA_V3,
            moe=MoE(experts=256, experts_per_token=8, expert_d_ff=2048, shared_experts=1,
-                   router_bias=True, dense_layers=3)),
+                   router_bias=True, dense_layers=3, groups=8, group_topk=4)),
     _llama("kimi-k2", "moonshotai/Kimi-K2-Base", 61, 7168, 64, 64, 18432, 163840, 131072,
            mla=_MLA_V3,
            moe=MoE(experts=384, experts_per_token=8, expert_d_ff=2048, shared_experts=1,

@@ -14,6 +14,8 @@ the checkpoints ship (``modeling_deepseek.py``):
   ``num_experts_per_tok``, and ``n_shared_experts`` shared experts (one MLP of
   n x moe_intermediate_size); ``moe_layer_freq`` must be 1 (every layer past the dense
   ones is MoE); with ``n_routed_experts`` null or every layer dense, the model is dense;
+* ``n_group`` and ``topk_group`` limit each token's experts to its best ``topk_group`` of
+  ``n_group`` groups (DeepSeek-V3's node-limited routing: 8 and 4);
 * ``topk_method`` ``noaux_tc`` (V3, K2) gives each router a per-expert
   ``e_score_correction_bias``, a tensor of the checkpoint (``router_bias``);
 * the multi-token-prediction layers (``num_nextn_predict_layers``) are not part of the
@@ -78,8 +80,12 @@ def deepseek_fields(r: Reader, heads: int) -> dict[str, Any]:
         raise SpecError("num_experts_per_tok", top_k,
                         f"must be <= n_routed_experts ({experts})")
     shared = r.config.get("n_shared_experts")
+    # Group-limited routing: n_group groups, topk_group chosen per token (null or absent: 1).
+    n_group = 1 if r.config.get("n_group") is None else r.positive_int("n_group")
+    topk_group = 1 if r.config.get("topk_group") is None else r.positive_int("topk_group")
     moe = MoE(experts=experts, experts_per_token=top_k,
               expert_d_ff=r.positive_int("moe_intermediate_size"),
               shared_experts=0 if shared is None else r.positive_int("n_shared_experts"),
-              router_bias=r.config.get("topk_method") == "noaux_tc", dense_layers=dense)
+              router_bias=r.config.get("topk_method") == "noaux_tc", dense_layers=dense,
+              groups=n_group, group_topk=topk_group)
     return {"mla": mla, "moe": moe, "head_dim": 0, "kv_heads": heads}

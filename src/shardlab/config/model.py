@@ -88,6 +88,13 @@ class MoE:
     shared_d_ff: int = 0
     router_bias: bool = False
     dense_layers: int = 0
+    groups: int = 1
+    """Group-limited routing (DeepSeek's node-limited routing, config.json ``n_group``,
+    Megatron-Core's ``--moe-router-num-groups``): the experts in ``groups`` consecutive
+    groups, each token's experts drawn from the ``group_topk`` groups whose top
+    experts_per_token / group_topk scores sum highest (``topk_group``,
+    ``--moe-router-group-topk``); 1: no limit."""
+    group_topk: int = 1
 
     def __post_init__(self) -> None:
         require_positive_int("moe.experts", self.experts)
@@ -104,6 +111,18 @@ class MoE:
                             f"must be <= moe.experts ({self.experts})")
         if self.shared_d_ff == 0:
             object.__setattr__(self, "shared_d_ff", self.expert_d_ff)
+        require_positive_int("moe.groups", self.groups)
+        if self.experts % self.groups:
+            raise SpecError("moe.groups", self.groups,
+                            f"must divide moe.experts ({self.experts})")
+        require_positive_int("moe.group_topk", self.group_topk)
+        if self.group_topk > self.groups or (self.groups > 1 and (
+                self.experts_per_token % self.group_topk
+                or self.group_topk * self.experts // self.groups < self.experts_per_token)):
+            raise SpecError("moe.group_topk", self.group_topk,
+                            f"must be <= moe.groups ({self.groups}), divide "
+                            f"experts_per_token ({self.experts_per_token}) and leave that "
+                            "many experts in the chosen groups")
 
 
 @dataclass(frozen=True)
