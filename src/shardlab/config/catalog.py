@@ -69,7 +69,7 @@ MODELS: dict[str, ModelShape] = {m.name: m for m in (
            moe=MoE(experts=256, experts_per_token=8, expert_d_ff=2048, shared_experts=1,
                    router_bias=True, dense_layers=3, groups=8, group_topk=4)),
     _llama("kimi-k2", "moonshotai/Kimi-K2-Base", 61, 7168, 64, 64, 18432, 163840, 131072,
-           mla=_MLA_V3,
+           mla=_MLA_V3, rope_theta=50_000.0,
            moe=MoE(experts=384, experts_per_token=8, expert_d_ff=2048, shared_experts=1,
                    router_bias=True, dense_layers=1)),
     ModelShape("hypo-100b", 80, 10240, 80, vocab=50257, context=2048, style="gpt", tied=True,
