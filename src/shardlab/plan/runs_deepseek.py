@@ -16,7 +16,8 @@ router's matmul, 0.64 GFLOP a token: ``tests/plan/test_runs_deepseek.py``):
   fa0315ae, perf configs at v0.1.0rc4; 26.02 table in ``performance-summary-archive.md``,
   configs on branch r0.3.0, 8301abfc0): tokens/s per GPU.
 
-Every run forces balanced routing (``moe_router_force_load_balancing``) on mock data; the
+Every run forces balanced routing (``moe_router_force_load_balancing``: random logits, then
+the model's group-limited routing, ``n_group`` 8 and ``topk_group`` 4) on mock data; the
 v25.05 and 25.09 token-drop rows cap each expert at capacity factor 1.0 and pad to it.
 The layouts place the embedding with the first layers and the MTP depth with the loss on
 the last pipeline chunk (``[E+4t] + [4t]x14 + [t, mtp, loss]`` for PP x VP = 16; the
@@ -41,8 +42,9 @@ DSV3_MTP = with_mtp(get_model("deepseek-v3"), 1)
 """DeepSeek-V3 as trained with one multi-token-prediction depth: 62 layers, the last the
 MTP block (Megatron-Core's layer of the model's kind, plus its projection and head pass)."""
 
-_FORCED = ("force-balanced routing (moe_router_force_load_balancing): each token's 8 experts "
-           "a uniform random draw")
+_FORCED = ("force-balanced routing (moe_router_force_load_balancing): random logits routed "
+           "through DeepSeek-V3's group limit, each token's 8 experts from its best 4 of 8 "
+           "groups (moe_router_num_groups 8, moe_router_group_topk 4: the model's config)")
 _DROP = ("capacity factor 1.0 padded to capacity (MegatronTokenDropCallback / "
          "apply_moe_token_drop): every expert runs its capacity of rows")
 _SHARED = "the shared expert's overlap with the dispatch (moe_shared_expert_overlap) not priced"
