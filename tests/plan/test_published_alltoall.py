@@ -55,13 +55,13 @@ def test_cross_node_all_to_all_is_bound_by_one_nic() -> None:
 
 def test_errors_as_the_doc_states_them() -> None:
     """The doc's table is what the module prints, and its claims hold: H100 NCCL within 8%
-    inside a node and at EP 16; HybridEP within 11% at EP 16 and over-priced by more than
-    30% at EP 32 and 64; GB200 NCCL within 4% at EP 32 and 64 (dispatch)."""
+    inside a node and at EP 16; HybridEP, with DeepSeek-V3's group limit, within 12% up to
+    EP 16 and within 19% at EP 32 and 64; GB200 NCCL within 4% at EP 32 and 64 (dispatch)."""
     assert alltoall_table() in DOC.read_text()
     nccl = alltoall_errors("H100 SXM", "alltoall").reshape(4, 2)  # EP x (dispatch, combine)
     assert abs(nccl[:2]).max() < 0.08
     flex = alltoall_errors("H100 SXM", "flex").reshape(4, 2)
-    assert abs(flex[1]).max() < 0.11 and flex[2:].min() > 0.3
+    assert abs(flex[:2]).max() < 0.12 and abs(flex[2:]).max() < 0.19
     gb = alltoall_errors("GB200", "alltoall").reshape(4, 2)
     assert abs(gb[2:, 0]).max() < 0.04
 
@@ -69,3 +69,4 @@ def test_errors_as_the_doc_states_them() -> None:
 def test_the_layer_is_deepseek_v3s_moe() -> None:
     assert LAYER.d_model == 7168 and LAYER.moe is not None
     assert (LAYER.moe.experts, LAYER.moe.experts_per_token) == (256, 8)
+    assert (LAYER.moe.groups, LAYER.moe.group_topk) == (8, 4)

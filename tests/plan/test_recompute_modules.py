@@ -96,3 +96,12 @@ def test_moe_drops_the_whole_moe_layer_and_runs_it_and_its_all_to_alls_again(
     # Dispatch and combine three times, not twice (forward, the recompute, backward).
     assert whole["breakdown"]["ep_comm"] == pytest.approx(1.5 * plain["breakdown"]["ep_comm"],
                                                           rel=1e-9)
+
+
+def test_moe_with_the_all_to_all_overlap_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    # Megatron-Core asserts that a MoE layer is not recomputed under the EP overlap.
+    code = main(["plan", "qwen3-30b-a3b", "--gpus", "16", "--global-batch", "32",
+                 "--framework", "megatron", "--layout",
+                 "dp=16 ep=8 recompute=selective recompute_modules=moe overlap_ep=1"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1 and "overlap_ep" in err

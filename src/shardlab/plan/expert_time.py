@@ -21,7 +21,8 @@ expert outputs before the combine sends them back (DeepEP ``get_dispatch_layout`
 Megatron-LM ``_DeepepManager`` at 1e057005 dispatches the unpermuted [T, h] and permutes
 locally; its MoE README: flex "removes redundant tokens"): T·D rows, D the distinct ranks
 a token's experts lie on (:func:`ranks_per_token`). How the experts are drawn
-(``routing=``): ``random``, k distinct experts uniformly at random (Megatron-LM's
+(``routing=``): ``random``, k distinct experts uniformly at random, or under the model's
+group limit (``MoE.groups``: :func:`grouped_choice`) from its best groups (Megatron-LM's
 ``--moe-router-force-load-balancing``: i.i.d. normal logits, ``RandomSTE``, at 1e057005;
 what the balanced case means), D = ep·(1 - C(E - E/ep, k)/C(E, k)) (the expected number
 of ranks, of E/ep experts each, that a random k-subset touches); ``contiguous``, token i
@@ -109,14 +110,18 @@ def grouped_choice(experts: int, k: int, groups: int, group_topk: int) -> np.nda
     mask = np.zeros((GROUPED_SAMPLES, groups), bool)
     np.put_along_axis(mask, keep, True, axis=-1)
     masked = np.where(np.repeat(mask, experts // groups, axis=-1), scores, -1.0)
-    return np.sort(np.argpartition(masked, -k, axis=-1)[:, -k:], axis=-1)
+    chosen = np.sort(np.argpartition(masked, -k, axis=-1)[:, -k:], axis=-1)
+    chosen.flags.writeable = False  # cached: shared by every later caller
+    return chosen
 
 
 def grouped_spread(experts: int, k: int, groups: int, group_topk: int, bins: int) -> float:
     """The mean number of distinct bins, of experts/bins consecutive experts each, that one
     token's k experts lie on under group-limited routing (:func:`grouped_choice`): an
-    expectation over its tokens."""
-    bin_of = grouped_choice(experts, k, groups, group_topk) // (experts // bins)
+    expectation over its tokens. Expert e lies in bin e·bins // experts: E/bins consecutive
+    experts each when ``bins`` divides them, as nearly even bins otherwise."""
+    bins = max(1, min(bins, experts))
+    bin_of = grouped_choice(experts, k, groups, group_topk) * bins // experts
     return float(1.0 + (np.diff(bin_of, axis=-1) != 0).sum(axis=-1).mean())
 
 

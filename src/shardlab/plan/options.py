@@ -129,6 +129,11 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
         elif key == "overlap_tp" and value.lower() not in ("forward",):
             # overlap_tp=1 is the framework's kind of tensor-parallel overlap.
             opts[key] = fw.tp_overlap_kind if layout_flag(key, value) else "off"
+    if opts.get("overlap_ep") and "moe" in opts.get("recompute_modules", ()):
+        # Megatron-Core asserts it (transformer_config.py: the merged forward-backward of
+        # the all-to-all overlap cannot run a checkpointed MoE layer again).
+        raise SpecError("recompute_modules", "+".join(opts["recompute_modules"]),
+                        "moe cannot be recomputed with overlap_ep=1 (Megatron-Core refuses it)")
     if not overlap_dp:
         opts["overlap_dp"] = "off"
     if here:

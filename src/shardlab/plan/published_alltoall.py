@@ -11,9 +11,12 @@ every MoE layer's all-to-alls with, on the same links (H100: NVLink 4 inside a D
 8, the rank's one 400 Gb/s NIC across nodes, at the H100 curve's ``link_fraction``; GB200:
 NVLink 5 across the whole NVL72 domain, at the Blackwell curve's, the H100 fit's 80%).
 No constant is fitted on these cells. What the report leaves unstated is assumed and said:
-DeepSeek-V3's top-8 routing (the report's model for these sizes), 4096 tokens per rank
-(micro-batch 1), a bf16 payload, and each token's experts a uniform random draw
-(``routing=random``; a trained router with DeepSeek-V3's node limit touches fewer nodes).
+DeepSeek-V3's top-8 routing with its group limit (the report's model for these sizes; its
+config.json: 8 groups of 32 experts, each token's experts from its best 4), 4096 tokens per
+rank (micro-batch 1), a bf16 payload, and random logits (``routing=random``: what
+Megatron-Core's forced balance draws, routed through the limit). The group limit joined
+in the tenth revision of docs/validation.md, after the uniform draw's excess at 4 or more
+nodes was known; both figures are there.
 """
 
 from __future__ import annotations
@@ -40,9 +43,10 @@ GPUS = {"H100 SXM": 8, "GB200": 72}
 LAYER = ModelShape(
     "deepseek-v3-moe-layer", 61, 7168, 128, vocab=129280, context=SEQ, kv_heads=128,
     d_ff=18432, style="llama", tied=False,
-    moe=MoE(experts=256, experts_per_token=8, expert_d_ff=2048),
-    source="DeepSeek-V3 config.json (hidden 7168, 256 routed experts, 8 per token, expert "
-           "FFN 2048); only the MoE layer's hidden size, experts and top-k enter the all-to-all")
+    moe=MoE(experts=256, experts_per_token=8, expert_d_ff=2048, groups=8, group_topk=4),
+    source="DeepSeek-V3 config.json (hidden 7168, 256 routed experts, 8 per token from the "
+           "best 4 of 8 groups, expert FFN 2048); only the MoE layer's hidden size, experts, "
+           "top-k and group limit enter the all-to-all")
 
 
 @dataclass(frozen=True)
