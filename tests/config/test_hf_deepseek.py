@@ -46,6 +46,7 @@ def test_v3_reads_latent_attention_and_its_moe() -> None:
     ({"first_k_dense_replace": -1}, "first_k_dense_replace"),
     ({"first_k_dense_replace": 62}, "first_k_dense_replace"),
     ({"moe_layer_freq": True}, "moe_layer_freq"),
+    ({"n_group": 3}, "n_group"), ({"topk_group": 9}, "topk_group"),
     ({"attention_bias": True}, "attention_bias"),
 ])
 def test_bad_deepseek_fields_are_named(tmp_path: Path, changes: dict, field: str) -> None:
@@ -66,3 +67,10 @@ def test_the_runtime_and_export_refuse_latent_attention() -> None:
 def test_a_deepseek_config_with_no_moe_layer_is_dense(tmp_path: Path, changes: dict) -> None:
     shape = shape_from_hf_config(edited(tmp_path, "deepseek-v3", **changes))
     assert shape.moe is None and shape.mla is not None and shape.layers == 61
+
+
+def test_greedy_routing_ignores_the_groups(tmp_path: Path) -> None:
+    shape = shape_from_hf_config(edited(tmp_path, "deepseek-v3", topk_method="greedy"))
+    assert shape.moe is not None and (shape.moe.groups, shape.moe.group_topk) == (1, 1)
+    v3 = shape_from_hf_config(DATA / "deepseek-v3.json")
+    assert v3.moe is not None and (v3.moe.groups, v3.moe.group_topk) == (8, 4)

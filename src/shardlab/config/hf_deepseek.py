@@ -15,7 +15,8 @@ the checkpoints ship (``modeling_deepseek.py``):
   n x moe_intermediate_size); ``moe_layer_freq`` must be 1 (every layer past the dense
   ones is MoE); with ``n_routed_experts`` null or every layer dense, the model is dense;
 * ``n_group`` and ``topk_group`` limit each token's experts to its best ``topk_group`` of
-  ``n_group`` groups (DeepSeek-V3's node-limited routing: 8 and 4);
+  ``n_group`` groups (DeepSeek-V3's node-limited routing: 8 and 4), unless ``topk_method``
+  is ``greedy`` (the top k over all experts);
 * ``topk_method`` ``noaux_tc`` (V3, K2) gives each router a per-expert
   ``e_score_correction_bias``, a tensor of the checkpoint (``router_bias``);
 * the multi-token-prediction layers (``num_nextn_predict_layers``) are not part of the
@@ -80,9 +81,19 @@ def deepseek_fields(r: Reader, heads: int) -> dict[str, Any]:
         raise SpecError("num_experts_per_tok", top_k,
                         f"must be <= n_routed_experts ({experts})")
     shared = r.config.get("n_shared_experts")
-    # Group-limited routing: n_group groups, topk_group chosen per token (null or absent: 1).
+    # Group-limited routing: n_group groups, topk_group chosen per token (null or absent: 1);
+    # topk_method "greedy" takes the top k over all experts, ignoring the groups
+    # (modeling_deepseek.py MoEGate), as V2-Lite does.
     n_group = 1 if r.config.get("n_group") is None else r.positive_int("n_group")
     topk_group = 1 if r.config.get("topk_group") is None else r.positive_int("topk_group")
+    if r.config.get("topk_method") == "greedy":
+        n_group = topk_group = 1
+    if experts % n_group:
+        raise SpecError("n_group", n_group, f"must divide n_routed_experts ({experts})")
+    if topk_group > n_group or (n_group > 1 and (
+            top_k % topk_group or topk_group * experts // n_group < top_k)):
+        raise SpecError("topk_group", topk_group, f"must be <= n_group ({n_group}), divide "
+                        f"num_experts_per_tok ({top_k}) and leave that many experts")
     moe = MoE(experts=experts, experts_per_token=top_k,
               expert_d_ff=r.positive_int("moe_intermediate_size"),
               shared_experts=0 if shared is None else r.positive_int("n_shared_experts"),
