@@ -50,6 +50,10 @@ DEEPSEEK_ARCHITECTURES: dict[str, str] = {
 }
 
 
+_CONFIG_FIELDS = {"moe.groups": "n_group", "moe.group_topk": "topk_group"}
+"""The config.json field behind each MoE field its own checks name."""
+
+
 def deepseek_fields(r: Reader, heads: int) -> dict[str, Any]:
     """The ``mla`` and ``moe`` of a DeepSeek-family config (module docstring), and
     ``head_dim`` 0 (latent attention sets it)."""
@@ -88,15 +92,14 @@ def deepseek_fields(r: Reader, heads: int) -> dict[str, Any]:
     topk_group = 1 if r.config.get("topk_group") is None else r.positive_int("topk_group")
     if r.config.get("topk_method") == "greedy":
         n_group = topk_group = 1
-    if experts % n_group:
-        raise SpecError("n_group", n_group, f"must divide n_routed_experts ({experts})")
-    if topk_group > n_group or (n_group > 1 and (
-            top_k % topk_group or topk_group * experts // n_group < top_k)):
-        raise SpecError("topk_group", topk_group, f"must be <= n_group ({n_group}), divide "
-                        f"num_experts_per_tok ({top_k}) and leave that many experts")
-    moe = MoE(experts=experts, experts_per_token=top_k,
-              expert_d_ff=r.positive_int("moe_intermediate_size"),
-              shared_experts=0 if shared is None else r.positive_int("n_shared_experts"),
-              router_bias=r.config.get("topk_method") == "noaux_tc", dense_layers=dense,
-              groups=n_group, group_topk=topk_group)
+    try:
+        moe = MoE(experts=experts, experts_per_token=top_k,
+                  expert_d_ff=r.positive_int("moe_intermediate_size"),
+                  shared_experts=0 if shared is None else r.positive_int("n_shared_experts"),
+                  router_bias=r.config.get("topk_method") == "noaux_tc", dense_layers=dense,
+                  groups=n_group, group_topk=topk_group)
+    except SpecError as e:  # MoE's own rule, named as config.json names the field
+        if e.field not in _CONFIG_FIELDS:
+            raise
+        raise SpecError(_CONFIG_FIELDS[e.field], e.value, e.allowed) from None
     return {"mla": mla, "moe": moe, "head_dim": 0, "kv_heads": heads}

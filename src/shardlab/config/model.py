@@ -289,11 +289,10 @@ class ModelShape:
         return self.heads * self.v_head_dim
 
     @property
-    def latent_dim(self) -> int:
-        """Latent attention's per-token latents, whole on every tensor-parallel rank:
-        q_lora_rank + kv_lora_rank + qk_rope_head_dim (0 without latent attention)."""
-        a = self.mla
-        return 0 if a is None else a.q_lora_rank + a.kv_lora_rank + a.qk_rope_head_dim
+    def attention_weights(self) -> int:
+        """Weights of the attention block's linear layers, d_in x d_out summed over
+        :attr:`attention_linears` (no biases, no norms)."""
+        return sum(x.d_in * x.d_out for x in self.attention_linears)
 
     @property
     def attention_linears(self) -> tuple[AttentionLinear, ...]:
@@ -379,7 +378,11 @@ def served(shape: ModelShape) -> ModelShape:
 
 def runtime_builds(shape: ModelShape) -> bool:
     """Whether shardlab's runtime model builds ``shape`` (:func:`require_buildable`)."""
-    return not (shape.qk_norm or shape.mla is not None or shape.mtp_layers)
+    try:
+        require_buildable(shape)
+    except SpecError:
+        return False
+    return True
 
 
 def require_buildable(shape: ModelShape) -> None:

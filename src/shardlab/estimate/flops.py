@@ -38,7 +38,7 @@ from shardlab.config.model import ModelShape
 
 def layer_matmul_weights(m: ModelShape, moe_layer: bool) -> int:
     """Weights one token multiplies through in one layer: attention, MLP (top-k experts), router."""
-    attn = sum(x.d_in * x.d_out for x in m.attention_linears)
+    attn = m.attention_weights
     if not moe_layer or m.moe is None:
         return attn + m.mlp_matrices * m.d_model * m.d_ff
     e = m.moe

@@ -29,7 +29,7 @@ from shardlab.config.model import ModelShape
 def attention_params(m: ModelShape) -> int:
     """Parameters of one attention block: Q, K, V, output projections and their biases
     (latent attention: its down and up projections and its latents' norms)."""
-    n = sum(x.d_in * x.d_out for x in m.attention_linears) + latent_norm_params(m)
+    n = m.attention_weights + latent_norm_params(m)
     if m.biases:
         n += m.q_dim + 2 * m.kv_dim + m.d_model
     elif m.qkv_bias:

@@ -196,8 +196,7 @@ def stage_params(m: ModelShape, tp: int, pp: int, virtual_stages: int = 1,
                 # Multi-token prediction sits with the head: each depth's projection
                 # (column-parallel) and norms, and the embedding it looks the next token up
                 # in (a copy on the last rank, as a tied head keeps one).
-                n += m.mtp_layers * (mtp_params(m) - 2 * m.d_model * m.d_model
-                                     + 2 * m.d_model * m.d_model // tp)
+                n += m.mtp_layers * _split(mtp_params(m), 3 * norm_params(m), tp)
                 # (a tied head on that rank is the embedding already)
                 n += vocab_shard if head != 0 and not m.tied else 0
         out.append(n)

@@ -179,8 +179,8 @@ def transient_bytes(model: ModelShape, c: Candidates, seq: int, policy: DtypePol
     logits = tokens * model.vocab / col(c.tp)
     per_logit = np.where(col(c.tp) > 1, facts.parallel_loss_bytes or facts.loss_bytes,
                          facts.loss_bytes)
-    # The loss's working set beyond the kept logits; a multi-token-prediction depth's loss
-    # runs beside the main one's on the last stage (its logits are kept, activations.py).
+    # The loss's working set beyond the kept logits, counted once: a multi-token-prediction
+    # depth's own is not added (its kept logits are: activations.py).
     loss = np.where(head, np.maximum(per_logit - LOGIT_BYTES, 0.0) * logits, 0.0)
     w_dense, w_moe = working_tables(model, c, seq, policy, dropout, flash, by_op, modules,
                                     facts.sp_gathered_inputs)
