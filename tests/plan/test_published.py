@@ -59,7 +59,7 @@ def test_fsdp_stacks_state_their_kernel_and_reduction_with_a_source() -> None:
 def test_moe_runs_state_their_dispatcher_loss_and_recompute_with_a_source() -> None:
     # Each MoE row's dispatcher, fused loss and recompute are what its recipe says.
     moe = [r for r in RUNS if r.model.moe is not None]
-    assert len(moe) == 30
+    assert len(moe) == 32
     for r in moe:
         deepep = "flex" in r.checked or "enable_deepep" in r.checked
         assert ("dispatcher=flex" in r.options) == deepep

@@ -48,11 +48,13 @@ from shardlab.plan.runs_functional import FUNCTIONAL_RUNS
 from shardlab.plan.runs_nvidia import NVIDIA_RUNS
 from shardlab.plan.runs_papers import PAPER_RUNS
 from shardlab.plan.runs_pytorch import PYTORCH_RUNS
+from shardlab.plan.runs_skills import SKILL_RUNS
 from shardlab.plan.search import layout_candidates, layout_step_keys, plan
 from shardlab.plan.space import Space
 
 RUNS: tuple[PublishedRun, ...] = (PAPER_RUNS + NVIDIA_RUNS + PYTORCH_RUNS + FLASH_RUNS
-                                  + BLACKWELL_RUNS + DGXC_RUNS + FUNCTIONAL_RUNS + DEEPSEEK_RUNS)
+                                  + BLACKWELL_RUNS + DGXC_RUNS + FUNCTIONAL_RUNS + DEEPSEEK_RUNS
+                                  + SKILL_RUNS)
 
 
 def priced(run: PublishedRun, eff: Efficiency | None = None) -> dict[str, Any]:
