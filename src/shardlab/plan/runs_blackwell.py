@@ -44,9 +44,11 @@ def _llama(key: str, model: str, gpu: str, gpus: int, gbs: int, mbs: int, tp: in
         8192, tokens_step(gbs, 8192, gpus, tokens), role, f"{tokens:,g} tokens/s per GPU",
         recompute="none", sp=tp > 1, zero=zero, micro_batch=mbs, virtual=vp, flash=True,
         dtype="fp8", stage_layers=split,
-        options=options + (" overlap_tp=1" if tp > 1 else ""),
+        options=options + (" overlap_tp=1" if tp > 1 else "")
+        + (" fp8_recipe=mxfp8" if "MXFP8" in key else " fp8_recipe=tensorwise"),
         assumed=(*assumed, "fp8 (current or MX block scaling) priced as the linear layers "
-                 "in fp8", "sequence parallel and Transformer Engine's userbuffers "
+                 "in fp8 with the recipe's casts",
+                 "sequence parallel and Transformer Engine's userbuffers "
                  "tensor-parallel overlap with tp > 1 (the Llama recipes' "
                  "CommOverlapConfig)" if tp > 1 else "no tensor parallelism"),
         checked=f"row {row} ({release}); {config}")
@@ -108,9 +110,9 @@ def _qwen3(key: str, model: str, gpu: str, gpus: int, gbs: int, mbs: int, pp: in
         4096, tokens_step(gbs, 4096, gpus, tokens), "validation",
         f"{tokens:,g} tokens/s per GPU", recompute="none", zero=1, micro_batch=mbs,
         virtual=vp, flash=True, dtype="fp8", ep=ep, etp=1, stage_layers=split,
-        options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1"
+        options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 fp8_recipe=mxfp8"
         + (" dispatcher=flex" if flex else ""),
-        assumed=("MXFP8 priced as the linear layers in fp8",
+        assumed=("MXFP8 priced as the linear layers in fp8 with MXFP8's casts",
                  "force-balanced routing: each token's 8 experts a uniform random draw "
                  "(the tables' footnote: 'we force-balance the token distribution among "
                  "experts and all benchmarks are token-dropless')",

@@ -60,8 +60,17 @@ def _run(key: str, source: str, gpu: str, gpus: int, tp: int, pp: int, vp: int, 
         key, source, DSV3_MTP, gpu, gpus, tp, pp, gbs, 4096, step, "validation",
         measured_from, recompute="selective", sp=tp > 1, zero=1, micro_batch=1, virtual=vp,
         flash=True, dtype=dtype, ep=ep, etp=1, capacity_factor=capacity, stage_layers=split,
-        options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1" + options,
+        options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1" + options
+        + _recipe(dtype, checked),
         assumed=(_FORCED, *assumed), checked=checked)
+
+
+def _recipe(dtype: str, checked: str) -> str:
+    """The fp8 recipe key of a row whose checked text quotes its precision config (_CS:
+    current scaling, _MX: MXFP8)."""
+    if dtype != "fp8":
+        return ""
+    return " fp8_recipe=" + ("mxfp8" if "bf16_with_mxfp8_mixed" in checked else "tensorwise")
 
 
 _CS = ("; scripts/performance/utils/helpers.py get_precision_config at v0.1.0rc4: fp8 'cs' "
@@ -185,7 +194,8 @@ DEEPSEEK_RUNS: tuple[PublishedRun, ...] = (
          4, 64, 4096, tokens_step(4096, 4096, 256, 3955), "3,955 tokens/s per GPU", "fp8",
          _LAST, " dispatcher=flex fp8_params=1 optimizer_dtype=bf16_moments "
          "recompute_modules=mla_up_proj",
-         (*_GB200, "MXFP8 priced as the linear layers in fp8", "HybridEP (flex) inside one "
+         (*_GB200, "MXFP8 priced as the linear layers in fp8 with MXFP8's casts",
+          "HybridEP (flex) inside one "
           "NVLink 5 domain priced as a token-based dispatch: each token once per rank its "
           "experts lie on", "Transformer Engine's CUDA graphs of attention, router and "
           "dispatch preprocessing not priced"),

@@ -96,7 +96,7 @@ def _grok(gpu: str, gpus: int, step: float, dtype: str, table: str) -> Published
         sp=True, zero=1, micro_batch=1, virtual=vp, flash=True, cp=cp, dtype=dtype, ep=8,
         etp=etp, capacity_factor=1.0,
         options="overlap_dp=1 overlap_tp=1 reduce_dtype=bf16 fused_loss=1"
-        + (" fp8_params=1" if dtype == "fp8" else ""),
+        + (" fp8_params=1 fp8_recipe=delayed" if dtype == "fp8" else ""),
         assumed=(*(_GB200 if gb200 else DGX_H100),
                  "capacity factor 1.0 padded to capacity: every expert runs its capacity of "
                  "rows (balanced routing priced)",
@@ -121,7 +121,7 @@ def _run(key: str, model: str, gpu: str, gpus: int, tp: int, pp: int, cp: int, v
         sp=tp > 1, zero=1, micro_batch=mbs, virtual=vp, flash=True, cp=cp,
         stage_layers=split or (), dtype=dtype,
         options="overlap_dp=1 overlap_tp=1 reduce_dtype=bf16 fused_loss=1"
-        + (" fp8_params=1" if dtype == "fp8" else ""),
+        + (" fp8_params=1 fp8_recipe=delayed" if dtype == "fp8" else ""),
         assumed=(*(_GB200 if gpu == "GB200" else DGX_H100),
                  *(("Transformer Engine's per-layer CUDA graphs (--cuda_graphs true) not "
                     "priced: the launches are charged as without them",) if graphs else ()),

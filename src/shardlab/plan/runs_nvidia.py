@@ -198,7 +198,7 @@ MB_RUNS: tuple[PublishedRun, ...] = (
         get_model("llama-3-8b"), "H100 SXM", 8, 1, 1, 128, 8192,
         tokens_step(128, 8192, 8, 14451), "validation", "14,451 tokens/s per GPU",
         recompute="none", zero=3, flash=True, dtype="fp8",
-        options="overlap_dp=1 reduce_dtype=bf16 fp8_params=1",
+        options="overlap_dp=1 reduce_dtype=bf16 fp8_params=1 fp8_recipe=tensorwise",
         assumed=("Megatron-FSDP as ZeRO-3 with overlapped gathers", "no recompute",
                  "weights gathered in fp8", *DGX_H100),
         checked="row 'LLAMA3_8B | 8 | FP8-CS | 128 | 1 | 8192 | 8 | 1 | 1 | 1 | n/a | 1 | 16 | "
@@ -208,7 +208,8 @@ MB_RUNS: tuple[PublishedRun, ...] = (
         get_model("llama-3-70b"), "H100 SXM", 64, 4, 8, 128, 8192,
         tokens_step(128, 8192, 64, 1602), "validation", "1,602 tokens/s per GPU",
         recompute="none", sp=True, zero=1, virtual=5, flash=True, dtype="fp8",
-        options="overlap_dp=1 overlap_tp=1 reduce_dtype=bf16 fp8_params=1",
+        options="overlap_dp=1 overlap_tp=1 reduce_dtype=bf16 fp8_params=1 "
+        "fp8_recipe=tensorwise",
         assumed=("distributed optimizer, overlapped data- and tensor-parallel "
                  "communication (the perf recipes)", "no recompute", *DGX_H100),
         checked="row 'LLAMA3_70B | 64 | FP8-CS | 128 | 1 | 8192 | 0 | 4 | 8 | 1 | 5 | 1 | 64 | "
@@ -221,7 +222,8 @@ MB_RUNS: tuple[PublishedRun, ...] = (
         tokens_step(512, 8192, 1024, 292), "validation", "292 tokens/s per GPU",
         recompute="none", sp=True, zero=1, virtual=8, flash=True, dtype="fp8", cp=2,
         stage_layers=fewer_at_ends(126, 64, 1),
-        options="overlap_dp=1 overlap_tp=1 reduce_dtype=bf16 fp8_params=1",
+        options="overlap_dp=1 overlap_tp=1 reduce_dtype=bf16 fp8_params=1 "
+        "fp8_recipe=tensorwise",
         assumed=("distributed optimizer, overlapped data- and tensor-parallel "
                  "communication (the perf recipes)", "no recompute", "126 layers on 8 x 8 "
                  "chunks with the embedding and the loss counted as a layer each "
@@ -237,7 +239,8 @@ MB_RUNS: tuple[PublishedRun, ...] = (
         QWEN3_30B, "H100 SXM", 16, 1, 2, 512, 4096, tokens_step(512, 4096, 16, 10494),
         "validation", "10,494 tokens/s per GPU", recompute="none", zero=1, micro_batch=2,
         virtual=24, flash=True, dtype="fp8", ep=8, etp=1, capacity_factor=1.0,
-        options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 fp8_params=1",
+        options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 fp8_params=1 "
+        "fp8_recipe=tensorwise",
         assumed=("'tokendrop': balanced routing (the table's footnote forces balance only "
                  "for dropless rows)", *DGX_H100),
         checked="row 'Qwen3_30B_a3B (tokendrop) | 16 | 512 | 2 | 4096 | 0 | 1 | 2 | 1 | 24 | "
@@ -257,7 +260,8 @@ MB_RUNS: tuple[PublishedRun, ...] = (
         QWEN3_30B, "H100 SXM", 16, 1, 1, 1024, 4096, tokens_step(1024, 4096, 16, 8901),
         "validation", "8,901 tokens/s per GPU", recompute="none", zero=1, micro_batch=1,
         flash=True, dtype="fp8", ep=16, etp=1,
-        options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 dispatcher=flex fp8_params=1",
+        options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 dispatcher=flex fp8_params=1 "
+        "fp8_recipe=tensorwise",
         assumed=("HybridEP (NVLink within a node, RDMA across the two) priced as DeepEP's "
                  "internode dispatch: each token once per remote node holding one of its "
                  "experts", "force-balanced routing: each token's 8 experts a uniform "
@@ -281,7 +285,8 @@ MB_RUNS: tuple[PublishedRun, ...] = (
         "validation", "1,686 tokens/s per GPU", recompute="none", sp=True, zero=1,
         micro_batch=1, virtual=4, flash=True, dtype="fp8", ep=32, etp=1,
         stage_layers=fewer_at_ends(94, 32, 1),
-        options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 overlap_ep=1 fp8_params=1",
+        options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 overlap_ep=1 fp8_params=1 "
+        "fp8_recipe=tensorwise",
         assumed=("force-balanced routing: each token's 8 experts a uniform random draw",
                  *DGX_H100),
         checked="row '| DGX-H100 | 256 | FP8 | 8192 | 1 | 4096 | 0 | 2 | 8 | 1 | 4 | 32 | 1686 | "

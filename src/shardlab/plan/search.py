@@ -197,9 +197,11 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
     """
     start = time.perf_counter()
     options = options or StepOptions()
-    if options.fp8_params and not policy.is_fp8:
-        raise SpecError("fp8_params", "1", f"keeps linear weights in fp8: needs --dtype fp8, "
-                        f"not {policy.name}")
+    for key, value in (("fp8_params", "1" if options.fp8_params else ""),
+                       ("fp8_recipe", options.fp8_recipe)):
+        if value and not policy.is_fp8:
+            raise SpecError(key, value, f"is for fp8 linear layers: needs --dtype fp8, not "
+                            f"{policy.name}")
     if model.style == "gpt" and space.seq > model.context:
         raise SpecError("seq", space.seq, f"must be <= the learned position table "
                         f"({model.context}) for a gpt-style model")
@@ -266,7 +268,7 @@ LAYOUT_KEYS = ("dp", "tp", "pp", "virtual", "micro_batch", "zero", "sp", "recomp
 STEP_KEYS = ("overlap_dp", "overlap_tp", "overlap_pp", "overlap_ep", "fused_norm",
              "fused_accumulation", "fp8_params", "flash_kernel", "reduce_dtype", "fused_loss",
              "dispatcher", "routing", "optimizer_dtype", "offload_layers",
-             "recompute_modules", "backward_prefetch")
+             "recompute_modules", "backward_prefetch", "fp8_recipe")
 """``--layout`` keys of ``shardlab plan`` that set step-time options, not the layout
 (:class:`~shardlab.plan.step_time.StepOptions`, :mod:`shardlab.plan.overlap`)."""
 

@@ -82,7 +82,11 @@ class StepOptions:
     overlap_pp: bool | str = False
     fused_norm: bool = True
     fp8_cast_bytes: int = fp8.ACTIVATION_CAST_BYTES
-    """Bytes an fp8 operand's cast moves per element (the framework's; 7: torchao)."""
+    """Bytes an fp8 operand's cast moves per element (the framework's; 7: torchao; a named
+    ``fp8_recipe``'s: :data:`shardlab.estimate.fp8.RECIPE_CAST_BYTES`)."""
+    fp8_recipe: str = ""
+    """The Transformer Engine fp8 recipe a run names (delayed, tensorwise, mxfp8); "": the
+    framework's casts."""
     flash_kernel: str = "fa3"
     """The fused attention kernel (fa2, fa3, triton, fa1): the most of the peak it reaches is the
     accelerator's :attr:`~shardlab.config.hardware.Efficiency.flash_fractions`."""

@@ -118,6 +118,8 @@ def _options_line(doc: dict[str, Any]) -> str:
                if doc.get("optimizer_dtype") else "")
             + (f", offload_layers {o['offload_layers']}" if o.get("offload_layers") else "")
             + (", backward_prefetch post" if o.get("backward_prefetch") == "post" else "")
+            + (f", fp8_recipe {o['fp8_recipe']} ({o['fp8_cast_bytes']} B a cast element)"
+               if o.get("fp8_recipe") else "")
             + (", recompute_modules " + "+".join(o["recompute_modules"])
                if o.get("recompute_modules") else "")
             + _runs_text(doc.get("framework"), doc.get("framework_runs")))
