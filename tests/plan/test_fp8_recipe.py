@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -32,13 +34,16 @@ def _priced(recipe: str | None, dtype: str = "fp8") -> dict:
 
 
 def test_a_recipe_sets_the_casts_bytes_and_nothing_else() -> None:
-    for recipe, nbytes in RECIPE_CAST_BYTES.items():
-        opts = step_options_for(H100, flash=True, framework="megatron",
-                                overrides={"fp8_recipe": recipe.upper()})
-        assert (opts.fp8_recipe, opts.fp8_cast_bytes) == (recipe, nbytes)
-    # Megatron-LM's default recipe is delayed scaling: naming it prices the same step.
+    # Delayed scaling 3 B, current (tensorwise) scaling 5 B, MXFP8 4 B (estimate/fp8.py).
+    assert RECIPE_CAST_BYTES == {"delayed": 3, "tensorwise": 5, "mxfp8": 4}
     plain = step_options_for(H100, flash=True, framework="megatron")
-    assert plain.fp8_cast_bytes == RECIPE_CAST_BYTES["delayed"]
+    assert (plain.fp8_recipe, plain.fp8_cast_bytes) == ("", 3)  # Megatron-LM's delayed
+    for recipe, nbytes in (("delayed", 3), ("TensorWise", 5), ("mxfp8", 4)):
+        opts = step_options_for(H100, flash=True, framework="megatron",
+                                overrides={"fp8_recipe": recipe})
+        assert (opts.fp8_recipe, opts.fp8_cast_bytes) == (recipe.lower(), nbytes)
+        assert replace(opts, fp8_recipe="", fp8_cast_bytes=3) == plain
+    # Naming Megatron's default prices the same step.
     assert _priced("delayed")["step_seconds"] == pytest.approx(_priced(None)["step_seconds"],
                                                                rel=1e-12)
 
@@ -64,11 +69,20 @@ def test_bad_recipes_are_refused_with_the_field() -> None:
         _priced("tensorwise", dtype="bf16")
 
 
-def test_the_cli_refuses_a_recipe_on_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["plan", "llama-3-8b", "--gpus", "8", "--global-batch", "16", "--seq", "8192",
-               "--layout", "dp=8 fp8_recipe=tensorwise"])
+@pytest.mark.parametrize(("extra", "said"), [
+    ((), "fp8_recipe='tensorwise': is for fp8 linear layers: needs --dtype fp8, not bf16"),
+    (("--dtype", "fp8", "--layout", "fp8_recipe=nvfp4"),
+     "fp8_recipe='nvfp4': must be one of delayed, tensorwise, mxfp8"),
+    (("--dtype", "fp8", "--framework", "torchtitan"),
+     "fp8_recipe='tensorwise': is Transformer Engine's"),
+])
+def test_the_cli_refuses_a_recipe_on_one_line(capsys: pytest.CaptureFixture[str],
+                                              extra: tuple[str, ...], said: str) -> None:
+    args = ["plan", "llama-3-8b", "--gpus", "8", "--global-batch", "16", "--seq", "8192",
+            "--layout", "dp=8 fp8_recipe=tensorwise", *extra]
+    rc = main(args)
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and "fp8_recipe='tensorwise'" in err[0]
+    assert rc == 2 and len(err) == 1 and said in err[0], err
 
 
 def test_each_transformer_engine_fp8_row_names_the_recipe_its_source_states() -> None:
@@ -77,7 +91,7 @@ def test_each_transformer_engine_fp8_row_names_the_recipe_its_source_states() ->
     for r in rows:
         recipe = re.search(r"fp8_recipe=(\w+)", r.options)
         text = f"{r.checked} {' '.join(r.assumed)}"
-        if "MXFP8" in r.name:
+        if re.search(r"MXFP8 priced|bf16_with_mxfp8_mixed|fp8_mx", text):
             expected = "mxfp8"
         elif re.search(r"current.scaling|FP8-CS|fp8_cs|FP8_CS", text):
             expected = "tensorwise"
@@ -89,3 +103,25 @@ def test_each_transformer_engine_fp8_row_names_the_recipe_its_source_states() ->
         named += 1
         assert recipe is not None and recipe.group(1) == expected, r.name
     assert named == 37
+
+
+def test_versus_names_a_recipe_change_and_no_published_record(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    layout = "dp=8 tp=1 pp=1 zero=1 micro_batch=2 recompute=none"
+    args = ["plan", "llama-3-8b", "--gpus", "8", "--global-batch", "16", "--seq", "8192",
+            "--dtype", "fp8", "--framework", "megatron", "--json"]
+    rc = main([*args, "--layout", layout, "--versus", layout + " fp8_recipe=tensorwise"])
+    versus = json.loads(capsys.readouterr().out)["versus"]
+    assert rc == 0
+    assert versus["changes"] == {"fp8_recipe": ["", "tensorwise"]}
+    # No published pair changed the recipe alone: the bf16/fp8 pairs' record is not quoted.
+    assert versus["kind"] == "other" and versus["chooser"] is None
+    assert versus["ratio"] > 1.0
+    # Megatron's default is delayed scaling: naming it prices the layout as --layout does.
+    rc = main([*args, "--layout", layout, "--versus", layout + " fp8_recipe=delayed"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "is priced as --layout's layout is" in err[0]
+    # A bad recipe in B is refused under versus.
+    rc = main([*args, "--layout", layout, "--versus", layout + " fp8_recipe=nvfp4"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("shardlab plan: error: versus=")

@@ -174,7 +174,6 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    "memory (Megatron's --cpu-offloading-num-layers; pp 1, no recompute), "
                    'fused_loss=1 a fused cross-entropy, fp8_recipe=delayed|tensorwise|mxfp8 '
                    "the Transformer Engine fp8 recipe (with --dtype fp8: its casts' bytes), "
-
                    'dispatcher=alltoall|flex and routing=random|contiguous its MoE token '
                    'dispatcher; a --layout of only these keys searches '
                    'with them')

@@ -65,14 +65,14 @@ def versus(args: argparse.Namespace, model: ModelShape, acc: Accelerator, space:
         check_framework_runs(fw, int(only.pp[0]), SCHEDULES[int(only.schedule[0])],
                              int(only.dp[0]) * int(only.cp[0]), int(only.zero[0]),
                              int(only.cp[0]), int(only.virtual[0]))
+        options = step_options_for(acc, flash=args.attention == "flash",
+                                   overlap_dp=not args.no_overlap_dp,
+                                   framework=args.framework, overrides=keys)
+        pol = policy_for(base, keys)
+        second = plan(model, acc, space, pol, top=1, dropout=dropout, options=options,
+                      only=only, imbalance=args.routing_imbalance).best[0]
     except SpecError as e:
         raise SpecError("versus", text, str(e)) from None
-    options = step_options_for(acc, flash=args.attention == "flash",
-                               overlap_dp=not args.no_overlap_dp, framework=args.framework,
-                               overrides=keys)
-    pol = policy_for(base, keys)
-    second = plan(model, acc, space, pol, top=1, dropout=dropout, options=options,
-                  only=only, imbalance=args.routing_imbalance).best[0]
     changes = _changes(first, second, first_options, options, first_policy, pol)
     if not changes:
         raise SpecError("versus", text, "is priced as --layout's layout is: name another")
@@ -95,7 +95,10 @@ def _changes(a: dict[str, Any], b: dict[str, Any], oa: StepOptions, ob: StepOpti
         if a[k] != b[k] and (piped or k not in ("schedule", "virtual_stages"))}
     da, db = asdict(oa), asdict(ob)
     out.update({OPTION_NAMES.get(k, k): [da[k], db[k]] for k in da
-                if k != "memory" and da[k] != db[k]})
+                if k not in ("memory", "fp8_recipe", "fp8_cast_bytes") and da[k] != db[k]})
+    if oa.fp8_cast_bytes != ob.fp8_cast_bytes:
+        # A recipe is a change where its casts' bytes differ (delayed is Megatron's own).
+        out["fp8_recipe"] = [oa.fp8_recipe, ob.fp8_recipe]
     if pa.optimizer_bytes != pb.optimizer_bytes:
         out["optimizer_dtype"] = [pa.optimizer_bytes, pb.optimizer_bytes]
     return out

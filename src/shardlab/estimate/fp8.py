@@ -21,7 +21,8 @@ pass), leaving the write of the fp8 copy and the transpose: 3 B (the framework's
 ``fp8_cast_bytes``, :mod:`shardlab.plan.overlap`), with delayed scaling. The recipe a
 Transformer Engine run names (``fp8_recipe``: :data:`RECIPE_CAST_BYTES`) changes that, as
 its quantizers' code paths do (transformer_engine/pytorch/csrc/extensions normalization.cpp
-and activation.cpp): delayed scaling writes the fp8 copy from the norm or activation kernel
+and activation.cpp, Transformer Engine 2.x as the search tool holds it; the commit was not
+recorded): delayed scaling writes the fp8 copy from the norm or activation kernel
 itself (``Impl::FULLY_FUSED``, ``FUSED_DACT_DBIAS_QUANTIZE``), 1 B and a 2 B transpose,
 and casts any other operand with its amax in one cast-transpose pass (read 2 B, write 1 + 1
 B): 3-4 B, 3 priced; current (tensorwise) scaling cannot scale before it has the amax, so
@@ -29,7 +30,10 @@ the norm and activation kernels write bf16 beside their amax (``FUSED_NORM_AMAX_
 ``FUSED_DACT_AMAX_FP8``) and a cast-transpose pass follows (4 B), and any other operand
 gets an amax pass first (2 B more, 6 B): 5 priced, the middle; MXFP8 scales each block of
 32 as it casts, so no amax pass, but its norm is unfused (a bf16 write, then a 4 B
-cast of rows and columns, scales 1 B a block of 32 each way): 4 priced. The priced
+cast of rows and columns, scales 1 B a block of 32 each way): 4 priced. With
+``NVTE_NORM_FWD_USE_CUDNN`` set (Megatron-Bridge's scripts set it for some runs) cuDNN's
+norm writes MXFP8 itself and current scaling's norm is not fused at all; not priced per
+run. The priced
 figures were picked after their effect on the held-out runs was seen
 (docs/validation.md, eleventh revision). Weights are cast without
 the amax pass (their scale is precomputed: torchao ``precompute_float8_dynamic_scale_for_

@@ -116,13 +116,13 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
         if key == "fp8_recipe":
             # Transformer Engine's recipe sets its casts' bytes (estimate/fp8.py); torchao's
             # float8 (torchtitan) casts in its own kernels.
-            if value.lower() not in RECIPE_CAST_BYTES:
+            recipe = value.lower()
+            if recipe not in RECIPE_CAST_BYTES:
                 raise SpecError(key, value, f"must be one of {', '.join(RECIPE_CAST_BYTES)}")
             if fw.name == "torchtitan":
                 raise SpecError(key, value, "is Transformer Engine's: torchtitan's torchao "
                                 "float8 is priced with its own casts")
-            opts.update(fp8_recipe=value.lower(),
-                        fp8_cast_bytes=RECIPE_CAST_BYTES[value.lower()])
+            opts.update(fp8_recipe=recipe, fp8_cast_bytes=RECIPE_CAST_BYTES[recipe])
             continue
         if key in ("dispatcher", "routing", "backward_prefetch"):
             allowed = {"dispatcher": DISPATCHERS, "routing": ROUTINGS,

@@ -44,6 +44,8 @@ def _llama(key: str, model: str, gpu: str, gpus: int, gbs: int, mbs: int, tp: in
         8192, tokens_step(gbs, 8192, gpus, tokens), role, f"{tokens:,g} tokens/s per GPU",
         recompute="none", sp=tp > 1, zero=zero, micro_batch=mbs, virtual=vp, flash=True,
         dtype="fp8", stage_layers=split,
+        # The table's precision column: MXFP8, or FP8, which its scripts run as current
+        # scaling (fp8_cs: module docstring).
         options=options + (" overlap_tp=1" if tp > 1 else "")
         + (" fp8_recipe=mxfp8" if "MXFP8" in key else " fp8_recipe=tensorwise"),
         assumed=(*assumed, "fp8 (current or MX block scaling) priced as the linear layers "

@@ -2,8 +2,9 @@
 
 * MSK: NVIDIA-NeMo/Megatron-Bridge ``skills/nemo-mbridge-perf-expert-parallel-overlap/
   SKILL.md`` (added by 7ded17dae, "perf(recipe): overlap Qwen3 expert communication on
-  H100", 25 July 2026; unchanged at 415e90afd and HEAD 067f987df), section "HybridEP
-  Production-Shape Benchmark": Qwen3-30B-A3B pre-training on 16 H100 in bf16, one
+  H100", 25 July 2026; the section the same at HEAD 067f987df, 415e90afd only appending a
+  signature line), section "HybridEP Production-Shape Benchmark": Qwen3-30B-A3B
+  pre-training on 16 H100 in bf16, one
   controlled comparison in which only the expert-parallel overlap changes. Its step times
   are printed to the ten-thousandth of a second over stated steady windows. The skill's
   other table (an "alltoall" SFT run at 41.25 s) states no sequence length and is not used.
@@ -20,7 +21,7 @@ from shardlab.plan.runs_nvidia import DGX_H100, QWEN3_30B
 
 _SKILL = ("Megatron-Bridge skills/nemo-mbridge-perf-expert-parallel-overlap/SKILL.md "
           "(7ded17dae, 2026-07-25), HybridEP production-shape benchmark")
-_SETUP = ("its setup block: 'Hardware: 16xH100', 'Precision: BF16', 'Sequence: 4096', "
+_SETUP = ("its setup block: 'Hardware: 16×H100', 'Precision: BF16', 'Sequence: 4096', "
           "'Parallelism: TP1 / PP1 / CP1 / EP16', 'Batch: MBS1 / GBS1024', 'Routing: force "
           "balance', 'Dispatcher: flex + HybridEP', 'CUDA graph: Transformer Engine scopes "
           "moe_router + moe_preprocess', 'Delayed wgrad: disabled'; the recipe it tunes, "
