@@ -33,8 +33,7 @@ gets an amax pass first (2 B more, 6 B): 5 priced, the middle; MXFP8 scales each
 cast of rows and columns, scales 1 B a block of 32 each way): 4 priced. With
 ``NVTE_NORM_FWD_USE_CUDNN`` set (Megatron-Bridge's scripts set it for some runs) cuDNN's
 norm writes MXFP8 itself and current scaling's norm is not fused at all; not priced per
-run. The priced
-figures were picked after their effect on the held-out runs was seen
+run. The priced figures were picked after their effect on the held-out runs was seen
 (docs/validation.md, eleventh revision). Weights are cast without
 the amax pass (their scale is precomputed: torchao ``precompute_float8_dynamic_scale_for_
 fsdp``, Transformer Engine's cached weight): :data:`WEIGHT_CAST_BYTES` = 5 B per weight
