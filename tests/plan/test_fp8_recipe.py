@@ -70,7 +70,7 @@ def test_bad_recipes_are_refused_with_the_field() -> None:
 
 
 @pytest.mark.parametrize(("extra", "said"), [
-    ((), "fp8_recipe='tensorwise': is for fp8 linear layers: needs --dtype fp8, not bf16"),
+    ((), "fp8_recipe='tensorwise': is an fp8 setting: needs --dtype fp8, not bf16"),
     (("--dtype", "fp8", "--layout", "fp8_recipe=nvfp4"),
      "fp8_recipe='nvfp4': must be one of delayed, tensorwise, mxfp8"),
     (("--dtype", "fp8", "--framework", "torchtitan"),
@@ -125,3 +125,19 @@ def test_versus_names_a_recipe_change_and_no_published_record(
     rc = main([*args, "--layout", layout, "--versus", layout + " fp8_recipe=nvfp4"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("shardlab plan: error: versus=")
+
+
+def test_an_fp8_attention_kernel_needs_the_fp8_dtype(capsys: pytest.CaptureFixture[str]
+                                                     ) -> None:
+    args = ["plan", "llama-3-8b", "--gpus", "8", "--global-batch", "16", "--seq", "8192",
+            "--layout", "dp=8 flash_kernel=fp8"]
+    rc = main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == ["shardlab plan: error: flash_kernel='fp8': is an fp8 setting: "
+                               "needs --dtype fp8, not bf16"]
+    assert main([*args, "--dtype", "fp8", "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)["best"][0]
+    assert best["step_seconds"] > 0
+    with pytest.raises(SpecError, match=r"flash_kernel.*torchtitan's float8 keeps"):
+        step_options_for(H100, flash=True, framework="torchtitan",
+                         overrides={"flash_kernel": "fp8"})

@@ -100,9 +100,10 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         matmul_peaks(acc, policy.compute, policy.linear_compute)  # fp8 on an A100: one line
         if policy.is_fp8:
             notes.append("fp8: priced as Transformer Engine and torchao float8 run it (linear "
-                         "layers in fp8, attention core, head and router in bf16, fp8 casts "
-                         "at the memory bandwidth); real fp8 training runs on CUDA GPUs only: "
-                         "shardlab train cannot run it on a CPU")
+                         "layers in fp8, attention core (unless flash_kernel=fp8), head and "
+                         "router in bf16, fp8 casts at the memory bandwidth); real fp8 "
+                         "training runs on CUDA GPUs only: shardlab train cannot run it on a "
+                         "CPU")
     runnable = here or bool(args.dry_run_top)
     # This machine, or a job file to emit: the winner must be a layout shardlab train runs.
     train_only = here or getattr(args, "emit_config", None) is not None

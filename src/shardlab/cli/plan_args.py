@@ -161,7 +161,8 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
                    "Megatron's --no-gradient-accumulation-fusion is 0), fp8_params (with --dtype "
                    "fp8: linear weights kept in fp8 with their transpose, no bf16 copy, and "
                    "gathered in fp8: Megatron's --fp8-param-gather); "
-                   'flash_kernel=fa2|fa3|triton|fa1 and '
+                   'flash_kernel=fa2|fa3|triton|fa1|fp8 (fp8: a fused attention in fp8, '
+                   "Transformer Engine's --fp8-dot-product-attention, with --dtype fp8) and "
                    'reduce_dtype=bf16|fp32 name the attention kernel and FSDP gradient '
                    'reduction a run used, backward_prefetch=pre|post when ZeRO-3 gathers '
                    "in backward (FSDP1's BackwardPrefetch: post, Composer's default, leaves "

@@ -237,18 +237,24 @@ _BLACKWELL = ("NVIDIA Blackwell tables (HGX B200 and GB200 NVL72 columns), dense
 # "1.7-3.0x faster than FlashAttention" (Dao 2023, Sec. 4) at its geometric middle, 2.26 (32% of
 # an A100, inside that paper's "25-40%" for FlashAttention-1), the ratio carried to the H100.
 # ``fa1``: FlashAttention-1 itself (flash-attn 0.x), at the same share: the kernel that ratio is
-# stated against.
+# stated against. ``fp8``: a fused attention in fp8 (Transformer Engine's
+# --fp8-dot-product-attention through cuDNN, FlashAttention-3's fp8 path), its share of the
+# *fp8* peak: FlashAttention-3 "with FP8 reaching close to 1.2 PFLOPs/s" on an H100 (Shah et
+# al. 2024, abstract), 1.2 of 1.979 PFLOP/s; the A100 has no fp8.
 _FA2_OVER_FA1 = (1.7 * 3.0) ** 0.5
+_FA3_FP8_SHARE = 1.2e15 / 1979e12
 
 
-def _flash(fa2: float, fa3: float) -> tuple[tuple[str, float], ...]:
-    """The kernels' shares from FA2's and FA3's: Triton's and FA1's at FA2's over 2.26."""
+def _flash(fa2: float, fa3: float, fp8: float | None = None) -> tuple[tuple[str, float], ...]:
+    """The kernels' shares from FA2's and FA3's: Triton's and FA1's at FA2's over 2.26; an
+    fp8 kernel's of the fp8 peak where the accelerator has one."""
     fa1 = fa2 / _FA2_OVER_FA1
-    return (("fa2", fa2), ("fa3", fa3), ("triton", fa1), ("fa1", fa1))
+    shares = (("fa2", fa2), ("fa3", fa3), ("triton", fa1), ("fa1", fa1))
+    return shares if fp8 is None else (*shares, ("fp8", fp8))
 
 
 _AMPERE_FLASH = _flash(0.73, 0.73)
-_HOPPER_FLASH = _flash(0.35, 0.75)
+_HOPPER_FLASH = _flash(0.35, 0.75, _FA3_FP8_SHARE)
 FP8_PEAK_RATIO = 0.908 / 0.846
 """fp8 matmuls' asymptotic share of the fp8 peak over fp16's of the fp16 peak: the curve
 ``P · I/(I + h)`` fitted (least squares) to TileLang's H800 SXM benchmarks at M = N = 8192,

@@ -134,9 +134,12 @@ def layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, d
     # of s/(cp + 1) (s/2 without cp).
     core_flops = 2.0 * tokens * seq * (q + m.o_dim) / t * balance
     if flash:
+        # An fp8 kernel runs against the fp8 peak on the fp8 curve (its cap a share of that).
+        fp8_core = kernel == "fp8" and bool(dev.linear_peak)
+        peak, eff = (lin, lin_eff) if fp8_core else (dev.peak, dev.eff)
         cap = dict(dev.eff.flash_fractions).get(kernel, 1.0)
         intensity = queries * seq / (queries + seq)
-        core = core_flops / (dev.peak * np.minimum(fraction_of_peak(intensity, dev.eff), cap))
+        core = core_flops / (peak * np.minimum(fraction_of_peak(intensity, eff), cap))
     else:
         core = matmul_seconds(core_flops, queries, m.head_dim, seq, dev.peak, dev.eff)
     ops: np.ndarray | float = OPS_PER_LAYER_FORWARD

@@ -137,6 +137,9 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
         elif key == "flash_kernel":
             if value.lower() not in FLASH_KERNELS:
                 raise SpecError(key, value, f"must be one of {', '.join(FLASH_KERNELS)}")
+            if value.lower() == "fp8" and fw.name == "torchtitan":
+                raise SpecError(key, value, "is Transformer Engine's fp8 attention: "
+                                "torchtitan's float8 keeps the attention in bf16")
             opts[key] = value.lower()
         elif key == "overlap_tp" and value.lower() not in ("forward",):
             # overlap_tp=1 is the framework's kind of tensor-parallel overlap.

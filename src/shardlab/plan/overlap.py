@@ -63,11 +63,12 @@ BACKWARD_PREFETCH: tuple[str, ...] = ("pre", "post")
 the current set of parameters' gradient computation" (FSDP1's default), BACKWARD_POST
 "after the current set of parameters' gradient computation ... enables less overlap"
 (torch.distributed.fsdp docs; Composer's ``FSDPConfig.backward_prefetch`` default)."""
-FLASH_KERNELS: tuple[str, ...] = ("fa2", "fa3", "triton", "fa1")
+FLASH_KERNELS: tuple[str, ...] = ("fa2", "fa3", "triton", "fa1", "fp8")
 """Fused attention kernels a run can name (``flash_kernel=``): FlashAttention-2, -3 (or cuDNN's),
-llm-foundry's Triton kernel (``attn_impl: triton``) and FlashAttention-1 (flash-attn 0.x);
-their shares of the peak are the accelerator's
-:attr:`~shardlab.config.hardware.Efficiency.flash_fractions`."""
+llm-foundry's Triton kernel (``attn_impl: triton``), FlashAttention-1 (flash-attn 0.x) and
+an fp8 fused attention (``fp8``: Transformer Engine's ``--fp8-dot-product-attention``, with
+``--dtype fp8`` only, priced against the fp8 peak); their shares of the peak are the
+accelerator's :attr:`~shardlab.config.hardware.Efficiency.flash_fractions`."""
 TORCH_PIPELINING: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v",
                                      "dualpipev")
 """The schedules ``torch.distributed.pipelining`` 2.13 runs (ScheduleGPipe, Schedule1F1B,

@@ -198,9 +198,10 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
     start = time.perf_counter()
     options = options or StepOptions()
     for key, value in (("fp8_params", "1" if options.fp8_params else ""),
-                       ("fp8_recipe", options.fp8_recipe)):
+                       ("fp8_recipe", options.fp8_recipe),
+                       ("flash_kernel", "fp8" if options.flash_kernel == "fp8" else "")):
         if value and not policy.is_fp8:
-            raise SpecError(key, value, f"is for fp8 linear layers: needs --dtype fp8, not "
+            raise SpecError(key, value, f"is an fp8 setting: needs --dtype fp8, not "
                             f"{policy.name}")
     if model.style == "gpt" and space.seq > model.context:
         raise SpecError("seq", space.seq, f"must be <= the learned position table "

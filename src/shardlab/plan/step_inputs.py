@@ -88,8 +88,9 @@ class StepOptions:
     """The Transformer Engine fp8 recipe a run names (delayed, tensorwise, mxfp8); "": the
     framework's casts."""
     flash_kernel: str = "fa3"
-    """The fused attention kernel (fa2, fa3, triton, fa1): the most of the peak it reaches is the
-    accelerator's :attr:`~shardlab.config.hardware.Efficiency.flash_fractions`."""
+    """The fused attention kernel (fa2, fa3, triton, fa1; fp8 against the fp8 peak): the most
+    of the peak it reaches is the accelerator's
+    :attr:`~shardlab.config.hardware.Efficiency.flash_fractions`."""
     grad_reduce_bytes: int = 0
     """Bytes per gradient element the data-parallel reduction moves with bf16 compute (the
     framework's: fp32 reduction is 4); 0: the policy's gradient bytes."""
