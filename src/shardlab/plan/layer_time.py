@@ -65,7 +65,8 @@ def layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, d
                   expert_launches: bool = False) -> LayerForward:
     """One layer's forward on one tp rank of a cp rank (its b·s/cp tokens; a MoE layer's
     experts as ``c``'s ep, etp and capacity factor place them); the linear layers at
-    ``linear_peak``, the router and the core at ``peak``; ``balance``: the causal load
+    ``linear_peak``, the router and the core at ``peak`` (the core of an fp8 kernel,
+    ``kernel="fp8"``, at ``linear_peak``); ``balance``: the causal load
     balance, busiest cp rank's attention over the mean's."""
     m = model
     t = tp.astype(float)
