@@ -127,17 +127,32 @@ def test_versus_names_a_recipe_change_and_no_published_record(
     assert rc == 2 and len(err) == 1 and err[0].startswith("shardlab plan: error: versus=")
 
 
-def test_an_fp8_attention_kernel_needs_the_fp8_dtype(capsys: pytest.CaptureFixture[str]
-                                                     ) -> None:
-    args = ["plan", "llama-3-8b", "--gpus", "8", "--global-batch", "16", "--seq", "8192",
-            "--layout", "dp=8 flash_kernel=fp8"]
+def test_an_fp8_attention_kernel_needs_the_fp8_dtype_and_megatron(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["plan", "llama-3-8b", "--gpus", "8", "--global-batch", "16", "--seq", "32768",
+            "--layout", "dp=8 micro_batch=1 recompute=full zero=1 flash_kernel=fp8"]
     rc = main(args)
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err == ["shardlab plan: error: flash_kernel='fp8': is an fp8 setting: "
                                "needs --dtype fp8, not bf16"]
-    assert main([*args, "--dtype", "fp8", "--json"]) == 0
-    best = json.loads(capsys.readouterr().out)["best"][0]
-    assert best["step_seconds"] > 0
-    with pytest.raises(SpecError, match=r"flash_kernel.*torchtitan's float8 keeps"):
-        step_options_for(H100, flash=True, framework="torchtitan",
-                         overrides={"flash_kernel": "fp8"})
+    steps = {}
+    for kernel in ("fp8", "fa3"):
+        run = [*args[:-1], args[-1].replace("fp8", kernel), "--dtype", "fp8", "--json"]
+        assert main(run) == 0
+        steps[kernel] = json.loads(capsys.readouterr().out)["best"][0]["step_seconds"]
+    assert steps["fp8"] < 0.9 * steps["fa3"]  # the attention core is most of a 32K step
+    for framework in ("torchtitan", "fsdp", "deepspeed"):
+        with pytest.raises(SpecError, match=r"flash_kernel.*--framework megatron.*fa2, fa3"):
+            step_options_for(H100, flash=True, framework=framework,
+                             overrides={"flash_kernel": "fp8"})
+
+
+def test_versus_an_fp8_kernel_quotes_no_published_record(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    layout = "dp=8 tp=1 pp=1 zero=1 micro_batch=2 recompute=none flash_kernel=fa3"
+    rc = main(["plan", "llama-3-8b", "--gpus", "8", "--global-batch", "16", "--seq", "8192",
+               "--dtype", "fp8", "--framework", "megatron", "--json", "--layout", layout,
+               "--versus", layout.replace("fa3", "fp8")])
+    versus = json.loads(capsys.readouterr().out)["versus"]
+    assert rc == 0 and versus["changes"] == {"flash_kernel": ["fa3", "fp8"]}
+    assert versus["kind"] == "other" and versus["chooser"] is None

@@ -79,8 +79,17 @@ def test_an_fp8_attention_kernel_runs_against_the_fp8_peak_at_fa3_s_fp8_share() 
     assert flops / core["fa3"] == pytest.approx(
         989e12 * min(float(fraction_of_peak(intensity, eff)), 0.75), rel=1e-12)
     assert core["fa3"] / core["fp8"] > 1.8
-    # Without an fp8 policy there is no fp8 peak to run against: the kernel is FA3's bf16
-    # path's curve with no cap (search.plan refuses the key without --dtype fp8).
+    # Below the cap the fp8 core follows the fp8 curve (0.697 x I/(I + 444)), not the bf16
+    # one: on GB200, which has no measured cap, at any sequence.
+    gb, _ = device_of(get_accelerator("GB200"), get_policy("fp8"), 8)
+    short = layer_forward(m, 2048, one_, one_, gb, moe_layer=False, flash=True,
+                          kernel="fp8").core[0]
+    fp8_eff = get_accelerator("GB200").efficiency.fp8_curve()  # type: ignore[union-attr]
+    rate = 2.0 * 2048 * 2048 * (m.q_dim + m.o_dim) / short
+    assert rate == pytest.approx(5e15 * float(fraction_of_peak(1024, fp8_eff)), rel=1e-12)
+    # Without an fp8 policy there is no fp8 peak to run against: refused (search.plan
+    # refuses the key first, with the field's name).
     bf16, _ = device_of(H100, get_policy("bf16"), 8)
-    assert not bf16.linear_peak
+    with pytest.raises(ValueError, match="fp8 policy"):
+        layer_forward(m, seq, one_, one_, bf16, moe_layer=False, flash=True, kernel="fp8")
     assert "fp8" not in dict(get_accelerator("A100 SXM 80GB").efficiency.flash_fractions)

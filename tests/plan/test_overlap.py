@@ -87,7 +87,7 @@ def test_a_run_s_kernel_and_reduce_dtype_override_the_framework() -> None:
     assert (opts.flash_kernel, opts.grad_reduce_bytes) == ("triton", 2)
     plain = step_options_for(h100, flash=True, framework="fsdp")
     assert (plain.flash_kernel, plain.grad_reduce_bytes) == ("fa2", 4)
-    with pytest.raises(SpecError, match=r"flash_kernel.*fa2, fa3, triton, fa1"):
+    with pytest.raises(SpecError, match=r"flash_kernel.*fa2, fa3, triton, fa1, fp8$"):
         step_options_for(h100, flash=True, overrides={"flash_kernel": "fa9"})
     with pytest.raises(SpecError, match=r"reduce_dtype.*bf16, fp32"):
         step_options_for(h100, flash=True, overrides={"reduce_dtype": "fp16"})

@@ -67,14 +67,15 @@ class Efficiency:
     link_fraction: float
     source: str = field(default="", compare=False)
     fp8_peak_fraction: float = 0.0
-    """``peak_fraction`` of the fp8 linear matmuls against the fp8 peak; 0, as every catalog
+    """``peak_fraction`` of the fp8 linear matmuls (and of an fp8 attention kernel's core,
+    ``flash_kernel=fp8``, below its cap) against the fp8 peak; 0, as every catalog
     curve leaves it, is the bf16 one times :data:`FP8_PEAK_RATIO` (:meth:`fp8_curve`,
     :data:`FP8_SHARE_SOURCE`). ``--measured-step`` with ``--dtype fp8`` fits it on a run of
     the user's own."""
     flash_fractions: tuple[tuple[str, float], ...] = ()
     """The most of the dense peak each fused attention kernel reaches here, (kernel,
-    fraction) pairs, as its authors measured it; a kernel not listed is held only to the
-    curve."""
+    fraction) pairs, as its authors measured it (``fp8``: of the fp8 peak); a kernel not
+    listed is held only to the curve."""
 
     def fp8_curve(self) -> Efficiency:
         """The curve fp8 linear matmuls follow against the fp8 peak: ``fp8_peak_fraction``
@@ -238,9 +239,10 @@ _BLACKWELL = ("NVIDIA Blackwell tables (HGX B200 and GB200 NVL72 columns), dense
 # an A100, inside that paper's "25-40%" for FlashAttention-1), the ratio carried to the H100.
 # ``fa1``: FlashAttention-1 itself (flash-attn 0.x), at the same share: the kernel that ratio is
 # stated against. ``fp8``: a fused attention in fp8 (Transformer Engine's
-# --fp8-dot-product-attention through cuDNN, FlashAttention-3's fp8 path), its share of the
-# *fp8* peak: FlashAttention-3 "with FP8 reaching close to 1.2 PFLOPs/s" on an H100 (Shah et
-# al. 2024, abstract), 1.2 of 1.979 PFLOP/s; the A100 has no fp8.
+# --fp8-dot-product-attention, which runs cuDNN's kernel), its share of the *fp8* peak taken
+# from FlashAttention-3's fp8 path as a proxy: "with FP8 reaching close to 1.2 PFLOPs/s" on
+# an H100 (Shah et al. 2024, abstract; its best case, forward), 1.2 of 1.979 PFLOP/s, the
+# backward held to the same share; the A100 has no fp8.
 _FA2_OVER_FA1 = (1.7 * 3.0) ** 0.5
 _FA3_FP8_SHARE = 1.2e15 / 1979e12
 

@@ -33,7 +33,8 @@ SPAN: tuple[float, float] = (0.05, 1.0)
 idle device or a wrong layout, beyond 100% a wrong measurement."""
 
 FIELDS: tuple[str, ...] = ("peak_fraction", "fp8_peak_fraction")
-"""The fields an anchor fits: the bf16 share, or with fp8 the fp8 linear matmuls' share."""
+"""The fields an anchor fits: the bf16 share, or with fp8 the fp8 linear matmuls' share
+(an fp8 attention kernel's core, ``flash_kernel=fp8``, below its cap takes it too)."""
 
 TOLERANCE = 1e-5
 """Relative step error at which the search stops."""

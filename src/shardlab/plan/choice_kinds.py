@@ -32,7 +32,8 @@ def kind_of(changes: dict[str, tuple[str, str]]) -> str:
     ``batch`` when only the global batch does. Otherwise ``layout`` when any key of
     :data:`LAYOUT_KEYS` changes (a layout choice, whatever else its stack changed with it),
     ``precision`` when only the dtype does (with fp8's own ``fp8_params`` and
-    ``fp8_recipe``; these two without it: ``other``), ``overlap`` when only
+    ``fp8_recipe``; these two, or an fp8 attention kernel, without it: ``other``),
+    ``overlap`` when only
     communication-overlap keys do, ``kernels`` when only fused-kernel keys do, ``mixed``
     when these three kinds mix (two effects in one ratio), else ``other`` (a
     gradient-reduction dtype, a dispatcher, ...: no published pair changed one alone)."""
@@ -43,9 +44,11 @@ def kind_of(changes: dict[str, tuple[str, str]]) -> str:
         return "batch"
     if keys & LAYOUT_KEYS:
         return "layout"
-    if keys - PRECISION_KEYS - OVERLAP_KEYS - KERNEL_KEYS or (keys & PRECISION_KEYS
-                                                              and "dtype" not in keys):
-        # fp8's own keys without the dtype: no published pair changed one alone.
+    fp8_kernel = "fp8" in changes.get("flash_kernel", ())
+    if keys - PRECISION_KEYS - OVERLAP_KEYS - KERNEL_KEYS or (
+            (keys & PRECISION_KEYS or fp8_kernel) and "dtype" not in keys):
+        # fp8's own keys (an fp8 attention kernel among them) without the dtype: no
+        # published pair changed one alone.
         return "other"
     for kind, own in (("precision", PRECISION_KEYS), ("overlap", OVERLAP_KEYS),
                       ("kernels", KERNEL_KEYS)):

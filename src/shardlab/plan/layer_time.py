@@ -136,7 +136,9 @@ def layer_forward(model: ModelShape, seq: int, tp: np.ndarray, mb: np.ndarray, d
     core_flops = 2.0 * tokens * seq * (q + m.o_dim) / t * balance
     if flash:
         # An fp8 kernel runs against the fp8 peak on the fp8 curve (its cap a share of that).
-        fp8_core = kernel == "fp8" and bool(dev.linear_peak)
+        fp8_core = kernel == "fp8"
+        if fp8_core and not dev.linear_peak:
+            raise ValueError("an fp8 attention kernel needs an fp8 policy's linear peak")
         peak, eff = (lin, lin_eff) if fp8_core else (dev.peak, dev.eff)
         cap = dict(dev.eff.flash_fractions).get(kernel, 1.0)
         intensity = queries * seq / (queries + seq)

@@ -137,9 +137,10 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
         elif key == "flash_kernel":
             if value.lower() not in FLASH_KERNELS:
                 raise SpecError(key, value, f"must be one of {', '.join(FLASH_KERNELS)}")
-            if value.lower() == "fp8" and fw.name == "torchtitan":
-                raise SpecError(key, value, "is Transformer Engine's fp8 attention: "
-                                "torchtitan's float8 keeps the attention in bf16")
+            if value.lower() == "fp8" and fw.name not in ("none", "megatron"):
+                raise SpecError(key, value, "is Megatron's fp8 attention (Transformer "
+                                f"Engine's): give --framework megatron (or none), not "
+                                f"{fw.name}; its kernels: fa2, fa3, triton, fa1")
             opts[key] = value.lower()
         elif key == "overlap_tp" and value.lower() not in ("forward",):
             # overlap_tp=1 is the framework's kind of tensor-parallel overlap.

@@ -16,7 +16,8 @@ context-parallel rank), on devices of dense peak P (:class:`Device`):
   s/cp tokens and K, V of s read and written once: Dao et al. 2022; s/2 without cp), no
   faster than its authors' measured share of the peak (``flash_kernel``: FlashAttention-2
   35% of an H100, FlashAttention-3 75%, llm-foundry's Triton kernel FlashAttention-2's share
-  over 2.26: :data:`shardlab.config.hardware.H100_EFFICIENCY`); plus a fixed cost per
+  over 2.26, an fp8 kernel 61% of the fp8 peak: :data:`shardlab.config.hardware.
+  H100_EFFICIENCY`); plus a fixed cost per
   operator launch (12 per layer forward, twice that backward; a MoE layer 9 + 2 + 5, or
   9 + 2 per local expert + 5 where the framework launches each expert's GEMMs apart)
   (:mod:`shardlab.plan.layer_time`). The full s x s stays priced although a causal fused
