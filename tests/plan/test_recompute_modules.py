@@ -96,6 +96,10 @@ def test_moe_drops_the_whole_moe_layer_and_runs_it_and_its_all_to_alls_again(
     # Dispatch and combine three times, not twice (forward, the recompute, backward).
     assert whole["breakdown"]["ep_comm"] == pytest.approx(1.5 * plain["breakdown"]["ep_comm"],
                                                           rel=1e-9)
+    # moe_act beside moe runs nothing more: the whole layer's rerun holds the activation.
+    also = _plan(capsys, " recompute_modules=moe+moe_act")
+    assert also["breakdown"]["recompute"] == pytest.approx(whole["breakdown"]["recompute"],
+                                                           rel=1e-12)
 
 
 def test_moe_with_the_all_to_all_overlap_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -130,6 +130,13 @@ def tokens_step(global_batch: int, seq: int, gpus: int, tokens_per_gpu: float) -
     return global_batch * seq / (gpus * tokens_per_gpu)
 
 
+def bridge_fp8_recipe(name: str) -> str:
+    """The ``fp8_recipe`` key of a Megatron-Bridge fp8 row: its tables' MXFP8 rows run MXFP8,
+    their FP8 rows current (tensorwise) scaling (its perf scripts' ``fp8_cs``, the precision
+    each such row's checked text quotes)."""
+    return " fp8_recipe=" + ("mxfp8" if "MXFP8" in name else "tensorwise")
+
+
 def megatron_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
     """Megatron-LM's model FLOPs of one iteration for an MHA, 4h-GELU GPT
     (``num_floating_point_operations``): 72·B·s·L·h²·(1 + s/6h + V/12hL)."""

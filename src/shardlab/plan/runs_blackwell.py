@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from shardlab.config.catalog import get_model
 from shardlab.plan.choices import fewer_at_ends
-from shardlab.plan.published_run import PublishedRun, tokens_step
+from shardlab.plan.published_run import PublishedRun, bridge_fp8_recipe, tokens_step
 
 _SRC = "Megatron-Bridge performance summary"
 _PLAIN = ("no recompute, no CUDA graphs, distributed optimizer with overlapped gradient "
@@ -44,10 +44,7 @@ def _llama(key: str, model: str, gpu: str, gpus: int, gbs: int, mbs: int, tp: in
         8192, tokens_step(gbs, 8192, gpus, tokens), role, f"{tokens:,g} tokens/s per GPU",
         recompute="none", sp=tp > 1, zero=zero, micro_batch=mbs, virtual=vp, flash=True,
         dtype="fp8", stage_layers=split,
-        # The table's precision column: MXFP8, or FP8, which its scripts run as current
-        # scaling (fp8_cs: module docstring).
-        options=options + (" overlap_tp=1" if tp > 1 else "")
-        + (" fp8_recipe=mxfp8" if "MXFP8" in key else " fp8_recipe=tensorwise"),
+        options=options + (" overlap_tp=1" if tp > 1 else "") + bridge_fp8_recipe(key),
         assumed=(*assumed, "fp8 (current or MX block scaling) priced as the linear layers "
                  "in fp8 with the recipe's casts",
                  "sequence parallel and Transformer Engine's userbuffers "
@@ -112,7 +109,7 @@ def _qwen3(key: str, model: str, gpu: str, gpus: int, gbs: int, mbs: int, pp: in
         4096, tokens_step(gbs, 4096, gpus, tokens), "validation",
         f"{tokens:,g} tokens/s per GPU", recompute="none", zero=1, micro_batch=mbs,
         virtual=vp, flash=True, dtype="fp8", ep=ep, etp=1, stage_layers=split,
-        options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1 fp8_recipe=mxfp8"
+        options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1" + bridge_fp8_recipe(key)
         + (" dispatcher=flex" if flex else ""),
         assumed=("MXFP8 priced as the linear layers in fp8 with MXFP8's casts",
                  "force-balanced routing: each token's 8 experts a uniform random draw "

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from shardlab.config.catalog import get_model
 from shardlab.config.model import with_mtp
-from shardlab.plan.published_run import PublishedRun, tokens_step
+from shardlab.plan.published_run import PublishedRun, bridge_fp8_recipe, tokens_step
 from shardlab.plan.runs_dgxc import _GB200
 from shardlab.plan.runs_nvidia import DGX_H100
 
@@ -61,16 +61,8 @@ def _run(key: str, source: str, gpu: str, gpus: int, tp: int, pp: int, vp: int, 
         measured_from, recompute="selective", sp=tp > 1, zero=1, micro_batch=1, virtual=vp,
         flash=True, dtype=dtype, ep=ep, etp=1, capacity_factor=capacity, stage_layers=split,
         options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1" + options
-        + _recipe(dtype, checked),
+        + (bridge_fp8_recipe(key) if dtype == "fp8" else ""),
         assumed=(_FORCED, *assumed), checked=checked)
-
-
-def _recipe(dtype: str, checked: str) -> str:
-    """The fp8 recipe key of a row whose checked text quotes its precision config (_CS:
-    current scaling, _MX: MXFP8)."""
-    if dtype != "fp8":
-        return ""
-    return " fp8_recipe=" + ("mxfp8" if "bf16_with_mxfp8_mixed" in checked else "tensorwise")
 
 
 _CS = ("; scripts/performance/utils/helpers.py get_precision_config at v0.1.0rc4: fp8 'cs' "

@@ -221,10 +221,12 @@ def step_seconds(model: ModelShape, c: Candidates, mem: MemoryArrays, seq: int,
                      + (m.dense_layers / m.layers * dense_mlp if "mlp" in mods else 0.0))
         if "moe" in mods and m.moe_layers:
             # A MoE layer again: its experts' and shared experts' matmuls, the experts'
-            # activation and the permutation (its all-to-alls: below).
+            # activation (already above where moe_act is named too) and the permutation
+            # (its all-to-alls: below).
+            act = () if "moe_act" in mods else ("moe_act",)
             sel_extra = sel_extra + (m.moe_layers / m.layers * (
                 moe_l.tp_windows[2] + moe_l.tp_windows[3]) + perm + selective_seconds(
-                    np.zeros(len(c)), m, c, seq, ("moe_act",), policy.activation_bytes, ew_bw))
+                    np.zeros(len(c)), m, c, seq, act, policy.activation_bytes, ew_bw))
     extra_layer = np.select([selective, full], [sel_extra, fwd_layer + cast_f], flash_redo)
     # Tensor-parallel all-reduces of T·h activations: 2 per layer forward, 2 backward and 2
     # more with full recompute; exposed as overlap_tp leaves them (overlap module).
