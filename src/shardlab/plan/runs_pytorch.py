@@ -32,8 +32,10 @@ _TT_ASSUMED = ("H100 SXM peaks under the stated 500 W cap (the file: 'the actual
                "TFLOPs number is between SXM and NVL')", "sequence 8192 (the train_configs "
                "at the benchmark commit)", "global batch = local batch x data-parallel degree",
                "sequence parallel with tp > 1 (torchtitan always)", "one 400 Gb/s NIC per "
-               "GPU (stated)", "fp8: tensorwise dynamic scaling with fp8 FSDP all-gathers",
-               "per-op selective activation checkpointing priced as selective recompute")
+               "GPU (stated)")
+# Said only of the rows they concern (a bf16 row has no fp8 scaling, a full-AC row no SAC).
+_TT_FP8 = "fp8: tensorwise dynamic scaling with fp8 FSDP all-gathers"
+_TT_SAC = "per-op selective activation checkpointing priced as selective recompute"
 _TT_CHECKED = ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (commit "
                "820504e2), table row and caption quoted in the run's measured_from")
 
@@ -51,8 +53,9 @@ def _tt(key: str, model: str, gpus: int, tp: int, pp: int, local: int, mb: int,
         recompute=recompute, sp=tp > 1, zero=3, micro_batch=mb, virtual=virtual, flash=True,
         dtype=dtype, framework="torchtitan",
         options=f"fused_norm={int(compiled)} {options}".strip(),
-        hardware=_TT_HW, power_cap_w=500, assumed=_TT_ASSUMED, checked=checked,
-        measured_memory_gib=memory)
+        hardware=_TT_HW, power_cap_w=500, checked=checked, measured_memory_gib=memory,
+        assumed=(*_TT_ASSUMED, *((_TT_FP8,) if dtype == "fp8" else ()),
+                 *((_TT_SAC,) if recompute == "selective" else ())))
 
 
 _TA = ("torchtitan async-TP benchmark, June 2025",
@@ -127,8 +130,7 @@ TT_RUNS: tuple[PublishedRun, ...] = (
 
 _TT_CP_ASSUMED = ("H100 SXM peaks under the stated 500 W cap", "global batch = FSDP degree x "
                   "local batch 1 (not stated)", "one 400 Gb/s NIC per GPU (stated)",
-                  "fp8: tensorwise dynamic scaling with fp8 FSDP all-gathers",
-                  "FSDP over dp x cp (torchtitan's dp_shard_cp mesh)", "torch's "
+                  _TT_FP8, "FSDP over dp x cp (torchtitan's dp_shard_cp mesh)", "torch's "
                   "context_parallel with load-balanced chunks, K/V priced as an all-gather")
 
 
@@ -222,9 +224,10 @@ def _mpt(key: str, size: str, gpus: int, gpu: str, mb: int, gbs: int, tokens: fl
         assumed=("ALiBi and no biases priced as gpt style's learned positions and biases",
                  "Composer's FSDP1: forward gathers and reduce-scatters overlapped; the "
                  "backward gathers as its backward_prefetch says (checked)",
-                 "activation checkpointing = full recompute of every block",
                  "8 GPUs per node, one 200 Gb/s (A100: '1600 Gbps node-node') or 400 Gb/s "
                  "(H100, not stated) NIC per GPU")
+        # Only the rows whose table says activation checkpointing are priced with it.
+        + (("activation checkpointing = full recompute of every block",) if ckpt else ())
         + (("fp8 through Transformer Engine ('amp_fp8'); its FSDP gathers bf16 weights, "
             "priced as fp8",) if dtype == "fp8" else ()),
         checked="README rows (model, seq 2048, GPUs, GPU type, MFU, HFU, micro-batch, grad "

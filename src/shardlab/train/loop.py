@@ -128,7 +128,7 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     activation_bytes = None
     routing: list[dict[str, Any]] = []
     dims = program.dims()
-    autocast = bf16_autocast(cfg) if not fsdp_mixed_precision(cfg) else None
+    autocast = bf16_autocast(cfg, device_type) if not fsdp_mixed_precision(cfg) else None
     ckpt, first_step = _checkpointing(ctx, cfg, modules, opt, sched, losses, norms)
     for _ in range(first_step):  # the data position: the stream is a function of the seed
         next(stream)

@@ -52,10 +52,12 @@ from shardlab.train.config import TrainConfig
 from shardlab.train.optimizer import clip_grad_norm, make_optimizer
 
 
-def bf16_autocast(cfg: TrainConfig) -> Any:
-    """``torch.autocast("cpu", bfloat16)`` when the run's dtype is bf16; else a null context."""
+def bf16_autocast(cfg: TrainConfig, device_type: str = "cpu") -> Any:
+    """``torch.autocast(device_type, bfloat16)`` when the run's dtype is bf16; else a null
+    context. The device type must be the ranks' own: an autocast for "cpu" leaves a CUDA
+    rank's matmuls in fp32 (autocast acts on its own device type's operators only)."""
     if cfg.dtype == "bf16":
-        return torch.autocast("cpu", dtype=torch.bfloat16)
+        return torch.autocast(device_type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
