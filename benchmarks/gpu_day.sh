@@ -10,6 +10,8 @@
 #      predicted peak beside the train run's torch.cuda.max_memory_allocated.
 #   4. fp8 curve: benchmarks/fp8_curve.py, cuBLAS's fp8 and bf16 matmuls side by side and
 #      the ratios the planner takes from TileLang's (FP8_PEAK_RATIO, FP8_HALF_RATIO).
+#   5. fp8 training: the run of 2 with --dtype fp8 (torchao's float8 linears; refused with
+#      one line if the device's Python has no torchao), its tokens/s over the bf16 run's.
 set -uo pipefail
 out=${1:-${OUT:-/tmp/gpu-day}}
 mkdir -p "$out"
@@ -28,6 +30,9 @@ echo "dryrun rc=$?"
 timeout 240 python benchmarks/fp8_curve.py --gpu h200 --json "$out/fp8_curve.json" \
     > "$out/fp8_curve.txt" 2>&1
 echo "fp8_curve rc=$?"; cat "$out/fp8_curve.txt"
+timeout 300 $sl train "${shape[@]}" --global-batch 8 --micro-batch 4 --steps 12 \
+    --dtype fp8 --gpu h200 --json > "$out/train_fp8.json" 2> "$out/train_fp8.err"
+echo "train fp8 rc=$?"; tail -1 "$out/train_fp8.err"
 python - "$out" <<'EOF'
 import json, sys
 from pathlib import Path
@@ -37,7 +42,10 @@ def load(name):
         return json.loads((out / name).read_text())
     except (OSError, ValueError):
         return None
-train, dry = load("train.json"), load("dryrun.json")
+train, dry, fp8 = load("train.json"), load("dryrun.json"), load("train_fp8.json")
+if train and fp8:
+    print(f"train fp8: tokens/s {fp8.get('tokens_per_s'):.0f}, over bf16's "
+          f"{fp8.get('tokens_per_s') / train.get('tokens_per_s'):.3f}")
 if train:
     print(f"train: mfu {train.get('mfu')}, tokens/s {train.get('tokens_per_s'):.0f}")
     cuda = [m.get("cuda_peak_allocated") for m in train["memory_per_rank"]]

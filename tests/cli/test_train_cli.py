@@ -35,6 +35,8 @@ LAYOUTS = [
     ["--tp", "2", "--pp", "2", "--micro-batch", "2", "--sp"],
 ]
 BF16 = ["--dp", "2", "--dtype", "bf16", "--steps", "10"]
+# The same run with torchao's fp8 linear layers, on torch's CPU fp8 matmul.
+FP8 = ["--dp", "2", "--dtype", "fp8", "--fp8-on-cpu", "--steps", "10"]
 # Issue 16's tiny mixture of experts (8 experts, top-2, one shared expert, one dense layer)
 # over 20 steps, with its load-balancing loss at the default weight: the one-process
 # reference runs each rank's micro-batches as its own forward (train/reference.py).
@@ -95,7 +97,7 @@ def documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
 
     root = tmp_path_factory.mktemp("train")
     planned = {}
-    for argv in [*LAYOUTS, BF16, *[[*MOE, *a] for a in [*MOE_LAYOUTS, CAPACITY, ETP]],
+    for argv in [*LAYOUTS, BF16, FP8, *[[*MOE, *a] for a in [*MOE_LAYOUTS, CAPACITY, ETP]],
                  *CP_LAYOUTS]:
         name = layout_id(argv)
         args = build_parser().parse_args(["train", "--steps", str(STEPS), *argv,
@@ -248,6 +250,23 @@ def test_bf16_within_stated_tolerance(documents: dict[str, dict[str, Any]]) -> N
     doc = documents[layout_id(BF16)]
     assert len(doc["losses"]) == 10 and doc["parity_tolerance"] == 2e-2
     assert doc["max_loss_diff"] <= 2e-2 and doc["parity_passed"]
+
+
+@pytest.mark.multiprocess
+def test_fp8_trains_like_one_fp8_process_and_sends_the_bf16_bytes(
+        documents: dict[str, dict[str, Any]]) -> None:
+    """torchao's fp8 linears on 2 FSDP ranks: the one-process fp8 reference within the
+    stated tolerance (each rank scales its own half of the batch, so not exactly), every
+    FLOP counted (``torch._scaled_mm`` included), the bf16 run's bytes sent (FSDP gathers the
+    bf16 copies: no fp8 all-gather) and losses that are not the bf16 run's."""
+    fp8, bf16 = documents[layout_id(FP8)], documents[layout_id(BF16)]
+    assert fp8["parity_passed"] and fp8["max_loss_diff"] <= fp8["parity_tolerance"] == 2e-2
+    figures = fp8["predicted_vs_measured"]
+    assert figures["flops_per_step"]["ratio"] == pytest.approx(1.0, abs=1e-9)
+    assert figures["comm_bytes_per_step"] == bf16["predicted_vs_measured"][
+        "comm_bytes_per_step"]
+    apart = max(abs(a - b) / b for a, b in zip(fp8["losses"], bf16["losses"], strict=True))
+    assert apart > 1e-4  # fp8's rounding moves the losses; bf16's alone would not
 
 
 # FSDP on 2 processes; TP + SP + 1F1B on 4; context parallel with 1F1B on 4 (its K/V

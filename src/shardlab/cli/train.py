@@ -119,6 +119,16 @@ def check(args: argparse.Namespace) -> tuple[TrainConfig, float | None, list[str
                       async_save=args.async_save,
                       init_from=str(init) if init is not None else "", docs=docs)
     check_config(cfg)
+    if cfg.dtype == "fp8":
+        # Imported here: it loads torch, which a run refused above never needs.
+        from shardlab.train.fp8 import fp8_on_gpu, fp8_refusal
+
+        why = fp8_refusal(args.fp8_on_cpu)
+        if why is not None:
+            raise SpecError("dtype", "fp8", why)
+        if args.fp8_on_cpu and not fp8_on_gpu():
+            notes.append("--dtype fp8 on the CPU: torch's CPU fp8 matmul checks the run's "
+                         "wiring and loss; its speed says nothing of a GPU's")
     world = cfg.world
     peak = peak_flops(cfg, args.gpu, world)  # a bad --gpu fails here, before any rank
     cfg = dataclasses.replace(cfg, tensorboard=args.tensorboard or "", peak_flops=peak or 0.0)

@@ -13,7 +13,7 @@ from shardlab.cli.args import (
     positive_int,
 )
 from shardlab.cli.job_file import defer_defaults
-from shardlab.train.config import AUX_COEF, DP_MODES, PP_SCHEDULES
+from shardlab.train.config import AUX_COEF, DP_MODES, PP_SCHEDULES, TRAIN_DTYPES
 
 
 def add_train_flags(p: argparse.ArgumentParser) -> None:
@@ -62,7 +62,14 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
                    help="weight of the MoE load-balancing loss (Switch Transformer's 0.01)")
     g.add_argument("--router-z-loss", type=nonneg_float, default=0.0,
                    help="weight of the MoE router z-loss (ST-MoE: 0.001; 0: off)")
-    g.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    g.add_argument("--dtype", choices=TRAIN_DTYPES, default="fp32",
+                   help="fp32; bf16 (fp32 weights and gradients, bf16 compute); fp8: bf16 "
+                   "whose attention projections and MLP multiply in fp8 through torchao "
+                   "(tensorwise dynamic scaling; head, router and norms in bf16); CUDA GPUs "
+                   "with fp8 tensor cores only, tp=1")
+    g.add_argument("--fp8-on-cpu", action="store_true",
+                   help="let --dtype fp8 run torch's CPU fp8 matmul: to check a run's wiring "
+                   "and its loss parity on a machine without a GPU, never for speed")
     g.add_argument("--seed", type=nonneg_int, default=0)
     g.add_argument("--data", default="garden",
                    help="garden (built in), a folder `shardlab data prepare` wrote, a text "

@@ -18,6 +18,10 @@ def lm_loss_sum(logits: torch.Tensor, targets: torch.Tensor,
 
     logits [b, s, V], targets [b, s] (already shifted), loss_mask [b, s] of 0/1.
     """
-    per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                reduction="none")
+    flat = logits.reshape(-1, logits.shape[-1])
+    if flat.dtype in (torch.bfloat16, torch.float16):
+        # 16-bit logits go into the cross entropy as fp32 (torchtitan and Megatron do the
+        # same): in bf16 each token's loss, and their sum, would round to 8 bits.
+        flat = flat.float()
+    per_token = F.cross_entropy(flat, targets.reshape(-1), reduction="none")
     return (per_token * loss_mask.reshape(-1).to(per_token.dtype)).sum()

@@ -16,6 +16,9 @@ from shardlab.errors import SpecError
 DP_MODES = ("fsdp", "fsdp-zero2", "ddp")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 FAIL_HOW = ("raise", "kill", "kill-in-save")
+TRAIN_DTYPES = ("fp32", "bf16", "fp8")
+"""``train --dtype``: fp32; bf16 mixed precision (fp32 parameters and gradients, bf16
+compute); fp8, the bf16 run whose linear layers multiply in fp8 (:mod:`shardlab.train.fp8`)."""
 AUX_COEF = 0.01
 """The load-balancing loss's default weight: Switch Transformer's alpha = 1e-2 (Fedus et al.
 2021, sec. 2.2), on the same normalisation (1 when routing is uniform); Mixtral's HF
@@ -143,8 +146,10 @@ def check_config(cfg: TrainConfig) -> None:
         raise SpecError("dp_mode", cfg.dp_mode, f"must be one of {', '.join(DP_MODES)}")
     if cfg.pp > 1 and cfg.schedule not in PP_SCHEDULES:
         raise SpecError("schedule", cfg.schedule, f"must be one of {', '.join(PP_SCHEDULES)}")
-    if cfg.dtype not in ("fp32", "bf16"):
-        raise SpecError("dtype", cfg.dtype, "must be fp32 or bf16")
+    if cfg.dtype not in TRAIN_DTYPES:
+        raise SpecError("dtype", cfg.dtype, f"must be one of {', '.join(TRAIN_DTYPES)}")
+    if cfg.dtype == "fp8":
+        check_fp8(cfg)
     if cfg.global_batch % cfg.dp:
         raise SpecError("global_batch", cfg.global_batch, f"must be a multiple of dp ({cfg.dp})")
     share = cfg.global_batch // cfg.dp
@@ -191,10 +196,37 @@ def check_config(cfg: TrainConfig) -> None:
     make_layout(cfg.shape, dp=cfg.dp, tp=cfg.tp, pp=cfg.pp, virtual_stages=cfg.virtual_stages,
                 sp=cfg.sp, micro_batch=cfg.micro_batch or share, global_batch=cfg.global_batch,
                 seq=cfg.seq, recompute=cfg.recompute, zero=cfg.zero,
-                dtype="amp-bf16" if cfg.dtype == "bf16" else "fp32",
+                dtype=estimate_dtype(cfg),
                 schedule=cfg.schedule if cfg.pp > 1 else None, ep=cfg.ep, etp=cfg.etp,
                 capacity_factor=cfg.capacity_factor, cp=cfg.cp,
                 stage_layers=cfg.stage_layers, dp_replicate=cfg.dp_replicate)
+
+
+def bf16_compute(cfg: TrainConfig) -> bool:
+    """Whether the run computes in bf16: ``bf16``, and ``fp8`` outside its fp8 matmuls."""
+    return cfg.dtype in ("bf16", "fp8")
+
+
+def estimate_dtype(cfg: TrainConfig) -> str:
+    """The cost model's dtype policy for the run's states, activations and communication:
+    ``amp-bf16`` (fp32 parameters, gradients and AdamW, bf16 compute) for bf16 and fp8 (an
+    fp8 run keeps the bf16 run's states and gathers the same bf16 copies: no fp8
+    all-gather), else ``fp32``."""
+    return "amp-bf16" if bf16_compute(cfg) else "fp32"
+
+
+def check_fp8(cfg: TrainConfig) -> None:
+    """What ``--dtype fp8`` needs of the run (the machine is checked apart: the CLI's
+    :func:`shardlab.train.fp8.fp8_refusal`): tp = 1 (a tensor-parallel fp8 linear needs
+    torchao's float8 tensor-parallel styles, not wired here) and a width that fp8's
+    matmul takes (d_model a multiple of 16: every block linear has it on one side)."""
+    if cfg.tp > 1:
+        raise SpecError("tp", cfg.tp, "with --dtype fp8 must be 1: tensor-parallel fp8 "
+                        "linears (torchao's Float8ColwiseParallel) are not wired; use dp, "
+                        "cp or pp")
+    if cfg.shape.d_model % 16:
+        raise SpecError("d_model", cfg.shape.d_model, "must be a multiple of 16 with --dtype "
+                        "fp8 (torch._scaled_mm's dimensions); no linear would run in fp8")
 
 
 def check_moe(cfg: TrainConfig) -> None:

@@ -48,7 +48,8 @@ from shardlab.distributed.tied_embedding import sync_tied_grads
 from shardlab.nn.data import Batch
 from shardlab.nn.model import TransformerLM
 from shardlab.nn.moe import MoEOptions
-from shardlab.train.config import TrainConfig
+from shardlab.train.config import TrainConfig, bf16_compute
+from shardlab.train.fp8 import convert_fp8_linears
 from shardlab.train.optimizer import clip_grad_norm, make_optimizer
 
 
@@ -56,7 +57,7 @@ def bf16_autocast(cfg: TrainConfig, device_type: str = "cpu") -> Any:
     """``torch.autocast(device_type, bfloat16)`` when the run's dtype is bf16; else a null
     context. The device type must be the ranks' own: an autocast for "cpu" leaves a CUDA
     rank's matmuls in fp32 (autocast acts on its own device type's operators only)."""
-    if cfg.dtype == "bf16":
+    if bf16_compute(cfg):
         return torch.autocast(device_type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -64,7 +65,7 @@ def bf16_autocast(cfg: TrainConfig, device_type: str = "cpu") -> Any:
 def fsdp_mixed_precision(cfg: TrainConfig) -> bool:
     """Whether bf16 runs through FSDP2's MixedPrecisionPolicy (bf16 parameter copies,
     fp32 reduction) rather than autocast: bf16 with FSDP (over dp x cp > 1 ranks, not DDP)."""
-    return cfg.dtype == "bf16" and cfg.grad_ranks > 1 and cfg.dp_mode != "ddp"
+    return bf16_compute(cfg) and cfg.grad_ranks > 1 and cfg.dp_mode != "ddp"
 
 
 @dataclass
@@ -175,6 +176,8 @@ def build_rank(cfg: TrainConfig, device: str, *, meta: bool = False,
                               moe_options=moe_options(cfg, cfg.microbatches))
     if weights is not None:  # before any layout: every rank loads the same whole model
         weights(model)
+    if cfg.dtype == "fp8":  # torchao's Float8Linear in place of nn.Linear, before any layout
+        convert_fp8_linears(model)
     fsdp_bf16 = fsdp_mixed_precision(cfg)
     # In a pipeline FSDP keeps the gathered weights from the first micro-batch's forward to
     # the last one's backward (torchtitan's default reshard_after_forward policy for pp):
@@ -208,7 +211,7 @@ def build_rank(cfg: TrainConfig, device: str, *, meta: bool = False,
         inputs, outputs = stage_io_meta(module, share // cfg.microbatches, cfg.seq,
                                         tp=cfg.tp, sp=cfg.sp,
                                         dtype=torch.bfloat16 if fsdp_bf16 else None,
-                                        autocast_bf16=cfg.dtype == "bf16" and not fsdp_bf16,
+                                        autocast_bf16=bf16_compute(cfg) and not fsdp_bf16,
                                         cp=cfg.cp)
         stages.append(PipelineStage(module, index, cfg.pp * cfg.virtual_stages, device,
                                     input_args=inputs, output_args=outputs, group=group))

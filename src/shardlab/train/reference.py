@@ -15,6 +15,7 @@ from shardlab.distributed.pipeline import masked_targets
 from shardlab.nn.data import Batch, batches
 from shardlab.nn.model import TransformerLM
 from shardlab.train.config import TrainConfig
+from shardlab.train.fp8 import convert_fp8_linears
 from shardlab.train.loop import load_initial_weights
 from shardlab.train.optimizer import clip_grad_norm, make_optimizer
 from shardlab.train.rank import bf16_autocast, moe_options
@@ -49,6 +50,8 @@ def reference_run(cfg: TrainConfig) -> list[float]:
     model = TransformerLM(cfg.shape, seed=cfg.seed, moe_options=moe_options(cfg, groups))
     if cfg.init_from:
         load_initial_weights(model, cfg.init_from)
+    if cfg.dtype == "fp8":
+        convert_fp8_linears(model)
     opt, sched = make_optimizer(list(model.parameters()), cfg)
     stream = batches(cfg.docs, cfg.global_batch, cfg.seq, seed=cfg.seed)
     losses = []

@@ -26,6 +26,7 @@ from shardlab.estimate.expert import rank_state_bytes
 from shardlab.estimate.flops import flops_per_token
 from shardlab.estimate.memory import StateBytes, inflight_microbatches, zero_state_bytes
 from shardlab.estimate.partition import rank_layers, stage_params
+from shardlab.train.config import bf16_compute, estimate_dtype
 from shardlab.train.report_cp import (
     dp_bytes,
     layout_keys,
@@ -148,7 +149,7 @@ def predicted_activation_bytes(cfg: Any, pp_rank: int,
     parallelism every per-token figure is of the rank's s/cp tokens and every attention
     one of its s/cp queries over all s keys
     (:func:`shardlab.estimate.context.cp_layer_activation_bytes`)."""
-    e = 2 if cfg.dtype == "bf16" else 4
+    e = 2 if bf16_compute(cfg) else 4
     mb = cfg.micro_batch or cfg.global_batch // cfg.dp
     kw = {"tp": cfg.tp, "sp": cfg.sp}
     seq = cfg.seq // cfg.cp  # this rank's tokens of every sequence
@@ -209,7 +210,7 @@ def predicted_state_bytes(cfg: Any, pp_rank: int) -> StateBytes:
     HSDP) or replicated (DDP, or one rank)."""
     if cfg.shape.moe is not None:  # experts sharded over expert_dp, the rest over dp
         return rank_state_bytes(cfg.shape, run_layout(cfg), vocab_parallel(cfg))[pp_rank]
-    policy = get_policy("amp-bf16" if cfg.dtype == "bf16" else "fp32")
+    policy = get_policy(estimate_dtype(cfg))
     zero = 0 if cfg.grad_ranks == 1 or cfg.dp_mode == "ddp" else 3
     return zero_state_bytes(rank_params(cfg, pp_rank), policy, zero, shard_ranks(cfg))
 
@@ -264,7 +265,7 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     The gradient-norm scalars of clipping (``grad_norm``, 8 bytes each) are listed under
     ``measured`` only.
     """
-    policy = get_policy("amp-bf16" if cfg.dtype == "bf16" else "fp32")
+    policy = get_policy(estimate_dtype(cfg))
     share = cfg.global_batch // cfg.dp
     lay = run_layout(cfg)
     psi = stage_params(cfg.shape, cfg.tp, cfg.pp, cfg.virtual_stages,
@@ -384,7 +385,7 @@ def peak_flops(cfg: Any, gpu: str | None, world: int) -> float | None:
     """The job's dense peak FLOP/s for MFU: ``--gpu``'s peak x ranks, or, by default,
     this whole machine as ``shardlab hardware --measure`` stored it (ranks share its
     cores); None when neither is known."""
-    dtype = "bf16" if cfg.dtype == "bf16" else "fp32"
+    dtype = "bf16" if bf16_compute(cfg) else "fp32"
     if gpu is not None:
         acc = accelerator_or_measured(gpu)
         shared = acc.name == "cpu (measured)"

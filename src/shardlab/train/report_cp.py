@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from shardlab.estimate.comm import ring_allreduce_bytes
+from shardlab.train.config import bf16_compute
 
 
 def shard_ranks(cfg: Any) -> int:
@@ -56,7 +57,7 @@ def dp_bytes(params: float, padded: int, policy: Any, zero: int, cfg: Any,
     n = cfg.dp if n is None else n
     # Under bf16 FSDP2's MixedPrecisionPolicy casts the shards before gathering them (2 bytes)
     # and reduces gradients in fp32.
-    gathered = 2 if cfg.dtype == "bf16" else policy.weight_bytes
+    gathered = 2 if bf16_compute(cfg) else policy.weight_bytes
     if zero == 0:
         return ring_allreduce_bytes(params * policy.grad_bytes, n)
     m = cfg.microbatches

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from shardlab.estimate.partition import layer_params_per_tp_rank, rank_layers, stage_params
+from shardlab.train.config import bf16_compute
 from shardlab.train.report_cp import shard_ranks
 
 GRAD_ACCUMULATE_BYTES = 4
@@ -50,5 +51,5 @@ def pipeline_fsdp_bytes(cfg: Any, pp_rank: int) -> float:
     blocks = (rank_layers(cfg.shape.layers, cfg.pp, cfg.virtual_stages,
                           cfg.stage_layers)[pp_rank]
               * layer_params_per_tp_rank(cfg.shape, cfg.tp, moe_layer=False))
-    compute = 2 if cfg.dtype == "bf16" else 4
+    compute = 2 if bf16_compute(cfg) else 4
     return float(blocks * compute + rank_params(cfg, pp_rank) * GRAD_ACCUMULATE_BYTES)

@@ -26,6 +26,7 @@ from shardlab.estimate.expert import (
     layout_tokens,
 )
 from shardlab.estimate.partition import chunk_layers
+from shardlab.train.config import estimate_dtype
 
 
 def run_layout(cfg: Any) -> Layout:
@@ -37,7 +38,7 @@ def run_layout(cfg: Any) -> Layout:
                        virtual_stages=cfg.virtual_stages, sp=cfg.sp, zero=zero,
                        micro_batch=cfg.micro_batch or share, global_batch=cfg.global_batch,
                        seq=cfg.seq, recompute=cfg.recompute,
-                       dtype="amp-bf16" if cfg.dtype == "bf16" else "fp32",
+                       dtype=estimate_dtype(cfg),
                        schedule=cfg.schedule if cfg.pp > 1 else None, ep=cfg.ep,
                        etp=cfg.etp, capacity_factor=cfg.capacity_factor, cp=cfg.cp,
                        stage_layers=cfg.stage_layers, dp_replicate=cfg.dp_replicate)

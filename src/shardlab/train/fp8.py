@@ -1,0 +1,105 @@
+"""fp8 training through torchao's float8: the linear layers multiply in fp8, the rest in bf16.
+
+``shardlab train --dtype fp8`` is a bf16 run (FSDP2's bf16 parameter copies, or bf16
+autocast) whose attention projections and MLP matrices are torchao ``Float8Linear``
+modules (``torchao.float8.convert_to_float8_training``): tensorwise dynamic scaling, the
+input and weight cast to E4M3 and the output gradient to E5M2 at every matmul, each
+scale the tensor's absolute maximum over the format's largest value (torchao's default
+``Float8LinearConfig``, the recipe torchtitan's ``float8`` converter runs). What stays in
+bf16, as torchtitan and Transformer Engine leave it: the output head (torchtitan filters
+``output``; here ``lm_head``), the MoE router (its logits pick the experts) and the
+routed experts' grouped weights (no ``nn.Linear``), the norms and the attention core.
+A linear whose two dimensions are not both multiples of 16 stays in bf16 too: fp8's
+``torch._scaled_mm`` needs them so.
+
+FSDP2 gathers the bf16 copies as in a bf16 run: torchao's fp8 all-gather
+(``enable_fsdp_float8_all_gather``) is off, torchtitan's default, so a run's
+communication is the bf16 run's byte for byte.
+
+Where it runs: an fp8 matmul is fast only on an fp8 tensor core (CUDA compute capability
+8.9 or newer: L4, H100, H200, B200), so ``train`` refuses fp8 elsewhere
+(:func:`fp8_refusal`). torch also has a CPU ``_scaled_mm``; ``--fp8-on-cpu`` runs it, to
+check a run's wiring and its loss against the one-process reference at laptop scale, never
+for speed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+FP8_MIN_CAPABILITY = (8, 9)
+"""The first CUDA compute capability with fp8 tensor cores (Ada; Hopper is 9.0)."""
+KEPT_IN_BF16 = ("lm_head", "router")
+"""Linear modules (by attribute name) that keep bf16: the output head and the MoE router."""
+
+
+def fp8_linear(module: nn.Module, fqn: str) -> bool:
+    """Whether torchao converts ``module`` (at ``fqn``): an ``nn.Linear``, not one of
+    :data:`KEPT_IN_BF16`, both dimensions multiples of 16."""
+    if not isinstance(module, nn.Linear) or fqn.rsplit(".", 1)[-1] in KEPT_IN_BF16:
+        return False
+    return module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+
+QUIET_ON_IMPORT = ("torchao", "torch.utils._pytree")
+"""Loggers silenced while torchao is imported: torchao warns of each of its compiled kernels
+built for another torch release (float8 training uses none of them), and torch of an enum
+torchao registers with its pytree (a deprecation, no error)."""
+
+
+def _float8() -> Any:
+    """torchao.float8, imported without the warnings of :data:`QUIET_ON_IMPORT`."""
+    logs = [logging.getLogger(name) for name in QUIET_ON_IMPORT]
+    levels = [log.level for log in logs]
+    for log in logs:
+        log.setLevel(logging.ERROR)
+    try:
+        # Here, not at the top: torchao's import takes about 1.8 s, which only fp8 runs pay.
+        import torchao.float8 as float8
+    finally:
+        for log, level in zip(logs, levels, strict=True):
+            log.setLevel(level)
+    return float8
+
+
+def convert_fp8_linears(model: nn.Module) -> list[str]:
+    """Swap ``model``'s eligible linear layers (:func:`fp8_linear`) for torchao
+    ``Float8Linear`` modules in place, before it is laid out; the converted modules'
+    names, in order."""
+    names = [fqn for fqn, m in model.named_modules() if fp8_linear(m, fqn)]
+    float8 = _float8()
+    float8.convert_to_float8_training(model, config=float8.Float8LinearConfig(),
+                                      module_filter_fn=fp8_linear)
+    return names
+
+
+def fp8_on_gpu() -> bool:
+    """Whether the ranks will run on CUDA (the launcher picks NCCL and CUDA when any GPU is
+    visible: :func:`shardlab.distributed.launch.backend_for_this_machine`)."""
+    return torch.cuda.is_available()
+
+
+def fp8_refusal(on_cpu: bool) -> str | None:
+    """Why this machine cannot run ``--dtype fp8`` (one line), or None when it can:
+    torchao missing, or no CUDA device with fp8 tensor cores unless ``on_cpu``
+    (``--fp8-on-cpu``: torch's CPU fp8 matmul, for checking)."""
+    if importlib.util.find_spec("torchao") is None:
+        return ("needs torchao (pip install -c constraints.txt -e '.[torch]' installs "
+                "the tested release)")
+    if torch.cuda.is_available():
+        cap = torch.cuda.get_device_capability()
+        if cap < FP8_MIN_CAPABILITY:
+            return (f"needs fp8 tensor cores (CUDA compute capability 8.9 or newer: L4, "
+                    f"H100, H200, B200); {torch.cuda.get_device_name()} is "
+                    f"{cap[0]}.{cap[1]}")
+        return None
+    if on_cpu:
+        return None
+    return ("fp8 training runs on CUDA GPUs with fp8 tensor cores (H100, H200, B200); this "
+            "machine has no CUDA device (--fp8-on-cpu runs torch's CPU fp8 matmul, to check "
+            "a run, not for speed)")
