@@ -37,6 +37,8 @@ LAYOUTS = [
 BF16 = ["--dp", "2", "--dtype", "bf16", "--steps", "10"]
 # The same run with torchao's fp8 linear layers, on torch's CPU fp8 matmul.
 FP8 = ["--dp", "2", "--dtype", "fp8", "--fp8-on-cpu", "--steps", "10"]
+# ... and with FSDP gathering those linears' weights in fp8.
+FP8_GATHER = [*FP8, "--fp8-all-gather"]
 # Issue 16's tiny mixture of experts (8 experts, top-2, one shared expert, one dense layer)
 # over 20 steps, with its load-balancing loss at the default weight: the one-process
 # reference runs each rank's micro-batches as its own forward (train/reference.py).
@@ -87,8 +89,9 @@ def documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
     the ranks' start-up (torch imported once per process) is paid once per world size.
 
     About 30 s (eight real runs of 6-10 steps on 2 and 4 ranks, each beside its
-    one-process reference; the MoE and issue 17's layouts add some 40 s): the tests of the
-    parity layouts, bf16, MoE, context parallel, uneven stages and HSDP read it."""
+    one-process reference; the MoE and issue 17's layouts add some 40 s, the two fp8 runs
+    some 10 s): the tests of the parity layouts, bf16, fp8, MoE, context parallel, uneven
+    stages and HSDP read it."""
     from shardlab.cli import build_parser
     from shardlab.cli.train import prepare
     from shardlab.distributed.launch import launch
@@ -97,8 +100,8 @@ def documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
 
     root = tmp_path_factory.mktemp("train")
     planned = {}
-    for argv in [*LAYOUTS, BF16, FP8, *[[*MOE, *a] for a in [*MOE_LAYOUTS, CAPACITY, ETP]],
-                 *CP_LAYOUTS]:
+    for argv in [*LAYOUTS, BF16, FP8, FP8_GATHER,
+                 *[[*MOE, *a] for a in [*MOE_LAYOUTS, CAPACITY, ETP]], *CP_LAYOUTS]:
         name = layout_id(argv)
         args = build_parser().parse_args(["train", "--steps", str(STEPS), *argv,
                                           "--check-parity", "--json",
@@ -267,6 +270,21 @@ def test_fp8_trains_like_one_fp8_process_and_sends_the_bf16_bytes(
         "comm_bytes_per_step"]
     apart = max(abs(a - b) / b for a, b in zip(fp8["losses"], bf16["losses"], strict=True))
     assert apart > 1e-4  # fp8's rounding moves the losses; bf16's alone would not
+
+
+@pytest.mark.multiprocess
+def test_fp8_gathers_send_exactly_the_bytes_predicted(
+        documents: dict[str, dict[str, Any]]) -> None:
+    """``--fp8-all-gather``: the linears' weights gathered at 1 B, the rest at 2, and the
+    scales' amax all-reduce after each step, to the byte; fewer bytes than the bf16
+    gathers; the one-process fp8 reference within the tolerance."""
+    doc, bf16 = documents[layout_id(FP8_GATHER)], documents[layout_id(BF16)]
+    assert doc["parity_passed"] and "fp8_all_gather=1" in doc["layout"]
+    for row, plain in zip(doc["predicted_vs_measured"]["comm_bytes_per_step"],
+                          bf16["predicted_vs_measured"]["comm_bytes_per_step"], strict=True):
+        assert row["dp"]["measured"] == row["dp"]["predicted"] < plain["dp"]["measured"]
+        amax = row["measured"]["by_dim"]["dp"]["all_reduce"]
+        assert amax["calls"] == 1 and amax["payload_bytes"] == 4 * 7 * 4  # 7 per block
 
 
 # FSDP on 2 processes; TP + SP + 1F1B on 4; context parallel with 1F1B on 4 (its K/V

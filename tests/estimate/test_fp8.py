@@ -5,7 +5,9 @@ import pytest
 from shardlab.config.catalog import get_model
 from shardlab.config.dtypes import get_policy
 from shardlab.config.layout import make_layout
+from shardlab.config.model import ModelShape
 from shardlab.estimate import fp8
+from shardlab.estimate.comm import tensor_rows
 from shardlab.estimate.flops import flops_per_token
 from shardlab.estimate.memory import stage_memory
 from shardlab.estimate.params import attention_params, mlp_params
@@ -52,3 +54,16 @@ def test_casts_count_inputs_forward_and_output_gradients_backward() -> None:
     assert float(bwd) == pytest.approx(7 * t * (m.q_dim + 2 * m.kv_dim + 2 * f + 2 * h))
     fused, _ = fp8.cast_bytes(m, t, 1, False, 0.0, per_element=3)
     assert float(fused) == pytest.approx(3 / 7 * float(fwd))
+
+
+def test_the_block_weights_that_multiply_in_fp8() -> None:
+    """A Llama block's seven linear weights (q, k, v, o; gate, up, down as [out, in]), not
+    its norm (1 wide); a dimension that is not a multiple of 16 keeps a weight in bf16."""
+    shape = ModelShape("t", 2, 64, 4, 256, 32, style="llama", tied=False, d_ff=160)
+    block = tensor_rows(shape, 1, vocab_parallel=False)[0]
+    weights = fp8.fp8_block_weights(block)
+    assert sorted(weights) == sorted([(64, 64)] * 4 + [(160, 64)] * 2 + [(64, 160)])
+    assert (64, 1) in block and (64, 1) not in weights
+    odd = ModelShape("t", 2, 64, 4, 256, 32, style="llama", tied=False, d_ff=168)
+    assert len(fp8.fp8_block_weights(tensor_rows(odd, 1, vocab_parallel=False)[0])) == 4
+    assert fp8.fp8_matmul_fits(48, 16) and not fp8.fp8_matmul_fits(48, 24)

@@ -73,10 +73,18 @@ def test_the_machine_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     assert fp8.fp8_refusal(on_cpu=False) is None
 
 
+CPU = ["--dtype", "fp8", "--fp8-on-cpu"]
+
+
 @pytest.mark.parametrize(("argv", "words"), [
-    ([], ("dtype='fp8'", "no CUDA device", "--fp8-on-cpu")),
-    (["--tp", "2", "--fp8-on-cpu"], ("tp=2", "must be 1", "Float8ColwiseParallel")),
-    (["--d-model", "40", "--heads", "4", "--fp8-on-cpu"], ("d_model=40", "multiple of 16")),
+    (["--dtype", "fp8"], ("dtype='fp8'", "no CUDA device", "--fp8-on-cpu")),
+    ([*CPU, "--tp", "2"], ("tp=2", "must be 1", "Float8ColwiseParallel")),
+    ([*CPU, "--d-model", "40", "--heads", "4"], ("d_model=40", "multiple of 16")),
+    (["--dtype", "bf16", "--fp8-all-gather"], ("fp8_all_gather=True", "needs --dtype fp8")),
+    ([*CPU, "--fp8-all-gather"], ("fp8_all_gather=True", "needs FSDP")),  # one rank
+    ([*CPU, "--fp8-all-gather", "--dp", "2", "--dp-mode", "ddp"], ("needs FSDP",)),
+    ([*CPU, "--fp8-all-gather", "--dp", "2", "--experts", "4", "--top-k", "2"],
+     ("with experts is not wired",)),
 ])
 def test_refused_before_any_rank_with_one_line(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
@@ -84,7 +92,7 @@ def test_refused_before_any_rank_with_one_line(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     logs = tmp_path / "logs"
     start = time.monotonic()
-    code = main(["train", "--dtype", "fp8", "--steps", "1", "--log-dir", str(logs), *argv])
+    code = main(["train", "--steps", "1", "--log-dir", str(logs), *argv])
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (code, out, err)
     assert time.monotonic() - start < 5 and not logs.exists()

@@ -67,6 +67,10 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
                    "whose attention projections and MLP multiply in fp8 through torchao "
                    "(tensorwise dynamic scaling; head, router and norms in bf16); CUDA GPUs "
                    "with fp8 tensor cores only, tp=1")
+    g.add_argument("--fp8-all-gather", action="store_true",
+                   help="with --dtype fp8 and FSDP: gather the fp8 linears' weights in fp8 "
+                   "(torchao's enable_fsdp_float8_all_gather), half the bf16 gather's bytes, "
+                   "their scales refreshed by one all-reduce after each step")
     g.add_argument("--fp8-on-cpu", action="store_true",
                    help="let --dtype fp8 run torch's CPU fp8 matmul: to check a run's wiring "
                    "and its loss parity on a machine without a GPU, never for speed")

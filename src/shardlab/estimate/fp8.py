@@ -69,6 +69,24 @@ WEIGHT_CAST_BYTES = 5
 SCALE_BYTES_PER_LINEAR = 36
 
 
+FP8_DIM_MULTIPLE = 16
+"""fp8's ``torch._scaled_mm`` takes a matmul only when both of a weight's dimensions are
+multiples of 16; torchao's float8 training leaves any other linear in bf16."""
+
+
+def fp8_matmul_fits(rows: int, width: int) -> bool:
+    """Whether a linear weight of ``rows`` x ``width`` (out x in) can multiply in fp8."""
+    return rows % FP8_DIM_MULTIPLE == 0 and width % FP8_DIM_MULTIPLE == 0
+
+
+def fp8_block_weights(block: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Of a block's parameter tensors as (dim 0, row width)
+    (:func:`shardlab.estimate.comm.tensor_rows`), the linear weights that multiply in fp8:
+    width above 1 (norms and biases are 1 wide) and :func:`fp8_matmul_fits`."""
+    return [(rows, width) for rows, width in block
+            if width > 1 and fp8_matmul_fits(rows, width)]
+
+
 def linear_weights(m: ModelShape, tp: int, moe_layer: bool, ep: int = 1,
                    etp: int | None = None) -> int:
     """Linear-layer weight elements of one layer on one tensor-parallel rank: Q, K, V and

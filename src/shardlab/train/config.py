@@ -64,6 +64,7 @@ class TrainConfig:
     weight_decay: float = 0.1
     clip: float = 1.0
     dtype: str = "fp32"
+    fp8_all_gather: bool = False  # FSDP2 gathers the fp8 linears' weights in fp8 (torchao)
     seed: int = 0
     log_dir: str = ""
     tensorboard: str = ""  # rank 0 writes TensorBoard event files here (train/tensorboard.py)
@@ -150,6 +151,8 @@ def check_config(cfg: TrainConfig) -> None:
         raise SpecError("dtype", cfg.dtype, f"must be one of {', '.join(TRAIN_DTYPES)}")
     if cfg.dtype == "fp8":
         check_fp8(cfg)
+    elif cfg.fp8_all_gather:
+        raise SpecError("fp8_all_gather", True, f"needs --dtype fp8, not {cfg.dtype}")
     if cfg.global_batch % cfg.dp:
         raise SpecError("global_batch", cfg.global_batch, f"must be a multiple of dp ({cfg.dp})")
     share = cfg.global_batch // cfg.dp
@@ -218,8 +221,9 @@ def estimate_dtype(cfg: TrainConfig) -> str:
 def check_fp8(cfg: TrainConfig) -> None:
     """What ``--dtype fp8`` needs of the run (the machine is checked apart: the CLI's
     :func:`shardlab.train.fp8.fp8_refusal`): tp = 1 (a tensor-parallel fp8 linear needs
-    torchao's float8 tensor-parallel styles, not wired here) and a width that fp8's
-    matmul takes (d_model a multiple of 16: every block linear has it on one side)."""
+    torchao's float8 tensor-parallel styles, not wired here), a width that fp8's matmul
+    takes (d_model a multiple of 16: every block linear has it on one side), and for
+    ``fp8_all_gather`` FSDP over more than one rank and a dense model."""
     if cfg.tp > 1:
         raise SpecError("tp", cfg.tp, "with --dtype fp8 must be 1: tensor-parallel fp8 "
                         "linears (torchao's Float8ColwiseParallel) are not wired; use dp, "
@@ -227,6 +231,12 @@ def check_fp8(cfg: TrainConfig) -> None:
     if cfg.shape.d_model % 16:
         raise SpecError("d_model", cfg.shape.d_model, "must be a multiple of 16 with --dtype "
                         "fp8 (torch._scaled_mm's dimensions); no linear would run in fp8")
+    if cfg.fp8_all_gather and (cfg.grad_ranks == 1 or cfg.dp_mode == "ddp"):
+        raise SpecError("fp8_all_gather", True, "needs FSDP over more than one rank "
+                        "(--dp-mode fsdp or fsdp-zero2 with dp x cp > 1): it is FSDP's gather")
+    if cfg.fp8_all_gather and cfg.shape.moe is not None:
+        raise SpecError("fp8_all_gather", True, "with experts is not wired (the report's "
+                        "byte count knows only dense blocks); leave it off for a MoE")
 
 
 def check_moe(cfg: TrainConfig) -> None:

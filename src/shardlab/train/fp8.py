@@ -32,6 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from shardlab.estimate.fp8 import fp8_matmul_fits
+
 FP8_MIN_CAPABILITY = (8, 9)
 """The first CUDA compute capability with fp8 tensor cores (Ada; Hopper is 9.0)."""
 KEPT_IN_BF16 = ("lm_head", "router")
@@ -43,7 +45,7 @@ def fp8_linear(module: nn.Module, fqn: str) -> bool:
     :data:`KEPT_IN_BF16`, both dimensions multiples of 16."""
     if not isinstance(module, nn.Linear) or fqn.rsplit(".", 1)[-1] in KEPT_IN_BF16:
         return False
-    return module.in_features % 16 == 0 and module.out_features % 16 == 0
+    return fp8_matmul_fits(module.out_features, module.in_features)
 
 
 QUIET_ON_IMPORT = ("torchao", "torch.utils._pytree")
@@ -67,15 +69,26 @@ def _float8() -> Any:
     return float8
 
 
-def convert_fp8_linears(model: nn.Module) -> list[str]:
+def convert_fp8_linears(model: nn.Module, all_gather: bool = False) -> list[str]:
     """Swap ``model``'s eligible linear layers (:func:`fp8_linear`) for torchao
     ``Float8Linear`` modules in place, before it is laid out; the converted modules'
-    names, in order."""
+    names, in order. ``all_gather``: FSDP2 gathers their weights in fp8 (torchao's
+    ``enable_fsdp_float8_all_gather``; :func:`refresh_fp8_scales` after each step)."""
     names = [fqn for fqn, m in model.named_modules() if fp8_linear(m, fqn)]
     float8 = _float8()
-    float8.convert_to_float8_training(model, config=float8.Float8LinearConfig(),
-                                      module_filter_fn=fp8_linear)
+    config = float8.Float8LinearConfig(enable_fsdp_float8_all_gather=all_gather)
+    float8.convert_to_float8_training(model, config=config, module_filter_fn=fp8_linear)
     return names
+
+
+def refresh_fp8_scales(modules: list[nn.Module]) -> None:
+    """After the optimizer step of a run that gathers fp8 weights: each module's weight
+    scales from its updated shards, one all-reduce (max) of the amaxes per module over
+    the shard group (torchao ``precompute_float8_dynamic_scale_for_fsdp``), so the next
+    forward casts each shard before its all-gather with the whole weight's scale."""
+    float8 = _float8()
+    for module in modules:
+        float8.precompute_float8_dynamic_scale_for_fsdp(module)
 
 
 def fp8_on_gpu() -> bool:

@@ -49,7 +49,7 @@ from shardlab.nn.data import Batch
 from shardlab.nn.model import TransformerLM
 from shardlab.nn.moe import MoEOptions
 from shardlab.train.config import TrainConfig, bf16_compute
-from shardlab.train.fp8 import convert_fp8_linears
+from shardlab.train.fp8 import convert_fp8_linears, refresh_fp8_scales
 from shardlab.train.optimizer import clip_grad_norm, make_optimizer
 
 
@@ -177,7 +177,7 @@ def build_rank(cfg: TrainConfig, device: str, *, meta: bool = False,
     if weights is not None:  # before any layout: every rank loads the same whole model
         weights(model)
     if cfg.dtype == "fp8":  # torchao's Float8Linear in place of nn.Linear, before any layout
-        convert_fp8_linears(model)
+        convert_fp8_linears(model, all_gather=cfg.fp8_all_gather)
     fsdp_bf16 = fsdp_mixed_precision(cfg)
     # In a pipeline FSDP keeps the gathered weights from the first micro-batch's forward to
     # the last one's backward (torchtitan's default reshard_after_forward policy for pp):
@@ -309,5 +309,7 @@ def train_step(program: RankProgram, share: Batch, real_tokens: int, *,
                           program.mesh["pp"].get_group() if cfg.pp > 1 else None,
                           copies=program.copies)
     program.opt.step()
+    if cfg.fp8_all_gather:  # the next forward's fp8 gathers take the updated scales
+        refresh_fp8_scales(program.modules)
     program.sched.step()
     return StepResult(local, norm, activation_bytes)

@@ -29,6 +29,7 @@ from shardlab.estimate.partition import rank_layers, stage_params
 from shardlab.train.config import bf16_compute, estimate_dtype
 from shardlab.train.report_cp import (
     dp_bytes,
+    fp8_gathered,
     layout_keys,
     replica_bytes,
     shard_position,
@@ -319,7 +320,8 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if cfg.grad_ranks > 1:
             group = n if zero else cfg.grad_ranks  # DDP all-reduces over all dp x cp ranks
             row["dp"] = {"predicted": dp_bytes(psi[r["pp_rank"]], padded[r["pp_rank"]],
-                                                policy, zero, cfg, group),
+                                                policy, zero, cfg, group,
+                                                fp8_gathered(cfg, n)[r["pp_rank"]]),
                          "measured": sent("dp")}
         if cfg.dp_replicate > 1:
             row["dp_replicate"] = {"predicted": replica_bytes(cfg, padded[r["pp_rank"]], n,

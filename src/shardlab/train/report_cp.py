@@ -11,8 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardlab.estimate.comm import ring_allreduce_bytes
+from shardlab.estimate.comm import ring_allreduce_bytes, tensor_rows
+from shardlab.estimate.fp8 import fp8_block_weights
+from shardlab.estimate.partition import rank_layers
 from shardlab.train.config import bf16_compute
+
+FP8_GATHER_BYTES = 1
+"""Bytes per element of a weight FSDP2 gathers in fp8 (E4M3)."""
 
 
 def shard_ranks(cfg: Any) -> int:
@@ -36,8 +41,21 @@ def replica_bytes(cfg: Any, padded: int, n: int, grad_bytes: int) -> float:
     return ring_allreduce_bytes(padded // n * grad_bytes, cfg.dp_replicate)
 
 
+def fp8_gathered(cfg: Any, n: int) -> list[tuple[int, int]]:
+    """Per pipeline rank, with ``--fp8-all-gather``: (padded elements FSDP2 gathers in fp8,
+    fp8 weight tensors): each block's converted linear weights
+    (:func:`shardlab.estimate.fp8.fp8_block_weights`) with dim 0 padded to a multiple of the
+    ``n``-rank shard group, times the rank's blocks; (0, 0) without it."""
+    if not cfg.fp8_all_gather:
+        return [(0, 0)] * cfg.pp
+    weights = fp8_block_weights(tensor_rows(cfg.shape, 1, vocab_parallel=False)[0])
+    padded = sum(-(-rows // n) * n * width for rows, width in weights)
+    return [(layers * padded, layers * len(weights)) for layers in
+            rank_layers(cfg.shape.layers, cfg.pp, cfg.virtual_stages, cfg.stage_layers)]
+
+
 def dp_bytes(params: float, padded: int, policy: Any, zero: int, cfg: Any,
-              n: int | None = None) -> float:
+              n: int | None = None, fp8: tuple[int, int] = (0, 0)) -> float:
     """Bytes one rank sends per step for data parallelism, as torch runs it.
 
     DDP all-reduces the gradients once, after the last micro-batch (ZeRO paper's 2Ψ):
@@ -52,7 +70,10 @@ def dp_bytes(params: float, padded: int, policy: Any, zero: int, cfg: Any,
     multiple of dp (``padded`` elements: :func:`~shardlab.estimate.comm.fsdp2_padded_params`),
     so every rank sends exactly (dp-1) padded shards per collective, whether or not dp
     divides the model. ``n``: the group's ranks (dp; FSDP's dp x cp shard group with
-    context parallelism or HSDP; expert_dp for a MoE's experts).
+    context parallelism or HSDP; expert_dp for a MoE's experts). ``fp8``: (padded
+    elements gathered in fp8, their tensors) of :func:`fp8_gathered`: those elements go
+    at 1 B, and after each step one all-reduce of the tensors' fp32 amaxes (torchao's
+    scale precompute) adds its ring share.
     """
     n = cfg.dp if n is None else n
     # Under bf16 FSDP2's MixedPrecisionPolicy casts the shards before gathering them (2 bytes)
@@ -62,12 +83,17 @@ def dp_bytes(params: float, padded: int, policy: Any, zero: int, cfg: Any,
         return ring_allreduce_bytes(params * policy.grad_bytes, n)
     m = cfg.microbatches
     k = 1 if cfg.pp > 1 else (2 * m if zero == 3 else m)
-    return float((n - 1) * (padded // n) * (k * gathered + policy.grad_bytes))
+    fp8_padded, fp8_tensors = fp8
+    gathers = (padded - fp8_padded) // n * gathered + fp8_padded // n * FP8_GATHER_BYTES
+    amax = ring_allreduce_bytes(fp8_tensors * 4, n) if fp8_tensors else 0.0
+    return float((n - 1) * (k * gathers + padded // n * policy.grad_bytes) + amax)
 
 
 def layout_keys(cfg: Any) -> str:
-    """The layout line's context-parallel, uneven-stage and HSDP keys, only where set."""
+    """The layout line's context-parallel, uneven-stage, HSDP and fp8-gather keys, only
+    where set."""
     out = f" cp={cfg.cp}" if cfg.cp > 1 else ""
     if cfg.stage_layers:
         out += " stage_layers=" + "+".join(map(str, cfg.stage_layers))
-    return out + (f" dp_replicate={cfg.dp_replicate}" if cfg.dp_replicate > 1 else "")
+    out += f" dp_replicate={cfg.dp_replicate}" if cfg.dp_replicate > 1 else ""
+    return out + (" fp8_all_gather=1" if cfg.fp8_all_gather else "")
