@@ -288,8 +288,8 @@ def test_fp8_gathers_send_exactly_the_bytes_predicted(
 
 
 # FSDP on 2 processes; TP + SP + 1F1B on 4; context parallel with 1F1B on 4 (its K/V
-# gathers on the fake process group).
-DRY_RUN = [LAYOUTS[0], LAYOUTS[6], CP_LAYOUTS[4]]
+# gathers on the fake process group); torchao's fp8 linears on 2 (fake fp8 matmuls).
+DRY_RUN = [LAYOUTS[0], LAYOUTS[6], CP_LAYOUTS[4], FP8]
 
 
 @pytest.mark.multiprocess
@@ -307,7 +307,7 @@ def test_the_dry_run_equals_the_real_run(documents: dict[str, dict[str, Any]]) -
         cfg, _ = prepare(build_parser().parse_args(["train", "--steps", str(STEPS), *argv]))
         work += [(layout_id(argv), cfg, p * cfg.dp * cfg.cp * cfg.tp) for p in range(cfg.pp)]
     dry = run_many([(cfg, rank) for _, cfg, rank in work])
-    assert len(dry) == 5
+    assert len(dry) == 6
     for (name, _, rank), role in zip(work, dry, strict=True):
         doc = documents[name]
         real = next(m for m in doc["memory_per_rank"] if m["rank"] == rank)

@@ -18,7 +18,7 @@ from shardlab.errors import SpecError, require_int_at_most, require_positive_int
 from shardlab.plan.search import layout_sp, parse_layout
 from shardlab.plan.space import DP_MODE_OF_ZERO
 from shardlab.report.dryrun_view import print_dryrun
-from shardlab.train.config import TrainConfig, auto_micro_batch, check_config
+from shardlab.train.config import TrainConfig, auto_micro_batch, check_config, estimate_dtype
 from shardlab.train.report_cp import layout_keys
 
 
@@ -49,9 +49,10 @@ def register(sub: Any) -> None:
     p.add_argument("--global-batch", type=positive_int,
                    help="sequences per optimizer step (default: dp x the pipeline's "
                    "micro-batches)")
-    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16",
+    p.add_argument("--dtype", choices=("bf16", "fp32", "fp8"), default="bf16",
                    help="bf16 (default: FSDP2's bf16 parameters with fp32 reduction, or "
-                   "autocast) or fp32")
+                   "autocast), fp32, or fp8 (train's: torchao's float8 linears over bf16, "
+                   "on fake tensors, so no fp8 GPU is needed)")
     who = p.add_mutually_exclusive_group()
     who.add_argument("--rank", type=int, help="the rank to run (default 0)")
     who.add_argument("--all-roles", action="store_true",
@@ -149,7 +150,7 @@ def fit_advice(cfg: TrainConfig, acc: Any, doc: dict[str, Any]) -> dict[str, Any
                          stage_layers=cfg.stage_layers, dp_replicate=cfg.dp_replicate,
                          micro_batch=cfg.micro_batch or cfg.global_batch // cfg.dp,
                          global_batch=cfg.global_batch, seq=cfg.seq, recompute=cfg.recompute,
-                         dtype="amp-bf16" if cfg.dtype == "bf16" else "fp32",
+                         dtype=estimate_dtype(cfg),
                          schedule=cfg.schedule if cfg.pp > 1 else None)
     advice = explain_fit(cfg.shape, layout, acc,
                          capacity=doc["fit"]["capacity_bytes"] - doc["fit"]["allowance_bytes"],
