@@ -60,3 +60,24 @@ def test_dry_run_top_must_be_positive(capsys: pytest.CaptureFixture[str]) -> Non
     with pytest.raises(SystemExit) as e:
         main(["plan", "--gpus", "4", "--global-batch", "8", "--dry-run-top", "0"])
     assert e.value.code == 2
+
+
+def test_an_fp8_plan_dry_runs_the_fp8_program(capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--dtype fp8``: the dry runs are of train's fp8 program; a tensor-parallel layout,
+    which train's fp8 does not run, is skipped with the reason."""
+    seen: list[Any] = []
+
+    def fake_many(work: list[Any], jobs: int | None = None) -> list[dict[str, Any]]:
+        seen.extend(cfg for cfg, _ in work)
+        return [fake_role(cfg, rank, 1e6) for cfg, rank in work]
+
+    monkeypatch.setattr(pool, "run_many", fake_many)
+    assert main(["plan", "--gpus", "8", "--global-batch", "8", "--gpu", "h100", "--top", "8",
+                 "--dtype", "fp8", "--dry-run-top", "8", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert seen and {cfg.dtype for cfg in seen} == {"fp8"} and doc["best"][0]["dry_run"]
+    assert main(["plan", "--gpus", "8", "--global-batch", "8", "--gpu", "h100", "--dtype",
+                 "fp8", "--layout", "dp=4 tp=2 zero=3", "--dry-run-top", "1", "--json"]) == 0
+    entry = json.loads(capsys.readouterr().out)["best"][0]
+    assert "with --dtype fp8 must be 1" in entry["dry_run"]["skipped"]

@@ -16,7 +16,9 @@ from shardlab.train.config import TrainConfig, check_config
 def train_config(model: ModelShape, entry: dict[str, Any], global_batch: int, seq: int,
                  dtype: str) -> TrainConfig:
     """The run ``shardlab train`` would make of a plan entry; SpecError (naming why) for
-    a layout it does not run (ZeRO-1, a zero-bubble schedule, DDP with tp or pp)."""
+    a layout it does not run (ZeRO-1, a zero-bubble schedule, DDP with tp or pp, fp8 with
+    tp > 1). An fp8 plan dry-runs train's fp8 program (torchao's float8 linears); every
+    other 16-bit policy, train's bf16."""
     if entry["dp"] > 1 and entry["zero"] not in DP_MODE_OF_ZERO:
         raise SpecError("zero", entry["zero"], "is not run by shardlab train (0, 2 or 3)")
     if entry["pp"] > 1 and entry["schedule"] not in TRAIN_SCHEDULES:
@@ -28,7 +30,7 @@ def train_config(model: ModelShape, entry: dict[str, Any], global_batch: int, se
                       sp=bool(entry["sp"]), recompute=entry["recompute"],
                       schedule=entry["schedule"] if entry["pp"] > 1 else "1f1b",
                       global_batch=global_batch, micro_batch=entry["micro_batch"], seq=seq,
-                      steps=2, dtype="fp32" if dtype == "fp32" else "bf16",
+                      steps=2, dtype=dtype if dtype in ("fp32", "fp8") else "bf16",
                       ep=entry.get("ep", 1),
                       etp=entry.get("etp", 1) if model.moe is not None else 1,
                       capacity_factor=entry.get("capacity_factor", 0.0),
