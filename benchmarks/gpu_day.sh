@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device checks for a session that is lent a GPU (one H200), in one go: run it as
+# The device checks for a session that is lent a GPU (one H100 or H200), in one go: run it as
 #   bash benchmarks/gpu_day.sh OUT_DIR
 # on the device machine (the `run` tool), with a timeout that leaves room to rerun it.
 # Not part of `make test`; untested until a session has a GPU (none had, to date).
@@ -12,28 +12,43 @@
 #      the ratios the planner takes from TileLang's (FP8_PEAK_RATIO, FP8_HALF_RATIO).
 #   5. fp8 training: the run of 2 with --dtype fp8 (torchao's float8 linears; refused with
 #      one line if the device's Python has no torchao), its tokens/s over the bf16 run's.
+# The device's image has its own python3 and torch (2.11 when last read, not the 2.13
+# pinned here) and no torchao, tensorboardX or shardlab: shardlab runs from src/, and
+# wheels carried in .whl/ (the device tool's README: `pip download --no-deps
+# --only-binary=:all: --python-version 3.12 ... -d .whl torchao==0.18.0 tensorboardX`,
+# with `carry: [".whl"]`) are installed into /tmp/site first.
 set -uo pipefail
 out=${1:-${OUT:-/tmp/gpu-day}}
 mkdir -p "$out"
-sl="python -m shardlab"
+py=${PYTHON:-python3}
+if compgen -G ".whl/*.whl" > /dev/null; then
+    $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=src:${PYTHONPATH:-}
+$py -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())" \
+    | tee "$out/torch.txt"
+# The catalog's name of the lent card (an H100 or an H200): MFU's peak and the fit.
+gpu=$(grep -q H100 "$out/torch.txt" && echo h100 || echo h200)
+sl="$py -m shardlab"
 shape=(--style llama --layers 16 --d-model 2048 --heads 16 --d-ff 5632 --vocab 32000
        --seq 2048)
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1
 timeout 240 $sl verify --world-size 1 --json > "$out/verify.json" 2> "$out/verify.err"
 echo "verify rc=$?"
 timeout 300 $sl train "${shape[@]}" --global-batch 8 --micro-batch 4 --steps 12 \
-    --dtype bf16 --gpu h200 --json > "$out/train.json" 2> "$out/train.err"
+    --dtype bf16 --gpu $gpu --json > "$out/train.json" 2> "$out/train.err"
 echo "train rc=$?"
 timeout 300 $sl dryrun "${shape[@]}" --gpus 1 --layout "micro_batch=4" --global-batch 8 \
-    --dtype bf16 --gpu h200 --json > "$out/dryrun.json" 2> "$out/dryrun.err"
+    --dtype bf16 --gpu $gpu --json > "$out/dryrun.json" 2> "$out/dryrun.err"
 echo "dryrun rc=$?"
-timeout 240 python benchmarks/fp8_curve.py --gpu h200 --json "$out/fp8_curve.json" \
+timeout 240 $py benchmarks/fp8_curve.py --gpu $gpu --json "$out/fp8_curve.json" \
     > "$out/fp8_curve.txt" 2>&1
 echo "fp8_curve rc=$?"; cat "$out/fp8_curve.txt"
 timeout 300 $sl train "${shape[@]}" --global-batch 8 --micro-batch 4 --steps 12 \
-    --dtype fp8 --gpu h200 --json > "$out/train_fp8.json" 2> "$out/train_fp8.err"
+    --dtype fp8 --gpu $gpu --json > "$out/train_fp8.json" 2> "$out/train_fp8.err"
 echo "train fp8 rc=$?"; tail -1 "$out/train_fp8.err"
-python - "$out" <<'EOF'
+$py - "$out" <<'EOF'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
