@@ -85,6 +85,27 @@ def test_a_gpu_plans_file_names_the_accelerator_and_a_layout_train_runs(
         lay["dp"], lay["tp"], lay["pp"], 4096, 256)
 
 
+def test_an_fp8_plans_file_runs_torchaos_fp8_at_tp_1(capsys: pytest.CaptureFixture[str],
+                                                     tmp_path: Path) -> None:
+    """``--dtype fp8 --emit-config``: the search keeps tp = 1 (train's fp8 linears are not
+    tensor-parallel; unlimited, the planner's winner here has tp > 1), the file names
+    fp8, and train reads it back (on this CPU only with --fp8-on-cpu)."""
+    plan = ["plan", "llama-3-70b", "--gpu", "h100", "--gpus", "64", "--seq", "4096",
+            "--global-batch", "256", "--dtype", "fp8"]
+    assert main([*plan, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["best"][0]["tp"] > 1
+    job = tmp_path / "70b.toml"
+    assert main([*plan, "--emit-config", str(job)]) == 0
+    text = " ".join("".join(capsys.readouterr()).split())
+    assert "keeps tp=1" in text and f"wrote {job}" in text
+    doc = tomllib.loads(job.read_text())
+    assert doc["run"]["dtype"] == "fp8" and doc["layout"]["tp"] == 1
+    assert "no CUDA device" in refused(capsys, "train", "--config", str(job),
+                                        "--allow-oversubscribe")
+    cfg = train_config("--config", str(job), "--fp8-on-cpu", "--allow-oversubscribe")
+    assert (cfg.dtype, cfg.tp, cfg.world) == ("fp8", 1, 64)
+
+
 def test_the_command_line_overrides_the_file(tmp_path: Path) -> None:
     job = tmp_path / "job.toml"
     job.write_text('[layout]\ndp = 2\nsp = true\ntp = 2\n[run]\nsteps = 7\nlr = 1\n'

@@ -63,7 +63,7 @@ def layout_config(args: argparse.Namespace) -> TrainConfig:
                       loss_parallel=ns.loss_parallel, recompute=ns.recompute,
                       schedule=ns.schedule, global_batch=ns.global_batch, micro_batch=micro,
                       seq=ns.seq, steps=ns.steps, lr=ns.lr, warmup=ns.warmup, clip=ns.clip,
-                      dtype=ns.dtype, seed=ns.seed)
+                      dtype=ns.dtype, fp8_all_gather=ns.fp8_all_gather, seed=ns.seed)
     check_config(cfg)
     if ns.gpu is not None:
         accelerator_or_measured(ns.gpu)  # a name train would refuse, refused here
@@ -84,10 +84,10 @@ def winner_argv(doc: dict[str, Any], model_flags: str) -> list[str]:
     if best is None or not best["fits"]:
         raise SpecError("emit_config", "winner", "the plan has no layout that fits; nothing "
                         "written")
-    if doc["dtype"] not in ("fp32", "bf16", "amp-bf16"):
-        raise SpecError("dtype", doc["dtype"], "shardlab train runs fp32 or bf16 (autocast); "
-                        "plan with --dtype bf16 or fp32 to emit a job file")
-    dtype = "fp32" if doc["dtype"] == "fp32" else "bf16"
+    if doc["dtype"] not in ("fp32", "bf16", "amp-bf16", "fp8"):
+        raise SpecError("dtype", doc["dtype"], "shardlab train runs fp32, bf16 (autocast) "
+                        "or fp8 (torchao); plan with one of them to emit a job file")
+    dtype = doc["dtype"] if doc["dtype"] in ("fp32", "fp8") else "bf16"
     command = best["train_command"] or train_command(
         f"shardlab train {model_flags}", best, doc["global_batch"], doc["seq"], dtype)
     argv = shlex.split(command)[2:]

@@ -87,9 +87,10 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     if here:
         dtype = "fp32" if args.dtype is None else args.dtype
         if dtype == "fp8":
-            raise SpecError("dtype", dtype, "fp8 training runs only on CUDA GPUs (torchao "
-                            "float8, Transformer Engine): this machine's CPU cannot run it; "
-                            "plan it for a GPU, e.g. --gpu h100")
+            raise SpecError("dtype", dtype, "fp8 is fast only on CUDA GPUs with fp8 tensor "
+                            "cores (torchao float8, Transformer Engine): there is no speed "
+                            "of it to plan on this machine's CPU; plan it for a GPU, e.g. "
+                            "--gpu h100")
         if dtype not in ("fp32", "bf16"):
             raise SpecError("dtype", dtype, "must be fp32 or bf16 on this machine "
                             "(what shardlab train runs)")
@@ -101,9 +102,9 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
         if policy.is_fp8:
             notes.append("fp8: priced as Transformer Engine and torchao float8 run it (linear "
                          "layers in fp8, attention core (unless flash_kernel=fp8), head and "
-                         "router in bf16, fp8 casts at the memory bandwidth); real fp8 "
-                         "training runs on CUDA GPUs only: shardlab train cannot run it on a "
-                         "CPU")
+                         "router in bf16, fp8 casts at the memory bandwidth); shardlab "
+                         "train --dtype fp8 runs it with torchao on CUDA GPUs with fp8 "
+                         "tensor cores, at tp=1")
     runnable = here or bool(args.dry_run_top)
     # This machine, or a job file to emit: the winner must be a layout shardlab train runs.
     train_only = here or getattr(args, "emit_config", None) is not None
@@ -135,9 +136,15 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     schedules = tuple(s for s in asked if not runnable or s in TRAIN_SCHEDULES)
     stages = framework_keeps(fw, "zero", tuple(args.zero),
                              args.zero is not SEARCH_DEFAULTS["zero"])
+    # A job file for an fp8 plan: train's fp8 linears run at tp = 1 only.
+    fp8_job = train_only and policy.is_fp8
+    if fp8_job:
+        notes.append("--emit-config with fp8: the search keeps tp=1 (shardlab train's fp8 "
+                     "linears are not tensor-parallel)")
     space = Space(
         gpus=args.gpus, global_batch=args.global_batch, seq=seq,
-        gpus_per_node=args.gpus_per_node or acc.gpus_per_node, max_tp=args.max_tp,
+        gpus_per_node=args.gpus_per_node or acc.gpus_per_node,
+        max_tp=1 if fp8_job else args.max_tp,
         max_pp=args.max_pp, max_virtual=args.max_virtual,
         micro_batches=tuple(sorted(set(args.micro_batches))),
         # This machine, and a plan whose layouts are dry-run: what shardlab train runs.
