@@ -29,7 +29,7 @@ export PYTHONPATH=src:${PYTHONPATH:-}
 $py -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())" \
     | tee "$out/torch.txt"
 # The catalog's name of the lent card (an H100 or an H200): MFU's peak and the fit.
-gpu=$(grep -q H100 "$out/torch.txt" && echo h100 || echo h200)
+gpu=$(grep -q H200 "$out/torch.txt" && echo h200 || echo h100)
 sl="$py -m shardlab"
 shape=(--style llama --layers 16 --d-model 2048 --heads 16 --d-ff 5632 --vocab 32000
        --seq 2048)
@@ -58,9 +58,9 @@ def load(name):
     except (OSError, ValueError):
         return None
 train, dry, fp8 = load("train.json"), load("dryrun.json"), load("train_fp8.json")
-if train and fp8:
-    print(f"train fp8: tokens/s {fp8.get('tokens_per_s'):.0f}, over bf16's "
-          f"{fp8.get('tokens_per_s') / train.get('tokens_per_s'):.3f}")
+if train and fp8 and fp8.get("tokens_per_s") and train.get("tokens_per_s"):
+    print(f"train fp8: tokens/s {fp8['tokens_per_s']:.0f}, over bf16's "
+          f"{fp8['tokens_per_s'] / train['tokens_per_s']:.3f}")
 if train:
     print(f"train: mfu {train.get('mfu')}, tokens/s {train.get('tokens_per_s'):.0f}")
     cuda = [m.get("cuda_peak_allocated") for m in train["memory_per_rank"]]

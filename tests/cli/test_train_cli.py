@@ -252,7 +252,9 @@ def test_cp_uneven_hsdp_parity_and_bytes(documents: dict[str, dict[str, Any]],
 def test_bf16_within_stated_tolerance(documents: dict[str, dict[str, Any]]) -> None:
     doc = documents[layout_id(BF16)]
     assert len(doc["losses"]) == 10 and doc["parity_tolerance"] == 2e-2
-    assert doc["max_loss_diff"] <= 2e-2 and doc["parity_passed"]
+    # Well inside the stated tolerance since the loss takes fp32 logits (2.2e-4 over 20
+    # steps; with the loss in bf16 it read 3.3e-3).
+    assert doc["max_loss_diff"] <= 1e-3 and doc["parity_passed"]
 
 
 @pytest.mark.multiprocess
@@ -260,8 +262,9 @@ def test_fp8_trains_like_one_fp8_process_and_sends_the_bf16_bytes(
         documents: dict[str, dict[str, Any]]) -> None:
     """torchao's fp8 linears on 2 FSDP ranks: the one-process fp8 reference within the
     stated tolerance (each rank scales its own half of the batch, so not exactly), every
-    FLOP counted (``torch._scaled_mm`` included), the bf16 run's bytes sent (FSDP gathers the
-    bf16 copies: no fp8 all-gather) and losses that are not the bf16 run's."""
+    FLOP counted (each fp8 matmul seen as the ``mm`` of torchao's tensor), the bf16 run's
+    bytes sent (FSDP gathers the bf16 copies: no fp8 all-gather) and losses that are not
+    the bf16 run's."""
     fp8, bf16 = documents[layout_id(FP8)], documents[layout_id(BF16)]
     assert fp8["parity_passed"] and fp8["max_loss_diff"] <= fp8["parity_tolerance"] == 2e-2
     figures = fp8["predicted_vs_measured"]

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from shardlab.cli import main
+from shardlab.cli import build_parser, main
+from shardlab.cli.train import check
 from shardlab.config.model import ModelShape, MoE
 from shardlab.nn.garden import garden_vocab
 from shardlab.nn.model import TransformerLM
@@ -65,11 +66,12 @@ def test_the_machine_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "no CUDA device" in fp8.fp8_refusal(on_cpu=False)
     assert fp8.fp8_refusal(on_cpu=True) is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda: (8, 0))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "NVIDIA A100-SXM4-80GB")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=0: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=0: "NVIDIA A100-SXM4-80GB")
     why = fp8.fp8_refusal(on_cpu=True)  # a GPU without fp8 is refused even so
     assert why is not None and "A100" in why and "8.0" in why
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=0: (9, 0))
     assert fp8.fp8_refusal(on_cpu=False) is None
 
 
@@ -85,6 +87,7 @@ CPU = ["--dtype", "fp8", "--fp8-on-cpu"]
     ([*CPU, "--fp8-all-gather", "--dp", "2", "--dp-mode", "ddp"], ("needs FSDP",)),
     ([*CPU, "--fp8-all-gather", "--dp", "2", "--experts", "4", "--top-k", "2"],
      ("with experts is not wired",)),
+    (["--fp8-on-cpu"], ("fp8_on_cpu=True", "needs --dtype fp8")),
 ])
 def test_refused_before_any_rank_with_one_line(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
@@ -97,3 +100,32 @@ def test_refused_before_any_rank_with_one_line(
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (code, out, err)
     assert time.monotonic() - start < 5 and not logs.exists()
     assert all(w in err for w in words), err
+
+
+def test_without_torchao_fp8_is_refused_in_one_line(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torchao" else real(name, *a))
+    assert "needs torchao" in fp8.fp8_refusal(on_cpu=True)
+    logs = tmp_path / "logs"
+    for argv in (["train", *CPU, "--log-dir", str(logs)],
+                 ["dryrun", "--gpus", "2", "--layout", "dp=2", "--dtype", "fp8"]):
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.strip().splitlines()) == 1 and "needs torchao" in err
+    assert not logs.exists()
+
+
+def test_fp8_gathers_save_checkpoints_in_step(capsys: pytest.CaptureFixture[str],
+                                              tmp_path: Path) -> None:
+    """torch's async save mis-stages torchao's fp8-gathered weights (a resumed loss turned
+    NaN), so with --fp8-all-gather the run saves in step and says so."""
+    argv = ["train", *CPU, "--dp", "2", "--fp8-all-gather", "--checkpoint-dir",
+            str(tmp_path / "ck")]
+    cfg, _, notes = check(build_parser().parse_args(argv))
+    assert not cfg.async_save and any("saved in step" in n for n in notes)
+    plain, _, _ = check(build_parser().parse_args([*argv[:-3], "--checkpoint-dir",
+                                                   str(tmp_path / "ck2")]))
+    assert plain.async_save  # plain fp8 keeps the background save

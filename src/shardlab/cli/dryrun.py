@@ -18,7 +18,13 @@ from shardlab.errors import SpecError, require_int_at_most, require_positive_int
 from shardlab.plan.search import layout_sp, parse_layout
 from shardlab.plan.space import DP_MODE_OF_ZERO
 from shardlab.report.dryrun_view import print_dryrun
-from shardlab.train.config import TrainConfig, auto_micro_batch, check_config, estimate_dtype
+from shardlab.train.config import (
+    TrainConfig,
+    auto_micro_batch,
+    check_config,
+    estimate_dtype,
+    torchao_missing,
+)
 from shardlab.train.report_cp import layout_keys
 
 
@@ -133,6 +139,8 @@ def config_from(args: argparse.Namespace) -> TrainConfig:
                       global_batch=global_batch, micro_batch=micro, seq=seq, steps=2,
                       dtype=args.dtype)
     check_config(cfg)
+    if cfg.dtype == "fp8" and (missing := torchao_missing()) is not None:
+        raise SpecError("dtype", "fp8", missing)
     return cfg
 
 

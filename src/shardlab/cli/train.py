@@ -120,6 +120,11 @@ def check(args: argparse.Namespace) -> tuple[TrainConfig, float | None, list[str
                       async_save=args.async_save,
                       init_from=str(init) if init is not None else "", docs=docs)
     check_config(cfg)
+    if args.fp8_on_cpu and cfg.dtype != "fp8":
+        raise SpecError("fp8_on_cpu", True, f"needs --dtype fp8, not {cfg.dtype}")
+    if cfg.fp8_all_gather and args.checkpoint_dir and args.async_save:
+        notes.append("--fp8-all-gather: checkpoints are saved in step, not in the background "
+                     "(torch's async save mis-stages torchao's fp8 weights)")
     if cfg.dtype == "fp8":
         # Imported here: it loads torch, which a run refused above never needs.
         from shardlab.train.fp8 import fp8_on_gpu, fp8_refusal

@@ -270,5 +270,7 @@ def lm_loss_sum_any(logits: torch.Tensor, targets: torch.Tensor,
     if not isinstance(logits, DTensor):
         return lm_loss_sum(logits, targets, loss_mask)
     masked = torch.where(loss_mask.bool(), targets, torch.full_like(targets, IGNORE_INDEX))
+    if logits.dtype in (torch.bfloat16, torch.float16):
+        logits = logits.float()  # as lm_loss_sum: the loss in fp32, not 8 mantissa bits
     return nn.functional.cross_entropy(logits.flatten(0, 1), masked.flatten(),
                                        reduction="sum", ignore_index=IGNORE_INDEX)

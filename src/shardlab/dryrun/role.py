@@ -76,7 +76,7 @@ def run_role(cfg: TrainConfig, rank: int) -> dict[str, Any]:
         check_all_fake(program.modules)
         if program.schedule is not None:
             skip_pipeline_vote(program.schedule)
-        autocast = (bf16_autocast(cfg) if not fsdp_mixed_precision(cfg)
+        autocast = (bf16_autocast(cfg, "cpu") if not fsdp_mixed_precision(cfg)
                     else contextlib.nullcontext())
         with mode:
             share = fake_batch(cfg, program.dp_rank)

@@ -71,7 +71,8 @@ SCALE_BYTES_PER_LINEAR = 36
 
 FP8_DIM_MULTIPLE = 16
 """fp8's ``torch._scaled_mm`` takes a matmul only when both of a weight's dimensions are
-multiples of 16; torchao's float8 training leaves any other linear in bf16."""
+multiples of 16; shardlab's fp8 filter (:func:`shardlab.train.fp8.fp8_linear`, as
+torchtitan's float8 converter filters) leaves any other linear in bf16."""
 
 
 def fp8_matmul_fits(rows: int, width: int) -> bool:

@@ -6,6 +6,7 @@ choices and refuse a bad run from these without importing torch.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass, field
 
@@ -92,6 +93,10 @@ class TrainConfig:
         # Fault injection (the hidden test flags) saves synchronously, so the checkpoint a
         # fault restarts from does not depend on whether a background write had finished.
         if self.fail_at_step >= 0 and self.async_save:
+            object.__setattr__(self, "async_save", False)
+        # torch's async save stages torchao's fp8 weight wrapper wrongly (its copy of an
+        # fp8-gathered weight is not the run's: the resumed loss turns NaN): save in step.
+        if self.fp8_all_gather and self.async_save:
             object.__setattr__(self, "async_save", False)
 
     @property
@@ -213,9 +218,18 @@ def bf16_compute(cfg: TrainConfig) -> bool:
 def estimate_dtype(cfg: TrainConfig) -> str:
     """The cost model's dtype policy for the run's states, activations and communication:
     ``amp-bf16`` (fp32 parameters, gradients and AdamW, bf16 compute) for bf16 and fp8 (an
-    fp8 run keeps the bf16 run's states and gathers the same bf16 copies: no fp8
-    all-gather), else ``fp32``."""
+    fp8 run keeps the bf16 run's states; its fp8 gathers, with ``fp8_all_gather``, are
+    priced apart: :func:`shardlab.train.report_cp.fp8_gathered`), else ``fp32``."""
     return "amp-bf16" if bf16_compute(cfg) else "fp32"
+
+
+def torchao_missing() -> str | None:
+    """The line that says torchao is not installed (fp8 needs it), or None. Asks the import
+    system only: no torch is loaded, so the command line can ask before anything starts."""
+    if importlib.util.find_spec("torchao") is None:
+        return ("needs torchao (pip install -c constraints.txt -e '.[torch]' installs the "
+                "tested release)")
+    return None
 
 
 def check_fp8(cfg: TrainConfig) -> None:

@@ -12,9 +12,12 @@ routed experts' grouped weights (no ``nn.Linear``), the norms and the attention 
 A linear whose two dimensions are not both multiples of 16 stays in bf16 too: fp8's
 ``torch._scaled_mm`` needs them so.
 
-FSDP2 gathers the bf16 copies as in a bf16 run: torchao's fp8 all-gather
-(``enable_fsdp_float8_all_gather``) is off, torchtitan's default, so a run's
-communication is the bf16 run's byte for byte.
+By default FSDP2 gathers the bf16 copies as in a bf16 run (torchao's fp8 all-gather is
+off, torchtitan's default), so a run's communication is the bf16 run's byte for byte;
+``--fp8-all-gather`` (``TrainConfig.fp8_all_gather``) turns it on: each converted
+weight's shard cast to E4M3 before FSDP gathers it, its scale from one all-reduce of the
+weights' amaxes before each step (:func:`refresh_fp8_scales`), the bytes the report
+predicts with :func:`shardlab.train.report_cp.fp8_gathered`.
 
 Where it runs: an fp8 matmul is fast only on an fp8 tensor core (CUDA compute capability
 8.9 or newer: L4, H100, H200, B200), so ``train`` refuses fp8 elsewhere
@@ -25,14 +28,15 @@ for speed.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
+import os
 from typing import Any
 
 import torch
 from torch import nn
 
 from shardlab.estimate.fp8 import fp8_matmul_fits
+from shardlab.train.config import torchao_missing
 
 FP8_MIN_CAPABILITY = (8, 9)
 """The first CUDA compute capability with fp8 tensor cores (Ada; Hopper is 9.0)."""
@@ -101,14 +105,16 @@ def fp8_refusal(on_cpu: bool) -> str | None:
     """Why this machine cannot run ``--dtype fp8`` (one line), or None when it can:
     torchao missing, or no CUDA device with fp8 tensor cores unless ``on_cpu``
     (``--fp8-on-cpu``: torch's CPU fp8 matmul, for checking)."""
-    if importlib.util.find_spec("torchao") is None:
-        return ("needs torchao (pip install -c constraints.txt -e '.[torch]' installs "
-                "the tested release)")
+    missing = torchao_missing()
+    if missing is not None:
+        return missing
     if torch.cuda.is_available():
-        cap = torch.cuda.get_device_capability()
+        # The device this process's rank will run on: torchrun's LOCAL_RANK, else the first.
+        device = int(os.environ.get("LOCAL_RANK", "0")) % max(torch.cuda.device_count(), 1)
+        cap = torch.cuda.get_device_capability(device)
         if cap < FP8_MIN_CAPABILITY:
             return (f"needs fp8 tensor cores (CUDA compute capability 8.9 or newer: L4, "
-                    f"H100, H200, B200); {torch.cuda.get_device_name()} is "
+                    f"H100, H200, B200); {torch.cuda.get_device_name(device)} is "
                     f"{cap[0]}.{cap[1]}")
         return None
     if on_cpu:

@@ -39,6 +39,7 @@ from shardlab.distributed.measure import CommMeter, flop_counter, state_bytes
 from shardlab.hf.weights import read_weights
 from shardlab.nn.data import batches
 from shardlab.train.config import TrainConfig
+from shardlab.train.fp8 import refresh_fp8_scales
 from shardlab.train.rank import bf16_autocast, build_rank, fsdp_mixed_precision, train_step
 from shardlab.train.tensorboard import RunBoard
 
@@ -130,6 +131,10 @@ def train_rank(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     dims = program.dims()
     autocast = bf16_autocast(cfg, device_type) if not fsdp_mixed_precision(cfg) else None
     ckpt, first_step = _checkpointing(ctx, cfg, modules, opt, sched, losses, norms)
+    if cfg.fp8_all_gather:
+        # The first fp8 gathers' scales, from the weights built or just loaded: without them
+        # torchao all-reduces each weight's amax at every gather of the first step.
+        refresh_fp8_scales(modules)
     for _ in range(first_step):  # the data position: the stream is a function of the seed
         next(stream)
     # The step measured (FLOPs, bytes sent, saved activations): the third of this run when

@@ -53,7 +53,7 @@ from shardlab.train.fp8 import convert_fp8_linears, refresh_fp8_scales
 from shardlab.train.optimizer import clip_grad_norm, make_optimizer
 
 
-def bf16_autocast(cfg: TrainConfig, device_type: str = "cpu") -> Any:
+def bf16_autocast(cfg: TrainConfig, device_type: str) -> Any:
     """``torch.autocast(device_type, bfloat16)`` when the run's dtype is bf16; else a null
     context. The device type must be the ranks' own: an autocast for "cpu" leaves a CUDA
     rank's matmuls in fp32 (autocast acts on its own device type's operators only)."""

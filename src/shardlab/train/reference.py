@@ -59,7 +59,7 @@ def reference_run(cfg: TrainConfig) -> list[float]:
         batch = next(stream)
         total = 0.0
         for part in token_groups(cfg, batch):
-            with bf16_autocast(cfg):
+            with bf16_autocast(cfg, "cpu"):  # the reference runs in this process, on its CPU
                 loss = token_loss_sum(model(part.input_ids, part.pad_mask), part)
             (loss / batch.real_tokens).backward()
             total += float(loss.detach())

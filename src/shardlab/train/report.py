@@ -174,11 +174,11 @@ def predicted_activation_bytes(cfg: Any, pp_rank: int,
     gathered = (sp_gathered_bytes(cfg.shape, bs, cfg.tp, cfg.sp, e)
                 if cfg.recompute != "full" else 0)
     # Without loss parallelism the head's output is gathered over the vocabulary: each
-    # tensor-parallel rank keeps the whole [b, s, V] logits (in the compute dtype) that
-    # the loss reads, where the cost model counts 1/t of them in fp32.
-    # The logits the loss reads are in the compute dtype (bf16 under bf16), not fp32.
+    # tensor-parallel rank keeps the whole [b, s, V] of what the loss saves (its fp32
+    # log-softmax: 16-bit logits are upcast first, nn/loss.py), where the cost model
+    # counts 1/t of them in fp32.
     sharded = cfg.tp > 1 and cfg.loss_parallel and cfg.pp == 1
-    logits = bs * cfg.shape.vocab * (e / (cfg.tp if sharded else 1) - 4 / cfg.tp)
+    logits = bs * cfg.shape.vocab * (4 / (cfg.tp if sharded else 1) - 4 / cfg.tp)
     # torch's nn.RMSNorm keeps two fp32 [b, s, d] tensors (its input upcast, and the
     # normalised input before the weight) where the cost model counts one input in the
     # compute dtype: per layer two norms, on the last stage the final norm too.
