@@ -236,8 +236,8 @@ def test_budget_fp8_holds_fp8_copies_and_runs_on_the_blended_peak(
 def test_fp8_and_stated_facts_are_refused_on_this_machine(
         capsys: pytest.CaptureFixture[str], cpu_home: object) -> None:
     plan = ["plan", "--gpu", "cpu", "--gpus", "2", "--global-batch", "8"]
-    assert "runs only on CUDA GPUs" in one_line_error(capsys, [*plan, "--dtype", "fp8"])
-    assert "runs only on CUDA GPUs" in one_line_error(
+    assert "fast only on CUDA GPUs" in one_line_error(capsys, [*plan, "--dtype", "fp8"])
+    assert "fast only on CUDA GPUs" in one_line_error(
         capsys, ["budget", "--gpu", "cpu", "--params", "1e6", "--dtype", "fp8"])
     assert "power_cap_w" in one_line_error(capsys, [*plan, "--power-cap-w", "300"])
 

@@ -259,8 +259,9 @@ def run(args: argparse.Namespace) -> int:
     a = assumptions_from(args)
     policy = get_policy(args.dtype)
     if policy.is_fp8 and acc.name == NAME:
-        raise SpecError("dtype", args.dtype, "fp8 training runs only on CUDA GPUs (torchao "
-                        "float8, Transformer Engine): this machine's CPU cannot run it")
+        raise SpecError("dtype", args.dtype, "fp8 is fast only on CUDA GPUs with fp8 tensor "
+                        "cores (torchao float8, Transformer Engine): this machine's CPU has "
+                        "no fp8 speed to budget (train --fp8-on-cpu only checks a run)")
     matmul_peaks(acc, policy.compute, policy.linear_compute)  # fp8 on an A100: one line
     if args.framework is not None:
         overlap_framework(args.framework)  # an unknown name: one line listing the known ones
