@@ -117,7 +117,7 @@ def test_an_fp8_gathering_run_resumes_bitwise(tmp_path: Path) -> None:
     """torchao's fp8 linears with fp8 gathers (torch's CPU fp8 matmul): the checkpoint of
     step 2, saved in step as such runs save, resumes to the uninterrupted run's losses
     bit for bit (an async save once gave weights near 1e37 and a NaN loss on resume)."""
-    fp8 = ["--dp", "2", "--d-model", "64", "--dtype", "fp8", "--fp8-on-cpu",
+    fp8 = ["--dp", "2", "--layers", "2", "--d-model", "64", "--dtype", "fp8", "--fp8-on-cpu",
            "--fp8-all-gather", "--steps", "4", "--checkpoint-every", "2", "--json"]
     whole = shardlab("train", *fp8, "--checkpoint-dir", str(tmp_path / "a"))
     assert whole.returncode == 0, whole.stderr
