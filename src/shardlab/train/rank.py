@@ -54,9 +54,10 @@ from shardlab.train.optimizer import clip_grad_norm, make_optimizer
 
 
 def bf16_autocast(cfg: TrainConfig, device_type: str) -> Any:
-    """``torch.autocast(device_type, bfloat16)`` when the run's dtype is bf16; else a null
-    context. The device type must be the ranks' own: an autocast for "cpu" leaves a CUDA
-    rank's matmuls in fp32 (autocast acts on its own device type's operators only)."""
+    """``torch.autocast(device_type, bfloat16)`` when the run computes in bf16 (bf16, and
+    fp8 outside its fp8 matmuls); else a null context. The device type must be the ranks'
+    own: an autocast for "cpu" leaves a CUDA rank's matmuls in fp32 (autocast acts on its
+    own device type's operators only)."""
     if bf16_compute(cfg):
         return torch.autocast(device_type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
