@@ -23,7 +23,7 @@ from shardlab.train.config import (
     auto_micro_batch,
     check_config,
     estimate_dtype,
-    torchao_missing,
+    require_torchao,
 )
 from shardlab.train.report_cp import layout_keys
 
@@ -139,8 +139,7 @@ def config_from(args: argparse.Namespace) -> TrainConfig:
                       global_batch=global_batch, micro_batch=micro, seq=seq, steps=2,
                       dtype=args.dtype)
     check_config(cfg)
-    if cfg.dtype == "fp8" and (missing := torchao_missing()) is not None:
-        raise SpecError("dtype", "fp8", missing)
+    require_torchao(cfg)
     return cfg
 
 

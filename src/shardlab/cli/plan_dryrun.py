@@ -10,7 +10,7 @@ from shardlab.config.model import ModelShape
 from shardlab.dryrun.compare import role_ranks
 from shardlab.errors import SpecError
 from shardlab.plan.space import DP_MODE_OF_ZERO, TRAIN_SCHEDULES
-from shardlab.train.config import TrainConfig, check_config, torchao_missing
+from shardlab.train.config import TrainConfig, check_config, require_torchao
 
 
 def train_config(model: ModelShape, entry: dict[str, Any], global_batch: int, seq: int,
@@ -37,8 +37,7 @@ def train_config(model: ModelShape, entry: dict[str, Any], global_batch: int, se
                       cp=entry.get("cp", 1), dp_replicate=entry.get("dp_replicate", 1),
                       stage_layers=tuple(entry.get("stage_layers") or ()))
     check_config(cfg)
-    if cfg.dtype == "fp8" and (missing := torchao_missing()) is not None:
-        raise SpecError("dtype", "fp8", missing)
+    require_torchao(cfg)
     return cfg
 
 

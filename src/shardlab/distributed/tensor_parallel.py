@@ -69,7 +69,7 @@ from torch.distributed.tensor.parallel import (
 from shardlab.config.model import ModelShape
 from shardlab.distributed.activation_checkpoint import named_blocks
 from shardlab.errors import SpecError, require_positive_int
-from shardlab.nn.loss import lm_loss_sum
+from shardlab.nn.loss import lm_loss_sum, loss_logits
 
 IGNORE_INDEX = -100  # cross_entropy's default ignore_index
 
@@ -270,7 +270,5 @@ def lm_loss_sum_any(logits: torch.Tensor, targets: torch.Tensor,
     if not isinstance(logits, DTensor):
         return lm_loss_sum(logits, targets, loss_mask)
     masked = torch.where(loss_mask.bool(), targets, torch.full_like(targets, IGNORE_INDEX))
-    if logits.dtype in (torch.bfloat16, torch.float16):
-        logits = logits.float()  # as lm_loss_sum: the loss in fp32, not 8 mantissa bits
-    return nn.functional.cross_entropy(logits.flatten(0, 1), masked.flatten(),
+    return nn.functional.cross_entropy(loss_logits(logits).flatten(0, 1), masked.flatten(),
                                        reduction="sum", ignore_index=IGNORE_INDEX)

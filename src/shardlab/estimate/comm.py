@@ -291,19 +291,22 @@ def fsdp2_padded_params(m: ModelShape, tp: int, pp: int, dp: int, virtual_stages
     if m.moe is not None:
         raise ValueError("fsdp2_padded_params: shardlab's LM builds no mixture-of-experts")
     block, first, last = tensor_rows(m, tp, vocab_parallel)
-
-    def padded(tensors: list[tuple[int, int]]) -> int:
-        return sum(-(-rows // dp) * dp * width for rows, width in tensors)
-
     out = []
     for r, layers in enumerate(rank_layers(m.layers, pp, virtual_stages, stage_layers)):
-        n = layers * padded(block)
+        n = layers * fsdp2_padded(block, dp)
         if r == 0:
-            n += padded(first)
+            n += fsdp2_padded(first, dp)
         if r == pp - 1:
-            n += padded(last[:-1] if m.tied and pp == 1 else last)
+            n += fsdp2_padded(last[:-1] if m.tied and pp == 1 else last, dp)
         out.append(n)
     return out
+
+
+def fsdp2_padded(tensors: list[tuple[int, int]], dp: int) -> int:
+    """Elements of ``tensors`` (dim 0, elements per dim-0 row) as FSDP2 shards them over
+    ``dp`` ranks: each tensor's dim 0 padded up to a multiple of dp
+    (:func:`fsdp2_padded_params`)."""
+    return sum(-(-rows // dp) * dp * width for rows, width in tensors)
 
 
 def tp_bytes_per_stage(m: ModelShape, layout: Layout, vocab_parallel: bool = True,

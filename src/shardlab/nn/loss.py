@@ -12,16 +12,19 @@ import torch
 import torch.nn.functional as F
 
 
+def loss_logits(logits: torch.Tensor) -> torch.Tensor:
+    """The logits as the cross entropy takes them: 16-bit ones upcast to fp32 (torchtitan
+    and Megatron do the same; in bf16 each token's loss, and their sum, would keep 8
+    mantissa bits), fp32 and fp64 as they are. A DTensor stays one."""
+    return logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
+
+
 def lm_loss_sum(logits: torch.Tensor, targets: torch.Tensor,
                 loss_mask: torch.Tensor) -> torch.Tensor:
     """Sum of next-token cross-entropy over positions where ``loss_mask`` is 1.
 
     logits [b, s, V], targets [b, s] (already shifted), loss_mask [b, s] of 0/1.
     """
-    flat = logits.reshape(-1, logits.shape[-1])
-    if flat.dtype in (torch.bfloat16, torch.float16):
-        # 16-bit logits go into the cross entropy as fp32 (torchtitan and Megatron do the
-        # same): in bf16 each token's loss, and their sum, would round to 8 bits.
-        flat = flat.float()
+    flat = loss_logits(logits.reshape(-1, logits.shape[-1]))
     per_token = F.cross_entropy(flat, targets.reshape(-1), reduction="none")
     return (per_token * loss_mask.reshape(-1).to(per_token.dtype)).sum()

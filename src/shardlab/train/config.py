@@ -232,6 +232,13 @@ def torchao_missing() -> str | None:
     return None
 
 
+def require_torchao(cfg: TrainConfig) -> None:
+    """SpecError for an fp8 run where torchao is not installed (the dry run runs the fp8
+    program here: ``dryrun``, ``plan --dry-run-top``)."""
+    if cfg.dtype == "fp8" and (missing := torchao_missing()) is not None:
+        raise SpecError("dtype", "fp8", missing)
+
+
 def check_fp8(cfg: TrainConfig) -> None:
     """What ``--dtype fp8`` needs of the run (the machine is checked apart: the CLI's
     :func:`shardlab.train.fp8.fp8_refusal`): tp = 1 (a tensor-parallel fp8 linear needs

@@ -28,6 +28,7 @@ for speed.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import Any
@@ -58,8 +59,9 @@ built for another torch release (float8 training uses none of them), and torch o
 torchao registers with its pytree (a deprecation, no error)."""
 
 
+@functools.cache
 def _float8() -> Any:
-    """torchao.float8, imported without the warnings of :data:`QUIET_ON_IMPORT`."""
+    """torchao.float8, imported once, without the warnings of :data:`QUIET_ON_IMPORT`."""
     logs = [logging.getLogger(name) for name in QUIET_ON_IMPORT]
     levels = [log.level for log in logs]
     for log in logs:

@@ -281,6 +281,7 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     else:  # FSDP shards the dense parameters over dp, the experts over expert_dp
         padded, expert_padded = map(list, zip(*moe_padded_params(cfg), strict=True))
     groups = ep_groups(cfg, ranks) if cfg.shape.moe is not None else {}
+    fp8_gathers = fp8_gathered(cfg, n)
     # Each activation travels with its micro-batch's int64 padding mask (b x s x 8 bytes).
     mask = (cfg.micro_batch or share) * cfg.seq * 8
     forward_sends = [sum(1 for c in range(lay.pp * lay.virtual_stages - 1) if c % lay.pp == r)
@@ -321,7 +322,7 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
             group = n if zero else cfg.grad_ranks  # DDP all-reduces over all dp x cp ranks
             row["dp"] = {"predicted": dp_bytes(psi[r["pp_rank"]], padded[r["pp_rank"]],
                                                 policy, zero, cfg, group,
-                                                fp8_gathered(cfg, n)[r["pp_rank"]]),
+                                                fp8_gathers[r["pp_rank"]]),
                          "measured": sent("dp")}
         if cfg.dp_replicate > 1:
             row["dp_replicate"] = {"predicted": replica_bytes(cfg, padded[r["pp_rank"]], n,

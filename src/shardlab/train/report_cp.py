@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardlab.estimate.comm import ring_allreduce_bytes, tensor_rows
+from shardlab.estimate.comm import fsdp2_padded, ring_allreduce_bytes, tensor_rows
 from shardlab.estimate.fp8 import fp8_block_weights
 from shardlab.estimate.partition import rank_layers
 from shardlab.train.config import bf16_compute
@@ -49,7 +49,7 @@ def fp8_gathered(cfg: Any, n: int) -> list[tuple[int, int]]:
     if not cfg.fp8_all_gather:
         return [(0, 0)] * cfg.pp
     weights = fp8_block_weights(tensor_rows(cfg.shape, 1, vocab_parallel=False)[0])
-    padded = sum(-(-rows // n) * n * width for rows, width in weights)
+    padded = fsdp2_padded(weights, n)
     return [(layers * padded, layers * len(weights)) for layers in
             rank_layers(cfg.shape.layers, cfg.pp, cfg.virtual_stages, cfg.stage_layers)]
 

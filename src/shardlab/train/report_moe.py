@@ -17,7 +17,7 @@ from collections import defaultdict
 from typing import Any
 
 from shardlab.config.layout import Layout, make_layout
-from shardlab.estimate.comm import ring_allreduce_bytes, tensor_rows
+from shardlab.estimate.comm import fsdp2_padded, ring_allreduce_bytes, tensor_rows
 from shardlab.estimate.comm_dtensor import column_linears
 from shardlab.estimate.expert import (
     dispatch_rows,
@@ -138,23 +138,20 @@ def moe_padded_params(cfg: Any) -> list[tuple[int, int]]:
     experts = [(local, d * fl)] * m.mlp_matrices + ([(local, fl), (local, d)]
                                                      if m.biases else [])
 
-    def padded(tensors: list[tuple[int, int]], n: int) -> int:
-        return sum(-(-rows // n) * n * width for rows, width in tensors)
-
     out = []
-    moe_block = padded(attention + shared + router, dp)
+    moe_block = fsdp2_padded(attention + shared + router, dp)
     for r in range(cfg.pp):
         ids = stage_layer_ids(cfg, r)
         moe_here = sum(1 for i in ids if i >= e.dense_layers)
-        n = moe_here * moe_block + (len(ids) - moe_here) * padded(block, dp)
+        n = moe_here * moe_block + (len(ids) - moe_here) * fsdp2_padded(block, dp)
         if r == 0:
-            n += padded(first, dp)
+            n += fsdp2_padded(first, dp)
         if r == cfg.pp - 1:
-            n += padded(last[:-1] if m.tied and cfg.pp == 1 else last, dp)
+            n += fsdp2_padded(last[:-1] if m.tied and cfg.pp == 1 else last, dp)
         if cfg.ep == 1:  # no expert parallelism: the experts are FSDP's like the rest
-            out.append((n + moe_here * padded(experts, dp), 0))
+            out.append((n + moe_here * fsdp2_padded(experts, dp), 0))
         else:
-            out.append((n, moe_here * padded(experts, edp)))
+            out.append((n, moe_here * fsdp2_padded(experts, edp)))
     return out
 
 
