@@ -39,6 +39,9 @@ BF16 = ["--dp", "2", "--dtype", "bf16", "--steps", "10"]
 FP8 = ["--dp", "2", "--dtype", "fp8", "--fp8-on-cpu", "--steps", "10"]
 # ... and with FSDP gathering those linears' weights in fp8.
 FP8_GATHER = [*FP8, "--fp8-all-gather"]
+# torchtitan's per-operator checkpointing under FSDP x TP with sequence parallelism (its
+# reduce-scatters' outputs among those kept).
+OP = ["--dp", "2", "--tp", "2", "--sp", "--recompute", "op"]
 # Issue 16's tiny mixture of experts (8 experts, top-2, one shared expert, one dense layer)
 # over 20 steps, with its load-balancing loss at the default weight: the one-process
 # reference runs each rank's micro-batches as its own forward (train/reference.py).
@@ -100,7 +103,7 @@ def documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
 
     root = tmp_path_factory.mktemp("train")
     planned = {}
-    for argv in [*LAYOUTS, BF16, FP8, FP8_GATHER,
+    for argv in [*LAYOUTS, BF16, FP8, FP8_GATHER, OP,
                  *[[*MOE, *a] for a in [*MOE_LAYOUTS, CAPACITY, ETP]], *CP_LAYOUTS]:
         name = layout_id(argv)
         args = build_parser().parse_args(["train", "--steps", str(STEPS), *argv,
@@ -290,9 +293,30 @@ def test_fp8_gathers_send_exactly_the_bytes_predicted(
         assert amax["calls"] == 1 and amax["payload_bytes"] == 4 * 7 * 4  # 7 per block
 
 
+@pytest.mark.multiprocess
+def test_per_operator_checkpointing_keeps_what_the_count_says(
+        documents: dict[str, dict[str, Any]]) -> None:
+    """``--recompute op``: parity with one process; FLOPs the cost model's to the FLOP
+    (every second matmul of a block run again, the attention kernel not); what each rank
+    keeps for backward, torch's selective-checkpoint cache and the blocks' inputs, within
+    0.5% of the count (2,308 of 942,592 bytes: torch's small tensors of its own); the
+    bytes sent to the byte (sequence parallelism's all-gathers run again, its
+    reduce-scatters' outputs are kept)."""
+    doc = documents[layout_id(OP)]
+    assert doc["parity_passed"] and "recompute=op" in doc["layout"]
+    figures = doc["predicted_vs_measured"]
+    assert figures["flops_per_step"]["ratio"] == pytest.approx(1.0, abs=1e-9)
+    for row in figures["activation_bytes_per_microbatch"]["per_rank"]:
+        assert row["ratio"] == pytest.approx(1.0, abs=5e-3), row
+    for row in doc["comm_bytes_per_step"]:
+        assert row["dp"]["measured"] == row["dp"]["predicted"] > 0, row
+        assert row["tp"]["measured"] == row["tp"]["predicted"] > 0, row
+
+
 # FSDP on 2 processes; TP + SP + 1F1B on 4; context parallel with 1F1B on 4 (its K/V
-# gathers on the fake process group); torchao's fp8 linears on 2 (fake fp8 matmuls).
-DRY_RUN = [LAYOUTS[0], LAYOUTS[6], CP_LAYOUTS[4], FP8]
+# gathers on the fake process group); torchao's fp8 linears on 2 (fake fp8 matmuls);
+# per-operator checkpointing under FSDP x TP on 4.
+DRY_RUN = [LAYOUTS[0], LAYOUTS[6], CP_LAYOUTS[4], FP8, OP]
 
 
 @pytest.mark.multiprocess
@@ -310,7 +334,7 @@ def test_the_dry_run_equals_the_real_run(documents: dict[str, dict[str, Any]]) -
         cfg, _ = prepare(build_parser().parse_args(["train", "--steps", str(STEPS), *argv]))
         work += [(layout_id(argv), cfg, p * cfg.dp * cfg.cp * cfg.tp) for p in range(cfg.pp)]
     dry = run_many([(cfg, rank) for _, cfg, rank in work])
-    assert len(dry) == 6
+    assert len(dry) == 7
     for (name, _, rank), role in zip(work, dry, strict=True):
         doc = documents[name]
         real = next(m for m in doc["memory_per_rank"] if m["rank"] == rank)

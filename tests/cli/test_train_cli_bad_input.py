@@ -38,6 +38,7 @@ from shardlab.cli import main
     (["--dp", "4", "--dp-replicate", "3"], "dp_replicate=3: must divide dp (4)"),
     (["--dp", "2", "--dp-replicate", "2", "--dp-mode", "ddp"], "dp_replicate=2: needs FSDP"),
     (["--dp", "2", "--cp", "2", "--nproc", "2"], "nproc=2: must equal dp*cp*tp*pp (4)"),
+    (["--recompute", "ops"], "--recompute: invalid choice: 'ops'"),
 ])
 def test_bad_input_before_any_rank(capsys: pytest.CaptureFixture[str], argv: list[str],
                                    words: str) -> None:
@@ -60,6 +61,8 @@ def test_bad_input_before_any_rank(capsys: pytest.CaptureFixture[str], argv: lis
      "tp=2: must divide moe.expert_d_ff (33)"),
     (["--tp", "2", "--sp"], "sp=1"),
     (["--aux-loss-coef", "nan"], "--aux-loss-coef"),
+    (["--dp", "2", "--ep", "2", "--recompute", "op"],
+     "recompute='op': is built for dense models only"),
 ])
 def test_moe_bad_input_before_any_rank(capsys: pytest.CaptureFixture[str], argv: list[str],
                                        words: str) -> None:

@@ -336,7 +336,7 @@ def test_refusals_before_any_collective() -> None:
     check_tp(ModelShape("odd-tied", 1, 32, 4, 155, 8, style="gpt", tied=True), 2)
 
 
-@pytest.mark.parametrize("mode", ["full", "selective"])
+@pytest.mark.parametrize("mode", ["full", "selective", "op"])
 def test_activation_checkpointing_keeps_gradients(mode: str) -> None:
     batch = the_batch()
 
@@ -348,7 +348,7 @@ def test_activation_checkpointing_keeps_gradients(mode: str) -> None:
     ref = grads(TransformerLM(SHAPES["llama"], DTYPE, seed=SEED))
     model = apply_ac(TransformerLM(SHAPES["llama"], DTYPE, seed=SEED), mode)
     wrapped = [isinstance(b, CheckpointWrapper) for b in model.blocks]
-    assert wrapped == [mode == "full"] * len(model.blocks)
+    assert wrapped == [mode in ("full", "op")] * len(model.blocks)
     if mode == "selective":
         assert all(b.attn.recompute_core for b in model.blocks)
     got = grads(model)

@@ -55,6 +55,19 @@ def test_full_recompute_reruns_one_all_reduce_per_block() -> None:
     assert tp_bytes_dtensor(m, layout(m, recompute="full")) == [L * 7 * A]
 
 
+def test_per_operator_checkpointing_reruns_the_forward_gathers_only() -> None:
+    m = shape("gpt")
+    # Without sp: the attention output's all-reduce again, as under full recompute.
+    lay = layout(m, recompute="selective")
+    assert tp_bytes_dtensor(m, lay, op_recompute=True) == [L * 7 * A]
+    # With sp: the two all-gathers again (full recompute also runs a reduce-scatter again,
+    # whose output per-operator checkpointing keeps).
+    sp = layout(m, sp=True, recompute="selective")
+    plain = tp_bytes_dtensor(m, sp)[0]
+    assert tp_bytes_dtensor(m, sp, op_recompute=True) == [plain + L * 2 * A / 2]
+    assert tp_bytes_dtensor(m, layout(m, sp=True, recompute="full")) == [plain + L * 3 * A / 2]
+
+
 @pytest.mark.parametrize("fsdp", [False, True])
 def test_sequence_parallel(fsdp: bool) -> None:
     m = shape("gpt")

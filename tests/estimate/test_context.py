@@ -51,6 +51,8 @@ def test_bytes_per_stage_follow_uneven_stages_microbatches_and_recompute() -> No
     assert cx.cp_bytes_per_stage(GQA, lay) == [3 * 4 * 2 * one, 1 * 4 * 2 * one]
     full = dataclasses.replace(lay, recompute="full")  # the forward's gather runs twice
     assert cx.cp_bytes_per_stage(GQA, full) == [3 * 4 * 3 * one, 1 * 4 * 3 * one]
+    # Per-operator checkpointing keeps no gather's output: it gathers again too.
+    assert cx.cp_bytes_per_stage(GQA, lay, "op") == cx.cp_bytes_per_stage(GQA, full)
 
 
 def test_causal_work_is_balanced_by_the_zigzag_and_not_by_contiguous_chunks() -> None:

@@ -78,3 +78,14 @@ def test_flash_recomputes_half_the_attention_core() -> None:
     assert f.hardware_train == f.train + f.attention / 2
     # Selective recompute already runs the whole core again: flash adds nothing on top.
     assert flops_per_token(m, 8192, "selective", flash=True).hardware_train == f.train + f.attention
+
+
+def test_per_operator_checkpointing_runs_every_second_matmul_again() -> None:
+    """Llama-3-8B under ``op``: k (4096 x 1024), the output (4096 x 4096) and up (4096 x
+    14336) run again in each of 32 layers, 2 FLOPs per weight per token, beside the fused
+    kernel's half core."""
+    m = get_model("llama-3-8b")
+    f = flops_per_token(m, 8192, "op", flash=True)
+    again = 2 * 32 * 4096 * (1024 + 4096 + 14336)
+    assert f.hardware_train == f.train + f.attention / 2 + again
+    assert flops_per_token(m, 8192, "op").hardware_train == f.train + again

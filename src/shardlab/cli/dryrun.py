@@ -23,6 +23,7 @@ from shardlab.train.config import (
     auto_micro_batch,
     check_config,
     estimate_dtype,
+    layout_recompute,
     require_torchao,
 )
 from shardlab.train.report_cp import layout_keys
@@ -41,7 +42,7 @@ def register(sub: Any) -> None:
     p.add_argument("--gpus", type=positive_int, required=True, help="ranks of the job")
     p.add_argument("--layout", default="",
                    help='"dp=.. tp=.. pp=.. virtual=.. zero=0|2|3 sp=0|1 '
-                   'recompute=none|selective|full schedule=.. micro_batch=.. cp=.. '
+                   'recompute=none|selective|full|op schedule=.. micro_batch=.. cp=.. '
                    'stage_layers=3+1 dp_replicate=.." (dp defaults to gpus/(cp*tp*pp), '
                    "zero to 3: FSDP)")
     p.add_argument("--cp", type=positive_int,
@@ -156,7 +157,8 @@ def fit_advice(cfg: TrainConfig, acc: Any, doc: dict[str, Any]) -> dict[str, Any
                          virtual_stages=cfg.virtual_stages, zero=zero, sp=cfg.sp, cp=cfg.cp,
                          stage_layers=cfg.stage_layers, dp_replicate=cfg.dp_replicate,
                          micro_batch=cfg.micro_batch or cfg.global_batch // cfg.dp,
-                         global_batch=cfg.global_batch, seq=cfg.seq, recompute=cfg.recompute,
+                         global_batch=cfg.global_batch, seq=cfg.seq,
+                         recompute=layout_recompute(cfg.recompute),
                          dtype=estimate_dtype(cfg),
                          schedule=cfg.schedule if cfg.pp > 1 else None)
     advice = explain_fit(cfg.shape, layout, acc,

@@ -13,7 +13,13 @@ from shardlab.cli.args import (
     positive_int,
 )
 from shardlab.cli.job_file import defer_defaults
-from shardlab.train.config import AUX_COEF, DP_MODES, PP_SCHEDULES, TRAIN_DTYPES
+from shardlab.train.config import (
+    AUX_COEF,
+    DP_MODES,
+    PP_SCHEDULES,
+    TRAIN_DTYPES,
+    TRAIN_RECOMPUTE,
+)
 
 
 def add_train_flags(p: argparse.ArgumentParser) -> None:
@@ -38,7 +44,10 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sp", action="store_true", help="sequence parallel (needs tp > 1)")
     g.add_argument("--loss-parallel", action="store_true",
                    help="cross-entropy on the vocabulary-sharded logits (tp > 1)")
-    g.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
+    g.add_argument("--recompute", choices=TRAIN_RECOMPUTE, default="none",
+                   help="selective: the attention core again (Korthikanti); full: each "
+                   "block again; op: torchtitan's per-operator checkpointing (matmul and "
+                   "attention outputs kept, every second matmul run again; dense models)")
     g.add_argument("--schedule", choices=PP_SCHEDULES, default="1f1b")
     g.add_argument("--ep", type=positive_int, default=1,
                    help="expert-parallel ranks, drawn from dp (MoE): each holds experts/ep "

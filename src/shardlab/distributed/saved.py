@@ -4,7 +4,11 @@
 :class:`SavedBytesMeter` what every forward of some modules saves (pipeline stages,
 whose forwards the schedule calls). Each distinct storage counts once; parameters (and
 views of them, such as the ``weight.t()`` a linear keeps) are left out, so the figure
-compares with the cost model's activations.
+compares with the cost model's activations. Under per-operator checkpointing
+(``recompute=op``) what a block keeps is torch's selective-checkpoint cache, which the
+hooks do not see (a checkpoint's own hooks stand in for them inside the block): the
+caches made while counting (:data:`shardlab.distributed.op_policy.SAC_CACHES`) are
+counted with the same rule.
 """
 
 from __future__ import annotations
@@ -14,16 +18,23 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_leaves
+
+from shardlab.distributed.op_policy import SAC_CACHES
 
 
 def _packer(seen: dict[int, int]) -> Any:
     """A saved-tensor pack hook that records each distinct non-parameter storage's bytes."""
 
     def pack(t: torch.Tensor) -> torch.Tensor:
+        record(t)
+        return t
+
+    def record(t: torch.Tensor) -> None:
         # Weights (FSDP's unsharded ones too) and views of them: a linear saves weight.t(),
         # a plain tensor whose base is the Parameter.
         if isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter):
-            return t
+            return
         local = t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this rank's part
         try:
             # Keyed by the storage's identity (its StorageImpl), not its data pointer: a
@@ -33,16 +44,35 @@ def _packer(seen: dict[int, int]) -> Any:
                 seen[storage._cdata] = storage.nbytes()
         except (RuntimeError, NotImplementedError):  # a tensor without storage
             pass
-        return t
 
-    return pack
+    return pack, record
+
+
+@contextlib.contextmanager
+def _counting(seen: dict[int, int]) -> Iterator[None]:
+    """Record into ``seen`` what autograd saves inside the block, and what the
+    selective-checkpoint caches made inside it hold (module docstring)."""
+    pack, record = _packer(seen)
+    caches: list[dict[Any, dict[int, Any]]] = []
+    token = SAC_CACHES.set(caches)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield
+    finally:
+        SAC_CACHES.reset(token)
+    # torch 2.13 keeps each saved output in a version-checking wrapper (``.val``) and a
+    # placeholder object for each output to run again.
+    for leaf in tree_leaves([list(c.values()) for cache in caches for c in cache.values()]):
+        t = getattr(leaf, "val", None)
+        if isinstance(t, torch.Tensor):
+            record(t)
 
 
 def saved_activation_bytes(fn: Any) -> tuple[Any, int]:
     """Run ``fn()`` and return (its result, bytes of distinct storages autograd saved for
     backward, parameters left out): the saved-tensor-hooks measurement of seed 002."""
     seen: dict[int, int] = {}
-    with torch.autograd.graph.saved_tensors_hooks(_packer(seen), lambda t: t):
+    with _counting(seen):
         out = fn()
     return out, sum(seen.values())
 
@@ -63,7 +93,7 @@ class SavedBytesMeter:
     def count(self) -> Iterator[None]:
         """Count what autograd saves inside the block (e.g. the loss after a stage)."""
         seen: dict[int, int] = {}
-        with torch.autograd.graph.saved_tensors_hooks(_packer(seen), lambda t: t):
+        with _counting(seen):
             yield
         self.total += sum(seen.values())
 

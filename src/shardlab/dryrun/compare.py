@@ -32,12 +32,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardlab.train.report import (
-    comm_table,
-    held_microbatches,
-    predicted_activation_bytes,
-    predicted_state_bytes,
-)
+from shardlab.train.report import comm_table, held_microbatches, predicted_state_bytes
+from shardlab.train.report_activations import predicted_activation_bytes
 from shardlab.train.report_fsdp import pipeline_fsdp_bytes
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "temporaries")

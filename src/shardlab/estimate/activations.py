@@ -222,8 +222,16 @@ def op_checkpoint_saves(m: ModelShape) -> tuple[bool, ...]:
     pytorch/torchtitan ``parallelize_llama.py`` ``_custom_policy``, commits 9dec370 and
     2887250b), so the 1st, 3rd, 5th and 7th: q, v, gate and down (SwiGLU). Latent
     attention's linears count in their own call order
-    (:attr:`~shardlab.config.model.ModelShape.attention_linears`)."""
-    return tuple(i % 2 == 0 for i in range(len(m.attention_linears) + m.mlp_matrices))
+    (:attr:`~shardlab.config.model.ModelShape.attention_linears`). A linear with a bias
+    runs as ``aten.addmm``, which the policy saves without counting it (gpt style: every
+    linear; ``qkv_bias``: q, k and v)."""
+    biased = [m.biases or (m.qkv_bias and x.name in ("q", "k", "v"))
+              for x in m.attention_linears] + [m.biases] * m.mlp_matrices
+    saves, count = [], 0
+    for bias in biased:
+        count += not bias
+        saves.append(bias or count % 2 == 1)
+    return tuple(saves)
 
 
 def op_checkpoint_layer_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int = 2,

@@ -15,7 +15,9 @@ count again (Korthikanti et al. 2022).
 Full recompute (``checkpoint``, non-reentrant) stops recomputing a block once the last
 tensor backward needs is back: the MLP's output collective is not re-run, so a block's
 recompute adds one all-reduce (without SP) or two all-gathers and one reduce-scatter
-(with SP), not Megatron's two all-reduces.
+(with SP), not Megatron's two all-reduces. Per-operator checkpointing (torchtitan's
+policy, ``op_recompute``) saves the reduce-scatters' outputs, so it adds the same
+all-reduce without SP and the two all-gathers with it.
 
 Around the blocks (per micro-batch; A = b·s·d activation bytes, V the vocabulary):
 
@@ -54,21 +56,24 @@ def column_linears(m: ModelShape) -> int:
 
 
 def tp_bytes_dtensor(m: ModelShape, layout: Layout, loss_parallel: bool = False,
-                     fsdp: bool = False) -> list[float]:
+                     fsdp: bool = False, op_recompute: bool = False) -> list[float]:
     """Bytes one tensor-parallel rank of each pipeline stage sends per step under torch's
     DTensor plan (module docstring); the tied GPT head stays replicated, the untied
     llama head and embedding are split over the vocabulary. ``fsdp``: the data-parallel
-    wrapper is FSDP (it reduces the norms' gradients once per step)."""
+    wrapper is FSDP (it reduces the norms' gradients once per step); ``op_recompute``:
+    the blocks run under per-operator checkpointing (the layout then says
+    ``selective``)."""
     lay, t = layout, layout.tp
     if t == 1:
         return [0.0] * lay.pp
     act = lay.micro_batch * lay.seq * m.d_model * lay.dtype.activation_bytes
     ar, g = ring_allreduce_bytes(act, t), ring_gather_bytes(act, t)
     full = lay.recompute == "full"
+    again = full or op_recompute  # the forward's collectives that run again
     if lay.sp:  # all-gathers + reduce-scatters of the whole activation, both g bytes
-        per_layer = (4 + 2 * full) * g + (4 + full) * g
+        per_layer = (4 + 2 * again) * g + (4 + full) * g
     else:
-        per_layer = (2 + column_linears(m) + full) * ar
+        per_layer = (2 + column_linears(m) + again) * ar
     vocab_parallel = not m.tied
     logits = lay.micro_batch * lay.seq * m.vocab * lay.dtype.activation_bytes
     # Uneven stages and the V schedules place layers and the head as the schedule does

@@ -131,21 +131,26 @@ def kv_grad_bytes(m: ModelShape, lay: Layout) -> int:
 
 def cp_passes(recompute: str) -> int:
     """Forward K/V all-gathers per layer and micro-batch: 2 with full recompute (the layer
-    runs forward again before its backward), else 1. Selective recompute keeps the gathered
-    K and V (the recomputed attention core's inputs) and gathers nothing again."""
-    return 2 if recompute == "full" else 1
+    runs forward again before its backward) and with per-operator checkpointing
+    (``op``: the gathers' outputs are not among those it keeps), else 1. Selective
+    recompute keeps the gathered K and V (the recomputed attention core's inputs) and
+    gathers nothing again."""
+    return 2 if recompute in ("full", "op") else 1
 
 
-def cp_layer_bytes(m: ModelShape, lay: Layout) -> int:
+def cp_layer_bytes(m: ModelShape, lay: Layout, recompute: str | None = None) -> int:
     """Bytes one rank sends for one layer and micro-batch over a step: its forward gathers
-    (:func:`cp_passes`) and its backward reduce-scatter."""
-    return cp_passes(lay.recompute) * kv_gather_bytes(m, lay) + kv_grad_bytes(m, lay)
+    (:func:`cp_passes` of ``recompute``, default the layout's) and its backward
+    reduce-scatter."""
+    passes = cp_passes(lay.recompute if recompute is None else recompute)
+    return passes * kv_gather_bytes(m, lay) + kv_grad_bytes(m, lay)
 
 
-def cp_bytes_per_stage(m: ModelShape, lay: Layout) -> list[int]:
+def cp_bytes_per_stage(m: ModelShape, lay: Layout, recompute: str | None = None) -> list[int]:
     """Bytes one rank of each pipeline rank sends per step for context parallelism: its
-    layers (uneven stages included) x micro-batches x :func:`cp_layer_bytes`."""
-    per_layer = cp_layer_bytes(m, lay)
+    layers (uneven stages included) x micro-batches x :func:`cp_layer_bytes` (``recompute``:
+    as there)."""
+    per_layer = cp_layer_bytes(m, lay, recompute)
     return [n * lay.microbatches * per_layer for n in layout_rank_layers(m, lay)]
 
 

@@ -22,6 +22,9 @@ Conventions (state them: tools differ):
   transformer layer (not the head). HFU divides by these (PaLM, Chowdhery 2022).
   A fused attention kernel (``flash=True``) recomputes Q·Kᵀ in its backward (Dao et
   al. 2022, FlashAttention-2 Alg. 2): half the attention core's forward again.
+  torchtitan's per-operator checkpointing (``op``) runs again the linear matmuls whose
+  outputs it does not save (:func:`shardlab.estimate.activations.op_checkpoint_saves`:
+  k, output and up of a Llama block), not the attention kernel, whose output it saves.
 
 For a gpt-style model with kv_heads = heads and d_ff = 4h this gives, for a batch
 of B sequences, exactly Korthikanti et al. 2022 (arXiv 2205.05198) Eq. 7,
@@ -34,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardlab.config.model import ModelShape
+from shardlab.estimate.activations import op_checkpoint_saves
 
 
 def layer_matmul_weights(m: ModelShape, moe_layer: bool) -> int:
@@ -84,12 +88,23 @@ def flops_per_token(m: ModelShape, seq: int, recompute: str = "none",
         extra = attn / 2 if flash else 0.0
     elif recompute == "selective":
         extra = attn
+    elif recompute == "op":
+        extra = (attn / 2 if flash else 0.0) + 2.0 * m.layers * op_recompute_weights(m)
     elif recompute == "full":
         # Every layer's forward again, not the heads (nor a prediction depth's projection).
         extra = forward - (1 + m.mtp_layers) * logits - m.mtp_layers * 4.0 * m.d_model ** 2
     else:
         raise ValueError(f"recompute={recompute!r}")
     return FlopsPerToken(forward, attn, logits, train, train + extra)
+
+
+def op_recompute_weights(m: ModelShape) -> int:
+    """Weights (d_in x d_out) of one dense layer's linear matmuls that per-operator
+    checkpointing runs again in backward, those whose outputs it does not save
+    (:func:`shardlab.estimate.activations.op_checkpoint_saves`)."""
+    sizes = [x.d_in * x.d_out for x in m.attention_linears]
+    sizes += [m.d_model * m.d_ff] * m.mlp_matrices
+    return sum(n for n, kept in zip(sizes, op_checkpoint_saves(m), strict=True) if not kept)
 
 
 def train_flops_6nd(n_params: float, tokens: float) -> float:

@@ -20,6 +20,11 @@ FAIL_HOW = ("raise", "kill", "kill-in-save")
 TRAIN_DTYPES = ("fp32", "bf16", "fp8")
 """``train --dtype``: fp32; bf16 mixed precision (fp32 parameters and gradients, bf16
 compute); fp8, the bf16 run whose linear layers multiply in fp8 (:mod:`shardlab.train.fp8`)."""
+TRAIN_RECOMPUTE = ("none", "selective", "full", "op")
+"""``train --recompute``: nothing; Korthikanti's selective (the attention core); full (each
+block's forward again); op, torchtitan's per-operator selective checkpointing (the outputs
+of matmuls, attention kernels and reduce-scatters kept, every second matmul run again:
+:mod:`shardlab.distributed.op_policy`)."""
 AUX_COEF = 0.01
 """The load-balancing loss's default weight: Switch Transformer's alpha = 1e-2 (Fedus et al.
 2021, sec. 2.2), on the same normalisation (1 when routing is uniform); Mixtral's HF
@@ -53,6 +58,8 @@ class TrainConfig:
     dp_mode: str = "fsdp"
     sp: bool = False
     loss_parallel: bool = False
+    # none, selective (Korthikanti's attention core), full, or op (torchtitan's
+    # per-operator checkpointing: shardlab.distributed.op_policy).
     recompute: str = "none"
     schedule: str = "1f1b"
     global_batch: int = 8
@@ -152,6 +159,12 @@ def check_config(cfg: TrainConfig) -> None:
         raise SpecError("dp_mode", cfg.dp_mode, f"must be one of {', '.join(DP_MODES)}")
     if cfg.pp > 1 and cfg.schedule not in PP_SCHEDULES:
         raise SpecError("schedule", cfg.schedule, f"must be one of {', '.join(PP_SCHEDULES)}")
+    if cfg.recompute not in TRAIN_RECOMPUTE:
+        raise SpecError("recompute", cfg.recompute,
+                        f"must be one of {', '.join(TRAIN_RECOMPUTE)}")
+    if cfg.recompute == "op" and cfg.shape.moe is not None:
+        raise SpecError("recompute", "op", "is built for dense models only (a MoE layer's "
+                        "experts are a loop of matmuls here); use selective or full")
     if cfg.dtype not in TRAIN_DTYPES:
         raise SpecError("dtype", cfg.dtype, f"must be one of {', '.join(TRAIN_DTYPES)}")
     if cfg.dtype == "fp8":
@@ -203,11 +216,18 @@ def check_config(cfg: TrainConfig) -> None:
                         "shards); use --dp-mode fsdp")
     make_layout(cfg.shape, dp=cfg.dp, tp=cfg.tp, pp=cfg.pp, virtual_stages=cfg.virtual_stages,
                 sp=cfg.sp, micro_batch=cfg.micro_batch or share, global_batch=cfg.global_batch,
-                seq=cfg.seq, recompute=cfg.recompute, zero=cfg.zero,
+                seq=cfg.seq, recompute=layout_recompute(cfg.recompute), zero=cfg.zero,
                 dtype=estimate_dtype(cfg),
                 schedule=cfg.schedule if cfg.pp > 1 else None, ep=cfg.ep, etp=cfg.etp,
                 capacity_factor=cfg.capacity_factor, cp=cfg.cp,
                 stage_layers=cfg.stage_layers, dp_replicate=cfg.dp_replicate)
+
+
+def layout_recompute(recompute: str) -> str:
+    """The :class:`~shardlab.config.layout.Layout` name of a run's recompute: per-operator
+    checkpointing (``op``) is what the planner calls ``selective`` under
+    ``--framework torchtitan``; the others are their own."""
+    return "selective" if recompute == "op" else recompute
 
 
 def bf16_compute(cfg: TrainConfig) -> bool:

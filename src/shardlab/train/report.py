@@ -9,24 +9,19 @@ from typing import Any
 
 from shardlab.config.dtypes import get_policy
 from shardlab.config.measured import accelerator_or_measured, load_measurement
-from shardlab.estimate.activations import (
-    first_stage_extra_bytes,
-    last_stage_extra_bytes,
-    layer_activation_bytes,
-    sp_gathered_bytes,
-)
 from shardlab.estimate.comm import (
     embedding_sync_bytes,
     fsdp2_padded_params,
     pp_bytes_per_rank,
 )
 from shardlab.estimate.comm_dtensor import tp_bytes_dtensor
-from shardlab.estimate.context import cp_bytes_per_stage, cp_layer_activation_bytes, local_layout
+from shardlab.estimate.context import cp_bytes_per_stage, local_layout
 from shardlab.estimate.expert import rank_state_bytes
 from shardlab.estimate.flops import flops_per_token
 from shardlab.estimate.memory import StateBytes, inflight_microbatches, zero_state_bytes
-from shardlab.estimate.partition import rank_layers, stage_params
+from shardlab.estimate.partition import stage_params
 from shardlab.train.config import bf16_compute, estimate_dtype
+from shardlab.train.report_activations import predicted_activation_bytes
 from shardlab.train.report_cp import (
     dp_bytes,
     fp8_gathered,
@@ -47,7 +42,6 @@ from shardlab.train.report_moe import (
     rank_loads,
     routing_summary,
     run_layout,
-    stage_layer_ids,
 )
 
 
@@ -64,8 +58,9 @@ def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
     # What the ranks compute together: the model's FLOPs (with recompute), plus the tied head
     # that each tensor-parallel rank computes whole (and a MoE's router and experts).
     # (flops_per_token adds the fused kernel's backward recompute of the scores, half the
-    # attention core's forward, only without recompute; it happens with it too.)
-    flash = fpt.attention / 2 * tokens if cfg.recompute != "none" else 0.0
+    # attention core's forward, only without recompute or under per-operator
+    # checkpointing; it happens under selective and full recompute too.)
+    flash = fpt.attention / 2 * tokens if cfg.recompute in ("selective", "full") else 0.0
     predicted_flops = (fpt.hardware_train * tokens + replicated_head_flops(cfg, tokens)
                        - early_stop_flops(cfg, tokens) + flash
                        + moe_flops_correction(cfg, tokens, routing))
@@ -139,70 +134,6 @@ def activation_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, An
         rows.append({"rank": r["rank"], "predicted": predicted, "measured": measured,
                      "ratio": measured / predicted if measured else None})
     return rows
-
-
-def predicted_activation_bytes(cfg: Any, pp_rank: int,
-                               loads: dict[int, float] | None = None) -> float:
-    """Bytes pipeline rank ``pp_rank`` keeps for backward for one micro-batch, as the cost
-    model predicts them for shardlab's eager LM (see :func:`activation_table`).
-    ``loads``: per MoE layer, the routing imbalance the rank's experts saw
-    (:func:`~shardlab.train.report_moe.rank_loads`; balanced without). With context
-    parallelism every per-token figure is of the rank's s/cp tokens and every attention
-    one of its s/cp queries over all s keys
-    (:func:`shardlab.estimate.context.cp_layer_activation_bytes`)."""
-    e = 2 if bf16_compute(cfg) else 4
-    mb = cfg.micro_batch or cfg.global_batch // cfg.dp
-    kw = {"tp": cfg.tp, "sp": cfg.sp}
-    seq = cfg.seq // cfg.cp  # this rank's tokens of every sequence
-    per_layer = (layer_activation_bytes(cfg.shape, mb, seq, e, recompute=cfg.recompute,
-                                        dropout=False, flash=True, eager=True, **kw)
-                 if cfg.cp == 1 else cp_layer_activation_bytes(
-                     cfg.shape, run_layout(cfg), dropout=False, flash=True, eager=True))
-    layers = rank_layers(cfg.shape.layers, cfg.pp, cfg.virtual_stages, cfg.stage_layers)
-    bs = mb * seq
-    # Beyond the cost model's tensors, shardlab's loop keeps the token ids (int64, embedding),
-    # the targets (int64) and, without a pipeline, the fp32 token weights of the loss; and
-    # checkpointed blocks keep the boolean [b, 1, s, s] mask they are called with.
-    ids, targets = 8 * bs, 8 * bs + (4 * bs if cfg.pp == 1 else 0)
-    mask = bs * cfg.seq if cfg.recompute == "full" else 0
-    # With sequence parallelism torch's column-parallel head keeps the input it gathered over
-    # the sequence, whole (the cost model counts Megatron's 1/t shard).
-    head = bs * cfg.shape.d_model * e * (1 - 1 / cfg.tp) if cfg.sp and not cfg.shape.tied else 0
-    # So do every block's q/k/v and MLP inputs (two [b, s, d] per layer; Megatron keeps
-    # the 1/t shard and gathers it again in backward): measured by the dry run of
-    # Llama-3-8B, docs/agree.md.
-    gathered = (sp_gathered_bytes(cfg.shape, bs, cfg.tp, cfg.sp, e)
-                if cfg.recompute != "full" else 0)
-    # Without loss parallelism the head's output is gathered over the vocabulary: each
-    # tensor-parallel rank keeps the whole [b, s, V] of what the loss saves (its fp32
-    # log-softmax: 16-bit logits are upcast first, nn/loss.py), where the cost model
-    # counts 1/t of them in fp32.
-    sharded = cfg.tp > 1 and cfg.loss_parallel and cfg.pp == 1
-    logits = bs * cfg.shape.vocab * (4 / (cfg.tp if sharded else 1) - 4 / cfg.tp)
-    # torch's nn.RMSNorm keeps two fp32 [b, s, d] tensors (its input upcast, and the
-    # normalised input before the weight) where the cost model counts one input in the
-    # compute dtype: per layer two norms, on the last stage the final norm too.
-    norm = ((8 - e) * bs * cfg.shape.d_model / (cfg.tp if cfg.sp else 1)
-            if cfg.shape.style == "llama" and cfg.recompute != "full" else 0)
-    # torch's fused CPU attention keeps the additive [b, 1, s, s] mask in the compute
-    # dtype (the cost model counts fp32) in every layer that keeps it.
-    mask_dtype = ((e - 4) * bs * cfg.seq
-                  if cfg.recompute not in ("selective", "full") else 0)
-    p = pp_rank
-    if cfg.shape.moe is not None:  # dense and MoE layers differ: each of this rank's own
-        lay = run_layout(cfg)
-        moe_kw = {"ep": lay.ep, "etp": lay.etp, "capacity_factor": lay.capacity_factor}
-        first_moe = cfg.shape.dense_layers
-        per_layer = sum(layer_activation_bytes(
-            cfg.shape, mb, cfg.seq, e, recompute=cfg.recompute, dropout=False, flash=True,
-            eager=True, moe_layer=i >= first_moe, imbalance=(loads or {}).get(i, 1.0),
-            **kw, **moe_kw) for i in stage_layer_ids(cfg, p)) / layers[p]
-    return (layers[p] * (per_layer + gathered + 2 * norm + mask_dtype) + mask + ids * (p == 0)
-            + (targets + head + logits + norm) * (p == cfg.pp - 1)
-            + (first_stage_extra_bytes(cfg.shape, mb, seq, dropout=False, **kw)
-               if p == 0 else 0.0)
-            + (last_stage_extra_bytes(cfg.shape, mb, seq, e, **kw)
-               if p == cfg.pp - 1 else 0.0))
 
 
 def predicted_state_bytes(cfg: Any, pp_rank: int) -> StateBytes:
@@ -305,9 +236,10 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     tp_pred = [b + u for b, u in zip(
         tp_bytes_dtensor(cfg.shape, local_layout(lay),
                          loss_parallel=cfg.loss_parallel and cfg.pp == 1,
-                         fsdp=cfg.grad_ranks > 1 and cfg.dp_mode != "ddp"),
+                         fsdp=cfg.grad_ranks > 1 and cfg.dp_mode != "ddp",
+                         op_recompute=cfg.recompute == "op"),
         moe_tp_bytes(cfg, lay), strict=True)]
-    cp_pred = cp_bytes_per_stage(cfg.shape, lay)
+    cp_pred = cp_bytes_per_stage(cfg.shape, lay, cfg.recompute)
     zero = {"fsdp": 3, "fsdp-zero2": 2, "ddp": 0}[cfg.dp_mode]
     rows = []
     for r in ranks:

@@ -26,7 +26,7 @@ from shardlab.estimate.expert import (
     layout_tokens,
 )
 from shardlab.estimate.partition import chunk_layers
-from shardlab.train.config import estimate_dtype
+from shardlab.train.config import estimate_dtype, layout_recompute
 
 
 def run_layout(cfg: Any) -> Layout:
@@ -37,7 +37,7 @@ def run_layout(cfg: Any) -> Layout:
     return make_layout(cfg.shape, dp=cfg.dp, tp=cfg.tp, pp=cfg.pp,
                        virtual_stages=cfg.virtual_stages, sp=cfg.sp, zero=zero,
                        micro_batch=cfg.micro_batch or share, global_batch=cfg.global_batch,
-                       seq=cfg.seq, recompute=cfg.recompute,
+                       seq=cfg.seq, recompute=layout_recompute(cfg.recompute),
                        dtype=estimate_dtype(cfg),
                        schedule=cfg.schedule if cfg.pp > 1 else None, ep=cfg.ep,
                        etp=cfg.etp, capacity_factor=cfg.capacity_factor, cp=cfg.cp,

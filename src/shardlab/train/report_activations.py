@@ -1,0 +1,97 @@
+"""What a training run's ranks keep for backward, as the cost model predicts it for
+shardlab's eager LM: the cost model's per-layer figures
+(:mod:`shardlab.estimate.activations`) and the tensors shardlab's own program keeps
+beside them, each measured by the saved-tensor hooks of :mod:`shardlab.distributed.saved`
+and named where it is added. Compared with the measured figure in a run's report
+(:func:`shardlab.train.report.activation_table`) and the dry run's
+(:mod:`shardlab.dryrun.compare`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardlab.estimate.activations import (
+    first_stage_extra_bytes,
+    last_stage_extra_bytes,
+    layer_activation_bytes,
+    op_checkpoint_layer_bytes,
+    sp_gathered_bytes,
+)
+from shardlab.estimate.context import cp_layer_activation_bytes
+from shardlab.estimate.partition import rank_layers
+from shardlab.train.config import bf16_compute
+from shardlab.train.report_moe import run_layout, stage_layer_ids
+
+
+def predicted_activation_bytes(cfg: Any, pp_rank: int,
+                               loads: dict[int, float] | None = None) -> float:
+    """Bytes pipeline rank ``pp_rank`` keeps for backward for one micro-batch, as the cost
+    model predicts them for shardlab's eager LM (see :func:`activation_table`).
+    ``loads``: per MoE layer, the routing imbalance the rank's experts saw
+    (:func:`~shardlab.train.report_moe.rank_loads`; balanced without). With context
+    parallelism every per-token figure is of the rank's s/cp tokens and every attention
+    one of its s/cp queries over all s keys
+    (:func:`shardlab.estimate.context.cp_layer_activation_bytes`). Under per-operator
+    checkpointing (``op``) a block keeps what
+    :func:`~shardlab.estimate.activations.op_checkpoint_layer_bytes` counts: the cache of
+    torch's selective checkpoint, measured with it (:mod:`shardlab.distributed.saved`)."""
+    e = 2 if bf16_compute(cfg) else 4
+    mb = cfg.micro_batch or cfg.global_batch // cfg.dp
+    kw = {"tp": cfg.tp, "sp": cfg.sp}
+    seq = cfg.seq // cfg.cp  # this rank's tokens of every sequence
+    by_op = cfg.recompute == "op"
+    if by_op:  # the block's input and the outputs the policy saves, of the rank's tokens
+        per_layer = op_checkpoint_layer_bytes(cfg.shape, mb, seq, e, **kw)
+    elif cfg.cp == 1:
+        per_layer = layer_activation_bytes(cfg.shape, mb, seq, e, recompute=cfg.recompute,
+                                           dropout=False, flash=True, eager=True, **kw)
+    else:
+        per_layer = cp_layer_activation_bytes(cfg.shape, run_layout(cfg), dropout=False,
+                                              flash=True, eager=True)
+    layers = rank_layers(cfg.shape.layers, cfg.pp, cfg.virtual_stages, cfg.stage_layers)
+    bs = mb * seq
+    # Beyond the cost model's tensors, shardlab's loop keeps the token ids (int64, embedding),
+    # the targets (int64) and, without a pipeline, the fp32 token weights of the loss; and
+    # checkpointed blocks keep the boolean [b, 1, s, s] mask they are called with.
+    ids, targets = 8 * bs, 8 * bs + (4 * bs if cfg.pp == 1 else 0)
+    # (per-operator checkpointing keeps the block's inputs as full recompute does).
+    whole = cfg.recompute in ("full", "op")
+    mask = bs * cfg.seq if whole else 0
+    # With sequence parallelism torch's column-parallel head keeps the input it gathered over
+    # the sequence, whole (the cost model counts Megatron's 1/t shard).
+    head = bs * cfg.shape.d_model * e * (1 - 1 / cfg.tp) if cfg.sp and not cfg.shape.tied else 0
+    # So do every block's q/k/v and MLP inputs (two [b, s, d] per layer; Megatron keeps
+    # the 1/t shard and gathers it again in backward): measured by the dry run of
+    # Llama-3-8B, docs/agree.md.
+    gathered = sp_gathered_bytes(cfg.shape, bs, cfg.tp, cfg.sp, e) if not whole else 0
+    # Without loss parallelism the head's output is gathered over the vocabulary: each
+    # tensor-parallel rank keeps the whole [b, s, V] of what the loss saves (its fp32
+    # log-softmax: 16-bit logits are upcast first, nn/loss.py), where the cost model
+    # counts 1/t of them in fp32.
+    sharded = cfg.tp > 1 and cfg.loss_parallel and cfg.pp == 1
+    logits = bs * cfg.shape.vocab * (4 / (cfg.tp if sharded else 1) - 4 / cfg.tp)
+    # torch's nn.RMSNorm keeps two fp32 [b, s, d] tensors (its input upcast, and the
+    # normalised input before the weight) where the cost model counts one input in the
+    # compute dtype: per layer two norms, on the last stage the final norm too.
+    # (A checkpointed block runs its norms again; the final norm is outside the blocks.)
+    norm = ((8 - e) * bs * cfg.shape.d_model / (cfg.tp if cfg.sp else 1)
+            if cfg.shape.style == "llama" and cfg.recompute != "full" else 0)
+    block_norm = 0 if by_op else norm
+    # torch's fused CPU attention keeps the additive [b, 1, s, s] mask in the compute
+    # dtype (the cost model counts fp32) in every layer that keeps it.
+    mask_dtype = (e - 4) * bs * cfg.seq if cfg.recompute == "none" else 0
+    p = pp_rank
+    if cfg.shape.moe is not None:  # dense and MoE layers differ: each of this rank's own
+        lay = run_layout(cfg)
+        moe_kw = {"ep": lay.ep, "etp": lay.etp, "capacity_factor": lay.capacity_factor}
+        first_moe = cfg.shape.dense_layers
+        per_layer = sum(layer_activation_bytes(
+            cfg.shape, mb, cfg.seq, e, recompute=cfg.recompute, dropout=False, flash=True,
+            eager=True, moe_layer=i >= first_moe, imbalance=(loads or {}).get(i, 1.0),
+            **kw, **moe_kw) for i in stage_layer_ids(cfg, p)) / layers[p]
+    return (layers[p] * (per_layer + gathered + 2 * block_norm + mask_dtype) + mask + ids * (p == 0)
+            + (targets + head + logits + norm) * (p == cfg.pp - 1)
+            + (first_stage_extra_bytes(cfg.shape, mb, seq, dropout=False, **kw)
+               if p == 0 else 0.0)
+            + (last_stage_extra_bytes(cfg.shape, mb, seq, e, **kw)
+               if p == cfg.pp - 1 else 0.0))
