@@ -20,7 +20,8 @@ def test_every_second_mm_is_recomputed() -> None:
     # torchtitan's policy counts aten.mm calls per block and recomputes the even ones.
     llama, gpt = get_model("llama-3-8b"), get_model("gpt2")
     assert op_checkpoint_matmuls(llama) == (False, True, False, True, False, True, False)
-    assert op_checkpoint_matmuls(gpt) == (False, True, False, True, False, True)
+    # A biased linear runs as addmm, which the policy keeps without counting: gpt's all.
+    assert op_checkpoint_matmuls(gpt) == (False,) * 6
 
 
 def test_op_recompute_is_k_output_and_up_and_windows_are_the_fused_shapes() -> None:

@@ -1,8 +1,9 @@
 """Data parallelism of shardlab's :class:`~shardlab.nn.model.TransformerLM`: FSDP2 or DDP.
 
-FSDP2 (:func:`apply_fsdp`): ``fully_shard`` on each block, then the root, as torchtitan's
-``apply_fsdp``, with mixed precision through ``MixedPrecisionPolicy`` and the force-sum
-workaround applied only when the backend's ``ReduceOp.AVG`` is measured summed
+FSDP2 (:func:`apply_fsdp`): ``fully_shard`` on each block, the embedding, the final norm
+with the head, then the root, as torchtitan's ``apply_fsdp``, with mixed precision
+through ``MixedPrecisionPolicy`` and the force-sum workaround applied only when the
+backend's ``ReduceOp.AVG`` is measured summed
 (:mod:`shardlab.distributed.avg_probe`). DDP (:func:`apply_ddp`): torch's composable
 ``replicate``, as torchtitan's ``apply_ddp``. It is the last step of
 :func:`shardlab.distributed.parallelize.parallelize`, after tensor parallelism and
@@ -54,10 +55,16 @@ def apply_fsdp(model: nn.Module, dp_mesh: Any, reshard_after_forward: bool = Tru
                param_dtype: torch.dtype | None = None,
                reduce_dtype: torch.dtype = torch.float32,
                force_sum: bool | None = None) -> nn.Module:
-    """FSDP2 (``fully_shard``) on each block, then the root (torchtitan's ``apply_fsdp``).
+    """FSDP2 (``fully_shard``) on each block, the embedding (with learned positions), the
+    final norm with the head, then the root, as torchtitan's ``apply_fsdp``
+    (``torchtitan/distributed/fsdp.py`` at b5bcd76c).
 
     ``reshard_after_forward=False`` keeps the gathered parameters from forward to backward
-    (ZeRO-2-like: one all-gather per step instead of two). With ``param_dtype`` (bf16)
+    (ZeRO-2-like: one all-gather per step instead of two). The final norm and the head
+    keep theirs in any case (torchtitan's default policy: "do not reshard_after_forward the
+    last layers since FSDP would prefetch them immediately"), so they are gathered once per
+    micro-batch; a tied head is one unit with the embedding, kept as well. Stages of a
+    pipeline hold one end or none. With ``param_dtype`` (bf16)
     compute runs on ``param_dtype`` copies and gradients are reduced in ``reduce_dtype``
     (``MixedPrecisionPolicy``); without it, FSDP2's default policy (no casts: the
     parameters' own dtype everywhere, so float64 stays float64). ``force_sum``: None
@@ -73,13 +80,37 @@ def apply_fsdp(model: nn.Module, dp_mesh: Any, reshard_after_forward: bool = Tru
     blocks = [block for _, block in named_blocks(model)]
     for block in blocks:
         fully_shard(block, **config)
-    fully_shard(model, **config)
+    units = [*blocks, *_shard_ends(model, config), model]
+    # The root keeps FSDP2's own choice (None: not resharded after forward); it holds no
+    # parameter of its own once the blocks and the ends are units.
+    fully_shard(model, **{**config, "reshard_after_forward": None})
     if force_sum is None:
         force_sum = _force_sum_needed(dp_mesh)
     if force_sum:
-        for module in [*blocks, model]:
+        for module in units:
             module.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
     return model
+
+
+def _shard_ends(model: nn.Module, config: dict[str, Any]) -> list[nn.Module]:
+    """``fully_shard`` on the model's ends (:func:`apply_fsdp`): the embedding and learned
+    positions resharded as the blocks are, the final norm and head kept gathered; one kept
+    unit when the head is tied to the embedding. Returns a module of each unit."""
+    embed = [m for m in (getattr(model, "embed", None), getattr(model, "pos", None))
+             if m is not None]
+    head = [m for m in (getattr(model, "final_norm", None), getattr(model, "lm_head", None))
+            if m is not None]
+    tied = (bool(embed) and bool(head)
+            and getattr(model.lm_head, "weight", None) is getattr(model.embed, "weight", None))
+    kept = {**config, "reshard_after_forward": False}
+    if tied:
+        fully_shard(embed + head, **kept)
+        return [embed[0]]
+    if embed:
+        fully_shard(embed, **config)
+    if head:
+        fully_shard(head, **kept)
+    return [group[0] for group in (embed, head) if group]
 
 
 def _has_dtensor_params(model: nn.Module) -> bool:

@@ -24,9 +24,14 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+from torch.distributed._tools.fsdp2_mem_tracker import (
+    FSDPMemTracker,
+    _FSDPRefType,
+    _SavedFSDPMethods,
+)
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp._fully_shard._fsdp_state import _register_group_forward_hooks
 
 from shardlab.dryrun.compare import CATEGORIES
 
@@ -113,6 +118,66 @@ class _FSDPRoleTracker(FSDPMemTracker, _Moments):
     def _update_peak_stats(self, peak_state: Any) -> None:
         super()._update_peak_stats(peak_state)
         self._note(self)
+
+    def _instrument_fsdp_module(self) -> None:
+        """torch's instrumenting, once per FSDP unit: torch's own wraps each module of a
+        unit of several (the final norm with the head, :func:`shardlab.distributed.
+        data_parallel.apply_fsdp`) on its own, so the unit's hooks ran once per module,
+        gathering and reducing it twice. Here a unit of several modules gets torch's
+        group hooks back around the tracker's wrappers, keyed by its first module."""
+        states: dict[int, Any] = {}
+        for module in self._root_mod.modules():
+            if isinstance(module, FSDPModule):
+                state = module._get_fsdp_state()
+                if state._fsdp_param_group is not None:
+                    states.setdefault(id(state), state)
+        for state in states.values():
+            state._pre_forward_hook_handle.remove()
+            state._post_forward_hook_handle.remove()
+        for state in states.values():
+            first, group = state._modules[0], state._fsdp_param_group
+            self._instrument_fsdp_sharded_params_grads(group)
+            pre = self._fsdp_state_pre_forward(first, state._pre_forward)
+            post = self._fsdp_state_post_forward(first, state._post_forward)
+            if len(state._modules) == 1:
+                state._pre_forward_hook_handle = first.register_forward_pre_hook(
+                    pre, prepend=True, with_kwargs=True)
+                state._post_forward_hook_handle = first.register_forward_hook(
+                    post, prepend=False, always_call=True)
+            else:
+                handle = _register_group_forward_hooks(
+                    state._modules, pre, post, state._modules_to_run_forward,
+                    state._cast_output_dtype)
+                state._pre_forward_hook_handle = state._post_forward_hook_handle = handle
+            self._fsdp_mod_to_saved_methods[first] = _SavedFSDPMethods(
+                group.pre_backward, group.post_backward)
+            group.pre_backward = self._fsdp_param_group_pre_backward(first, group.pre_backward)
+            group.post_backward = self._fsdp_param_group_post_backward(
+                first, group.post_backward)
+        for buffer in self._root_mod.buffers():
+            self._update_and_maybe_create_winfos(buffer, _FSDPRefType.BUFFER)
+
+    def _deregister_module_and_optimizer_hooks(self) -> None:
+        """torch's undoing, with each unit's own forward hooks put back (a unit of several
+        modules gets torch's group hooks again, as ``FSDPState.init`` registers them)."""
+        saved, self._fsdp_mod_to_saved_methods = self._fsdp_mod_to_saved_methods, {}
+        super()._deregister_module_and_optimizer_hooks()  # the optimizer's hooks
+        for first, methods in saved.items():
+            state = first._get_fsdp_state()
+            state._pre_forward_hook_handle.remove()
+            state._post_forward_hook_handle.remove()
+            if len(state._modules) == 1:
+                state._pre_forward_hook_handle = first.register_forward_pre_hook(
+                    state._pre_forward, prepend=True, with_kwargs=True)
+                state._post_forward_hook_handle = first.register_forward_hook(
+                    state._post_forward, prepend=False)
+            else:
+                handle = _register_group_forward_hooks(
+                    state._modules, state._pre_forward, state._post_forward,
+                    state._modules_to_run_forward, state._cast_output_dtype)
+                state._pre_forward_hook_handle = state._post_forward_hook_handle = handle
+            state._fsdp_param_group.pre_backward = methods.pre_backward
+            state._fsdp_param_group.post_backward = methods.post_backward
 
     def _fsdp_state_pre_forward(self, fsdp_mod: Any, orig: Any) -> Any:
         inner = super()._fsdp_state_pre_forward(fsdp_mod, orig)

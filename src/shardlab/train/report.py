@@ -25,6 +25,7 @@ from shardlab.train.report_activations import predicted_activation_bytes
 from shardlab.train.report_cp import (
     dp_bytes,
     fp8_gathered,
+    kept_padded,
     layout_keys,
     replica_bytes,
     shard_position,
@@ -213,6 +214,7 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         padded, expert_padded = map(list, zip(*moe_padded_params(cfg), strict=True))
     groups = ep_groups(cfg, ranks) if cfg.shape.moe is not None else {}
     fp8_gathers = fp8_gathered(cfg, n)
+    kept = kept_padded(cfg, n, vocab_parallel(cfg))
     # Each activation travels with its micro-batch's int64 padding mask (b x s x 8 bytes).
     mask = (cfg.micro_batch or share) * cfg.seq * 8
     forward_sends = [sum(1 for c in range(lay.pp * lay.virtual_stages - 1) if c % lay.pp == r)
@@ -254,7 +256,7 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
             group = n if zero else cfg.grad_ranks  # DDP all-reduces over all dp x cp ranks
             row["dp"] = {"predicted": dp_bytes(psi[r["pp_rank"]], padded[r["pp_rank"]],
                                                 policy, zero, cfg, group,
-                                                fp8_gathers[r["pp_rank"]]),
+                                                fp8_gathers[r["pp_rank"]], kept),
                          "measured": sent("dp")}
         if cfg.dp_replicate > 1:
             row["dp_replicate"] = {"predicted": replica_bytes(cfg, padded[r["pp_rank"]], n,

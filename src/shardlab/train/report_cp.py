@@ -54,15 +54,28 @@ def fp8_gathered(cfg: Any, n: int) -> list[tuple[int, int]]:
             rank_layers(cfg.shape.layers, cfg.pp, cfg.virtual_stages, cfg.stage_layers)]
 
 
+def kept_padded(cfg: Any, n: int, vocab_parallel: bool) -> int:
+    """Padded elements of the unit FSDP2 keeps gathered from forward to backward under
+    ZeRO-3 without a pipeline (:func:`shardlab.distributed.data_parallel.apply_fsdp`): the
+    final norm and the head, or with a tied head the embedding, learned positions and
+    final norm; 0 otherwise (``fsdp-zero2`` and pipelines keep every unit)."""
+    if cfg.pp > 1 or cfg.dp_mode != "fsdp":
+        return 0
+    _, first, last = tensor_rows(cfg.shape, cfg.tp, vocab_parallel)
+    return fsdp2_padded(first + last[:-1] if cfg.shape.tied else last, n)
+
+
 def dp_bytes(params: float, padded: int, policy: Any, zero: int, cfg: Any,
-              n: int | None = None, fp8: tuple[int, int] = (0, 0)) -> float:
+              n: int | None = None, fp8: tuple[int, int] = (0, 0), kept: int = 0) -> float:
     """Bytes one rank sends per step for data parallelism, as torch runs it.
 
     DDP all-reduces the gradients once, after the last micro-batch (ZeRO paper's 2Ψ):
     the ring's mean 2(p-1)/p·Ψ, which is what the meter reports for an all-reduce (it
     reads payloads; gloo and NCCL cut the buffer by their own rules).
     FSDP2 reduce-scatters them once and all-gathers the weights k times: ``fsdp``
-    (ZeRO-3) before every micro-batch's forward and backward (k = 2m); ``fsdp-zero2``
+    (ZeRO-3) before every micro-batch's forward and backward (k = 2m), but for the
+    ``kept`` padded elements (:func:`kept_padded`: the final norm and head, gathered once
+    per micro-batch, k = m); ``fsdp-zero2``
     keeps them from forward to backward but reshards after each backward (k = m); in a
     pipeline both keep them from the first forward to the last backward (k = 1:
     train.py's reshard policy, and torch.distributed.pipelining defers the reshard
@@ -85,8 +98,9 @@ def dp_bytes(params: float, padded: int, policy: Any, zero: int, cfg: Any,
     k = 1 if cfg.pp > 1 else (2 * m if zero == 3 else m)
     fp8_padded, fp8_tensors = fp8
     gathers = (padded - fp8_padded) // n * gathered + fp8_padded // n * FP8_GATHER_BYTES
+    gathers_all = k * gathers - (k - m) * (kept // n * gathered)
     amax = ring_allreduce_bytes(fp8_tensors * 4, n) if fp8_tensors else 0.0
-    return float((n - 1) * (k * gathers + padded // n * policy.grad_bytes) + amax)
+    return float((n - 1) * (gathers_all + padded // n * policy.grad_bytes) + amax)
 
 
 def layout_keys(cfg: Any) -> str:
