@@ -10,6 +10,7 @@ import pytest
 from shardlab.config.catalog import get_model
 from shardlab.config.dtypes import get_policy
 from shardlab.estimate.activations import LOGIT_BYTES
+from shardlab.estimate.partition import layer_params_per_tp_rank
 from shardlab.plan.memory import MemoryOptions, memory_arrays
 from shardlab.plan.memory_peak import MemoryFacts, gathered_input_bytes, rank_layout
 from shardlab.plan.overlap import FRAMEWORKS
@@ -70,9 +71,16 @@ def test_megatron_holds_fp32_gradients_and_torchtitan_fsdp2_keeps_the_root() -> 
     no_root = _one("llama-3-8b", 8, 8, 4096, z3, "bf16",
                    MemoryOptions(False, True, facts=replace(titan, fsdp2_root=False)))
     root = _one("llama-3-8b", 8, 8, 4096, z3, "bf16", MemoryOptions(False, True, facts=titan))
-    # Embedding and head (untied) kept in bf16, and the head's bf16 gradient.
-    assert root.transient[0] - no_root.transient[0] == pytest.approx(
-        3 * 2 * model.vocab * model.d_model, rel=1e-12)
+    logits, head = 4096 * model.vocab, 2 * model.vocab * model.d_model
+    # Without the FSDP2 facts the ZeRO-3 terms (two gathered layers at 2 B, one layer's
+    # gradients at 2 + 4 B) add to the loss's working set (12 - 4 B per logit) ...
+    layer = layer_params_per_tp_rank(model, 1, False) * (2 * 2 + 2 + 4)
+    assert no_root.transient[0] == pytest.approx(8 * logits + layer, rel=1e-12)
+    # ... with them the largest moment counts: here the loss's backward, beside the final
+    # norm and head FSDP2 keeps gathered (the layers' moment, 2.18 GB less the 2.10 GB of
+    # fp32 logits freed by then, and the head's, 1.05 + 3 x 1.05 GB less the same, are
+    # smaller).
+    assert root.transient[0] == pytest.approx(8 * logits + head, rel=1e-12)
 
 
 def test_megatron_fp8_saves_linear_inputs_in_fp8_and_torchtitan_keeps_bf16() -> None:

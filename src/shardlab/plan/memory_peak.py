@@ -20,15 +20,24 @@ FRAMEWORKS`), the planner adds, on each pipeline rank it compares:
   two is added;
 * **ZeRO-3's unsharded parameters and gradients**: two layers gathered (the layer in use
   and the one prefetched; FSDP and DeepSpeed ZeRO-3 both prefetch one) at the gather's
-  bytes, and one layer's unsharded gradient with its copy in the reduction's dtype. FSDP2
-  as torchtitan wraps it (``fsdp2``) also keeps its root unit (embedding, final norm,
-  head) unsharded for the whole step ("the root ... has its value specially set to
-  False", ``fully_shard``'s docstring; torchtitan ``parallelize_llama.py``
-  ``reshard_after_forward=not pp_enabled``) and the head's bf16 gradient until the root's
-  reduce-scatter at the end of backward; with pipeline parallelism it reshards no block
-  after forward and accumulates every block's unsharded gradient in the reduction dtype
-  across micro-batches (FSDP2's ``unsharded_accumulated_grad`` in ``reduce_dtype`` while
-  gradient sync is off for all but the last micro-batch).
+  bytes, and one layer's unsharded gradient with its copy in the reduction's dtype.
+  FSDP2 as torchtitan wraps it (``fsdp2_root``) keeps the final norm and the head
+  gathered from forward to backward (torchtitan ``distributed/fsdp.py`` at b5bcd76c:
+  ``reshard_after_forward`` false for ``[norm, lm_head]`` by default; the embedding is
+  resharded as the blocks are), and there the moments do not add up: shardlab's dry run
+  of the same program (Llama-3-8B, FSDP over 8, per-operator checkpointing,
+  ``docs/guide/dryrun.md``) peaks at the start of backward holding the loss's working set
+  and the gathered head, with no layer gathered. So without a pipeline the planner
+  takes the largest of three moments: the loss's backward (its working set and the
+  gathered head); a layer's backward (its recompute working set, two gathered layers and
+  one layer's gradients, the loss's kept fp32 logits freed by then); and the head's
+  backward (the logits' gradient in the compute dtype, the head gathered, its gradient
+  and that gradient's copy in the reduction's dtype, the kept logits freed). With
+  pipeline parallelism it reshards no unit after forward, keeps the embedding and the
+  head gathered and the head's gradient until the end, and accumulates every block's
+  unsharded gradient in the reduction dtype across micro-batches (FSDP2's
+  ``unsharded_accumulated_grad`` in ``reduce_dtype`` while gradient sync is off for all
+  but the last micro-batch); all of it is held at once.
 
 ``fp8_input_bytes``: with ``--dtype fp8``, the bytes each linear layer's saved input
 takes (Transformer Engine keeps its fp8 copy, 1 B: Megatron; torchao keeps the bf16 input:
@@ -205,4 +214,15 @@ def transient_bytes(model: ModelShape, c: Candidates, seq: int, policy: DtypePol
         gathered = (gathered + np.where(rank == 0, root, 0.0)
                     + np.where(head_matrix, root, 0.0) + np.where(head, root, 0.0))
     fsdp = np.where(sharded, gathered, 0.0)
-    return np.maximum(loss, working) + fsdp
+    if not facts.fsdp2_root:
+        return np.maximum(loss, working) + fsdp
+    # FSDP2 as torchtitan wraps it, without a pipeline: the moments do not coincide
+    # (module docstring), so the largest of three counts.
+    kept_logits = np.where(head, LOGIT_BYTES * logits, 0.0)
+    grad_out = np.where(head, policy.activation_bytes * logits, 0.0)
+    phases = np.maximum.reduce([
+        loss + np.where(head_matrix, root, 0.0),
+        working + layer * (2 * gather + policy.grad_bytes + reduce) - kept_logits,
+        grad_out + np.where(head, 2 * root + root / policy.weight_bytes * reduce, 0.0)
+        - kept_logits])
+    return np.where((col(c.pp) == 1) & sharded, phases, np.maximum(loss, working) + fsdp)
