@@ -15,7 +15,7 @@ from shardlab.config.layout import make_layout, parse_stage_layers
 from shardlab.config.limits import MAX_GPUS
 from shardlab.dryrun.compare import role_ranks
 from shardlab.errors import SpecError, require_int_at_most, require_positive_int
-from shardlab.plan.search import layout_sp, parse_layout
+from shardlab.plan.search import layout_flag, layout_sp, parse_layout
 from shardlab.plan.space import DP_MODE_OF_ZERO
 from shardlab.report.dryrun_view import print_dryrun
 from shardlab.train.config import (
@@ -42,7 +42,8 @@ def register(sub: Any) -> None:
     p.add_argument("--gpus", type=positive_int, required=True, help="ranks of the job")
     p.add_argument("--layout", default="",
                    help='"dp=.. tp=.. pp=.. virtual=.. zero=0|2|3 sp=0|1 '
-                   'recompute=none|selective|full|op schedule=.. micro_batch=.. cp=.. '
+                   'recompute=none|selective|full|op loss_parallel=0|1 schedule=.. '
+                   'micro_batch=.. cp=.. '
                    'stage_layers=3+1 dp_replicate=.." (dp defaults to gpus/(cp*tp*pp), '
                    "zero to 3: FSDP)")
     p.add_argument("--cp", type=positive_int,
@@ -107,7 +108,7 @@ def config_from(args: argparse.Namespace) -> TrainConfig:
                         "tensors have no values to route tokens by; use shardlab train, or "
                         "budget / plan / simulate for the cost model")
     require_int_at_most("gpus", args.gpus, MAX_GPUS)
-    raw = _flags_into_layout(args, parse_layout(args.layout))
+    raw = _flags_into_layout(args, parse_layout(args.layout, ("loss_parallel",)))
     tp, pp, virtual = _int(raw, "tp", 1), _int(raw, "pp", 1), _int(raw, "virtual", 1)
     cp, replicas = _int(raw, "cp", 1), _int(raw, "dp_replicate", 1)
     for key, value in (("tp", tp), ("pp", pp), ("cp", cp)):
@@ -136,6 +137,7 @@ def config_from(args: argparse.Namespace) -> TrainConfig:
                       stage_layers=parse_stage_layers(raw.get("stage_layers")),
                       dp_replicate=replicas,
                       dp_mode=DP_MODE_OF_ZERO[zero] if dp * cp > 1 else "fsdp", sp=sp,
+                      loss_parallel=layout_flag("loss_parallel", raw.get("loss_parallel", "0")),
                       recompute=raw.get("recompute", "none"), schedule=schedule,
                       global_batch=global_batch, micro_batch=micro, seq=seq, steps=2,
                       dtype=args.dtype)

@@ -104,9 +104,10 @@ def dp_bytes(params: float, padded: int, policy: Any, zero: int, cfg: Any,
 
 
 def layout_keys(cfg: Any) -> str:
-    """The layout line's context-parallel, uneven-stage, HSDP and fp8-gather keys, only
-    where set."""
-    out = f" cp={cfg.cp}" if cfg.cp > 1 else ""
+    """The layout line's loss-parallel, context-parallel, uneven-stage, HSDP and fp8-gather
+    keys, only where set."""
+    out = " loss_parallel=1" if cfg.loss_parallel else ""
+    out += f" cp={cfg.cp}" if cfg.cp > 1 else ""
     if cfg.stage_layers:
         out += " stage_layers=" + "+".join(map(str, cfg.stage_layers))
     out += f" dp_replicate={cfg.dp_replicate}" if cfg.dp_replicate > 1 else ""
