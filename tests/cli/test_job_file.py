@@ -106,6 +106,23 @@ def test_an_fp8_plans_file_runs_torchaos_fp8_at_tp_1(capsys: pytest.CaptureFixtu
     assert (cfg.dtype, cfg.tp, cfg.world) == ("fp8", 1, 64)
 
 
+@pytest.mark.parametrize(("framework", "recompute"), [([], "selective"),
+                                                     (["--framework", "torchtitan"], "op")])
+def test_torchtitans_selective_recompute_is_written_per_operator(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, framework: list[str],
+        recompute: str) -> None:
+    """A plan priced as torchtitan runs (its selective recompute is per-operator
+    checkpointing) writes ``recompute = "op"``, train's per-operator checkpointing; without
+    the framework, Korthikanti's selective."""
+    job = tmp_path / "job.toml"
+    code = main(["plan", "llama-3-8b", "--gpu", "h100", "--gpus", "64", "--seq", "8192",
+                 "--global-batch", "256", "--recompute", "selective", *framework,
+                 "--emit-config", str(job)])
+    capsys.readouterr()
+    assert code == 0 and tomllib.loads(job.read_text())["layout"]["recompute"] == recompute
+    assert train_config("--config", str(job), "--allow-oversubscribe").recompute == recompute
+
+
 def test_the_command_line_overrides_the_file(tmp_path: Path) -> None:
     job = tmp_path / "job.toml"
     job.write_text('[layout]\ndp = 2\nsp = true\ntp = 2\n[run]\nsteps = 7\nlr = 1\n'

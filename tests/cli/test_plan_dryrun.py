@@ -81,3 +81,24 @@ def test_an_fp8_plan_dry_runs_the_fp8_program(capsys: pytest.CaptureFixture[str]
                  "fp8", "--layout", "dp=4 tp=2 zero=3", "--dry-run-top", "1", "--json"]) == 0
     entry = json.loads(capsys.readouterr().out)["best"][0]
     assert "with --dtype fp8 must be 1" in entry["dry_run"]["skipped"]
+
+
+@pytest.mark.parametrize(("framework", "recompute"), [([], "selective"),
+                                                     (["--framework", "torchtitan"], "op")])
+def test_torchtitans_selective_layouts_dry_run_per_operator(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        framework: list[str], recompute: str) -> None:
+    """Under ``--framework torchtitan`` a selective layout is priced as per-operator
+    checkpointing, so its dry run is train's ``recompute=op``; without it, Korthikanti's."""
+    seen: list[Any] = []
+
+    def fake_many(work: list[Any], jobs: int | None = None) -> list[dict[str, Any]]:
+        seen.extend(cfg for cfg, _ in work)
+        return [fake_role(cfg, rank, 1e6) for cfg, rank in work]
+
+    monkeypatch.setattr(pool, "run_many", fake_many)
+    assert main(["plan", "--gpus", "4", "--global-batch", "8", "--gpu", "h100", *framework,
+                 "--layout", "dp=4 zero=3 recompute=selective", "--dry-run-top", "1",
+                 "--json"]) == 0
+    capsys.readouterr()
+    assert [cfg.recompute for cfg in seen] == [recompute]

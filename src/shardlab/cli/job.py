@@ -88,8 +88,9 @@ def winner_argv(doc: dict[str, Any], model_flags: str) -> list[str]:
         raise SpecError("dtype", doc["dtype"], "shardlab train runs fp32, bf16 (autocast) "
                         "or fp8 (torchao); plan with one of them to emit a job file")
     dtype = doc["dtype"] if doc["dtype"] in ("fp32", "fp8") else "bf16"
+    by_op = doc.get("step_options", {}).get("selective") == "op" and not doc.get("moe")
     command = best["train_command"] or train_command(
-        f"shardlab train {model_flags}", best, doc["global_batch"], doc["seq"], dtype)
+        f"shardlab train {model_flags}", best, doc["global_batch"], doc["seq"], dtype, by_op)
     argv = shlex.split(command)[2:]
     return argv if doc["this_machine"] else [*argv, "--gpu", doc["gpu"]]
 

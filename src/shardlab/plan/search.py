@@ -121,7 +121,8 @@ class Plan:
 
 def _entries(c: Candidates, idx: np.ndarray, times: dict[str, np.ndarray], mem: Any,
              usable: float, global_batch: int, seq: int,
-             train_prefix: str | None, train_dtype: str) -> list[dict[str, Any]]:
+             train_prefix: str | None, train_dtype: str, by_op: bool = False
+             ) -> list[dict[str, Any]]:
     out = []
     for i in idx.tolist():
         lay = c.layout(i)
@@ -147,18 +148,20 @@ def _entries(c: Candidates, idx: np.ndarray, times: dict[str, np.ndarray], mem: 
         }
         if train_prefix is not None:
             entry["train_command"] = train_command(train_prefix, lay, global_batch, seq,
-                                                   train_dtype)
+                                                   train_dtype, by_op)
         out.append(entry)
     return out
 
 
 def train_command(prefix: str, lay: dict[str, Any], global_batch: int, seq: int,
-                  dtype: str) -> str:
+                  dtype: str, by_op: bool = False) -> str:
     """``shardlab train`` flags for a layout (ZeRO 0/2/3 as ddp/fsdp-zero2/fsdp; dp = 1 as
     fsdp, which then shards nothing and works with tp > 1; ``--ep``,
     ``--capacity-factor``, ``--cp``, ``--dp-replicate`` and ``--stage-layers`` only where
     they differ from a plain layout's; train builds whole
-    experts, its default ``--etp 1``, the only etp a train-only space keeps)."""
+    experts, its default ``--etp 1``, the only etp a train-only space keeps). ``by_op``:
+    the plan's framework checkpoints per operator (torchtitan) and the model is dense, so
+    a selective layout runs ``--recompute op``."""
     mode = "fsdp" if lay["dp"] == 1 else DP_MODE_OF_ZERO[lay["zero"]]
     parts = [prefix, f"--seq {seq}", f"--dp {lay['dp']}", f"--tp {lay['tp']}",
              f"--pp {lay['pp']}"]
@@ -167,7 +170,8 @@ def train_command(prefix: str, lay: dict[str, Any], global_batch: int, seq: int,
     parts.append(f"--dp-mode {mode}")
     if lay["sp"]:
         parts.append("--sp")
-    parts += [f"--recompute {lay['recompute']}"]
+    recompute = "op" if by_op and lay["recompute"] == "selective" else lay["recompute"]
+    parts += [f"--recompute {recompute}"]
     if lay["pp"] > 1:
         parts.append(f"--schedule {lay['schedule']}")
     parts += [f"--global-batch {global_batch}", f"--micro-batch {lay['micro_batch']}",
@@ -258,7 +262,7 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
     times = step_seconds(model, f, fmem, space.seq, space.global_batch, policy, dev, options)
     order = np.lexsort((fmem.total, times["step"]))[:top]
     best = _entries(f, order, times, fmem, usable, space.global_batch, space.seq,
-                    train_prefix, train_dtype)
+                    train_prefix, train_dtype, options.selective == "op" and model.moe is None)
     return Plan(len(c), int(fits.sum()), rejected, best, time.perf_counter() - start, smallest,
                 usable, dev, [note] if note else [])
 
