@@ -104,6 +104,23 @@ class _Moments:
             self.moment = {"phase": phase, "module": inner}
 
 
+def _forward_hooks(state: Any, pre: Any, post: Any) -> None:
+    """Register ``pre`` and ``post`` as an FSDP unit's forward hooks where
+    ``FSDPState.init`` registers its own: on its module (the post hook always called, as
+    torch's tracker registers its wrappers), or torch's group hooks over a unit of several
+    (which run the unit's work once, around its first and last module)."""
+    modules = state._modules
+    if len(modules) == 1:
+        state._pre_forward_hook_handle = modules[0].register_forward_pre_hook(
+            pre, prepend=True, with_kwargs=True)
+        state._post_forward_hook_handle = modules[0].register_forward_hook(
+            post, prepend=False, always_call=True)
+        return
+    handle = _register_group_forward_hooks(modules, pre, post, state._modules_to_run_forward,
+                                           state._cast_output_dtype)
+    state._pre_forward_hook_handle = state._post_forward_hook_handle = handle
+
+
 class _FSDPRoleTracker(FSDPMemTracker, _Moments):
     """FSDPMemTracker over every FSDP root of the rank (pipeline stages are separate
     roots; torch's tracker takes one, so the roots are listed in a ModuleList, which
@@ -137,18 +154,8 @@ class _FSDPRoleTracker(FSDPMemTracker, _Moments):
         for state in states.values():
             first, group = state._modules[0], state._fsdp_param_group
             self._instrument_fsdp_sharded_params_grads(group)
-            pre = self._fsdp_state_pre_forward(first, state._pre_forward)
-            post = self._fsdp_state_post_forward(first, state._post_forward)
-            if len(state._modules) == 1:
-                state._pre_forward_hook_handle = first.register_forward_pre_hook(
-                    pre, prepend=True, with_kwargs=True)
-                state._post_forward_hook_handle = first.register_forward_hook(
-                    post, prepend=False, always_call=True)
-            else:
-                handle = _register_group_forward_hooks(
-                    state._modules, pre, post, state._modules_to_run_forward,
-                    state._cast_output_dtype)
-                state._pre_forward_hook_handle = state._post_forward_hook_handle = handle
+            _forward_hooks(state, self._fsdp_state_pre_forward(first, state._pre_forward),
+                           self._fsdp_state_post_forward(first, state._post_forward))
             self._fsdp_mod_to_saved_methods[first] = _SavedFSDPMethods(
                 group.pre_backward, group.post_backward)
             group.pre_backward = self._fsdp_param_group_pre_backward(first, group.pre_backward)
@@ -166,16 +173,7 @@ class _FSDPRoleTracker(FSDPMemTracker, _Moments):
             state = first._get_fsdp_state()
             state._pre_forward_hook_handle.remove()
             state._post_forward_hook_handle.remove()
-            if len(state._modules) == 1:
-                state._pre_forward_hook_handle = first.register_forward_pre_hook(
-                    state._pre_forward, prepend=True, with_kwargs=True)
-                state._post_forward_hook_handle = first.register_forward_hook(
-                    state._post_forward, prepend=False)
-            else:
-                handle = _register_group_forward_hooks(
-                    state._modules, state._pre_forward, state._post_forward,
-                    state._modules_to_run_forward, state._cast_output_dtype)
-                state._pre_forward_hook_handle = state._post_forward_hook_handle = handle
+            _forward_hooks(state, state._pre_forward, state._post_forward)
             state._fsdp_param_group.pre_backward = methods.pre_backward
             state._fsdp_param_group.post_backward = methods.post_backward
 
