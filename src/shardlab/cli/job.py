@@ -25,7 +25,7 @@ from shardlab.config.layout import parse_stage_layers
 from shardlab.config.measured import accelerator_or_measured
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_vocab
-from shardlab.plan.search import train_command
+from shardlab.plan.search import train_command, trains_by_op
 from shardlab.train.config import TrainConfig, auto_micro_batch, check_config
 
 
@@ -88,7 +88,7 @@ def winner_argv(doc: dict[str, Any], model_flags: str) -> list[str]:
         raise SpecError("dtype", doc["dtype"], "shardlab train runs fp32, bf16 (autocast) "
                         "or fp8 (torchao); plan with one of them to emit a job file")
     dtype = doc["dtype"] if doc["dtype"] in ("fp32", "fp8") else "bf16"
-    by_op = doc.get("step_options", {}).get("selective") == "op" and not doc.get("moe")
+    by_op = trains_by_op(doc.get("step_options", {}).get("selective"), doc["moe"])
     command = best["train_command"] or train_command(
         f"shardlab train {model_flags}", best, doc["global_batch"], doc["seq"], dtype, by_op)
     argv = shlex.split(command)[2:]

@@ -9,6 +9,7 @@ from typing import Any
 from shardlab.config.model import ModelShape
 from shardlab.dryrun.compare import role_ranks
 from shardlab.errors import SpecError
+from shardlab.plan.search import train_recompute, trains_by_op
 from shardlab.plan.space import DP_MODE_OF_ZERO, TRAIN_SCHEDULES
 from shardlab.train.config import TrainConfig, check_config, require_torchao
 
@@ -18,9 +19,9 @@ def train_config(model: ModelShape, entry: dict[str, Any], global_batch: int, se
     """The run ``shardlab train`` would make of a plan entry; SpecError (naming why) for
     a layout it does not run (ZeRO-1, a zero-bubble schedule, DDP with tp or pp, fp8 with
     tp > 1). An fp8 plan dry-runs train's fp8 program (torchao's float8 linears); every
-    other 16-bit policy, train's bf16. ``by_op``: the plan's framework checkpoints per
-    operator (torchtitan's ``selective``), so a selective entry dry-runs ``recompute=op``
-    (train's per-operator checkpointing; a MoE is refused, as train refuses it)."""
+    other 16-bit policy, train's bf16. ``by_op``
+    (:func:`~shardlab.plan.search.trains_by_op`): a selective entry dry-runs train's
+    per-operator checkpointing, ``recompute=op``."""
     if entry["dp"] > 1 and entry["zero"] not in DP_MODE_OF_ZERO:
         raise SpecError("zero", entry["zero"], "is not run by shardlab train (0, 2 or 3)")
     if entry["pp"] > 1 and entry["schedule"] not in TRAIN_SCHEDULES:
@@ -30,8 +31,7 @@ def train_config(model: ModelShape, entry: dict[str, Any], global_batch: int, se
                       virtual_stages=entry["virtual_stages"],
                       dp_mode="fsdp" if entry["dp"] == 1 else DP_MODE_OF_ZERO[entry["zero"]],
                       sp=bool(entry["sp"]),
-                      recompute="op" if by_op and entry["recompute"] == "selective"
-                      else entry["recompute"],
+                      recompute=train_recompute(entry["recompute"], by_op),
                       schedule=entry["schedule"] if entry["pp"] > 1 else "1f1b",
                       global_batch=global_batch, micro_batch=entry["micro_batch"], seq=seq,
                       steps=2, dtype=dtype if dtype in ("fp32", "fp8") else "bf16",
@@ -56,7 +56,7 @@ def dry_run_top(doc: dict[str, Any], model: ModelShape, k: int, capacity: float,
     from shardlab.dryrun.pool import run_many
 
     chosen, work = [], []
-    by_op = doc.get("step_options", {}).get("selective") == "op"
+    by_op = trains_by_op(doc.get("step_options", {}).get("selective"), doc["moe"])
     for entry in doc["best"]:
         if len(chosen) == k:
             break

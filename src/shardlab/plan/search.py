@@ -153,15 +153,27 @@ def _entries(c: Candidates, idx: np.ndarray, times: dict[str, np.ndarray], mem: 
     return out
 
 
+def trains_by_op(selective: str | None, moe: bool) -> bool:
+    """Whether ``shardlab train`` runs a plan's selective layouts as per-operator
+    checkpointing (``--recompute op``): the plan's framework checkpoints per operator
+    (``StepOptions.selective == "op"``, torchtitan) and the model is dense (train refuses
+    ``op`` for a MoE)."""
+    return selective == "op" and not moe
+
+
+def train_recompute(recompute: str, by_op: bool) -> str:
+    """``shardlab train``'s ``--recompute`` for a plan entry's (:func:`trains_by_op`)."""
+    return "op" if by_op and recompute == "selective" else recompute
+
+
 def train_command(prefix: str, lay: dict[str, Any], global_batch: int, seq: int,
                   dtype: str, by_op: bool = False) -> str:
     """``shardlab train`` flags for a layout (ZeRO 0/2/3 as ddp/fsdp-zero2/fsdp; dp = 1 as
     fsdp, which then shards nothing and works with tp > 1; ``--ep``,
     ``--capacity-factor``, ``--cp``, ``--dp-replicate`` and ``--stage-layers`` only where
     they differ from a plain layout's; train builds whole
-    experts, its default ``--etp 1``, the only etp a train-only space keeps). ``by_op``:
-    the plan's framework checkpoints per operator (torchtitan) and the model is dense, so
-    a selective layout runs ``--recompute op``."""
+    experts, its default ``--etp 1``, the only etp a train-only space keeps). ``by_op``
+    (:func:`trains_by_op`): a selective layout runs ``--recompute op``."""
     mode = "fsdp" if lay["dp"] == 1 else DP_MODE_OF_ZERO[lay["zero"]]
     parts = [prefix, f"--seq {seq}", f"--dp {lay['dp']}", f"--tp {lay['tp']}",
              f"--pp {lay['pp']}"]
@@ -170,8 +182,7 @@ def train_command(prefix: str, lay: dict[str, Any], global_batch: int, seq: int,
     parts.append(f"--dp-mode {mode}")
     if lay["sp"]:
         parts.append("--sp")
-    recompute = "op" if by_op and lay["recompute"] == "selective" else lay["recompute"]
-    parts += [f"--recompute {recompute}"]
+    parts += [f"--recompute {train_recompute(lay['recompute'], by_op)}"]
     if lay["pp"] > 1:
         parts.append(f"--schedule {lay['schedule']}")
     parts += [f"--global-batch {global_batch}", f"--micro-batch {lay['micro_batch']}",
@@ -262,7 +273,8 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
     times = step_seconds(model, f, fmem, space.seq, space.global_batch, policy, dev, options)
     order = np.lexsort((fmem.total, times["step"]))[:top]
     best = _entries(f, order, times, fmem, usable, space.global_batch, space.seq,
-                    train_prefix, train_dtype, options.selective == "op" and model.moe is None)
+                    train_prefix, train_dtype,
+                    trains_by_op(options.selective, model.moe is not None))
     return Plan(len(c), int(fits.sum()), rejected, best, time.perf_counter() - start, smallest,
                 usable, dev, [note] if note else [])
 
