@@ -48,6 +48,14 @@ _FORCED = ("force-balanced routing (moe_router_force_load_balancing): random log
 _DROP = ("capacity factor 1.0 padded to capacity (MegatronTokenDropCallback / "
          "apply_moe_token_drop): every expert runs its capacity of rows")
 _SHARED = "the shared expert's overlap with the dispatch (moe_shared_expert_overlap) not priced"
+_UNFUSED = ("attention unfused (materialised scores, priced as flash=False): Transformer "
+            "Engine's nvte_get_fused_attn_backend admits latent attention's head dims (q/k "
+            "192, v 128) in training on Blackwell (sm100) only from cuDNN 9.11, through TE "
+            "PR #1797 (released in TE 2.5, after this NeMo 25.04.01 container of the "
+            "2025-06-10 tag); before it sm100 takes head dims <= 128, FlashAttention-2 needs "
+            "equal q/k and v dims and FlashAttention-3 is Hopper's, so TE falls back to its "
+            "unfused attention; the GB200 recipe alone recomputes core_attn (launch.sh: "
+            "h100 RM='mla_up_proj', gb200 RM='core_attn'), what a materialised softmax needs")
 _LAST = (4, *[4] * 14, 2)
 """PP x VP = 16 chunks: [E + 4t] + [4t] x 14 + [t, mtp, loss] (the recipes' layout map)."""
 
@@ -55,11 +63,11 @@ _LAST = (4, *[4] * 14, 2)
 def _run(key: str, source: str, gpu: str, gpus: int, tp: int, pp: int, vp: int, ep: int,
          gbs: int, step: float, measured_from: str, dtype: str, split: tuple[int, ...],
          options: str, assumed: tuple[str, ...], checked: str,
-         capacity: float = 0.0) -> PublishedRun:
+         capacity: float = 0.0, flash: bool = True) -> PublishedRun:
     return PublishedRun(
         key, source, DSV3_MTP, gpu, gpus, tp, pp, gbs, 4096, step, "validation",
         measured_from, recompute="selective", sp=tp > 1, zero=1, micro_batch=1, virtual=vp,
-        flash=True, dtype=dtype, ep=ep, etp=1, capacity_factor=capacity, stage_layers=split,
+        flash=flash, dtype=dtype, ep=ep, etp=1, capacity_factor=capacity, stage_layers=split,
         options="overlap_dp=1 reduce_dtype=bf16 fused_loss=1" + options
         + (bridge_fp8_recipe(key) if dtype == "fp8" else ""),
         assumed=(_FORCED, *assumed), checked=checked)
@@ -123,11 +131,11 @@ DEEPSEEK_RUNS: tuple[PublishedRun, ...] = (
          " recompute_modules=core_attn",
          (*_GB200, _DROP, _SHARED, "sequence parallel with TP 2",
           "the distributed optimizer's gradient reduce and parameter gather overlapped, in "
-          "bf16 (NeMo's recipe defaults)"),
+          "bf16 (NeMo's recipe defaults)", _UNFUSED),
          "deepseek_v3/pretraining/README.md at v25.05: '| 671B | BF16 | 256 | 4096 | 61 | 2 | "
          "4 | 1 | 64 | 1 | 32 | 1 | 1 | 2048 | 64 |' and 'Deepseek V3 BF16 GB200' 'Training "
          "step time (seconds per step)| 34.168 | 34.194 | 34.274' (128, 256, 512 GPUs); GB200: "
-         "RM='core_attn'; " + _V25_05, capacity=1.0),
+         "RM='core_attn'; " + _V25_05, capacity=1.0, flash=False),
     _run("DGXC DeepSeek-V3 GB200 256 v25.10", f"{_DGXC} v25.10.02 (Megatron-Bridge), GB200",
          "GB200", 256, 1, 4, 4, 64, 2048, 11.07148, "training step time 11,071.48 ms",
          "bf16", _LAST, " optimizer_dtype=bf16_moments recompute_modules=mla_up_proj",
