@@ -30,6 +30,8 @@ def shardlab(*argv: str) -> subprocess.CompletedProcess[str]:
     (["llama-3-8b", "--gpus", "64", "--rank", "64"], "rank"),
     (["llama-3-8b", "--gpus", "64", "--rank", "-1"], "rank"),
     (["llama-3-8b", "--gpus", "64", "--layout", "zero=1"], "zero"),
+    # DDP's C++ reducer cannot run on fake tensors: refused, not a traceback from a role.
+    (["llama-3-8b", "--gpus", "8", "--layout", "zero=0"], "zero=0: DDP's C++ reducer"),
     (["llama-3-8b", "--gpus", "64", "--layout", "dp=3"], "gpus"),
     (["llama-3-8b", "--gpus", "64", "--layout", "bogus=1"], "layout"),
     (["llama-3-8b", "--gpus", "64", "--seq", "100000"], "seq"),

@@ -33,6 +33,7 @@ LAYOUTS = [
     ["--dp", "2", "--tp", "2"],                                 # 2D
     ["--dp", "2", "--pp", "2", "--micro-batch", "2", "--schedule", "gpipe"],
     ["--tp", "2", "--pp", "2", "--micro-batch", "2", "--sp"],
+    ["--dp", "2", "--micro-batch", "2"],                        # FSDP2 + accumulation
 ]
 BF16 = ["--dp", "2", "--dtype", "bf16", "--steps", "10"]
 # The same run with torchao's fp8 linear layers, on torch's CPU fp8 matmul.
@@ -162,6 +163,14 @@ def test_parity_state_and_flops(documents: dict[str, dict[str, Any]],
         dp = doc["comm_bytes_per_step"][0]["measured"]["by_dim"]["dp"]
         assert dp["all_gather"]["sent_bytes"] == model_bytes - head_bytes / 2
         assert dp["reduce_scatter"]["sent_bytes"] == model_bytes / 2
+    if layout == ["--dp", "2", "--micro-batch", "2"]:
+        # Two micro-batches: gradients reduce-scattered after each, as torchtitan does (not
+        # accumulated unsharded in fp32 until the last), and every gather done per micro-batch.
+        one = documents["dp-2"]["comm_bytes_per_step"][0]["measured"]["by_dim"]["dp"]
+        two = doc["comm_bytes_per_step"][0]["measured"]["by_dim"]["dp"]
+        for kind in ("all_gather", "reduce_scatter"):
+            assert two[kind]["calls"] == 2 * one[kind]["calls"], kind
+            assert two[kind]["sent_bytes"] == 2 * one[kind]["sent_bytes"], kind
     assert set(doc) >= {"losses", "reference_losses", "max_loss_diff", "tokens_per_s", "mfu",
                         "hfu", "memory_per_rank", "comm_bytes_per_step",
                         "predicted_vs_measured"}

@@ -13,7 +13,7 @@ from shardlab.cli.output import print_json
 from shardlab.cli.plan import model_from_args
 from shardlab.config.layout import make_layout, parse_stage_layers
 from shardlab.config.limits import MAX_GPUS
-from shardlab.dryrun.compare import role_ranks
+from shardlab.dryrun.compare import check_dry_runnable, role_ranks
 from shardlab.errors import SpecError, require_int_at_most, require_positive_int
 from shardlab.plan.search import layout_flag, layout_sp, parse_layout
 from shardlab.plan.space import DP_MODE_OF_ZERO
@@ -41,7 +41,7 @@ def register(sub: Any) -> None:
                    "config.json (default: a small model from the shape flags)")
     p.add_argument("--gpus", type=positive_int, required=True, help="ranks of the job")
     p.add_argument("--layout", default="",
-                   help='"dp=.. tp=.. pp=.. virtual=.. zero=0|2|3 sp=0|1 '
+                   help='"dp=.. tp=.. pp=.. virtual=.. zero=2|3 sp=0|1 '
                    'recompute=none|selective|full|op loss_parallel=0|1 schedule=.. '
                    'micro_batch=.. cp=.. '
                    'stage_layers=3+1 dp_replicate=.." (dp defaults to gpus/(cp*tp*pp), '
@@ -142,6 +142,7 @@ def config_from(args: argparse.Namespace) -> TrainConfig:
                       global_batch=global_batch, micro_batch=micro, seq=seq, steps=2,
                       dtype=args.dtype)
     check_config(cfg)
+    check_dry_runnable(cfg)
     require_torchao(cfg)
     return cfg
 

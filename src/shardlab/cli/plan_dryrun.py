@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from shardlab.config.model import ModelShape
-from shardlab.dryrun.compare import role_ranks
+from shardlab.dryrun.compare import check_dry_runnable, role_ranks
 from shardlab.errors import SpecError
 from shardlab.plan.search import train_recompute, trains_by_op
 from shardlab.plan.space import DP_MODE_OF_ZERO, TRAIN_SCHEDULES
@@ -65,6 +65,7 @@ def dry_run_top(doc: dict[str, Any], model: ModelShape, k: int, capacity: float,
         try:
             cfg = train_config(model, entry, doc["global_batch"], doc["seq"], doc["dtype"],
                                by_op)
+            check_dry_runnable(cfg)
         except SpecError as e:
             entry["dry_run"] = {"skipped": str(e)}
             continue

@@ -17,9 +17,11 @@ Which dry-run figure meets which prediction:
   (the trackers' ``Activation`` and ``Inputs`` types), which also holds what autograd
   does not save (a stage's outputs kept by the schedule, the loss's inputs);
 * ``temporaries``: what else is alive at the peak (FSDP's gathered weights and
-  gradients, communication buffers, activation gradients): the cost model counts what
-  FSDP keeps gathered for the whole step inside a pipeline (the stage's blocks and its
-  unsharded fp32 gradients: :mod:`shardlab.train.report_fsdp`), no other;
+  gradients, communication buffers, the loss's working tensors, activation gradients):
+  the cost model counts the loss's tensors beyond its saved log-probabilities, the units
+  FSDP2 keeps gathered from forward to backward, and what FSDP keeps gathered for the
+  whole step inside a pipeline (:mod:`shardlab.train.report_temporaries`); not a layer's
+  backward working set;
 * ``peak_bytes``: the tracker's peak, against the cost model's sum.
 
 Beyond the trackers' sight (on a GPU): the CUDA context and kernels
@@ -32,9 +34,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardlab.errors import SpecError
 from shardlab.train.report import comm_table, held_microbatches, predicted_state_bytes
 from shardlab.train.report_activations import predicted_activation_bytes
-from shardlab.train.report_fsdp import pipeline_fsdp_bytes
+from shardlab.train.report_temporaries import loss_forward_bytes, predicted_temporary_bytes
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "temporaries")
 """The categories of a role's memory, in the cost model's terms."""
@@ -44,6 +47,17 @@ CUDA_CONTEXT_BYTES = 1343 * 2**20
 PyTorch's allocator: 1343 MiB measured by Hugging Face ("Model training anatomy",
 transformers docs, docs/source/en/model_memory_anatomy.md: "the kernels alone take up
 1.3GB", on a V100 with CUDA 11.2), the allowance the fit verdict adds."""
+
+
+def check_dry_runnable(cfg: Any) -> None:
+    """SpecError for a job the dry run cannot run: DDP over more than one rank (``zero=0``).
+    torch's DDP builds its C++ reducer's buckets from the parameters' storage at its first
+    forward (``_verify_param_shape_across_processes``, then the bucket views), which fake
+    tensors do not have; FSDP2, tensor, pipeline and context parallelism run on them."""
+    if cfg.dp_mode == "ddp" and cfg.grad_ranks > 1:
+        raise SpecError("zero", 0, "DDP's C++ reducer needs real tensors, which the dry run "
+                        "does not allocate: dry-run zero=2 or 3 (FSDP2), or run it with "
+                        "`shardlab train --dp-mode ddp`")
 
 
 def role_ranks(cfg: Any) -> list[int]:
@@ -59,12 +73,15 @@ def predicted_role(cfg: Any, pp_rank: int) -> dict[str, float]:
     """The cost model's bytes of a rank on pipeline rank ``pp_rank``, by category, and
     their sum (``peak_bytes``)."""
     states = predicted_state_bytes(cfg, pp_rank)
+    # The loss-parallel loss's forward tensors: the trackers file them as activations.
+    forward = loss_forward_bytes(cfg, pp_rank)
     out = {"params": float(states.weights), "grads": float(states.gradients),
            "optimizer": float(states.optimizer),
            "activations": held_microbatches(cfg, pp_rank)
            * predicted_activation_bytes(cfg, pp_rank),
-           "temporaries": pipeline_fsdp_bytes(cfg, pp_rank)}
-    out["peak_bytes"] = sum(out[c] for c in CATEGORIES)
+           "temporaries": predicted_temporary_bytes(cfg, pp_rank) - forward}
+    out["peak_bytes"] = sum(out[c] for c in CATEGORIES) + forward
+    out["activations_tracked"] = out["activations"] + forward
     return out
 
 
@@ -82,9 +99,9 @@ def measured_role(cfg: Any, role: dict[str, Any]) -> dict[str, float]:
 
 def ratios(measured: dict[str, float], predicted: dict[str, float]) -> dict[str, float | None]:
     """dry-run / predicted per key (None where the cost model predicts nothing); the
-    trackers' activation figure meets the same prediction as the saved bytes."""
-    pred = {**predicted, "activations_tracked": predicted["activations"]}
-    return {k: (measured[k] / pred[k] if pred[k] else None) for k in measured}
+    trackers' activation figure meets the saved bytes' prediction plus what the loss's
+    forward holds under loss parallelism (``activations_tracked``)."""
+    return {k: (measured[k] / predicted[k] if predicted[k] else None) for k in measured}
 
 
 def compare(cfg: Any, roles: list[dict[str, Any]], capacity: float | None = None,

@@ -58,7 +58,8 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
     ``fp8_recipe`` and its MoE ``dispatcher`` and ``routing`` among them);
     ``overlap_dp=False`` (``--no-overlap-dp``) turns data-parallel overlap off. On this
     machine the ranks' cores also move the bytes (no overlap), and ``shardlab train`` is
-    eager torch (gradients accumulate in their own pass). SpecError for an unknown
+    eager torch (gradients accumulate in their own pass, FSDP's reduced after every
+    micro-batch). SpecError for an unknown
     framework or a bad value."""
     here = is_this_machine(acc)
     fw = overlap_framework(framework)
@@ -153,6 +154,7 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
     if not overlap_dp:
         opts["overlap_dp"] = "off"
     if here:
+        # shardlab train: FSDP2 reduce-scatters after every micro-batch (train/rank.py).
         opts.update(overlap_dp="off", overlap_tp="off", overlap_pp="off",
-                    fused_accumulation=False)
+                    fused_accumulation=False, reduce_each_micro=True)
     return StepOptions(flash=flash, **opts)  # type: ignore[arg-type]

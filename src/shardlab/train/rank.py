@@ -286,7 +286,11 @@ def train_step(program: RankProgram, share: Batch, real_tokens: int, *,
         model = program.modules[0]
         micro = share.split(cfg.microbatches)
         for i, mb in enumerate(micro):
-            if cfg.grad_ranks > 1:  # FSDP2, composable DDP: reduce after the last micro-batch
+            if cfg.grad_ranks > 1 and cfg.dp_mode == "ddp":
+                # DDP all-reduces after the last micro-batch (its local gradients are whole
+                # anyway). FSDP2 reduce-scatters after every one, as torchtitan's loop does:
+                # without sync it would accumulate every parameter's gradient unsharded in
+                # fp32 (4 B a parameter on each rank, 32 GB for an 8B model).
                 model.set_requires_gradient_sync(i == len(micro) - 1)
             with _loss_parallel(cfg):
                 def forward(mb: Batch = mb) -> Any:

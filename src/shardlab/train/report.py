@@ -31,7 +31,7 @@ from shardlab.train.report_cp import (
     shard_position,
     shard_ranks,
 )
-from shardlab.train.report_fsdp import pipeline_fsdp_bytes, rank_params, vocab_parallel
+from shardlab.train.report_fsdp import rank_params, vocab_parallel
 from shardlab.train.report_moe import (
     ep_groups,
     expert_tp_bytes,
@@ -44,6 +44,7 @@ from shardlab.train.report_moe import (
     routing_summary,
     run_layout,
 )
+from shardlab.train.report_temporaries import predicted_temporary_bytes
 
 
 def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
@@ -159,13 +160,13 @@ def held_microbatches(cfg: Any, pp_rank: int) -> float:
 
 def predicted_peak_bytes(cfg: Any) -> float:
     """The cost model's peak bytes of the fullest rank: weights + gradients + AdamW moments +
-    the activations held at the step's peak (what ``memory_per_rank`` predicts) + what FSDP
-    keeps gathered inside a pipeline (:func:`~shardlab.train.report_fsdp.
-    pipeline_fsdp_bytes`), the figure the memory guard holds against this host's free
-    memory before any rank starts."""
+    the activations held at the step's peak (what ``memory_per_rank`` predicts) + the
+    temporaries at that peak (the loss's, FSDP's gathered units:
+    :func:`~shardlab.train.report_temporaries.predicted_temporary_bytes`), the figure the
+    memory guard holds against this host's free memory before any rank starts."""
     return max(predicted_state_bytes(cfg, p).total
                + held_microbatches(cfg, p) * predicted_activation_bytes(cfg, p)
-               + pipeline_fsdp_bytes(cfg, p) for p in range(cfg.pp))
+               + predicted_temporary_bytes(cfg, p) for p in range(cfg.pp))
 
 
 def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:

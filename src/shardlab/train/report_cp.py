@@ -35,10 +35,10 @@ def replica_bytes(cfg: Any, padded: int, n: int, grad_bytes: int) -> float:
     """Bytes one rank sends per step across HSDP's replicas: FSDP2 all-reduces the rank's
     reduce-scattered gradient shard (``padded // n`` elements: every parameter's dim 0
     padded to a multiple of the shard group's ``n`` ranks, as FSDP2 shards it) over the R
-    replicas once per step, ring 2(R-1)/R of it (Patarasuk & Yuan 2009). Computed here from
-    the ring formula: the cost model's :func:`shardlab.estimate.comm.layout_dp_bytes`
-    counts the unpadded shard."""
-    return ring_allreduce_bytes(padded // n * grad_bytes, cfg.dp_replicate)
+    replicas at each gradient sync (:func:`syncs`), ring 2(R-1)/R of it (Patarasuk & Yuan
+    2009). Computed here from the ring formula: the cost model's
+    :func:`shardlab.estimate.comm.layout_dp_bytes` counts the unpadded shard."""
+    return syncs(cfg) * ring_allreduce_bytes(padded // n * grad_bytes, cfg.dp_replicate)
 
 
 def fp8_gathered(cfg: Any, n: int) -> list[tuple[int, int]]:
@@ -72,7 +72,8 @@ def dp_bytes(params: float, padded: int, policy: Any, zero: int, cfg: Any,
     DDP all-reduces the gradients once, after the last micro-batch (ZeRO paper's 2Ψ):
     the ring's mean 2(p-1)/p·Ψ, which is what the meter reports for an all-reduce (it
     reads payloads; gloo and NCCL cut the buffer by their own rules).
-    FSDP2 reduce-scatters them once and all-gathers the weights k times: ``fsdp``
+    FSDP2 reduce-scatters them after every micro-batch without a pipeline, once in one
+    (:func:`syncs`), and all-gathers the weights k times: ``fsdp``
     (ZeRO-3) before every micro-batch's forward and backward (k = 2m), but for the
     ``kept`` padded elements (:func:`kept_padded`: the final norm and head, gathered once
     per micro-batch, k = m); ``fsdp-zero2``
@@ -100,7 +101,15 @@ def dp_bytes(params: float, padded: int, policy: Any, zero: int, cfg: Any,
     gathers = (padded - fp8_padded) // n * gathered + fp8_padded // n * FP8_GATHER_BYTES
     gathers_all = k * gathers - (k - m) * (kept // n * gathered)
     amax = ring_allreduce_bytes(fp8_tensors * 4, n) if fp8_tensors else 0.0
-    return float((n - 1) * (gathers_all + padded // n * policy.grad_bytes) + amax)
+    reduces = syncs(cfg)
+    return float((n - 1) * (gathers_all + reduces * padded // n * policy.grad_bytes) + amax)
+
+
+def syncs(cfg: Any) -> int:
+    """Gradient reductions per step under FSDP2: one per micro-batch without a pipeline
+    (train_step syncs every micro-batch, as torchtitan's accumulation loop does), one in a
+    pipeline (torch's pipelining stage syncs only the last micro-batch)."""
+    return cfg.microbatches if cfg.pp == 1 else 1
 
 
 def layout_keys(cfg: Any) -> str:

@@ -1,0 +1,105 @@
+"""What a rank of shardlab's program holds at its memory peak beyond its states and the
+activations it saves for backward: the cost model's ``temporaries``.
+
+Three terms, each on the ranks that hold it, all at the start of backward (the loss's
+backward), where the dry run of the same program puts the peak of the runs below:
+
+* **the loss** (the rank holding the head): without loss parallelism the fp32 gradient of
+  the log-softmax output and ``log_softmax_backward``'s fp32 result,
+  :data:`LOSS_BACKWARD_BYTES` per logit (the saved fp32 log-probabilities are among the
+  activations: :mod:`shardlab.train.report_activations`); each tensor-parallel rank holds
+  the whole vocabulary, since the head's output is gathered. With loss parallelism the
+  logits stay split over tp and the peak moves into the loss's forward, at
+  :data:`LOSS_PARALLEL_BYTES` per local logit beyond what the step saves;
+* **FSDP2's units kept gathered** without a pipeline: under ZeRO-3 the final norm and the
+  head (one unit with the embedding when tied; ``data_parallel.apply_fsdp``), under
+  ``fsdp-zero2`` every unit (none is resharded after forward), at the compute dtype;
+* **inside a pipeline**, what FSDP keeps gathered for the whole step
+  (:func:`~shardlab.train.report_fsdp.pipeline_fsdp_bytes`).
+
+Measured with ``shardlab dryrun`` (Llama-3-8B, seq 4096-8192; 2026-12-07):
+
+* ``dp=8 recompute=op micro_batch=2``, seq 8192: 16.81 GB of temporaries = 8 B x 2 x 8192
+  x 128,256 logits, and the 1.05 GB gathered head beside them;
+* ``dp=8 tp=8 sp=1 recompute=selective``: 8.54 GB = 8 B x 8192 x 128,256 (the whole
+  vocabulary on every tp rank) + the head's 1/8, 131 MB;
+* ``dp=8 tp=2 loss_parallel=1``, seq 8192: 9.46 GB held beyond the saved activations at
+  the loss's forward, 18.0 B per local logit (a 1-layer model with a 65,536 vocabulary on
+  tp 2: 18.0 too);
+* ``dp=8 zero=2``, seq 4096: 16.06 GB of unsharded parameters (8.03 B x 2 B) and the
+  loss's 4.20 GB.
+
+Not counted: a layer's backward (its recompute working set, the activation gradients),
+which the dry run shows below the loss's moment for these models, and may exceed it for a
+small vocabulary and a wide model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardlab.estimate.expert import rank_params_split
+from shardlab.train.config import bf16_compute
+from shardlab.train.report_cp import shard_ranks
+from shardlab.train.report_fsdp import pipeline_fsdp_bytes, vocab_parallel
+from shardlab.train.report_moe import run_layout
+
+LOSS_BACKWARD_BYTES = 8
+"""Bytes per logit the loss's backward holds beyond its saved fp32 log-probabilities: the
+nll gradient and ``log_softmax_backward``'s result, both fp32 (module docstring)."""
+
+LOSS_PARALLEL_BYTES = 18
+"""Bytes per local logit held at the loss's forward under ``loss_parallel`` beyond what the
+step saves, measured by the dry run of shardlab's program (module docstring). torch's
+``_log_softmax`` for DTensor (distributed/tensor/parallel/loss.py, 2.13) alone would hold
+the bf16 logits, their fp32 copy, ``shifted`` and ``exp(shifted)``: 14 B, of which the
+result's 4 are saved; the other 8 B are not accounted for yet."""
+
+
+def local_logits(cfg: Any) -> float:
+    """Logit elements of one micro-batch on the head's rank: its tokens (s/cp of each
+    sequence) times the vocabulary, split over tp only under loss parallelism (as
+    ``train`` runs it: without a pipeline)."""
+    mb = cfg.micro_batch or cfg.global_batch // cfg.dp
+    split = cfg.tp if cfg.tp > 1 and cfg.loss_parallel and cfg.pp == 1 else 1
+    return mb * (cfg.seq // cfg.cp) * cfg.shape.vocab / split
+
+
+def loss_temporary_bytes(cfg: Any) -> float:
+    """The loss's bytes at its peak beyond the saved activations (module docstring)."""
+    parallel = cfg.tp > 1 and cfg.loss_parallel and cfg.pp == 1
+    return (LOSS_PARALLEL_BYTES if parallel else LOSS_BACKWARD_BYTES) * local_logits(cfg)
+
+
+def kept_unit_bytes(cfg: Any) -> float:
+    """Bytes of FSDP2's units kept gathered from forward to backward without a pipeline, at
+    the compute dtype: the final norm and head under ZeRO-3 (one matrix with the
+    embedding when tied), the rank's every parameter under ``fsdp-zero2``; 0 for DDP, a
+    shard group of one, or a pipeline (:func:`pipeline_fsdp_bytes` counts that)."""
+    if cfg.pp > 1 or cfg.dp_mode == "ddp" or shard_ranks(cfg) == 1:
+        return 0.0
+    compute = 2 if bf16_compute(cfg) else 4
+    if cfg.dp_mode == "fsdp-zero2":
+        return float(sum(rank_params_split(cfg.shape, run_layout(cfg),
+                                           vocab_parallel(cfg))[0]) * compute)
+    h = cfg.shape.d_model
+    head = cfg.shape.vocab * h / (cfg.tp if vocab_parallel(cfg) else 1)
+    return float((head + h) * compute)
+
+
+def loss_forward_bytes(cfg: Any, pp_rank: int) -> float:
+    """Of :func:`predicted_temporary_bytes`, what the loss's forward holds under loss
+    parallelism: tensors of autograd's forward, which the dry run's trackers count as
+    activations (not as temporaries); 0 elsewhere."""
+    parallel = cfg.tp > 1 and cfg.loss_parallel and cfg.pp == 1
+    return loss_temporary_bytes(cfg) if parallel and pp_rank == cfg.pp - 1 else 0.0
+
+
+def predicted_temporary_bytes(cfg: Any, pp_rank: int) -> float:
+    """The cost model's temporaries on a rank of pipeline stage ``pp_rank`` (module
+    docstring): FSDP's pipeline term everywhere, the loss's and the kept units' on the
+    rank that holds the head."""
+    held = pipeline_fsdp_bytes(cfg, pp_rank)
+    if pp_rank == cfg.pp - 1:
+        held += loss_temporary_bytes(cfg) + kept_unit_bytes(cfg)
+    return held
