@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 from shardlab.cli.args import add_shape_args, positive_int
@@ -154,6 +155,7 @@ def fit_advice(cfg: TrainConfig, acc: Any, doc: dict[str, Any]) -> dict[str, Any
     allowance."""
     # Imported here: the planner's fit advice is needed only for a layout that does not fit.
     from shardlab.plan.fit import explain_fit
+    from shardlab.plan.options import step_options_for
     zero = ({mode: z for z, mode in DP_MODE_OF_ZERO.items()}[cfg.dp_mode]
             if cfg.grad_ranks > 1 else 0)
     layout = make_layout(cfg.shape, gpus=cfg.world, dp=cfg.dp, tp=cfg.tp, pp=cfg.pp,
@@ -164,9 +166,12 @@ def fit_advice(cfg: TrainConfig, acc: Any, doc: dict[str, Any]) -> dict[str, Any
                          recompute=layout_recompute(cfg.recompute),
                          dtype=estimate_dtype(cfg),
                          schedule=cfg.schedule if cfg.pp > 1 else None)
+    options = step_options_for(acc, flash=True)
+    if cfg.recompute == "op":  # the changes keep train's per-operator checkpointing
+        options = replace(options, selective="op")
     advice = explain_fit(cfg.shape, layout, acc,
                          capacity=doc["fit"]["capacity_bytes"] - doc["fit"]["allowance_bytes"],
-                         train_only=True).as_dict()
+                         options=options, train_only=True).as_dict()
     by = doc["by_category"]
     advice["dry_run_binding"] = max(by, key=lambda k: by[k])
     return advice
