@@ -3,6 +3,9 @@ here, by name, rather than somewhere inside a dry run."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 import torch
 from torch import nn
@@ -80,3 +83,59 @@ def test_the_pipeline_vote_is_set_to_static() -> None:
     schedule._warmup_p2p(stages, True, False)
     assert [s._inference_mode for s in stages] == [InferenceMode.STATIC] * 2
     assert "_inference_mode" in PipelineStage.__init__.__code__.co_names
+
+
+@pytest.mark.multiprocess
+def test_dtensor_propagation_is_not_counted_as_the_dry_runs_memory() -> None:
+    """A loss-parallel loss's forward on tp 2 (bf16 logits [1024, 65536] split over the
+    vocabulary): torch's trackers see 14 B per local logit, what eager holds (the bf16
+    logits, their fp32 copy, ``shifted``, ``exp(shifted)``), once DTensor's sharding
+    propagation runs in a fake mode of its own; under the dry run's mode its global-shape
+    tensors added 8 B (22)."""
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    from shardlab.dryrun.fake import fake_world, propagation_apart
+
+    tokens, vocab, width = 1024, 65536, 64
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def forward_peak(apart: bool) -> float:
+        mode = fake_mode()
+        with fake_world(0, 2):
+            mesh = init_device_mesh("cpu", (2,))
+            with mode:
+                head = torch.randn(vocab // 2, width, dtype=torch.bfloat16)
+                hidden = torch.randn(1, tokens, width, dtype=torch.bfloat16,
+                                     requires_grad=True)
+                labels = torch.randint(0, vocab, (tokens,))
+            weight = DTensor.from_local(head, mesh, [Shard(0)]).requires_grad_(True)
+            tracker = MemTracker()
+            tracker.track_external(hidden, weight)
+            inner = contextlib.nullcontext() if apart else _propagate_in(original)
+            with inner, mode, tracker, loss_parallel():
+                logits = torch.matmul(DTensor.from_local(hidden, mesh, [Replicate()]),
+                                      weight.t())
+                F.cross_entropy(logits.float().flatten(0, 1), labels, reduction="sum")
+                peak = tracker.get_tracker_snapshot("peak")
+        snap = next(iter(peak.values()))
+        return snap[_MemRefType.ACT] / (tokens * vocab / 2)
+
+    assert forward_peak(apart=True) == pytest.approx(14.0, abs=0.01)
+    assert forward_peak(apart=False) == pytest.approx(22.0, abs=0.01)
+    # Restored on the way out of the fake world.
+    assert ShardingPropagator._propagate_tensor_meta_non_cached is original
+    with propagation_apart():
+        assert ShardingPropagator._propagate_tensor_meta_non_cached is not original
+
+
+@contextlib.contextmanager
+def _propagate_in(original: object) -> Iterator[None]:
+    """Inside fake_world: torch's own propagation, under whatever fake mode is active."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = original  # type: ignore[method-assign]
+    yield

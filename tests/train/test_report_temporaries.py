@@ -18,7 +18,6 @@ from shardlab.train.report_temporaries import (
     LOSS_BACKWARD_BYTES,
     LOSS_PARALLEL_BYTES,
     kept_unit_bytes,
-    loss_forward_bytes,
     predicted_temporary_bytes,
 )
 
@@ -34,7 +33,6 @@ def test_fsdp_holds_the_losss_backward_and_the_kept_head() -> None:
     logits = 2 * 8192 * V
     assert predicted_temporary_bytes(FSDP, 0) == LOSS_BACKWARD_BYTES * logits + (V * H + H) * 2
     assert LOSS_BACKWARD_BYTES * logits / 1e9 == pytest.approx(16.81, abs=0.005)
-    assert loss_forward_bytes(FSDP, 0) == 0.0
 
 
 def test_tensor_parallel_gathers_the_vocabulary_unless_the_loss_is_parallel() -> None:
@@ -46,8 +44,7 @@ def test_tensor_parallel_gathers_the_vocabulary_unless_the_loss_is_parallel() ->
     assert predicted_temporary_bytes(both, 0) == LOSS_BACKWARD_BYTES * 8192 * V + (
         V * H / 8 + H) * 2
     lp = replace(tp, tp=2, sp=False, loss_parallel=True)
-    assert predicted_temporary_bytes(lp, 0) == loss_forward_bytes(lp, 0) == (
-        LOSS_PARALLEL_BYTES * 8192 * V / 2)
+    assert predicted_temporary_bytes(lp, 0) == LOSS_PARALLEL_BYTES * 8192 * V / 2
 
 
 def test_zero2_keeps_every_unit_and_ddp_none() -> None:
@@ -79,8 +76,9 @@ TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_si
 @pytest.mark.multiprocess
 def test_the_dry_run_holds_them_to_the_byte(tmp_path: Path) -> None:
     """FSDP with two micro-batches (reduced after each, so no unsharded gradient piles up),
-    ZeRO-2's gathered model, FSDP x TP, and the loss-parallel loss's forward: the dry run's
-    temporaries are the prediction exactly, and its peak within 10%."""
+    ZeRO-2's gathered model, FSDP x TP, and the loss-parallel loss (its backward: torch's
+    zeros, exp and their sum): the dry run's temporaries are the prediction exactly (the
+    loss-parallel ones within 0.1%), in the backward, and its peak within 25%."""
     from shardlab.cli import build_parser
     from shardlab.cli.dryrun import config_from
     from shardlab.dryrun.compare import compare
@@ -96,11 +94,10 @@ def test_the_dry_run_holds_them_to_the_byte(tmp_path: Path) -> None:
     roles = run_many([(cfg, 0) for cfg in cfgs])
     for (layout, _), cfg, role in zip(cases, cfgs, roles, strict=True):
         entry = compare(cfg, [role])["roles"][0]
-        assert 0.9 <= entry["ratio"]["peak_bytes"] <= 1.0, (layout, entry["ratio"])
-        if cfg.loss_parallel:
-            # At the loss's forward: what it holds is among the trackers' activations.
-            assert role["peak_at"]["phase"] == "forward"
-            assert entry["ratio"]["activations_tracked"] == pytest.approx(1.0, abs=0.05)
-            continue
+        assert 0.75 <= entry["ratio"]["peak_bytes"] <= 1.0, (layout, entry["ratio"])
         assert role["peak_at"]["phase"] == "backward", layout
+        if cfg.loss_parallel:  # beside the three tensors, its target indices and mask (67 KB)
+            assert entry["measured"]["temporaries"] == pytest.approx(
+                entry["predicted"]["temporaries"], rel=1e-3)
+            continue
         assert entry["measured"]["temporaries"] == entry["predicted"]["temporaries"], layout

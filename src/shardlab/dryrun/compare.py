@@ -37,7 +37,7 @@ from typing import Any
 from shardlab.errors import SpecError
 from shardlab.train.report import comm_table, held_microbatches, predicted_state_bytes
 from shardlab.train.report_activations import predicted_activation_bytes
-from shardlab.train.report_temporaries import loss_forward_bytes, predicted_temporary_bytes
+from shardlab.train.report_temporaries import predicted_temporary_bytes
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "temporaries")
 """The categories of a role's memory, in the cost model's terms."""
@@ -73,15 +73,12 @@ def predicted_role(cfg: Any, pp_rank: int) -> dict[str, float]:
     """The cost model's bytes of a rank on pipeline rank ``pp_rank``, by category, and
     their sum (``peak_bytes``)."""
     states = predicted_state_bytes(cfg, pp_rank)
-    # The loss-parallel loss's forward tensors: the trackers file them as activations.
-    forward = loss_forward_bytes(cfg, pp_rank)
     out = {"params": float(states.weights), "grads": float(states.gradients),
            "optimizer": float(states.optimizer),
            "activations": held_microbatches(cfg, pp_rank)
            * predicted_activation_bytes(cfg, pp_rank),
-           "temporaries": predicted_temporary_bytes(cfg, pp_rank) - forward}
-    out["peak_bytes"] = sum(out[c] for c in CATEGORIES) + forward
-    out["activations_tracked"] = out["activations"] + forward
+           "temporaries": predicted_temporary_bytes(cfg, pp_rank)}
+    out["peak_bytes"] = sum(out[c] for c in CATEGORIES)
     return out
 
 
@@ -99,9 +96,9 @@ def measured_role(cfg: Any, role: dict[str, Any]) -> dict[str, float]:
 
 def ratios(measured: dict[str, float], predicted: dict[str, float]) -> dict[str, float | None]:
     """dry-run / predicted per key (None where the cost model predicts nothing); the
-    trackers' activation figure meets the saved bytes' prediction plus what the loss's
-    forward holds under loss parallelism (``activations_tracked``)."""
-    return {k: (measured[k] / predicted[k] if predicted[k] else None) for k in measured}
+    trackers' activation figure meets the same prediction as the saved bytes."""
+    pred = {**predicted, "activations_tracked": predicted["activations"]}
+    return {k: (measured[k] / pred[k] if pred[k] else None) for k in measured}
 
 
 def compare(cfg: Any, roles: list[dict[str, Any]], capacity: float | None = None,

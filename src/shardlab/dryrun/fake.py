@@ -18,6 +18,16 @@ so a torch upgrade that moves them breaks here, in ``tests/dryrun/test_fake.py``
   give and a fake group never delivers. Every stage shardlab builds has static shapes
   (:func:`shardlab.distributed.pipeline.stage_io_meta`), so the vote's outcome is
   known: :func:`skip_pipeline_vote` sets it.
+* **DTensor's sharding propagation** (``ShardingPropagator.
+  _propagate_tensor_meta_non_cached``): to learn an operator's output shape it runs the
+  operator on fake tensors of the *global* shapes. In an eager run on a GPU that happens
+  in a FakeTensorMode of its own (nothing allocated), and torch's memory trackers skip
+  operators under a fake mode other than the one they were entered in. Under the dry
+  run's mode torch propagates without its cache and reuses the active fake mode
+  (``detect_fake_mode()``), so the trackers counted those global-shape tensors as
+  memory: 8 B per local logit at the forward peak of a loss-parallel loss on tp 2
+  (22 B where eager holds 14). :func:`fake_world` runs propagation in a mode of its own,
+  as eager does.
 
 A real tensor inside the measured step would be real memory: while a step runs, the
 mode refuses non-fake inputs (:func:`strict`), and :class:`RealTensorError` says which
@@ -35,6 +45,7 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.distributed.pipelining._utils import InferenceMode
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._sharding_prop import ShardingPropagator
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 
@@ -50,9 +61,28 @@ def fake_world(rank: int, world: int) -> Iterator[None]:
         raise RuntimeError("a process group is already initialized in this process")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
-        yield
+        with propagation_apart():
+            yield
     finally:
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def propagation_apart() -> Iterator[None]:
+    """DTensor's sharding propagation in a FakeTensorMode of its own while inside (module
+    docstring): what it builds is not the dry run's memory, as it is not an eager run's."""
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def apart(self: ShardingPropagator, op_schema: Any) -> Any:
+        with FakeTensorMode():
+            return original(self, op_schema)
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = apart  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = (  # type: ignore[method-assign]
+            original)
 
 
 def fake_mode() -> FakeTensorMode:

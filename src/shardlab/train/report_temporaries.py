@@ -9,8 +9,7 @@ backward), where the dry run of the same program puts the peak of the runs below
   :data:`LOSS_BACKWARD_BYTES` per logit (the saved fp32 log-probabilities are among the
   activations: :mod:`shardlab.train.report_activations`); each tensor-parallel rank holds
   the whole vocabulary, since the head's output is gathered. With loss parallelism the
-  logits stay split over tp and the peak moves into the loss's forward, at
-  :data:`LOSS_PARALLEL_BYTES` per local logit beyond what the step saves;
+  logits stay split over tp, at :data:`LOSS_PARALLEL_BYTES` per local logit;
 * **FSDP2's units kept gathered** without a pipeline: under ZeRO-3 the final norm and the
   head (one unit with the embedding when tied; ``data_parallel.apply_fsdp``), under
   ``fsdp-zero2`` every unit (none is resharded after forward), at the compute dtype;
@@ -23,9 +22,10 @@ Measured with ``shardlab dryrun`` (Llama-3-8B, seq 4096-8192; 2026-12-07):
   x 128,256 logits, and the 1.05 GB gathered head beside them;
 * ``dp=8 tp=8 sp=1 recompute=selective``: 8.54 GB = 8 B x 8192 x 128,256 (the whole
   vocabulary on every tp rank) + the head's 1/8, 131 MB;
-* ``dp=8 tp=2 loss_parallel=1``, seq 8192: 9.46 GB held beyond the saved activations at
-  the loss's forward, 18.0 B per local logit (a 1-layer model with a 65,536 vocabulary on
-  tp 2: 18.0 too);
+* ``tp=2 loss_parallel=1`` on a 2-layer model with a 65,536-token vocabulary, 1,024
+  tokens: 402.7 MB of temporaries in the loss's backward, 12.0 B per local logit (18 B in
+  its forward until the dry run stopped counting DTensor's sharding propagation:
+  :mod:`shardlab.dryrun.fake`);
 * ``dp=8 zero=2``, seq 4096: 16.06 GB of unsharded parameters (8.03 B x 2 B) and the
   loss's 4.20 GB.
 
@@ -48,12 +48,12 @@ LOSS_BACKWARD_BYTES = 8
 """Bytes per logit the loss's backward holds beyond its saved fp32 log-probabilities: the
 nll gradient and ``log_softmax_backward``'s result, both fp32 (module docstring)."""
 
-LOSS_PARALLEL_BYTES = 18
-"""Bytes per local logit held at the loss's forward under ``loss_parallel`` beyond what the
-step saves, measured by the dry run of shardlab's program (module docstring). torch's
-``_log_softmax`` for DTensor (distributed/tensor/parallel/loss.py, 2.13) alone would hold
-the bf16 logits, their fp32 copy, ``shifted`` and ``exp(shifted)``: 14 B, of which the
-result's 4 are saved; the other 8 B are not accounted for yet."""
+LOSS_PARALLEL_BYTES = 12
+"""Bytes per local logit the loss's backward holds under ``loss_parallel`` beyond its saved
+fp32 log-probabilities: torch's ``_nll_loss_and_log_softmax_backward`` (distributed/
+tensor/parallel/loss.py, 2.13) builds ``zeros_like(x)``, ``exp(x)`` and their sum, fp32
+each. Its forward holds less: the bf16 logits, their fp32 copy, ``shifted`` and
+``exp(shifted)``, 14 B with the 4 saved."""
 
 
 def local_logits(cfg: Any) -> float:
@@ -85,14 +85,6 @@ def kept_unit_bytes(cfg: Any) -> float:
     h = cfg.shape.d_model
     head = cfg.shape.vocab * h / (cfg.tp if vocab_parallel(cfg) else 1)
     return float((head + h) * compute)
-
-
-def loss_forward_bytes(cfg: Any, pp_rank: int) -> float:
-    """Of :func:`predicted_temporary_bytes`, what the loss's forward holds under loss
-    parallelism: tensors of autograd's forward, which the dry run's trackers count as
-    activations (not as temporaries); 0 elsewhere."""
-    parallel = cfg.tp > 1 and cfg.loss_parallel and cfg.pp == 1
-    return loss_temporary_bytes(cfg) if parallel and pp_rank == cfg.pp - 1 else 0.0
 
 
 def predicted_temporary_bytes(cfg: Any, pp_rank: int) -> float:
