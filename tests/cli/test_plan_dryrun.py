@@ -102,3 +102,21 @@ def test_torchtitans_selective_layouts_dry_run_per_operator(
                  "--json"]) == 0
     capsys.readouterr()
     assert [cfg.recompute for cfg in seen] == [recompute]
+
+
+def test_a_ddp_layout_is_skipped_with_the_reason(capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """DDP (ZeRO 0) over several ranks cannot run on fake tensors (its C++ reducer needs
+    storage): the entry says so and no dry run is started for it."""
+    seen: list[Any] = []
+
+    def fake_many(work: list[Any], jobs: int | None = None) -> list[dict[str, Any]]:
+        seen.extend(work)
+        return [fake_role(cfg, rank, 1e6) for cfg, rank in work]
+
+    monkeypatch.setattr(pool, "run_many", fake_many)
+    assert main(["plan", "--gpus", "4", "--global-batch", "8", "--gpu", "h100",
+                 "--layout", "dp=4 zero=0", "--dry-run-top", "1", "--json"]) == 0
+    entry = json.loads(capsys.readouterr().out)["best"][0]
+    assert entry["zero"] == 0 and not seen
+    assert "DDP's C++ reducer needs real tensors" in entry["dry_run"]["skipped"]
