@@ -18,7 +18,8 @@ from shardlab.estimate.activations import (
     sp_gathered_bytes,
 )
 from shardlab.estimate.context import cp_layer_activation_bytes
-from shardlab.estimate.partition import rank_layers
+from shardlab.estimate.params import norm_params
+from shardlab.estimate.partition import layer_params_per_tp_rank, rank_layers
 from shardlab.train.config import bf16_compute
 from shardlab.train.report_moe import run_layout, stage_layer_ids
 
@@ -90,8 +91,38 @@ def predicted_activation_bytes(cfg: Any, pp_rank: int,
             eager=True, moe_layer=i >= first_moe, imbalance=(loads or {}).get(i, 1.0),
             **kw, **moe_kw) for i in stage_layer_ids(cfg, p)) / layers[p]
     return (layers[p] * (per_layer + gathered + 2 * block_norm + mask_dtype) + mask + ids * (p == 0)
+            + autocast_cast_bytes(cfg, p)
             + (targets + head + logits + norm) * (p == cfg.pp - 1)
             + (first_stage_extra_bytes(cfg.shape, mb, seq, dropout=False, **kw)
                if p == 0 else 0.0)
             + (last_stage_extra_bytes(cfg.shape, mb, seq, e, **kw)
                if p == cfg.pp - 1 else 0.0))
+
+
+def autocast_cast_bytes(cfg: Any, pp_rank: int) -> float:
+    """The bf16 copies of the rank's linear weights that a bf16 run through autocast (no
+    FSDP: one rank, tensor or pipeline parallelism alone, DDP) saves for backward: autocast
+    casts each fp32 weight once and caches the copy, and the linear saves it; 2 B a weight
+    (and bias) element of every block's linears and of the head, on the ranks that hold
+    them, but not of a block whose forward runs again in backward (full recompute, or
+    per-operator checkpointing, which casts again). FSDP's bf16 parameters replace autocast
+    and are not activations; fp8 and mixtures of experts are not counted.
+
+    Measured by the dry run (``shardlab dryrun --layers 2 --d-model 256 --heads 4 --d-ff
+    512 --vocab 512 --seq 128 --dtype bf16``, 2026-12-07): with ``dp=1`` the saved bytes
+    exceed the count without this term by the rank's 1,441,792 linear elements x 2 B and
+    68 KB more; the same over ``dp=2`` (FSDP's bf16 parameters) by none of it. Each
+    micro-batch's forward saves the cached copy again, so the saved-tensor meter counts it
+    per micro-batch; in a pipeline the copies held at once are one, which the held
+    activations (x the micro-batches in flight) over-count."""
+    fsdp = cfg.grad_ranks > 1 and cfg.dp_mode != "ddp"
+    if cfg.dtype != "bf16" or fsdp or cfg.shape.moe is not None:
+        return 0.0
+    m = cfg.shape
+    blocks = 0
+    if cfg.recompute not in ("full", "op"):
+        layers = rank_layers(m.layers, cfg.pp, cfg.virtual_stages, cfg.stage_layers)[pp_rank]
+        blocks = layers * (layer_params_per_tp_rank(m, cfg.tp, False) - 2 * norm_params(m))
+    split = cfg.tp if cfg.tp > 1 and not m.tied else 1  # the vocabulary-parallel head
+    head = m.vocab * m.d_model / split if pp_rank == cfg.pp - 1 else 0
+    return 2.0 * (blocks + head)
