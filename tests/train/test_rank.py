@@ -10,8 +10,8 @@ import torch
 
 from shardlab.config.model import ModelShape
 from shardlab.nn.garden import garden_vocab
-from shardlab.train.config import TrainConfig
-from shardlab.train.rank import bf16_autocast, fsdp_mixed_precision
+from shardlab.train.config import TrainConfig, fsdp_mixed_precision
+from shardlab.train.rank import bf16_autocast
 
 TINY = ModelShape("tiny", 2, 32, 4, garden_vocab().size, 16, style="llama", tied=False)
 

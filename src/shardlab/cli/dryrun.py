@@ -166,9 +166,9 @@ def fit_advice(cfg: TrainConfig, acc: Any, doc: dict[str, Any]) -> dict[str, Any
                          recompute=layout_recompute(cfg.recompute),
                          dtype=estimate_dtype(cfg),
                          schedule=cfg.schedule if cfg.pp > 1 else None)
-    options = step_options_for(acc, flash=True)
-    if cfg.recompute == "op":  # the changes keep train's per-operator checkpointing
-        options = replace(options, selective="op")
+    # The changes keep train's per-operator checkpointing (None: the planner's default).
+    options = (replace(step_options_for(acc, flash=True), selective="op")
+               if cfg.recompute == "op" else None)
     advice = explain_fit(cfg.shape, layout, acc,
                          capacity=doc["fit"]["capacity_bytes"] - doc["fit"]["allowance_bytes"],
                          options=options, train_only=True).as_dict()

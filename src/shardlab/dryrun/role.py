@@ -40,8 +40,8 @@ from shardlab.dryrun.fake import (
 )
 from shardlab.dryrun.tracker import peak_breakdown, role_tracker
 from shardlab.nn.data import Batch
-from shardlab.train.config import TrainConfig
-from shardlab.train.rank import bf16_autocast, build_rank, fsdp_mixed_precision, train_step
+from shardlab.train.config import TrainConfig, fsdp_mixed_precision
+from shardlab.train.rank import bf16_autocast, build_rank, train_step
 
 STEPS = 2
 """Optimizer steps a dry run takes; the last is measured."""

@@ -235,6 +235,12 @@ def bf16_compute(cfg: TrainConfig) -> bool:
     return cfg.dtype in ("bf16", "fp8")
 
 
+def fsdp_mixed_precision(cfg: TrainConfig) -> bool:
+    """Whether bf16 runs through FSDP2's MixedPrecisionPolicy (bf16 parameter copies,
+    fp32 reduction) rather than autocast: bf16 with FSDP (over dp x cp > 1 ranks, not DDP)."""
+    return bf16_compute(cfg) and cfg.grad_ranks > 1 and cfg.dp_mode != "ddp"
+
+
 def estimate_dtype(cfg: TrainConfig) -> str:
     """The cost model's dtype policy for the run's states, activations and communication:
     ``amp-bf16`` (fp32 parameters, gradients and AdamW, bf16 compute) for bf16 and fp8 (an

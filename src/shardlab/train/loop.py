@@ -38,9 +38,9 @@ from shardlab.distributed.expert_parallel import RoutingRecorder
 from shardlab.distributed.measure import CommMeter, flop_counter, state_bytes
 from shardlab.hf.weights import read_weights
 from shardlab.nn.data import batches
-from shardlab.train.config import TrainConfig
+from shardlab.train.config import TrainConfig, fsdp_mixed_precision
 from shardlab.train.fp8 import refresh_fp8_scales
-from shardlab.train.rank import bf16_autocast, build_rank, fsdp_mixed_precision, train_step
+from shardlab.train.rank import bf16_autocast, build_rank, train_step
 from shardlab.train.tensorboard import RunBoard
 
 

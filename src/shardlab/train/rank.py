@@ -48,7 +48,7 @@ from shardlab.distributed.tied_embedding import sync_tied_grads
 from shardlab.nn.data import Batch
 from shardlab.nn.model import TransformerLM
 from shardlab.nn.moe import MoEOptions
-from shardlab.train.config import TrainConfig, bf16_compute
+from shardlab.train.config import TrainConfig, bf16_compute, fsdp_mixed_precision
 from shardlab.train.fp8 import convert_fp8_linears, refresh_fp8_scales
 from shardlab.train.optimizer import clip_grad_norm, make_optimizer
 
@@ -61,12 +61,6 @@ def bf16_autocast(cfg: TrainConfig, device_type: str) -> Any:
     if bf16_compute(cfg):
         return torch.autocast(device_type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
-
-
-def fsdp_mixed_precision(cfg: TrainConfig) -> bool:
-    """Whether bf16 runs through FSDP2's MixedPrecisionPolicy (bf16 parameter copies,
-    fp32 reduction) rather than autocast: bf16 with FSDP (over dp x cp > 1 ranks, not DDP)."""
-    return bf16_compute(cfg) and cfg.grad_ranks > 1 and cfg.dp_mode != "ddp"
 
 
 @dataclass

@@ -20,7 +20,7 @@ from shardlab.estimate.activations import (
 from shardlab.estimate.context import cp_layer_activation_bytes
 from shardlab.estimate.params import norm_params
 from shardlab.estimate.partition import layer_params_per_tp_rank, rank_layers
-from shardlab.train.config import bf16_compute
+from shardlab.train.config import bf16_compute, fsdp_mixed_precision
 from shardlab.train.report_moe import run_layout, stage_layer_ids
 
 
@@ -115,8 +115,7 @@ def autocast_cast_bytes(cfg: Any, pp_rank: int) -> float:
     micro-batch's forward saves the cached copy again, so the saved-tensor meter counts it
     per micro-batch; in a pipeline the copies held at once are one, which the held
     activations (x the micro-batches in flight) over-count."""
-    fsdp = cfg.grad_ranks > 1 and cfg.dp_mode != "ddp"
-    if cfg.dtype != "bf16" or fsdp or cfg.shape.moe is not None:
+    if cfg.dtype != "bf16" or fsdp_mixed_precision(cfg) or cfg.shape.moe is not None:
         return 0.0
     m = cfg.shape
     blocks = 0

@@ -38,11 +38,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardlab.estimate.expert import rank_params_split
+from shardlab.estimate.comm import fsdp2_padded_params
 from shardlab.train.config import bf16_compute
-from shardlab.train.report_cp import shard_ranks
+from shardlab.train.report_cp import kept_padded, shard_ranks
 from shardlab.train.report_fsdp import pipeline_fsdp_bytes, vocab_parallel
-from shardlab.train.report_moe import run_layout
+from shardlab.train.report_moe import moe_padded_params
 
 LOSS_BACKWARD_BYTES = 8
 """Bytes per logit the loss's backward holds beyond its saved fp32 log-probabilities: the
@@ -73,18 +73,20 @@ def loss_temporary_bytes(cfg: Any) -> float:
 
 def kept_unit_bytes(cfg: Any) -> float:
     """Bytes of FSDP2's units kept gathered from forward to backward without a pipeline, at
-    the compute dtype: the final norm and head under ZeRO-3 (one matrix with the
-    embedding when tied), the rank's every parameter under ``fsdp-zero2``; 0 for DDP, a
-    shard group of one, or a pipeline (:func:`pipeline_fsdp_bytes` counts that)."""
-    if cfg.pp > 1 or cfg.dp_mode == "ddp" or shard_ranks(cfg) == 1:
+    the compute dtype: under ZeRO-3 the final norm and head (with a tied head, the unit it
+    shares with the embedding: :func:`~shardlab.train.report_cp.kept_padded`), under
+    ``fsdp-zero2`` the rank's every parameter; each padded as FSDP2 gathers it. 0 for DDP,
+    a shard group of one, or a pipeline (:func:`pipeline_fsdp_bytes` counts that)."""
+    n = shard_ranks(cfg)
+    if cfg.pp > 1 or cfg.dp_mode == "ddp" or n == 1:
         return 0.0
     compute = 2 if bf16_compute(cfg) else 4
-    if cfg.dp_mode == "fsdp-zero2":
-        return float(sum(rank_params_split(cfg.shape, run_layout(cfg),
-                                           vocab_parallel(cfg))[0]) * compute)
-    h = cfg.shape.d_model
-    head = cfg.shape.vocab * h / (cfg.tp if vocab_parallel(cfg) else 1)
-    return float((head + h) * compute)
+    if cfg.dp_mode == "fsdp":
+        return float(kept_padded(cfg, n, vocab_parallel(cfg)) * compute)
+    if cfg.shape.moe is not None:
+        return float(sum(moe_padded_params(cfg)[0]) * compute)
+    return float(fsdp2_padded_params(cfg.shape, cfg.tp, 1, n, vocab_parallel=vocab_parallel(cfg))[0]
+                 * compute)
 
 
 def predicted_temporary_bytes(cfg: Any, pp_rank: int) -> float:
