@@ -77,7 +77,31 @@ def test_fsdp_without_no_sync_reduce_scatters_in_every_micro_batch() -> None:
     rs = (M.layers + 1) * 7 * 5e-6 + 7 / 8 * n / (0.8 * 450e9)
     extra = each["breakdown"]["dp_comm"] - once["breakdown"]["dp_comm"]
     assert extra == pytest.approx(3 * rs, rel=1e-6)
-    # A pipeline's stages skip the sync but in the last micro-batch.
-    piped = "dp=4 pp=2 zero=3 micro_batch=1"
-    assert one(8, 32, piped, StepOptions(reduce_each_micro=True, **kw))["breakdown"][
-        "dp_comm"] == pytest.approx(one(8, 32, piped, StepOptions(**kw))["breakdown"]["dp_comm"])
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_fsdp_in_pipeline_stages_gathers_once_and_reduces_after_the_last_backward(
+        zero: int) -> None:
+    # torch.distributed.pipelining keeps a stage's FSDP units gathered across its
+    # micro-batches and reduce-scatters once, after its last backward (stage.py
+    # perform_reduce_grad): one gather and one reduce-scatter a step, whatever the count.
+    piped = f"dp=4 pp=2 zero={zero} micro_batch=1"
+    kw = {"grad_reduce_bytes": 0, "reduce_each_micro": True}
+
+    def dp(batch: int, overlap: bool) -> tuple[float, float]:
+        e = one(8, batch, piped, StepOptions(overlap_dp=overlap, **kw))
+        return e["breakdown"]["dp_comm"], e["hidden"].get("dp_comm", 0.0)
+
+    off8, _ = dp(32, False)  # 8 micro-batches
+    assert dp(64, False)[0] == pytest.approx(off8, rel=1e-12)  # 16: the same two rings
+    # bf16 gradients and weights: the gather and the reduce-scatter move the same bytes
+    # over the same ring, so each is half; overlapped, only the gather hides (behind the
+    # first forward), the reduce-scatter waits in full.
+    on, hidden = dp(32, True)
+    assert on + hidden == pytest.approx(off8, rel=1e-12)
+    assert on >= off8 / 2 * (1 - 1e-12) and hidden > 0
+    # ZeRO-3 without the pipeline runtime's order (Megatron-style, reduce once) gathers in
+    # every micro-batch's forward and backward: 2 x 8 gathers and one reduce-scatter.
+    megatron = one(8, 32, "dp=4 pp=2 zero=3 micro_batch=1",
+                   StepOptions(overlap_dp=False, grad_reduce_bytes=0))["breakdown"]["dp_comm"]
+    assert megatron == pytest.approx(off8 / 2 * 17, rel=1e-12)

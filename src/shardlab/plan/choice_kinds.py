@@ -62,7 +62,7 @@ CHOOSER: dict[str, tuple[int, float, int, int]] = {
     "overlap": (8, 0.056, 8, 8),
     "kernels": (2, 0.065, 2, 2),
     "mixed": (7, 0.03, 7, 7),
-    "layout": (7, 0.24, 6, 3),
+    "layout": (7, 0.239, 6, 3),
     "strong": (11, 0.024, 6, 6),
     "weak": (21, 0.02, 1, 1),
     "batch": (6, 0.014, 6, 6),

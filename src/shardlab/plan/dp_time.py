@@ -16,7 +16,9 @@ the other and hide together (Megatron-LM's MFSDP runtime_schedule.md: "When AG a
 share a NCCL communicator, the communicator enforces the host-side launch order even if
 the operations use independent CUDA streams"), and where the framework reduce-scatters
 after every micro-batch (``reduce_each_micro``: PyTorch FSDP without ``no_sync``) they do
-so in every micro-batch without a pipeline. ZeRO shards over dp_shard x cp (the cp ranks
+so in every micro-batch without a pipeline; in torch.distributed.pipelining's stages the
+same FSDP gathers once (behind the first micro-batch's forward) and reduce-scatters once,
+exposed, after the stage's last backward (``perform_reduce_grad``). ZeRO shards over dp_shard x cp (the cp ranks
 hold the same weights; torchtitan's ``dp_shard_cp``), gradients are summed over dp x cp;
 HSDP (dp_replicate R > 1) reduce-scatters and gathers inside the shard group (its link:
 dp_shard·cp·t consecutive ranks) and all-reduces each rank's shard of the gradients across
@@ -134,10 +136,20 @@ def dp_seconds(c: Candidates, mem: MemoryArrays, policy: DtypePolicy, dev: Devic
     last = ag3 + hide(rs3, bwd_window) if post else hide(ag3 + rs3, bwd_window)
     zero3 = (micro * hide(ag3, fwd_window) + (micro - syncs) * bwd_ag
              + syncs * (last + hide(ar_rep, bwd_window)))
+    # PyTorch FSDP in torch.distributed.pipelining's stages (torchtitan, shardlab train):
+    # the stage keeps its units gathered from the first micro-batch's forward to the last
+    # one's backward (torchtitan reshards none after forward with pp; the stage sets
+    # reshard_after_backward False but in the last), so it gathers once, behind the first
+    # forward; its gradients are reduce-scattered once, by the schedule's REDUCE_GRAD after
+    # the stage's last backward (torch/distributed/pipelining/stage.py perform_reduce_grad,
+    # "Manually call post backward for FSDP", whose _root_post_backward_final_callback makes
+    # the compute stream wait for them): no compute is left to hide them behind.
+    piped = (pp > 1) & (z >= 2) & opt.reduce_each_micro
     dp_comm = np.select(
-        [z == 0, z <= 2],
-        [hide(ar, bwd_window), hide(rs + ar_rep, bwd_window) + hide(ag, fwd_window)], zero3)
-    dp_all = np.select([z == 0, z <= 2], [ar, rs + ar_rep + ag],
+        [z == 0, piped, z <= 2],
+        [hide(ar, bwd_window), hide(ag3, fwd_window) + rs3 + ar_rep,
+         hide(rs + ar_rep, bwd_window) + hide(ag, fwd_window)], zero3)
+    dp_all = np.select([z == 0, piped, z <= 2], [ar, ag3 + rs3 + ar_rep, rs + ar_rep + ag],
                        2 * micro * ag3 + syncs * (rs3 + ar_rep))
 
     return DpTime(dp_comm, dp_all, group, egroup)
