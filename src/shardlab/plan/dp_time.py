@@ -1,5 +1,6 @@
-"""Data-parallel and ZeRO communication in the step-time model (:mod:`shardlab.plan.step_time`'s
-``dp_comm``): what is exposed beyond the windows it can hide behind, and all of it.
+"""Data-parallel and ZeRO communication in the step-time model
+(:mod:`shardlab.plan.step_time`'s ``dp_comm``): what is exposed beyond the windows it can
+hide behind, and all of it.
 
 ZeRO-0 all-reduces the gradients, ZeRO-1/2 reduce-scatter them and all-gather the updated
 weights, ZeRO-3 all-gathers the weights in every micro-batch's forward and backward and
@@ -8,27 +9,28 @@ reduce-scatters the gradients (ZeRO paper, Rajbhandari et al. 2020; bytes as
 expert_dp = dp/ep ranks, the rest over dp:
 :func:`~shardlab.estimate.comm.layout_dp_bytes`), one gather per layer, so each layer adds
 the ring's latency (FSDP wraps every block). A ring with k members per node leaves it over
-k NICs (:func:`~shardlab.plan.comm_time.members_per_node`; cp's too) and pays the
-network's latency on one step in k, NVLink's on the others. ZeRO-3 pays a ring's latency
-per layer for its gather and its reduce-scatter; in the backward a layer's gather and the
-previous layer's reduce-scatter share the group's communicator, so they queue one after
-the other and hide together (Megatron-LM's MFSDP runtime_schedule.md: "When AG and RS
-share a NCCL communicator, the communicator enforces the host-side launch order even if
-the operations use independent CUDA streams"), and where the framework reduce-scatters
-after every micro-batch (``reduce_each_micro``: PyTorch FSDP without ``no_sync``) they do
-so in every micro-batch without a pipeline; in torch.distributed.pipelining's stages the
-same FSDP gathers once (behind the first micro-batch's forward) and reduce-scatters once,
-exposed, after the stage's last backward (``perform_reduce_grad``). ZeRO shards over dp_shard x cp (the cp ranks
-hold the same weights; torchtitan's ``dp_shard_cp``), gradients are summed over dp x cp;
-HSDP (dp_replicate R > 1) reduce-scatters and gathers inside the shard group (its link:
-dp_shard·cp·t consecutive ranks) and all-reduces each rank's shard of the gradients across
-the R replicas (the link of dp·cp·t ranks), behind the same backward window. With
-``overlap_dp`` the gradient reduction hides behind the last micro-batch's backward and the
-weight gather behind the first micro-batch's forward (Megatron's overlap-grad-reduce and
-overlap-param-gather; FSDP's prefetch); what is longer than that window is exposed. A ring
-that leaves the node runs on its own stream over the network, so its window also holds the
-time the compute stream waits on a tensor-, expert- or context-parallel collective that
-stays on NVLink (a third of it forward, two thirds backward, as the compute).
+k NICs (:func:`~shardlab.plan.comm_time.members_per_node`; cp's too) and pays the network's
+latency on one step in k, NVLink's on the others. ZeRO-3 pays a ring's latency per layer
+for its gather and its reduce-scatter; in the backward a layer's gather and the previous
+layer's reduce-scatter share the group's communicator, so they queue one after the other
+and hide together (Megatron-LM's MFSDP runtime_schedule.md: "When AG and RS share a NCCL
+communicator, the communicator enforces the host-side launch order even if the operations
+use independent CUDA streams"), and where the framework reduce-scatters after every
+micro-batch (``reduce_each_micro``: PyTorch FSDP without ``no_sync``) they do so in every
+micro-batch without a pipeline; in torch.distributed.pipelining's stages the same FSDP
+gathers once (behind the first micro-batch's forward) and reduce-scatters once, exposed,
+after the stage's last backward (``perform_reduce_grad``). ZeRO shards over dp_shard x cp
+(the cp ranks hold the same weights; torchtitan's ``dp_shard_cp``), gradients are summed
+over dp x cp; HSDP (dp_replicate R > 1) reduce-scatters and gathers inside the shard group
+(its link: dp_shard·cp·t consecutive ranks) and all-reduces each rank's shard of the
+gradients across the R replicas (the link of dp·cp·t ranks), behind the same backward
+window. With ``overlap_dp`` the gradient reduction hides behind the last micro-batch's
+backward and the weight gather behind the first micro-batch's forward (Megatron's
+overlap-grad-reduce and overlap-param-gather; FSDP's prefetch); what is longer than that
+window is exposed. A ring that leaves the node runs on its own stream over the network, so
+its window also holds the time the compute stream waits on a tensor-, expert- or
+context-parallel collective that stays on NVLink (a third of it forward, two thirds
+backward, as the compute).
 """
 
 from __future__ import annotations
