@@ -127,7 +127,9 @@ class Framework:
     ``sync_context = contextlib.nullcontext()`` for a model that is not DDP, commit 1bc8d0aa,
     Jan 2024); torchtitan's accumulation loop calls ``backward`` per micro-batch and never
     ``set_requires_gradient_sync`` (train.py, commit 2887250b); Megatron-LM runs all but the
-    last micro-batch under ``no_sync``."""
+    last micro-batch under ``no_sync``. It also marks torch's FSDP in
+    torch.distributed.pipelining's stages, which gather once a step and reduce-scatter once,
+    after the stage's last backward (:mod:`shardlab.plan.dp_time`)."""
     loss_bytes: int = 6
     """Bytes its loss moves per logit element, forward and backward (each operator reads
     its inputs and writes its output once): 6 for a fused cross-entropy kernel on the bf16

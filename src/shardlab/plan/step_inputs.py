@@ -96,7 +96,9 @@ class StepOptions:
     framework's: fp32 reduction is 4); 0: the policy's gradient bytes."""
     reduce_each_micro: bool = False
     """ZeRO-3 reduce-scatters the gradients after every micro-batch's backward (PyTorch FSDP
-    without ``no_sync``: Composer, torchtitan), not once after the last."""
+    without ``no_sync``: Composer, torchtitan), not once after the last; with pp > 1 (torch's
+    pipeline stages) FSDP gathers once a step and reduce-scatters once, exposed, after the
+    stage's last backward (:mod:`shardlab.plan.dp_time`)."""
     loss_bytes: int = 6
     """Bytes the loss moves per logit element, forward and backward (the framework's:
     :attr:`shardlab.plan.overlap.Framework.loss_bytes`; 6: a fused kernel)."""
