@@ -12,7 +12,12 @@ from shardlab.config.dtypes import get_policy
 from shardlab.estimate.activations import LOGIT_BYTES
 from shardlab.estimate.partition import layer_params_per_tp_rank
 from shardlab.plan.memory import MemoryOptions, memory_arrays
-from shardlab.plan.memory_peak import MemoryFacts, gathered_input_bytes, rank_layout
+from shardlab.plan.memory_peak import (
+    MemoryFacts,
+    gathered_input_bytes,
+    rank_layout,
+    transient_bytes,
+)
 from shardlab.plan.overlap import FRAMEWORKS
 from shardlab.plan.published_memory import memory_errors, memory_runs, memory_table
 from shardlab.plan.search import layout_candidates
@@ -177,3 +182,26 @@ def test_dtensor_sequence_parallel_keeps_its_gathered_inputs(policy: str,
     assert full.activations[0] == full_shard.activations[0]
     # One layer runs again at a time: its gathered inputs join the working set.
     assert full.transient[0] - full_shard.transient[0] == pytest.approx(extra, rel=1e-9)
+
+
+def test_torchtitan_pipeline_accumulates_the_embedding_gradient_whole_on_rank_0() -> None:
+    # With pp, FSDP2 keeps every block gathered (2 B) with its fp32 gradient, the root's
+    # embedding (its tp shard, 2 B) and the embedding's fp32 gradient accumulated whole:
+    # DTensor's embedding backward has no row-wise strategy, so under tp it is the full
+    # [vocab, d_model] on every tp rank (train/report_fsdp.whole_embedding_grad_bytes).
+    model = get_model("llama-3-8b")
+    titan = FRAMEWORKS["torchtitan"].memory
+    assert titan is not None
+    c = layout_candidates(model, Space(gpus=8, global_batch=16, seq=4096),
+                          "dp=2 tp=2 pp=2 micro_batch=1 zero=3 recompute=none sp=1")
+    args = dict(dropout=False, flash=True, by_op=False, moe=np.zeros((1, 1)),
+                head=np.zeros((1, 1), bool))
+    rank0 = transient_bytes(model, c, 4096, get_policy("bf16"), titan, rank=np.zeros((1, 1)),
+                            dense=np.full((1, 1), 16.0), **args)
+    block = layer_params_per_tp_rank(model, 2, False)
+    vh = model.vocab * model.d_model
+    assert rank0[0, 0] == pytest.approx(16 * block * (2 + 4) + vh / 2 * 2 + vh * 4, rel=1e-12)
+    # A middle rank holds its blocks only.
+    middle = transient_bytes(model, c, 4096, get_policy("bf16"), titan, rank=np.ones((1, 1)),
+                             dense=np.full((1, 1), 16.0), **args)
+    assert middle[0, 0] == pytest.approx(16 * block * (2 + 4), rel=1e-12)

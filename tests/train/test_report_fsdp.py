@@ -12,7 +12,7 @@ from shardlab.config.model import ModelShape, MoE
 from shardlab.estimate.partition import layer_params_per_tp_rank, stage_params
 from shardlab.train.config import TrainConfig
 from shardlab.train.report import predicted_peak_bytes
-from shardlab.train.report_fsdp import pipeline_fsdp_bytes
+from shardlab.train.report_fsdp import pipeline_fsdp_bytes, whole_embedding_grad_bytes
 
 LLAMA3_8B = get_model("llama-3-8b")
 PIPE = TrainConfig(LLAMA3_8B, dp=4, pp=2, global_batch=8, micro_batch=1, seq=2048,
@@ -28,6 +28,22 @@ def test_a_stage_holds_its_blocks_gathered_and_every_gradient_unsharded_in_fp32(
     assert block == 218_112_000 and psi[0] == 4_015_128_576
     assert pipeline_fsdp_bytes(PIPE, 0) == 16 * block * 2 + psi[0] * 4
     assert pipeline_fsdp_bytes(replace(PIPE, dtype="fp32"), 0) == 16 * block * 4 + psi[0] * 4
+
+
+def test_the_first_stage_accumulates_the_vocabulary_parallel_embedding_gradient_whole() -> None:
+    # DTensor's embedding backward has no row-wise strategy: under tp the embedding's
+    # gradient is the whole [vocab, d_model] on every tp rank, accumulated in fp32 (the
+    # dry run: 147.9 MB where the shards are 80.8 MB, report_fsdp's docstring).
+    tp = replace(PIPE, tp=2, dp=2)
+    block = layer_params_per_tp_rank(LLAMA3_8B, 2, moe_layer=False)
+    psi = stage_params(LLAMA3_8B, 2, 2)
+    whole = LLAMA3_8B.vocab * LLAMA3_8B.d_model
+    assert pipeline_fsdp_bytes(tp, 0) == 16 * block * 2 + (psi[0] + whole // 2) * 4
+    assert whole_embedding_grad_bytes(tp, 0) == whole // 2 * 4
+    # Not on the last stage, and not without tp (the shard is the whole vocabulary).
+    assert whole_embedding_grad_bytes(tp, 1) == 0.0
+    assert whole_embedding_grad_bytes(PIPE, 0) == 0.0
+    assert pipeline_fsdp_bytes(tp, 1) == 16 * block * 2 + psi[1] * 4
 
 
 @pytest.mark.parametrize("change", [

@@ -37,7 +37,11 @@ FRAMEWORKS`), the planner adds, on each pipeline rank it compares:
   head gathered and the head's gradient until the end, and accumulates every block's
   unsharded gradient in the reduction dtype across micro-batches (FSDP2's
   ``unsharded_accumulated_grad`` in ``reduce_dtype`` while gradient sync is off for all
-  but the last micro-batch); all of it is held at once.
+  but the last micro-batch), the embedding's too on rank 0, whole even under tensor
+  parallelism (DTensor's embedding backward has no row-wise strategy, so the
+  vocabulary-parallel embedding's gradient is the full [vocab, d_model] on every tp rank:
+  :func:`shardlab.train.report_fsdp.whole_embedding_grad_bytes`); all of it is held at
+  once.
 
 ``fp8_input_bytes``: with ``--dtype fp8``, the bytes each linear layer's saved input
 takes (Transformer Engine keeps its fp8 copy, 1 B: Megatron; torchao keeps the bf16 input:
@@ -213,6 +217,12 @@ def transient_bytes(model: ModelShape, c: Candidates, seq: int, policy: DtypePol
         head_matrix = head & ~((rank == 0) & model.tied)
         gathered = (gathered + np.where(rank == 0, root, 0.0)
                     + np.where(head_matrix, root, 0.0) + np.where(head, root, 0.0))
+        # With a pipeline the embedding's gradient accumulates unsharded on rank 0 too, and
+        # whole: DTensor's embedding backward has no row-wise strategy, so under tp the
+        # vocabulary-parallel embedding's gradient is the full [vocab, d_model] on every tp
+        # rank (train/report_fsdp.whole_embedding_grad_bytes, measured by the dry run).
+        embedding_grad = model.vocab * model.d_model * reduce
+        gathered = gathered + np.where((col(c.pp) > 1) & (rank == 0), embedding_grad, 0.0)
     fsdp = np.where(sharded, gathered, 0.0)
     if not facts.fsdp2_root:
         return np.maximum(loss, working) + fsdp

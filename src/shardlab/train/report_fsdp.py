@@ -12,6 +12,8 @@ in fp32. ``shardlab dryrun llama-3-8b --gpus 8 --layout "dp=4 pp=2 zero=3 micro_
 recompute=full" --seq 2048`` measures both on rank 0 at its forward peak: "Unsharded
 Param" 6.98 GB (16 blocks x 218 M parameters x 2 B) and 16.09 GB of fp32 gradients (its
 4.02 B parameters x 4 B), 2.3x the states and activations the cost model had counted.
+Under tensor parallelism the first stage's embedding gradient is accumulated whole, not
+at its vocabulary shard (:func:`whole_embedding_grad_bytes`).
 """
 
 from __future__ import annotations
@@ -52,4 +54,25 @@ def pipeline_fsdp_bytes(cfg: Any, pp_rank: int) -> float:
                           cfg.stage_layers)[pp_rank]
               * layer_params_per_tp_rank(cfg.shape, cfg.tp, moe_layer=False))
     compute = 2 if bf16_compute(cfg) else 4
-    return float(blocks * compute + rank_params(cfg, pp_rank) * GRAD_ACCUMULATE_BYTES)
+    return float(blocks * compute + rank_params(cfg, pp_rank) * GRAD_ACCUMULATE_BYTES
+                 + whole_embedding_grad_bytes(cfg, pp_rank))
+
+
+def whole_embedding_grad_bytes(cfg: Any, pp_rank: int) -> float:
+    """What the vocabulary-parallel embedding's accumulated gradient holds on the first
+    stage beyond its vocabulary shard: its other tp ranks' rows, in fp32. DTensor's
+    ``embedding_dense_backward`` has no row-wise strategy (torch/distributed/tensor/_ops/
+    _embedding_ops.py: column-wise, batch-sharded and partial ones only), so the gradient
+    of a weight sharded on the vocabulary comes out whole (placement Replicate, the full
+    [vocab, d_model]) on every tensor-parallel rank, and FSDP2 accumulates it whole in
+    fp32 until the reduce-scatter redistributes it to the parameter's shard. Measured:
+    ``shardlab dryrun`` of a 4-layer d 512 model with vocabulary 65,536 at ``dp=2 tp=2
+    pp=2 zero=3``, stage 0's ``unsharded_accumulated_grad`` summed 147.9 MB where the shards
+    are 80.8 MB (the embedding's whole 134.2 MB against its half). 0 without tensor
+    parallelism over the vocabulary, off the first stage, or where
+    :func:`pipeline_fsdp_bytes` holds nothing."""
+    if pp_rank != 0 or not vocab_parallel(cfg):
+        return 0.0
+    whole = cfg.shape.vocab * cfg.shape.d_model
+    return float((whole - -(-cfg.shape.vocab // cfg.tp) * cfg.shape.d_model)
+                 * GRAD_ACCUMULATE_BYTES)
