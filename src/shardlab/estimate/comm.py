@@ -70,6 +70,7 @@ from shardlab.estimate.partition import (
     layer_replicated_params,
     layout_rank_layers,
     rank_layers,
+    vocab_rows,
 )
 from shardlab.estimate.states import zero_groups
 
@@ -266,7 +267,7 @@ def tensor_rows(m: ModelShape, tp: int, vocab_parallel: bool
         block += [(d, 1), (f, 1), (d, 1)]  # o_proj, up_proj, down_proj
     if m.mlp_matrices == 3:
         block.append((f, d))  # gate_proj
-    vocab = -(-m.vocab // tp) if vocab_parallel else m.vocab
+    vocab = vocab_rows(m, tp, vocab_parallel)
     first = [(vocab, d)] + ([(m.context, d)] if m.style == "gpt" else [])
     return block, first, [*norm, (vocab, d)]
 
@@ -399,5 +400,5 @@ def embedding_sync_bytes(m: ModelShape, layout: Layout, vocab_parallel: bool = T
     between the two (Megatron-LM's embedding group); zero otherwise."""
     if not m.tied or layout.pp == 1:
         return 0.0
-    rows = -(-m.vocab // layout.tp) if vocab_parallel else m.vocab
+    rows = vocab_rows(m, layout.tp, vocab_parallel)
     return ring_allreduce_bytes(rows * m.d_model * layout.dtype.grad_bytes, 2)

@@ -156,6 +156,13 @@ def layer_replicated_params(m: ModelShape) -> int:
             + duplicated_attention_params(m))
 
 
+def vocab_rows(m: ModelShape, tp: int, vocab_parallel: bool = True) -> int:
+    """Rows of the embedding (and of an untied head) on one tensor-parallel rank: the
+    vocabulary split over tp, the last shard padded up (torch's ``Shard(0)`` of ``chunk``),
+    or all of it where the vocabulary stays whole (``vocab_parallel=False``)."""
+    return -(-m.vocab // tp) if vocab_parallel else m.vocab
+
+
 def stage_params(m: ModelShape, tp: int, pp: int, virtual_stages: int = 1,
                  vocab_parallel: bool = True, ep: int = 1, etp: int | None = None,
                  stage_layers: Sequence[int] = (), v_shape: bool = False) -> list[int]:
@@ -167,7 +174,7 @@ def stage_params(m: ModelShape, tp: int, pp: int, virtual_stages: int = 1,
     gives each chunk's layers (uneven stages; :func:`chunk_layers`), ``v_shape`` places
     the chunks in a V (:func:`chunk_rank`).
     """
-    vocab_shard = (-(-m.vocab // tp) if vocab_parallel else m.vocab) * m.d_model
+    vocab_shard = vocab_rows(m, tp, vocab_parallel) * m.d_model
     out = []
     # Dense layers come first (DeepSeek-style MoE keeps its dense layers at the bottom).
     # Every dense layer is alike, and every MoE layer: count them per chunk, one product

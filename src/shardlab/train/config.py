@@ -235,6 +235,13 @@ def bf16_compute(cfg: TrainConfig) -> bool:
     return cfg.dtype in ("bf16", "fp8")
 
 
+def loss_split(cfg: TrainConfig) -> bool:
+    """Whether the loss runs vocabulary-parallel (``--loss-parallel``: the logits stay split
+    over tp): not in a pipeline, whose last stage takes the loss on gathered logits, and
+    not without tensor parallelism (refused there)."""
+    return cfg.tp > 1 and cfg.loss_parallel and cfg.pp == 1
+
+
 def fsdp_mixed_precision(cfg: TrainConfig) -> bool:
     """Whether bf16 runs through FSDP2's MixedPrecisionPolicy (bf16 parameter copies,
     fp32 reduction) rather than autocast: bf16 with FSDP (over dp x cp > 1 ranks, not DDP)."""

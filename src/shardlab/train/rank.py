@@ -48,7 +48,7 @@ from shardlab.distributed.tied_embedding import sync_tied_grads
 from shardlab.nn.data import Batch
 from shardlab.nn.model import TransformerLM
 from shardlab.nn.moe import MoEOptions
-from shardlab.train.config import TrainConfig, bf16_compute, fsdp_mixed_precision
+from shardlab.train.config import TrainConfig, bf16_compute, fsdp_mixed_precision, loss_split
 from shardlab.train.fp8 import convert_fp8_linears, refresh_fp8_scales
 from shardlab.train.optimizer import clip_grad_norm, make_optimizer
 
@@ -179,7 +179,7 @@ def build_rank(cfg: TrainConfig, device: str, *, meta: bool = False,
     # resharding after every forward would gather them again for each micro-batch.
     dp_mode = "fsdp-zero2" if cfg.pp > 1 and cfg.dp_mode == "fsdp" else cfg.dp_mode
     options = {"tp": cfg.tp, "dp": cfg.dp, "dp_mode": dp_mode, "sp": cfg.sp,
-               "loss_parallel": cfg.loss_parallel and cfg.pp == 1, "ac": cfg.recompute,
+               "loss_parallel": loss_split(cfg), "ac": cfg.recompute,
                "param_dtype": torch.bfloat16 if fsdp_bf16 else None, "force_sum": force_sum,
                "ep": cfg.ep, "etp": cfg.etp, "cp": cfg.cp, "dp_replicate": cfg.dp_replicate}
     if cfg.pp == 1:

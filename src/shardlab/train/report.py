@@ -20,7 +20,7 @@ from shardlab.estimate.expert import rank_state_bytes
 from shardlab.estimate.flops import flops_per_token
 from shardlab.estimate.memory import StateBytes, inflight_microbatches, zero_state_bytes
 from shardlab.estimate.partition import stage_params
-from shardlab.train.config import bf16_compute, estimate_dtype
+from shardlab.train.config import bf16_compute, estimate_dtype, loss_split
 from shardlab.train.report_activations import predicted_activation_bytes
 from shardlab.train.report_cp import (
     dp_bytes,
@@ -238,7 +238,7 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
                    strict=True)]
     tp_pred = [b + u for b, u in zip(
         tp_bytes_dtensor(cfg.shape, local_layout(lay),
-                         loss_parallel=cfg.loss_parallel and cfg.pp == 1,
+                         loss_parallel=loss_split(cfg),
                          fsdp=cfg.grad_ranks > 1 and cfg.dp_mode != "ddp",
                          op_recompute=cfg.recompute == "op"),
         moe_tp_bytes(cfg, lay), strict=True)]

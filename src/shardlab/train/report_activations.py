@@ -20,7 +20,7 @@ from shardlab.estimate.activations import (
 from shardlab.estimate.context import cp_layer_activation_bytes
 from shardlab.estimate.params import norm_params
 from shardlab.estimate.partition import layer_params_per_tp_rank, rank_layers
-from shardlab.train.config import bf16_compute, fsdp_mixed_precision
+from shardlab.train.config import bf16_compute, fsdp_mixed_precision, loss_split
 from shardlab.train.report_moe import run_layout, stage_layer_ids
 
 
@@ -69,7 +69,7 @@ def predicted_activation_bytes(cfg: Any, pp_rank: int,
     # tensor-parallel rank keeps the whole [b, s, V] of what the loss saves (its fp32
     # log-softmax: 16-bit logits are upcast first, nn/loss.py), where the cost model
     # counts 1/t of them in fp32.
-    sharded = cfg.tp > 1 and cfg.loss_parallel and cfg.pp == 1
+    sharded = loss_split(cfg)
     logits = bs * cfg.shape.vocab * (4 / (cfg.tp if sharded else 1) - 4 / cfg.tp)
     # torch's nn.RMSNorm keeps two fp32 [b, s, d] tensors (its input upcast, and the
     # normalised input before the weight) where the cost model counts one input in the

@@ -20,7 +20,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardlab.estimate.partition import layer_params_per_tp_rank, rank_layers, stage_params
+from shardlab.estimate.partition import (
+    layer_params_per_tp_rank,
+    rank_layers,
+    stage_params,
+    vocab_rows,
+)
 from shardlab.train.config import bf16_compute
 from shardlab.train.report_cp import shard_ranks
 
@@ -73,6 +78,5 @@ def whole_embedding_grad_bytes(cfg: Any, pp_rank: int) -> float:
     :func:`pipeline_fsdp_bytes` holds nothing."""
     if pp_rank != 0 or not vocab_parallel(cfg):
         return 0.0
-    whole = cfg.shape.vocab * cfg.shape.d_model
-    return float((whole - -(-cfg.shape.vocab // cfg.tp) * cfg.shape.d_model)
-                 * GRAD_ACCUMULATE_BYTES)
+    m = cfg.shape
+    return float((m.vocab - vocab_rows(m, cfg.tp)) * m.d_model * GRAD_ACCUMULATE_BYTES)

@@ -39,7 +39,7 @@ from __future__ import annotations
 from typing import Any
 
 from shardlab.estimate.comm import fsdp2_padded_params
-from shardlab.train.config import bf16_compute
+from shardlab.train.config import bf16_compute, loss_split
 from shardlab.train.report_cp import kept_padded, shard_ranks
 from shardlab.train.report_fsdp import pipeline_fsdp_bytes, vocab_parallel
 from shardlab.train.report_moe import moe_padded_params
@@ -61,14 +61,13 @@ def local_logits(cfg: Any) -> float:
     sequence) times the vocabulary, split over tp only under loss parallelism (as
     ``train`` runs it: without a pipeline)."""
     mb = cfg.micro_batch or cfg.global_batch // cfg.dp
-    split = cfg.tp if cfg.tp > 1 and cfg.loss_parallel and cfg.pp == 1 else 1
+    split = cfg.tp if loss_split(cfg) else 1
     return mb * (cfg.seq // cfg.cp) * cfg.shape.vocab / split
 
 
 def loss_temporary_bytes(cfg: Any) -> float:
     """The loss's bytes at its peak beyond the saved activations (module docstring)."""
-    parallel = cfg.tp > 1 and cfg.loss_parallel and cfg.pp == 1
-    return (LOSS_PARALLEL_BYTES if parallel else LOSS_BACKWARD_BYTES) * local_logits(cfg)
+    return (LOSS_PARALLEL_BYTES if loss_split(cfg) else LOSS_BACKWARD_BYTES) * local_logits(cfg)
 
 
 def kept_unit_bytes(cfg: Any) -> float:
