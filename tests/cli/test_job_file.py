@@ -85,25 +85,33 @@ def test_a_gpu_plans_file_names_the_accelerator_and_a_layout_train_runs(
         lay["dp"], lay["tp"], lay["pp"], 4096, 256)
 
 
-def test_an_fp8_plans_file_runs_torchaos_fp8_at_tp_1(capsys: pytest.CaptureFixture[str],
-                                                     tmp_path: Path) -> None:
-    """``--dtype fp8 --emit-config``: the search keeps tp = 1 (train's fp8 linears are not
-    tensor-parallel; unlimited, the planner's winner here has tp > 1), the file names
-    fp8, and train reads it back (on this CPU only with --fp8-on-cpu)."""
+def test_an_fp8_plans_file_runs_torchaos_fp8(capsys: pytest.CaptureFixture[str],
+                                             tmp_path: Path) -> None:
+    """``--dtype fp8 --emit-config``: a dense model's file keeps the planner's tensor
+    parallelism (train's fp8 linears take torchao's float8 styles), names fp8, and train
+    reads it back: on this CPU refused without a CUDA device, and with --fp8-on-cpu, as
+    the winner gathers its sequence in fp8 (tp > 1 with sp), refused for gloo. A mixture
+    of experts keeps tp = 1 (the float8 styles are wired for dense blocks only)."""
     plan = ["plan", "llama-3-70b", "--gpu", "h100", "--gpus", "64", "--seq", "4096",
             "--global-batch", "256", "--dtype", "fp8"]
     assert main([*plan, "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["best"][0]["tp"] > 1
+    best = json.loads(capsys.readouterr().out)["best"][0]
+    assert best["tp"] > 1 and best["sp"]
     job = tmp_path / "70b.toml"
     assert main([*plan, "--emit-config", str(job)]) == 0
     text = " ".join("".join(capsys.readouterr()).split())
-    assert "keeps tp=1" in text and f"wrote {job}" in text
+    assert "keeps tp=1" not in text and f"wrote {job}" in text
     doc = tomllib.loads(job.read_text())
-    assert doc["run"]["dtype"] == "fp8" and doc["layout"]["tp"] == 1
+    assert doc["run"]["dtype"] == "fp8" and doc["layout"]["tp"] > 1
     assert "no CUDA device" in refused(capsys, "train", "--config", str(job),
                                         "--allow-oversubscribe")
-    cfg = train_config("--config", str(job), "--fp8-on-cpu", "--allow-oversubscribe")
-    assert (cfg.dtype, cfg.tp, cfg.world) == ("fp8", 1, 64)
+    assert "gloo cannot send" in refused(capsys, "train", "--config", str(job),
+                                         "--fp8-on-cpu", "--allow-oversubscribe")
+    moe = tmp_path / "moe.toml"
+    assert main(["plan", "mixtral-8x7b", "--gpu", "h100", "--gpus", "64", "--seq", "4096",
+                 "--global-batch", "256", "--dtype", "fp8", "--emit-config", str(moe)]) == 0
+    text = " ".join("".join(capsys.readouterr()).split())
+    assert "keeps tp=1" in text and tomllib.loads(moe.read_text())["layout"]["tp"] == 1
 
 
 @pytest.mark.parametrize(("framework", "recompute"), [([], "selective"),

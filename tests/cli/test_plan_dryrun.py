@@ -64,8 +64,8 @@ def test_dry_run_top_must_be_positive(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_an_fp8_plan_dry_runs_the_fp8_program(capsys: pytest.CaptureFixture[str],
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """``--dtype fp8``: the dry runs are of train's fp8 program; a tensor-parallel layout,
-    which train's fp8 does not run, is skipped with the reason."""
+    """``--dtype fp8``: the dry runs are of train's fp8 program, a tensor-parallel layout's
+    too (torchao's float8 tensor-parallel styles)."""
     seen: list[Any] = []
 
     def fake_many(work: list[Any], jobs: int | None = None) -> list[dict[str, Any]]:
@@ -80,7 +80,7 @@ def test_an_fp8_plan_dry_runs_the_fp8_program(capsys: pytest.CaptureFixture[str]
     assert main(["plan", "--gpus", "8", "--global-batch", "8", "--gpu", "h100", "--dtype",
                  "fp8", "--layout", "dp=4 tp=2 zero=3", "--dry-run-top", "1", "--json"]) == 0
     entry = json.loads(capsys.readouterr().out)["best"][0]
-    assert "with --dtype fp8 must be 1" in entry["dry_run"]["skipped"]
+    assert "skipped" not in entry["dry_run"] and (seen[-1].dtype, seen[-1].tp) == ("fp8", 2)
 
 
 @pytest.mark.parametrize(("framework", "recompute"), [([], "selective"),

@@ -40,6 +40,9 @@ BF16 = ["--dp", "2", "--dtype", "bf16", "--steps", "10"]
 FP8 = ["--dp", "2", "--dtype", "fp8", "--fp8-on-cpu", "--steps", "10"]
 # ... and with FSDP gathering those linears' weights in fp8.
 FP8_GATHER = [*FP8, "--fp8-all-gather"]
+# ... and over FSDP 2 x TP 2 with torchao's float8 tensor-parallel styles (without sequence
+# parallelism: its fp8 all-gathers need NCCL; the dry run counts those, test_dryrun_cli.py).
+FP8_TP = [*FP8, "--tp", "2"]
 # torchtitan's per-operator checkpointing under FSDP x TP with sequence parallelism (its
 # reduce-scatters' outputs among those kept).
 OP = ["--dp", "2", "--tp", "2", "--sp", "--recompute", "op"]
@@ -93,8 +96,8 @@ def documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
     the ranks' start-up (torch imported once per process) is paid once per world size.
 
     About 30 s (eight real runs of 6-10 steps on 2 and 4 ranks, each beside its
-    one-process reference; the MoE and issue 17's layouts add some 40 s, the two fp8 runs
-    some 10 s): the tests of the parity layouts, bf16, fp8, MoE, context parallel, uneven
+    one-process reference; the MoE and issue 17's layouts add some 40 s, the three fp8 runs
+    some 20 s): the tests of the parity layouts, bf16, fp8, MoE, context parallel, uneven
     stages and HSDP read it."""
     from shardlab.cli import build_parser
     from shardlab.cli.train import prepare
@@ -104,7 +107,7 @@ def documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
 
     root = tmp_path_factory.mktemp("train")
     planned = {}
-    for argv in [*LAYOUTS, BF16, FP8, FP8_GATHER, OP,
+    for argv in [*LAYOUTS, BF16, FP8, FP8_GATHER, FP8_TP, OP,
                  *[[*MOE, *a] for a in [*MOE_LAYOUTS, CAPACITY, ETP]], *CP_LAYOUTS]:
         name = layout_id(argv)
         args = build_parser().parse_args(["train", "--steps", str(STEPS), *argv,
@@ -293,6 +296,25 @@ def test_fp8_trains_like_one_fp8_process_and_sends_the_bf16_bytes(
         "comm_bytes_per_step"]
     apart = max(abs(a - b) / b for a, b in zip(fp8["losses"], bf16["losses"], strict=True))
     assert apart > 1e-4  # fp8's rounding moves the losses; bf16's alone would not
+
+
+@pytest.mark.multiprocess
+def test_fp8_tensor_parallel_trains_like_one_fp8_process(
+        documents: dict[str, dict[str, Any]]) -> None:
+    """torchao's float8 linears under FSDP 2 x TP 2: the one-process fp8 reference within
+    the tolerance, every FLOP counted, and the bytes sent over tp to the byte: the bf16
+    plan's all-reduces (per block 2 forward, one backward per column-parallel linear: 5;
+    the embedding's and the head's) and a float64 scale for each cast of a tensor split
+    over tp (21 per block and micro-batch: shardlab.estimate.comm_dtensor.fp8_block_bytes)
+    in the run's one micro-batch over its 4 blocks."""
+    doc = documents[layout_id(FP8_TP)]
+    assert doc["parity_passed"] and doc["max_loss_diff"] <= doc["parity_tolerance"] == 2e-2
+    assert "tp=2" in doc["layout"] and "dtype=fp8" in doc["layout"]
+    figures = doc["predicted_vs_measured"]
+    assert figures["flops_per_step"]["ratio"] == pytest.approx(1.0, abs=1e-9)
+    for row in figures["comm_bytes_per_step"]:
+        assert row["tp"]["measured"] == row["tp"]["predicted"] > 0, row
+        assert row["measured"]["by_dim"]["tp"]["all_reduce"]["calls"] == 4 * (2 + 5 + 21) + 2
 
 
 @pytest.mark.multiprocess

@@ -13,6 +13,7 @@ import pytest
 from shardlab.config.layout import make_layout
 from shardlab.config.model import ModelShape
 from shardlab.estimate.comm_dtensor import column_linears, tp_bytes_dtensor
+from shardlab.estimate.params import norm_params
 
 B, S, D, V, L = 8, 32, 32, 156, 2
 A = B * S * D * 4
@@ -81,6 +82,22 @@ def test_sequence_parallel(fsdp: bool) -> None:
     assert tp_bytes_dtensor(m, lay, fsdp=fsdp) == [2 * (L * 8 * a / 2 + 2 * a / 2) + norms]
 
 
+def test_fsdp_in_a_pipeline_reduces_the_norm_gradients_in_fp32() -> None:
+    """amp-bf16 (train's bf16: fp32 gradients, bf16 activations), t = 2 (an all-reduce of
+    n bytes sends n): without FSDP the sequence-parallel norms' gradients are all-reduced
+    every micro-batch in fp32; FSDP reduces them once per step, in bf16 (the gathered
+    parameters' dtype), but in a pipeline it has accumulated them unsharded in its fp32
+    reduce dtype over the micro-batches, so 4 bytes an element there."""
+    m = shape("gpt")
+    n = norm_params(m)  # one LayerNorm's weight and bias
+    one = layout(m, sp=True, dtype="amp-bf16", micro_batch=B // 2)
+    plain, fsdp = tp_bytes_dtensor(m, one)[0], tp_bytes_dtensor(m, one, fsdp=True)[0]
+    assert plain - fsdp == 2 * (2 * L * n * 4) - 2 * L * n * 2
+    two = layout(m, sp=True, dtype="amp-bf16", pp=2, micro_batch=B // 2)
+    plain, fsdp = tp_bytes_dtensor(m, two)[0], tp_bytes_dtensor(m, two, fsdp=True)[0]
+    assert plain - fsdp == 2 * (2 * n * 4) - 2 * n * 4  # the stage's one block
+
+
 def test_pipeline_stages_split_the_ends() -> None:
     m = shape("llama")
     lay = layout(m, pp=2, micro_batch=B // 2)
@@ -121,3 +138,42 @@ def test_a_v_schedule_puts_the_head_on_rank_0() -> None:
     gather = 4 * (B // 4 * S * V * 4) / 2
     ends = 4 * 2 * (B // 4 * S * D * 4)
     assert first - last == gather + ends
+
+
+def test_fp8_linears_gather_at_one_byte_and_reduce_their_scales() -> None:
+    """``train --dtype fp8`` under sequence parallelism, llama, t = 2, all seven linears in
+    fp8 (bf16 activations, G = A/4 bytes sent per bf16 gather): per block and
+    micro-batch the attention and MLP input gathers and the backward gathers at o and down
+    move 1 byte an element (4 x G/2 saved), and 25 float64 scales are all-reduced (8 bytes
+    sent each): 7 weights twice, 7 output gradients, the inputs of o and down, and the two
+    prepared inputs. A recomputed forward adds 2 more gathers (G/2 saved each) and 11
+    scales (7 weights, 4 inputs)."""
+    m = shape("llama")
+    names = frozenset({"attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj",
+                       "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"})
+    g = A / 2 / 2  # a bf16 activation's ring gather on 2 ranks
+    for recompute, extra in (("none", 25 * 8 - 4 * g / 2),
+                             ("full", 36 * 8 - 6 * g / 2)):
+        lay = layout(m, sp=True, recompute=recompute, dtype="bf16")
+        bf16 = tp_bytes_dtensor(m, lay)[0]
+        fp8 = tp_bytes_dtensor(m, lay, fp8=names)[0]
+        assert fp8 - bf16 == pytest.approx(L * extra)
+    # Without sequence parallelism nothing is gathered: only scales (7 x 2 weights, the 5
+    # column-parallel outputs' gradients, the inputs of o and down).
+    lay = layout(m, recompute="none", dtype="bf16")
+    diff = tp_bytes_dtensor(m, lay, fp8=names)[0] - tp_bytes_dtensor(m, lay)[0]
+    assert diff == pytest.approx(L * 21 * 8)
+
+
+def test_an_input_read_by_a_bf16_linear_is_gathered_in_bf16() -> None:
+    """k and v left in bf16 (a width fp8's matmul cannot take): the attention's input is
+    gathered in bf16 and q casts its own replicated copy (no scale to reduce); the MLP's
+    input still moves at 1 byte."""
+    m = shape("llama")
+    fp8 = frozenset({"attn.q_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
+                     "mlp.down_proj"})
+    lay = layout(m, sp=True, dtype="bf16")
+    g = A / 2 / 2
+    scales = 2 * 5 + 5 + 2 + 1  # weights twice, output gradients, o's and down's inputs, mlp
+    diff = tp_bytes_dtensor(m, lay, fp8=fp8)[0] - tp_bytes_dtensor(m, lay)[0]
+    assert diff == pytest.approx(L * (scales * 8 - 3 * g / 2))

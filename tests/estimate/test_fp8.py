@@ -67,3 +67,17 @@ def test_the_block_weights_that_multiply_in_fp8() -> None:
     odd = ModelShape("t", 2, 64, 4, 256, 32, style="llama", tied=False, d_ff=168)
     assert len(fp8.fp8_block_weights(tensor_rows(odd, 1, vocab_parallel=False)[0])) == 4
     assert fp8.fp8_matmul_fits(48, 16) and not fp8.fp8_matmul_fits(48, 24)
+
+
+def test_the_linears_fp8_runs_per_tensor_parallel_rank() -> None:
+    """Each rank's matmul must take fp8: a column-parallel linear's output width over tp, a
+    row-parallel one's input width over tp, both multiples of 16."""
+    m = ModelShape("t", 2, 64, 8, 512, 64, kv_heads=4, d_ff=128, style="llama", tied=False)
+    every = {"attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj",
+             "mlp.up_proj", "mlp.down_proj"}
+    assert fp8.tp_fp8_linears(m, 1) == every
+    assert fp8.tp_fp8_linears(m, 2) == every  # k, v: 32 / 2 = 16 columns a rank
+    assert fp8.tp_fp8_linears(m, 4) == every - {"attn.k_proj", "attn.v_proj"}  # 8 columns
+    gpt = ModelShape("g", 2, 64, 8, 512, 64, d_ff=96, style="gpt")
+    assert fp8.tp_fp8_linears(gpt, 4) == {"attn.q_proj", "attn.k_proj", "attn.v_proj",
+                                          "attn.o_proj"}  # 96 / 4 = 24 MLP columns

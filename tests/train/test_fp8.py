@@ -1,5 +1,6 @@
 """``train --dtype fp8``: which linear layers torchao converts, and the refusals before any
-rank starts (no fp8 GPU, tp > 1, a width fp8's matmul cannot take), each one line and
+rank starts (no fp8 GPU, fp8 sequence gathers on gloo, a width fp8's matmul cannot take),
+each one line and
 exit 2 with nothing written."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from shardlab.cli import build_parser, main
 from shardlab.cli.train import check
 from shardlab.config.model import ModelShape, MoE
+from shardlab.estimate.fp8 import tp_fp8_linears
 from shardlab.nn.garden import garden_vocab
 from shardlab.nn.model import TransformerLM
 from shardlab.train import fp8
@@ -80,7 +82,10 @@ CPU = ["--dtype", "fp8", "--fp8-on-cpu"]
 
 @pytest.mark.parametrize(("argv", "words"), [
     (["--dtype", "fp8"], ("dtype='fp8'", "no CUDA device", "--fp8-on-cpu")),
-    ([*CPU, "--tp", "2"], ("tp=2", "must be 1", "Float8ColwiseParallel")),
+    ([*CPU, "--tp", "2", "--sp"], ("sp=True", "CUDA/NCCL only", "gloo")),
+    ([*CPU, "--tp", "2", "--experts", "4", "--top-k", "2"], ("tp=2", "experts must be 1")),
+    ([*CPU, "--tp", "2", "--dp", "2", "--fp8-all-gather"], ("fp8_all_gather=True",
+                                                            "tp > 1 is not wired")),
     ([*CPU, "--d-model", "40", "--heads", "4"], ("d_model=40", "multiple of 16")),
     (["--dtype", "bf16", "--fp8-all-gather"], ("fp8_all_gather=True", "needs --dtype fp8")),
     ([*CPU, "--fp8-all-gather"], ("fp8_all_gather=True", "needs FSDP")),  # one rank
@@ -129,3 +134,15 @@ def test_fp8_gathers_save_checkpoints_in_step(capsys: pytest.CaptureFixture[str]
     plain, _, _ = check(build_parser().parse_args([*argv[:-3], "--checkpoint-dir",
                                                    str(tmp_path / "ck2")]))
     assert plain.async_save  # plain fp8 keeps the background save
+
+
+def test_tensor_parallel_converts_the_linears_the_byte_count_names() -> None:
+    """Under tp the filter judges each rank's matmul: at tp 4 this shape's k and v keep
+    bf16 (8 columns a rank), as :func:`shardlab.estimate.fp8.tp_fp8_linears` counts them."""
+    shape = ModelShape("t", 2, 64, 8, garden_vocab().size, 32, kv_heads=4, d_ff=128,
+                       style="llama", tied=False)
+    for tp in (1, 2, 4):
+        model = TransformerLM(shape)
+        names = fp8.convert_fp8_linears(model, tp=tp)
+        block = {n.split(".", 2)[2] for n in names if n.startswith("blocks.0.")}
+        assert block == tp_fp8_linears(shape, tp), tp

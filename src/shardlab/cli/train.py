@@ -132,6 +132,10 @@ def check(args: argparse.Namespace) -> tuple[TrainConfig, float | None, list[str
         why = fp8_refusal(args.fp8_on_cpu)
         if why is not None:
             raise SpecError("dtype", "fp8", why)
+        if not fp8_on_gpu() and cfg.sp and cfg.tp > 1:
+            raise SpecError("sp", True, "with --dtype fp8 and tp > 1 runs on CUDA/NCCL only: "
+                            "torchao all-gathers the sequence in fp8, which gloo cannot send "
+                            "(leave --sp off on this machine; dryrun runs it)")
         if args.fp8_on_cpu and not fp8_on_gpu():
             notes.append("--dtype fp8 on the CPU: torch's CPU fp8 matmul checks the run's "
                          "wiring and loss; its speed says nothing of a GPU's")

@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -83,6 +84,15 @@ def comm_label(name: str) -> Iterator[None]:
         yield
     finally:
         _LABEL.reset(token)
+
+
+def _wrapper(t: type) -> bool:
+    """Whether ``t`` is a tensor subclass that dispatches ops on inner tensors of its own
+    (torchao's ``Float8TrainingTensor``): one that defines ``__torch_dispatch__``, other
+    than FakeTensor (the dry run's tensors, which hold no inner data) and DTensor (handled
+    apart)."""
+    return (t not in (torch.Tensor, nn.Parameter, FakeTensor, DTensor)
+            and issubclass(t, torch.Tensor) and "__torch_dispatch__" in vars(t))
 
 
 def _nbytes(x: Any) -> int:
@@ -227,10 +237,13 @@ class CommMeter(TorchDispatchMode):
         kwargs = kwargs or {}
         if isinstance(func, torch._ops.HigherOrderOperator):
             return func(*args, **kwargs)
-        if any(t is DTensor for t in types):
+        if any(t is DTensor or _wrapper(t) for t in types):
             # Modes run before tensor subclasses: step aside so DTensor desugars the op
             # first, and its own collectives (e.g. loss_parallel's all-reduces inside
-            # log_softmax) come back through this mode (as CommDebugMode does).
+            # log_softmax) come back through this mode (as CommDebugMode does); so too a
+            # wrapper subclass, whose collective then comes back on its inner data
+            # (torchao's Float8TrainingTensor gathers its 1-byte payload, not the bf16 its
+            # dtype names).
             return NotImplemented
         name = func.__name__.split(".")[0] if hasattr(func, "__name__") else str(func)
         namespace = getattr(func, "namespace", "")

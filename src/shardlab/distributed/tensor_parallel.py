@@ -51,7 +51,7 @@ a DTensor with a plain mask would mix tensor kinds).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -81,8 +81,8 @@ def _scatters_at_blocks(shape: ModelShape) -> bool:
     return shape.tied or shape.style == "gpt"
 
 
-def block_plan(shape: ModelShape, sequence_parallel: bool,
-               moe: bool = False) -> dict[str, ParallelStyle]:
+def block_plan(shape: ModelShape, sequence_parallel: bool, moe: bool = False,
+               fp8: frozenset[str] = frozenset()) -> dict[str, ParallelStyle]:
     """One block's plan, keyed by the block's sub-module names (torchtitan's layer plan).
 
     Megatron-LM's split: q/k/v and gate/up column-parallel (each rank its heads, its
@@ -96,33 +96,72 @@ def block_plan(shape: ModelShape, sequence_parallel: bool,
     on every tensor-parallel rank (etp = 1: each rank routes the same tokens and runs the
     same experts, so their gradients agree without communication; torchtitan's MoE
     plan without expert tensor parallelism).
+
+    ``fp8``: the block's sub-modules (``attn.q_proj``, ...) that are torchao
+    ``Float8Linear`` (``train --dtype fp8``). They take torchao's float8 styles
+    (:func:`float8_styles`), as torchtitan's ``enable_float8_tensorwise_tp``: each casts
+    its input to fp8 before the input is redistributed and its output gradient to fp8
+    before the backward's redistribution, so under sequence parallelism the forward
+    all-gathers and the backward's all-gathers at the row-parallel outputs move 1-byte
+    elements. Where every linear that reads the attention's (or the dense MLP's) input is
+    fp8, that input is cast once, before its sequence all-gather
+    (``PrepareFloat8ModuleInput``); a MoE block's MLP input stays bf16 (its router reads it).
     """
     local = {"use_local_output": True}
     row_out = Shard(1) if sequence_parallel else Replicate()
+    styles = float8_styles() if fp8 else None
+
+    def colwise(name: str, **kw: Any) -> ParallelStyle:
+        return (styles[0] if styles and name in fp8 else ColwiseParallel)(**kw)
+
+    def rowwise(name: str, **kw: Any) -> ParallelStyle:
+        return (styles[1] if styles and name in fp8 else RowwiseParallel)(**kw)
+
     plan: dict[str, ParallelStyle] = {
-        "attn.q_proj": ColwiseParallel(**local),
-        "attn.k_proj": ColwiseParallel(**local),
-        "attn.v_proj": ColwiseParallel(**local),
-        "attn.o_proj": RowwiseParallel(output_layouts=row_out, **local),
+        "attn.q_proj": colwise("attn.q_proj", **local),
+        "attn.k_proj": colwise("attn.k_proj", **local),
+        "attn.v_proj": colwise("attn.v_proj", **local),
+        "attn.o_proj": rowwise("attn.o_proj", output_layouts=row_out, **local),
     }
     mlp = "mlp.shared." if moe else "mlp."
+    mlp_inputs = [mlp + "up_proj"] + ([mlp + "gate_proj"] if shape.style == "llama" else [])
     if not moe or (shape.moe is not None and shape.moe.shared_experts):
-        plan[mlp + "up_proj"] = ColwiseParallel()
-        plan[mlp + "down_proj"] = RowwiseParallel(output_layouts=row_out)
-        if shape.style == "llama":
-            plan[mlp + "gate_proj"] = ColwiseParallel()
+        for name in mlp_inputs:
+            plan[name] = colwise(name)
+        plan[mlp + "down_proj"] = rowwise(mlp + "down_proj", output_layouts=row_out)
     if sequence_parallel:
+        def gather(name: str, reads: list[str], args: int) -> ParallelStyle:
+            # Module.forward(x, ...): only x is sharded; Attention's mask and rope are plain
+            # full-length tensors (or None) and pass through untouched.
+            layouts = {"input_layouts": (Shard(1),) + (None,) * (args - 1),
+                       "desired_input_layouts": (Replicate(),) + (None,) * (args - 1)}
+            if styles and all(r in fp8 for r in reads):
+                return styles[2](fwd_config_submodule_fqn=reads[0].split(".", 1)[1],
+                                 **layouts)
+            return PrepareModuleInput(**layouts)
+
         plan |= {
             "attn_norm": SequenceParallel(),
-            # Attention.forward(x, mask, rope): only x is sharded; mask and rope are plain
-            # full-length tensors (or None) and pass through untouched.
-            "attn": PrepareModuleInput(input_layouts=(Shard(1), None, None),
-                                       desired_input_layouts=(Replicate(), None, None)),
+            "attn": gather("attn", ["attn.q_proj", "attn.k_proj", "attn.v_proj"], 3),
             "mlp_norm": SequenceParallel(),
             "mlp": PrepareModuleInput(input_layouts=(Shard(1),),
-                                      desired_input_layouts=(Replicate(),)),
+                                      desired_input_layouts=(Replicate(),)) if moe
+            else gather("mlp", mlp_inputs, 1),
         }
     return plan
+
+
+def float8_styles() -> tuple[type, type, type]:
+    """torchao's float8 tensor-parallel styles: (``Float8ColwiseParallel``,
+    ``Float8RowwiseParallel``, ``PrepareFloat8ModuleInput``). Imported here, not at the top:
+    only a model that already holds torchao's ``Float8Linear`` modules asks, so torchao is
+    loaded by then."""
+    from torchao.float8.float8_tensor_parallel import (
+        Float8ColwiseParallel,
+        Float8RowwiseParallel,
+        PrepareFloat8ModuleInput,
+    )
+    return Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
 
 
 def root_plan(shape: ModelShape, sequence_parallel: bool,
@@ -167,8 +206,8 @@ def root_plan(shape: ModelShape, sequence_parallel: bool,
 
 
 def tp_plan(shape: ModelShape, sequence_parallel: bool = False,
-            loss_parallel: bool = False,
-            layers: Sequence[int] | None = None) -> dict[str, ParallelStyle]:
+            loss_parallel: bool = False, layers: Sequence[int] | None = None,
+            fp8: Mapping[int, frozenset[str]] | None = None) -> dict[str, ParallelStyle]:
     """The whole declarative plan for ``parallelize_module(model, tp_mesh, plan)``.
 
     :func:`root_plan` plus :func:`block_plan` with every key prefixed ``blocks.*.``
@@ -176,16 +215,19 @@ def tp_plan(shape: ModelShape, sequence_parallel: bool = False,
     values are ``ParallelStyle`` objects keyed by module path. As torchtitan's
     ``apply_tp``, with shardlab's module names. A mixture-of-experts model's dense and
     MoE blocks differ, so its blocks are named one by one: ``layers``, the layer indices
-    the module holds (all of them by default; a pipeline stage's own).
+    the module holds (all of them by default; a pipeline stage's own). So are they when
+    ``fp8`` names, per layer index, the block sub-modules that are fp8 linears
+    (:func:`block_plan`).
     """
     plan = root_plan(shape, sequence_parallel, loss_parallel)
-    if shape.moe is None:
+    if shape.moe is None and not fp8:
         plan |= {f"blocks.*.{k}": v for k, v in block_plan(shape, sequence_parallel).items()}
         return plan
     first_moe = shape.layers - shape.moe_layers
     for i in range(shape.layers) if layers is None else layers:
-        plan |= {f"blocks.{i}.{k}": v
-                 for k, v in block_plan(shape, sequence_parallel, i >= first_moe).items()}
+        styles = block_plan(shape, sequence_parallel, shape.moe is not None and i >= first_moe,
+                            (fp8 or {}).get(i, frozenset()))
+        plan |= {f"blocks.{i}.{k}": v for k, v in styles.items()}
     return plan
 
 
@@ -247,9 +289,13 @@ def apply_tp(model: nn.Module, tp_mesh: Any, sequence_parallel: bool = False,
         if sequence_parallel or loss_parallel:
             raise SpecError("tp", 1, "sequence/loss parallelism need tp > 1")
         return model
-    layers = [int(key) for key, _ in named_blocks(model)]
+    blocks = named_blocks(model)
+    layers = [int(key) for key, _ in blocks]
+    fp8 = {int(key): frozenset(name for name, m in block.named_modules()
+                               if type(m).__name__ == "Float8Linear")
+           for key, block in blocks}
     parallelize_module(model, tp_mesh, tp_plan(shape, sequence_parallel, loss_parallel,
-                                               layers))
+                                               layers, {k: v for k, v in fp8.items() if v}))
     for param in model.parameters():
         if hasattr(param, "placements"):  # a DTensor
             param.register_post_accumulate_grad_hook(_match_grad_placements)

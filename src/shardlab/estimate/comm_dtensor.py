@@ -36,6 +36,22 @@ are added before the reduce-scatter, so theirs are whole; Megatron adds them aft
 all-reduces them too): by DTensor in every micro-batch's backward, or, under FSDP, once
 per step when FSDP reduces the accumulated gradients.
 
+**fp8** (``train --dtype fp8``: torchao's float8 linears, each with torchao's float8 style,
+``shardlab.distributed.tensor_parallel.block_plan``): a float8 linear casts its input to
+E4M3 before the input is redistributed and its output gradient to E5M2 before the
+backward's redistribution, so under sequence parallelism the attention's and the MLP's
+input all-gathers (when every linear reading that input is fp8: it is cast once, before
+the gather) and the backward's all-gathers at the row-parallel outputs move 1-byte
+elements; the reduce-scatters and the all-reduces without sequence parallelism stay
+bf16. Each cast of a tensor split over tp scales it by the amax of the whole tensor: one
+all-reduce of a float64 scalar (torchao ``amax_to_scale`` upcasts the DTensor's partial
+max before the division forces its reduction; :data:`FP8_SCALE_BYTES`). Per fp8 linear
+and micro-batch: its weight twice (forward, and again for the input gradient), its
+output gradient (a column-parallel one's only without sequence parallelism: a
+row-parallel output is whole there), the input of a row-parallel one, and under sequence
+parallelism the attention's and MLP's prepared inputs; a recomputed forward (full or
+per-operator) casts its weights and inputs again.
+
 Every byte here is what one rank sends with ring collectives (module
 :mod:`shardlab.estimate.comm`); ``shardlab train`` measures the same per rank.
 """
@@ -55,14 +71,41 @@ def column_linears(m: ModelShape) -> int:
     return 3 + (2 if m.style == "llama" else 1)
 
 
+FP8_SCALE_BYTES = 8
+"""Bytes of one fp8 scale's all-reduce payload: a float64 amax (module docstring)."""
+
+
+def fp8_block_bytes(m: ModelShape, layout: Layout, fp8: frozenset[str], act: float,
+                    again: bool) -> float:
+    """Bytes one tensor-parallel rank sends per block and micro-batch for the fp8 linears
+    ``fp8`` (:func:`shardlab.estimate.fp8.tp_fp8_linears`) beyond the bf16 count of
+    :func:`tp_bytes_dtensor` (module docstring; negative: 1-byte gathers save more than the
+    scales cost). ``act``: one activation's bf16 bytes; ``again``: the forward runs twice."""
+    t, sp = layout.tp, layout.sp
+    if not fp8 or t == 1:
+        return 0.0
+    mlp_in = {"mlp.up_proj", "mlp.gate_proj"} if m.style == "llama" else {"mlp.up_proj"}
+    prepared = sp * (({"attn.q_proj", "attn.k_proj", "attn.v_proj"} <= fp8)
+                     + (mlp_in <= fp8))
+    rows = len(fp8 & {"attn.o_proj", "mlp.down_proj"})
+    column = len(fp8) - rows
+    scales = (2 * len(fp8) + (len(fp8) if sp else column) + rows + prepared
+              + again * (len(fp8) + rows + prepared))
+    out = scales * ring_allreduce_bytes(FP8_SCALE_BYTES, t)
+    if sp:  # each fp8 gather moves half the bf16 one's bytes (1 of 2 per element)
+        out -= ((1 + again) * prepared + rows) * ring_gather_bytes(act / 2, t)
+    return out
+
+
 def tp_bytes_dtensor(m: ModelShape, layout: Layout, loss_parallel: bool = False,
-                     fsdp: bool = False, op_recompute: bool = False) -> list[float]:
+                     fsdp: bool = False, op_recompute: bool = False,
+                     fp8: frozenset[str] = frozenset()) -> list[float]:
     """Bytes one tensor-parallel rank of each pipeline stage sends per step under torch's
     DTensor plan (module docstring); the tied GPT head stays replicated, the untied
     llama head and embedding are split over the vocabulary. ``fsdp``: the data-parallel
     wrapper is FSDP (it reduces the norms' gradients once per step); ``op_recompute``:
     the blocks run under per-operator checkpointing (the layout then says
-    ``selective``)."""
+    ``selective``); ``fp8``: a dense block's fp8 linears (:func:`fp8_block_bytes`)."""
     lay, t = layout, layout.tp
     if t == 1:
         return [0.0] * lay.pp
@@ -74,6 +117,7 @@ def tp_bytes_dtensor(m: ModelShape, layout: Layout, loss_parallel: bool = False,
         per_layer = (4 + 2 * again) * g + (4 + full) * g
     else:
         per_layer = (2 + column_linears(m) + again) * ar
+    per_layer += fp8_block_bytes(m, lay, fp8, act, again)
     vocab_parallel = not m.tied
     logits = lay.micro_batch * lay.seq * m.vocab * lay.dtype.activation_bytes
     # Uneven stages and the V schedules place layers and the head as the schedule does
@@ -98,8 +142,11 @@ def tp_bytes_dtensor(m: ModelShape, layout: Layout, loss_parallel: bool = False,
             # Under FSDP the reduced gradients are the gathered (unsharded) parameters',
             # in the compute dtype (bf16 under mixed precision: FSDP casts to its fp32
             # reduce dtype only for its own reduce-scatter); the dry run of Llama-3-8B
-            # at dp=8 x tp=8 measured them so.
-            elem = lay.dtype.activation_bytes if fsdp else lay.dtype.grad_bytes
+            # at dp=8 x tp=8 measured them so. In a pipeline FSDP accumulates the
+            # unsharded gradients over the micro-batches in its reduce dtype, so they are
+            # reduced in fp32 (the dry run of dp=2 tp=2 pp=2 sp: 512 B per 128-wide norm).
+            elem = (lay.dtype.activation_bytes if fsdp and lay.pp == 1
+                    else lay.dtype.grad_bytes)
             nbytes += times * ring_allreduce_bytes(norms * norm_params(m) * elem, t)
         out.append(nbytes)
     return out

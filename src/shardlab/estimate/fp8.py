@@ -80,6 +80,27 @@ def fp8_matmul_fits(rows: int, width: int) -> bool:
     return rows % FP8_DIM_MULTIPLE == 0 and width % FP8_DIM_MULTIPLE == 0
 
 
+ROW_PARALLEL_LINEARS = ("attn.o_proj", "mlp.down_proj")
+"""A dense block's linears that tensor parallelism splits on their input width (the rest:
+on their output width), by ``shardlab train``'s module names."""
+
+
+def tp_fp8_linears(m: ModelShape, tp: int) -> frozenset[str]:
+    """The dense block linears ``train --dtype fp8`` runs in fp8 on ``tp`` tensor-parallel
+    ranks: those whose per-rank matmul (out x in, the split width over tp) both dimensions
+    of which :func:`fp8_matmul_fits` (``shardlab.train.fp8.fp8_linear``'s rule), named as
+    the block's modules (``attn.q_proj``, ..., ``mlp.down_proj``; ``mlp.gate_proj`` in a
+    llama block)."""
+    shapes = {"attn.q_proj": (m.q_dim, m.d_model), "attn.k_proj": (m.kv_dim, m.d_model),
+              "attn.v_proj": (m.kv_dim, m.d_model), "attn.o_proj": (m.d_model, m.q_dim),
+              "mlp.up_proj": (m.d_ff, m.d_model), "mlp.down_proj": (m.d_model, m.d_ff)}
+    if m.style == "llama":
+        shapes["mlp.gate_proj"] = (m.d_ff, m.d_model)
+    return frozenset(name for name, (out, inp) in shapes.items()
+                     if fp8_matmul_fits(out if name in ROW_PARALLEL_LINEARS else out // tp,
+                                        inp // tp if name in ROW_PARALLEL_LINEARS else inp))
+
+
 def fp8_block_weights(block: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """Of a block's parameter tensors as (dim 0, row width)
     (:func:`shardlab.estimate.comm.tensor_rows`), the linear weights that multiply in fp8:

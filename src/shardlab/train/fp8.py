@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from shardlab.estimate.fp8 import fp8_matmul_fits
+from shardlab.estimate.fp8 import ROW_PARALLEL_LINEARS, fp8_matmul_fits
 from shardlab.train.config import torchao_missing
 
 FP8_MIN_CAPABILITY = (8, 9)
@@ -45,12 +45,25 @@ KEPT_IN_BF16 = ("lm_head", "router")
 """Linear modules (by attribute name) that keep bf16: the output head and the MoE router."""
 
 
-def fp8_linear(module: nn.Module, fqn: str) -> bool:
+ROW_PARALLEL = tuple(name.rsplit(".", 1)[-1] for name in ROW_PARALLEL_LINEARS)
+"""Linear modules (by attribute name) that tensor parallelism splits on their input
+dimension (row-parallel); the other block linears it splits on their output dimension."""
+
+
+def fp8_linear(module: nn.Module, fqn: str, tp: int = 1) -> bool:
     """Whether torchao converts ``module`` (at ``fqn``): an ``nn.Linear``, not one of
-    :data:`KEPT_IN_BF16`, both dimensions multiples of 16."""
-    if not isinstance(module, nn.Linear) or fqn.rsplit(".", 1)[-1] in KEPT_IN_BF16:
+    :data:`KEPT_IN_BF16`, both dimensions of the matmul each rank runs multiples of 16
+    (with ``tp`` ranks: a row-parallel linear's input width over tp, another's output
+    width over tp)."""
+    name = fqn.rsplit(".", 1)[-1]
+    if not isinstance(module, nn.Linear) or name in KEPT_IN_BF16:
         return False
-    return fp8_matmul_fits(module.out_features, module.in_features)
+    out_f, in_f = module.out_features, module.in_features
+    if name in ROW_PARALLEL:
+        in_f //= tp
+    else:
+        out_f //= tp
+    return fp8_matmul_fits(out_f, in_f)
 
 
 QUIET_ON_IMPORT = ("torchao", "torch.utils._pytree")
@@ -75,15 +88,18 @@ def _float8() -> Any:
     return float8
 
 
-def convert_fp8_linears(model: nn.Module, all_gather: bool = False) -> list[str]:
-    """Swap ``model``'s eligible linear layers (:func:`fp8_linear`) for torchao
-    ``Float8Linear`` modules in place, before it is laid out; the converted modules'
-    names, in order. ``all_gather``: FSDP2 gathers their weights in fp8 (torchao's
-    ``enable_fsdp_float8_all_gather``; :func:`refresh_fp8_scales` after each step)."""
-    names = [fqn for fqn, m in model.named_modules() if fp8_linear(m, fqn)]
+def convert_fp8_linears(model: nn.Module, all_gather: bool = False, tp: int = 1) -> list[str]:
+    """Swap ``model``'s eligible linear layers (:func:`fp8_linear`, for ``tp``
+    tensor-parallel ranks) for torchao ``Float8Linear`` modules in place, before it is laid
+    out; the converted modules' names, in order. ``all_gather``: FSDP2 gathers their
+    weights in fp8 (torchao's ``enable_fsdp_float8_all_gather``; :func:`refresh_fp8_scales`
+    after each step). Tensor parallelism then gives them torchao's float8 styles
+    (:func:`shardlab.distributed.tensor_parallel.block_plan`)."""
+    names = [fqn for fqn, m in model.named_modules() if fp8_linear(m, fqn, tp)]
     float8 = _float8()
     config = float8.Float8LinearConfig(enable_fsdp_float8_all_gather=all_gather)
-    float8.convert_to_float8_training(model, config=config, module_filter_fn=fp8_linear)
+    float8.convert_to_float8_training(model, config=config,
+                                      module_filter_fn=lambda m, fqn: fp8_linear(m, fqn, tp))
     return names
 
 

@@ -172,7 +172,7 @@ def build_rank(cfg: TrainConfig, device: str, *, meta: bool = False,
     if weights is not None:  # before any layout: every rank loads the same whole model
         weights(model)
     if cfg.dtype == "fp8":  # torchao's Float8Linear in place of nn.Linear, before any layout
-        convert_fp8_linears(model, all_gather=cfg.fp8_all_gather)
+        convert_fp8_linears(model, all_gather=cfg.fp8_all_gather, tp=cfg.tp)
     fsdp_bf16 = fsdp_mixed_precision(cfg)
     # In a pipeline FSDP keeps the gathered weights from the first micro-batch's forward to
     # the last one's backward (torchtitan's default reshard_after_forward policy for pp):

@@ -18,6 +18,7 @@ from shardlab.estimate.comm_dtensor import tp_bytes_dtensor
 from shardlab.estimate.context import cp_bytes_per_stage, local_layout
 from shardlab.estimate.expert import rank_state_bytes
 from shardlab.estimate.flops import flops_per_token
+from shardlab.estimate.fp8 import tp_fp8_linears
 from shardlab.estimate.memory import StateBytes, inflight_microbatches, zero_state_bytes
 from shardlab.estimate.partition import stage_params
 from shardlab.train.config import bf16_compute, estimate_dtype, loss_split
@@ -240,7 +241,9 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         tp_bytes_dtensor(cfg.shape, local_layout(lay),
                          loss_parallel=loss_split(cfg),
                          fsdp=cfg.grad_ranks > 1 and cfg.dp_mode != "ddp",
-                         op_recompute=cfg.recompute == "op"),
+                         op_recompute=cfg.recompute == "op",
+                         fp8=tp_fp8_linears(cfg.shape, cfg.tp) if cfg.dtype == "fp8"
+                         else frozenset()),
         moe_tp_bytes(cfg, lay), strict=True)]
     cp_pred = cp_bytes_per_stage(cfg.shape, lay, cfg.recompute)
     zero = {"fsdp": 3, "fsdp-zero2": 2, "ddp": 0}[cfg.dp_mode]
