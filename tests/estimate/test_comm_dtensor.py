@@ -98,6 +98,26 @@ def test_fsdp_in_a_pipeline_reduces_the_norm_gradients_in_fp32() -> None:
     assert plain - fsdp == 2 * (2 * n * 4) - 2 * n * 4  # the stage's one block
 
 
+def test_autocast_moves_the_norms_outputs_and_their_gradients_in_fp32() -> None:
+    """bf16 under autocast (no FSDP): the norms' outputs, the embedding's and the residual
+    stream are fp32 (fp32 parameters), the matmuls' outputs bf16. With sequence
+    parallelism per block the norms' outputs gathered (2) and their gradients
+    reduce-scattered (2) move 4 bytes, the row outputs (2) and their gradients (2) 2; the
+    embedding's reduce-scatter and its gradient's gather and the head input's gather and
+    its gradient's reduce-scatter move 4; the logits 2. Without it the row outputs'
+    all-reduces move 2 bytes, the 5 column inputs' gradients 4, the ends 4."""
+    m = shape("llama")
+    lay = layout(m, sp=True, dtype="amp-bf16")  # train's bf16: fp32 gradients
+    e = B * S * D  # elements of one activation; with t = 2 a gather sends half
+    logits = B * S * V * 2 / 2
+    norms = (2 * L + 1) * D * 4  # every norm's fp32 gradient all-reduced (no FSDP)
+    assert tp_bytes_dtensor(m, lay, autocast=True)[0] == pytest.approx(
+        L * (4 * e * 4 / 2 + 4 * e * 2 / 2) + 4 * e * 4 / 2 + logits + norms)
+    lay = layout(m, dtype="amp-bf16")
+    assert tp_bytes_dtensor(m, lay, autocast=True)[0] == pytest.approx(
+        L * (2 * e * 2 + 5 * e * 4) + 2 * e * 4 + logits)
+
+
 def test_pipeline_stages_split_the_ends() -> None:
     m = shape("llama")
     lay = layout(m, pp=2, micro_batch=B // 2)

@@ -380,15 +380,19 @@ def pp_messages_per_rank(pp: int, virtual_stages: int = 1) -> list[int]:
     return sends
 
 
-def pp_bytes_per_rank(m: ModelShape, layout: Layout, split_by_tp: bool = True) -> list[float]:
+def pp_bytes_per_rank(m: ModelShape, layout: Layout, split_by_tp: bool = True,
+                      element_bytes: float | None = None) -> list[float]:
     """Bytes each pipeline rank sends per step (activations forward, gradients back).
 
     Each tensor-parallel rank sends b·s·h/t (Megatron's scatter/gather, or sequence
     parallel's natural shard); ``split_by_tp=False`` sends the whole b·s·h from each. A
-    context-parallel rank sends its s/cp tokens' activations.
+    context-parallel rank sends its s/cp tokens' activations. ``element_bytes``: bytes of
+    an element of the stage's output (default the layout's activation bytes; 4 for bf16
+    under autocast, whose residual stream is fp32).
     """
     lay = layout
-    act = lay.micro_batch * (lay.seq // lay.cp) * m.d_model * lay.dtype.activation_bytes
+    elem = lay.dtype.activation_bytes if element_bytes is None else element_bytes
+    act = lay.micro_batch * (lay.seq // lay.cp) * m.d_model * elem
     if split_by_tp:
         act /= lay.tp
     return [n * lay.microbatches * act for n in pp_messages_per_rank(lay.pp, lay.virtual_stages)]

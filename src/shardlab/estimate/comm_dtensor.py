@@ -75,12 +75,15 @@ FP8_SCALE_BYTES = 8
 """Bytes of one fp8 scale's all-reduce payload: a float64 amax (module docstring)."""
 
 
-def fp8_block_bytes(m: ModelShape, layout: Layout, fp8: frozenset[str], act: float,
-                    again: bool) -> float:
+def fp8_block_bytes(m: ModelShape, layout: Layout, fp8: frozenset[str], elements: float,
+                    again: bool, norm_bytes: float) -> float:
     """Bytes one tensor-parallel rank sends per block and micro-batch for the fp8 linears
     ``fp8`` (:func:`shardlab.estimate.fp8.tp_fp8_linears`) beyond the bf16 count of
     :func:`tp_bytes_dtensor` (module docstring; negative: 1-byte gathers save more than the
-    scales cost). ``act``: one activation's bf16 bytes; ``again``: the forward runs twice."""
+    scales cost). ``elements``: one activation's elements (b·s·d); ``again``: the forward
+    runs twice; ``norm_bytes``: bytes per element of a norm's output, which the prepared
+    inputs' bf16 gathers moved (4 under autocast), the row outputs' gradients moving the
+    activation's."""
     t, sp = layout.tp, layout.sp
     if not fp8 or t == 1:
         return 0.0
@@ -92,32 +95,47 @@ def fp8_block_bytes(m: ModelShape, layout: Layout, fp8: frozenset[str], act: flo
     scales = (2 * len(fp8) + (len(fp8) if sp else column) + rows + prepared
               + again * (len(fp8) + rows + prepared))
     out = scales * ring_allreduce_bytes(FP8_SCALE_BYTES, t)
-    if sp:  # each fp8 gather moves half the bf16 one's bytes (1 of 2 per element)
-        out -= ((1 + again) * prepared + rows) * ring_gather_bytes(act / 2, t)
+    if sp:  # each fp8 gather moves 1 byte an element
+        act = layout.dtype.activation_bytes
+        out -= ring_gather_bytes(elements, t) * ((1 + again) * prepared * (norm_bytes - 1)
+                                                 + rows * (act - 1))
     return out
 
 
 def tp_bytes_dtensor(m: ModelShape, layout: Layout, loss_parallel: bool = False,
                      fsdp: bool = False, op_recompute: bool = False,
-                     fp8: frozenset[str] = frozenset()) -> list[float]:
+                     fp8: frozenset[str] = frozenset(),
+                     autocast: bool = False) -> list[float]:
     """Bytes one tensor-parallel rank of each pipeline stage sends per step under torch's
     DTensor plan (module docstring); the tied GPT head stays replicated, the untied
     llama head and embedding are split over the vocabulary. ``fsdp``: the data-parallel
     wrapper is FSDP (it reduces the norms' gradients once per step); ``op_recompute``:
     the blocks run under per-operator checkpointing (the layout then says
-    ``selective``); ``fp8``: a dense block's fp8 linears (:func:`fp8_block_bytes`)."""
+    ``selective``); ``fp8``: a dense block's fp8 linears (:func:`fp8_block_bytes`);
+    ``autocast``: bf16 under autocast (``train`` without FSDP's mixed precision), whose
+    fp32 parameters make the norms' and the embedding's outputs fp32: their collectives,
+    and those of their gradients, move 4-byte elements, the matmuls' outputs and theirs
+    bf16."""
     lay, t = layout, layout.tp
     if t == 1:
         return [0.0] * lay.pp
-    act = lay.micro_batch * lay.seq * m.d_model * lay.dtype.activation_bytes
+    elements = lay.micro_batch * lay.seq * m.d_model
+    act = elements * lay.dtype.activation_bytes  # a matmul's output
+    norm_bytes = 4 if autocast else lay.dtype.activation_bytes
+    wide = elements * norm_bytes  # a norm's output, the embedding's, the residual stream
     ar, g = ring_allreduce_bytes(act, t), ring_gather_bytes(act, t)
+    ar_wide, g_wide = ring_allreduce_bytes(wide, t), ring_gather_bytes(wide, t)
     full = lay.recompute == "full"
     again = full or op_recompute  # the forward's collectives that run again
-    if lay.sp:  # all-gathers + reduce-scatters of the whole activation, both g bytes
-        per_layer = (4 + 2 * again) * g + (4 + full) * g
-    else:
-        per_layer = (2 + column_linears(m) + again) * ar
-    per_layer += fp8_block_bytes(m, lay, fp8, act, again)
+    if lay.sp:
+        # All-gathers: the norms' outputs (2 a block, again when recomputed) and, backward,
+        # the row-parallel outputs' gradients (2); reduce-scatters: the row-parallel
+        # outputs (2, the attention's again under full recompute) and, backward, the
+        # gathered inputs' gradients (2).
+        per_layer = (4 + 2 * again) * g_wide + (4 + full) * g
+    else:  # the row outputs all-reduced forward; the column inputs' gradients backward
+        per_layer = (2 + again) * ar + column_linears(m) * ar_wide
+    per_layer += fp8_block_bytes(m, lay, fp8, elements, again, norm_bytes)
     vocab_parallel = not m.tied
     logits = lay.micro_batch * lay.seq * m.vocab * lay.dtype.activation_bytes
     # Uneven stages and the V schedules place layers and the head as the schedule does
@@ -129,12 +147,12 @@ def tp_bytes_dtensor(m: ModelShape, layout: Layout, loss_parallel: bool = False,
         per_mb = layers * per_layer
         if vocab_parallel:
             ends = first + last
-            per_mb += ends * (2 * g if lay.sp else ar)
+            per_mb += ends * (2 * g_wide if lay.sp else ar_wide)
             if last:
                 per_mb += (3 * ring_allreduce_bytes(lay.micro_batch * lay.seq * 4, t)
                            if loss_parallel else ring_gather_bytes(logits, t))
         elif lay.sp:
-            per_mb += (first + last) * g
+            per_mb += (first + last) * g_wide
         nbytes = lay.microbatches * per_mb
         if lay.sp:
             norms = layers * 2 + (1 if last and vocab_parallel else 0)

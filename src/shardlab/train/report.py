@@ -21,7 +21,12 @@ from shardlab.estimate.flops import flops_per_token
 from shardlab.estimate.fp8 import tp_fp8_linears
 from shardlab.estimate.memory import StateBytes, inflight_microbatches, zero_state_bytes
 from shardlab.estimate.partition import stage_params
-from shardlab.train.config import bf16_compute, estimate_dtype, loss_split
+from shardlab.train.config import (
+    bf16_compute,
+    estimate_dtype,
+    fsdp_mixed_precision,
+    loss_split,
+)
 from shardlab.train.report_activations import predicted_activation_bytes
 from shardlab.train.report_cp import (
     dp_bytes,
@@ -234,16 +239,21 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return sync * min(chunk, max(0, cfg.shape.vocab - position * chunk)) / cfg.shape.vocab
 
     ends = [(r == 0) + (r == lay.pp - 1) for r in range(lay.pp)]
+    # bf16 under autocast (no FSDP mixed precision): fp32 parameters, so the norms' and the
+    # embedding's outputs and the residual stream are fp32.
+    autocast = bf16_compute(cfg) and not fsdp_mixed_precision(cfg)
     pp_pred = [b + f * lay.microbatches * mask for b, f in
-               zip(pp_bytes_per_rank(cfg.shape, lay, split_by_tp=cfg.sp), forward_sends,
-                   strict=True)]
+               zip(pp_bytes_per_rank(cfg.shape, lay, split_by_tp=cfg.sp,
+                                     element_bytes=4 if autocast else None),
+                   forward_sends, strict=True)]
     tp_pred = [b + u for b, u in zip(
         tp_bytes_dtensor(cfg.shape, local_layout(lay),
                          loss_parallel=loss_split(cfg),
                          fsdp=cfg.grad_ranks > 1 and cfg.dp_mode != "ddp",
                          op_recompute=cfg.recompute == "op",
                          fp8=tp_fp8_linears(cfg.shape, cfg.tp) if cfg.dtype == "fp8"
-                         else frozenset()),
+                         else frozenset(),
+                         autocast=autocast),
         moe_tp_bytes(cfg, lay), strict=True)]
     cp_pred = cp_bytes_per_stage(cfg.shape, lay, cfg.recompute)
     zero = {"fsdp": 3, "fsdp-zero2": 2, "ddp": 0}[cfg.dp_mode]
