@@ -39,7 +39,9 @@ the amax pass (their scale is precomputed: torchao ``precompute_float8_dynamic_s
 fsdp``, Transformer Engine's cached weight): :data:`WEIGHT_CAST_BYTES` = 5 B per weight
 element per micro-batch. With sequence parallelism the column-parallel inputs are cast
 before their all-gather (torchao ``Float8ColwiseParallel``, Transformer Engine's fp8
-all-gather), on T·h/t elements. Not modelled: the halved bytes of those fp8 all-gathers.
+all-gather), on T·h/t elements. The planner's step time keeps those all-gathers at bf16
+bytes (1 byte was tried and left out: docs/validation.md); ``train``'s report counts
+them at 1 byte (:func:`shardlab.estimate.comm_dtensor.fp8_block_bytes`).
 
 **Memory**: a rank that holds whole weights (ZeRO 0-2) keeps an fp8 copy of each linear
 weight and its transpose (``fp8_copy_bytes`` = 2 per element) and, per linear module,
