@@ -13,6 +13,10 @@ from shardlab.config.catalog import get_model
 from shardlab.estimate.partition import stage_params
 from shardlab.train.config import TrainConfig
 from shardlab.train.report import predicted_peak_bytes
+from shardlab.train.report_activations import (
+    predicted_activation_bytes,
+    recomputed_block_bytes,
+)
 from shardlab.train.report_fsdp import pipeline_fsdp_bytes
 from shardlab.train.report_temporaries import (
     LOSS_BACKWARD_BYTES,
@@ -56,11 +60,21 @@ def test_zero2_keeps_every_unit_and_ddp_none() -> None:
 
 
 def test_a_pipeline_holds_its_fsdp_term_and_the_loss_on_the_last_stage() -> None:
+    """Under full recompute a block's backward also holds that block's forward, run again:
+    everything a block keeps without recompute (the first stage's peak; on the last, the
+    larger of it and the loss's)."""
     pipe = TrainConfig(LLAMA3_8B, dp=4, pp=2, global_batch=8, micro_batch=1, seq=2048,
                        recompute="full", dtype="bf16")
-    assert predicted_temporary_bytes(pipe, 0) == pipeline_fsdp_bytes(pipe, 0)
+    block = recomputed_block_bytes(pipe)
+    assert predicted_temporary_bytes(pipe, 0) == pipeline_fsdp_bytes(pipe, 0) + block
     assert predicted_temporary_bytes(pipe, 1) == (pipeline_fsdp_bytes(pipe, 1)
-                                                  + LOSS_BACKWARD_BYTES * 2048 * V)
+                                                  + max(LOSS_BACKWARD_BYTES * 2048 * V, block))
+    assert recomputed_block_bytes(replace(pipe, recompute="selective")) == 0.0
+    # What one more block adds to a run without recompute (FSDP's bf16: no autocast copies).
+    plain = [replace(pipe, shape=replace(LLAMA3_8B, layers=n), pp=1, dp=8, recompute="none")
+             for n in (1, 2)]
+    assert block == pytest.approx(predicted_activation_bytes(plain[1], 0)
+                                  - predicted_activation_bytes(plain[0], 0))
     # The memory guard counts them.
     assert predicted_peak_bytes(FSDP) > predicted_temporary_bytes(FSDP, 0) > 17e9
 

@@ -8,6 +8,7 @@ and named where it is added. Compared with the measured figure in a run's report
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from shardlab.estimate.activations import (
@@ -125,3 +126,36 @@ def autocast_cast_bytes(cfg: Any, pp_rank: int) -> float:
     split = cfg.tp if cfg.tp > 1 and not m.tied else 1  # the vocabulary-parallel head
     head = m.vocab * m.d_model / split if pp_rank == cfg.pp - 1 else 0
     return 2.0 * (blocks + head)
+
+
+def recomputed_block_bytes(cfg: Any) -> float:
+    """Under full recompute, what one block holds the moment its backward begins: its
+    forward run again, keeping for backward all that a block without recompute keeps (the
+    cost model's per-layer figure with ``recompute="none"`` and the tensors of shardlab's
+    program beside it, as :func:`predicted_activation_bytes` counts them; a MoE model's
+    MoE block, the larger). 0 for any other recompute mode, whose blocks keep their
+    tensors from the forward."""
+    if cfg.recompute != "full":
+        return 0.0
+    plain = dataclasses.replace(cfg, recompute="none")
+    e = 2 if bf16_compute(cfg) else 4
+    mb = cfg.micro_batch or cfg.global_batch // cfg.dp
+    seq = cfg.seq // cfg.cp
+    bs = mb * seq
+    kw = {"tp": cfg.tp, "sp": cfg.sp}
+    if cfg.shape.moe is not None:
+        lay = run_layout(plain)
+        block = layer_activation_bytes(
+            cfg.shape, mb, cfg.seq, e, recompute="none", dropout=False, flash=True,
+            eager=True, moe_layer=True, ep=lay.ep, etp=lay.etp,
+            capacity_factor=lay.capacity_factor, **kw)
+    elif cfg.cp == 1:
+        block = layer_activation_bytes(cfg.shape, mb, seq, e, recompute="none",
+                                       dropout=False, flash=True, eager=True, **kw)
+    else:
+        block = cp_layer_activation_bytes(cfg.shape, run_layout(plain), dropout=False,
+                                          flash=True, eager=True)
+    gathered = sp_gathered_bytes(cfg.shape, bs, cfg.tp, cfg.sp, e)
+    norm = ((8 - e) * bs * cfg.shape.d_model / (cfg.tp if cfg.sp else 1)
+            if cfg.shape.style == "llama" else 0)
+    return block + gathered + 2 * norm + (e - 4) * bs * cfg.seq

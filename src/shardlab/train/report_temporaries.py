@@ -1,8 +1,8 @@
 """What a rank of shardlab's program holds at its memory peak beyond its states and the
 activations it saves for backward: the cost model's ``temporaries``.
 
-Three terms, each on the ranks that hold it, all at the start of backward (the loss's
-backward), where the dry run of the same program puts the peak of the runs below:
+Four terms, each on the ranks that hold it; the first three at the start of backward (the
+loss's backward), where the dry run of the same program puts the peak of the runs below:
 
 * **the loss** (the rank holding the head): without loss parallelism the fp32 gradient of
   the log-softmax output and ``log_softmax_backward``'s fp32 result,
@@ -14,7 +14,15 @@ backward), where the dry run of the same program puts the peak of the runs below
   head (one unit with the embedding when tied; ``data_parallel.apply_fsdp``), under
   ``fsdp-zero2`` every unit (none is resharded after forward), at the compute dtype;
 * **inside a pipeline**, what FSDP keeps gathered for the whole step
-  (:func:`~shardlab.train.report_fsdp.pipeline_fsdp_bytes`).
+  (:func:`~shardlab.train.report_fsdp.pipeline_fsdp_bytes`);
+* **under full recompute, a block's backward**: the block's forward run again keeps all
+  a block without recompute keeps
+  (:func:`~shardlab.train.report_activations.recomputed_block_bytes`), at a moment of its
+  own: the larger of it and the loss's is counted. A pipeline's first stages peak there:
+  Llama-3.1-405B at ``dp=8 tp=8 pp=8 micro_batch=4 recompute=full`` (TT-9's layout in
+  bf16), rank 0: the dry run holds 82.88 GB against 85.33 counted (79.27 without the
+  term); a 4-layer llama at d = 256 and 512 over ``dp=2 pp=2``: 0.95 and 0.93 of the count
+  on the two stages (1.12 and 1.03, 1.10 and 1.03 without it; 2026-12-07).
 
 Measured with ``shardlab dryrun`` (Llama-3-8B, seq 4096-8192; 2026-12-07):
 
@@ -29,9 +37,9 @@ Measured with ``shardlab dryrun`` (Llama-3-8B, seq 4096-8192; 2026-12-07):
 * ``dp=8 zero=2``, seq 4096: 16.06 GB of unsharded parameters (8.03 B x 2 B) and the
   loss's 4.20 GB.
 
-Not counted: a layer's backward (its recompute working set, the activation gradients),
-which the dry run shows below the loss's moment for these models, and may exceed it for a
-small vocabulary and a wide model.
+Not counted: the activation gradients of a layer's backward, and without recompute its
+working set beyond what the layer saved, which the dry run shows below the loss's moment
+for these models.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from typing import Any
 
 from shardlab.estimate.comm import fsdp2_padded_params
 from shardlab.train.config import bf16_compute, loss_split
+from shardlab.train.report_activations import recomputed_block_bytes
 from shardlab.train.report_cp import kept_padded, shard_ranks
 from shardlab.train.report_fsdp import pipeline_fsdp_bytes, vocab_parallel
 from shardlab.train.report_moe import moe_padded_params
@@ -90,9 +99,13 @@ def kept_unit_bytes(cfg: Any) -> float:
 
 def predicted_temporary_bytes(cfg: Any, pp_rank: int) -> float:
     """The cost model's temporaries on a rank of pipeline stage ``pp_rank`` (module
-    docstring): FSDP's pipeline term everywhere, the loss's and the kept units' on the
-    rank that holds the head."""
+    docstring): FSDP's pipeline term everywhere, the kept units on the rank that holds
+    the head, and the larger of two moments: the loss's backward (that rank) and, under
+    full recompute, a block's backward with its forward run again
+    (:func:`~shardlab.train.report_activations.recomputed_block_bytes`)."""
     held = pipeline_fsdp_bytes(cfg, pp_rank)
-    if pp_rank == cfg.pp - 1:
-        held += loss_temporary_bytes(cfg) + kept_unit_bytes(cfg)
-    return held
+    last = pp_rank == cfg.pp - 1
+    if last:
+        held += kept_unit_bytes(cfg)
+    return held + max(loss_temporary_bytes(cfg) if last else 0.0,
+                      recomputed_block_bytes(cfg))
