@@ -43,6 +43,7 @@ FP8_GATHER = [*FP8, "--fp8-all-gather"]
 # ... and over FSDP 2 x TP 2 with torchao's float8 tensor-parallel styles (without sequence
 # parallelism: its fp8 all-gathers need NCCL; the dry run counts those, test_dryrun_cli.py).
 FP8_TP = [*FP8, "--tp", "2"]
+FP8_TP_GATHER = [*FP8_TP, "--fp8-all-gather"]  # FSDP's fp8 gathers of the tp shards
 # torchtitan's per-operator checkpointing under FSDP x TP with sequence parallelism (its
 # reduce-scatters' outputs among those kept).
 OP = ["--dp", "2", "--tp", "2", "--sp", "--recompute", "op"]
@@ -96,8 +97,8 @@ def documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
     the ranks' start-up (torch imported once per process) is paid once per world size.
 
     About 30 s (eight real runs of 6-10 steps on 2 and 4 ranks, each beside its
-    one-process reference; the MoE and issue 17's layouts add some 40 s, the three fp8 runs
-    some 20 s): the tests of the parity layouts, bf16, fp8, MoE, context parallel, uneven
+    one-process reference; the MoE and issue 17's layouts add some 40 s, the four fp8 runs
+    some 30 s): the tests of the parity layouts, bf16, fp8, MoE, context parallel, uneven
     stages and HSDP read it."""
     from shardlab.cli import build_parser
     from shardlab.cli.train import prepare
@@ -107,7 +108,7 @@ def documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
 
     root = tmp_path_factory.mktemp("train")
     planned = {}
-    for argv in [*LAYOUTS, BF16, FP8, FP8_GATHER, FP8_TP, OP,
+    for argv in [*LAYOUTS, BF16, FP8, FP8_GATHER, FP8_TP, FP8_TP_GATHER, OP,
                  *[[*MOE, *a] for a in [*MOE_LAYOUTS, CAPACITY, ETP]], *CP_LAYOUTS]:
         name = layout_id(argv)
         args = build_parser().parse_args(["train", "--steps", str(STEPS), *argv,
@@ -315,6 +316,24 @@ def test_fp8_tensor_parallel_trains_like_one_fp8_process(
     for row in figures["comm_bytes_per_step"]:
         assert row["tp"]["measured"] == row["tp"]["predicted"] > 0, row
         assert row["measured"]["by_dim"]["tp"]["all_reduce"]["calls"] == 4 * (2 + 5 + 21) + 2
+
+
+@pytest.mark.multiprocess
+def test_fp8_gathers_of_tensor_parallel_shards_send_the_bytes_predicted(
+        documents: dict[str, dict[str, Any]]) -> None:
+    """``--fp8-all-gather`` over FSDP 2 x TP 2: FSDP gathers each rank's tp shards of the
+    fp8 weights at 1 byte, and the weights' scales, computed after each step from one
+    all-reduce of their fp32 amaxes over dp and one over tp (the weights' DTensors span
+    both), leave no amax to reduce when a weight is cast: 7 float64 scales a block and
+    micro-batch where plain fp8 has 21. Every byte as predicted; parity with one process."""
+    doc, plain = documents[layout_id(FP8_TP_GATHER)], documents[layout_id(FP8_TP)]
+    assert doc["parity_passed"] and "fp8_all_gather=1" in doc["layout"]
+    for row, ref in zip(doc["predicted_vs_measured"]["comm_bytes_per_step"],
+                        plain["predicted_vs_measured"]["comm_bytes_per_step"], strict=True):
+        assert row["dp"]["measured"] == row["dp"]["predicted"] < ref["dp"]["measured"]
+        assert row["tp"]["measured"] == row["tp"]["predicted"]
+        calls = row["measured"]["by_dim"]["tp"]["all_reduce"]["calls"]
+        assert calls == 4 * (2 + 5 + 7) + 2 + 1  # and the step's amaxes, one all-reduce
 
 
 @pytest.mark.multiprocess

@@ -185,6 +185,19 @@ def test_fp8_linears_gather_at_one_byte_and_reduce_their_scales() -> None:
     assert diff == pytest.approx(L * 21 * 8)
 
 
+def test_fp8_weights_gathered_by_fsdp_take_their_scales_once_a_step() -> None:
+    """``--fp8-all-gather``: a weight's scale comes from the amaxes reduced after the step
+    (one fp32 all-reduce of the rank's fp8 weights' amaxes over tp: 7 x L x 4 bytes), so
+    its casts reduce none: 14 fewer float64 scales a block and micro-batch."""
+    m = shape("llama")
+    names = frozenset({"attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj",
+                       "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"})
+    lay = layout(m, dtype="bf16")
+    plain = tp_bytes_dtensor(m, lay, fp8=names)[0]
+    gathered = tp_bytes_dtensor(m, lay, fp8=names, fp8_gather=True)[0]
+    assert plain - gathered == pytest.approx(L * 14 * 8 - 7 * L * 4)
+
+
 def test_an_input_read_by_a_bf16_linear_is_gathered_in_bf16() -> None:
     """k and v left in bf16 (a width fp8's matmul cannot take): the attention's input is
     gathered in bf16 and q casts its own replicated copy (no scale to reduce); the MLP's

@@ -76,14 +76,16 @@ FP8_SCALE_BYTES = 8
 
 
 def fp8_block_bytes(m: ModelShape, layout: Layout, fp8: frozenset[str], elements: float,
-                    again: bool, norm_bytes: float) -> float:
+                    again: bool, norm_bytes: float, prescaled: bool = False) -> float:
     """Bytes one tensor-parallel rank sends per block and micro-batch for the fp8 linears
     ``fp8`` (:func:`shardlab.estimate.fp8.tp_fp8_linears`) beyond the bf16 count of
     :func:`tp_bytes_dtensor` (module docstring; negative: 1-byte gathers save more than the
     scales cost). ``elements``: one activation's elements (b·s·d); ``again``: the forward
     runs twice; ``norm_bytes``: bytes per element of a norm's output, which the prepared
     inputs' bf16 gathers moved (4 under autocast), the row outputs' gradients moving the
-    activation's."""
+    activation's; ``prescaled``: FSDP gathers the weights in fp8 with scales computed
+    after the optimizer step (``--fp8-all-gather``), so casting a weight reduces no
+    amax."""
     t, sp = layout.tp, layout.sp
     if not fp8 or t == 1:
         return 0.0
@@ -92,8 +94,9 @@ def fp8_block_bytes(m: ModelShape, layout: Layout, fp8: frozenset[str], elements
                      + (mlp_in <= fp8))
     rows = len(fp8 & {"attn.o_proj", "mlp.down_proj"})
     column = len(fp8) - rows
-    scales = (2 * len(fp8) + (len(fp8) if sp else column) + rows + prepared
-              + again * (len(fp8) + rows + prepared))
+    weights = 0 if prescaled else len(fp8)
+    scales = (2 * weights + (len(fp8) if sp else column) + rows + prepared
+              + again * (weights + rows + prepared))
     out = scales * ring_allreduce_bytes(FP8_SCALE_BYTES, t)
     if sp:  # each fp8 gather moves 1 byte an element
         act = layout.dtype.activation_bytes
@@ -104,7 +107,7 @@ def fp8_block_bytes(m: ModelShape, layout: Layout, fp8: frozenset[str], elements
 
 def tp_bytes_dtensor(m: ModelShape, layout: Layout, loss_parallel: bool = False,
                      fsdp: bool = False, op_recompute: bool = False,
-                     fp8: frozenset[str] = frozenset(),
+                     fp8: frozenset[str] = frozenset(), fp8_gather: bool = False,
                      autocast: bool = False) -> list[float]:
     """Bytes one tensor-parallel rank of each pipeline stage sends per step under torch's
     DTensor plan (module docstring); the tied GPT head stays replicated, the untied
@@ -112,6 +115,9 @@ def tp_bytes_dtensor(m: ModelShape, layout: Layout, loss_parallel: bool = False,
     wrapper is FSDP (it reduces the norms' gradients once per step); ``op_recompute``:
     the blocks run under per-operator checkpointing (the layout then says
     ``selective``); ``fp8``: a dense block's fp8 linears (:func:`fp8_block_bytes`);
+    ``fp8_gather``: FSDP gathers them in fp8 (``--fp8-all-gather``): their scales come
+    from one all-reduce of their fp32 amaxes after each step, over tp too, the weights'
+    DTensors spanning both dims (torchao ``precompute_float8_dynamic_scale_for_fsdp``);
     ``autocast``: bf16 under autocast (``train`` without FSDP's mixed precision), whose
     fp32 parameters make the norms' and the embedding's outputs fp32: their collectives,
     and those of their gradients, move 4-byte elements, the matmuls' outputs and theirs
@@ -135,7 +141,7 @@ def tp_bytes_dtensor(m: ModelShape, layout: Layout, loss_parallel: bool = False,
         per_layer = (4 + 2 * again) * g_wide + (4 + full) * g
     else:  # the row outputs all-reduced forward; the column inputs' gradients backward
         per_layer = (2 + again) * ar + column_linears(m) * ar_wide
-    per_layer += fp8_block_bytes(m, lay, fp8, elements, again, norm_bytes)
+    per_layer += fp8_block_bytes(m, lay, fp8, elements, again, norm_bytes, fp8_gather)
     vocab_parallel = not m.tied
     logits = lay.micro_batch * lay.seq * m.vocab * lay.dtype.activation_bytes
     # Uneven stages and the V schedules place layers and the head as the schedule does
@@ -154,6 +160,8 @@ def tp_bytes_dtensor(m: ModelShape, layout: Layout, loss_parallel: bool = False,
         elif lay.sp:
             per_mb += (first + last) * g_wide
         nbytes = lay.microbatches * per_mb
+        if fp8 and fp8_gather:  # the step's amaxes of the rank's fp8 weights, fp32 each
+            nbytes += ring_allreduce_bytes(4 * layers * len(fp8), t)
         if lay.sp:
             norms = layers * 2 + (1 if last and vocab_parallel else 0)
             times = 1 if fsdp else lay.microbatches

@@ -277,15 +277,12 @@ def check_fp8(cfg: TrainConfig) -> None:
     :func:`shardlab.train.fp8.fp8_refusal`): a width that fp8's matmul takes (d_model a
     multiple of 16: every block linear has it on one side); with tp > 1 a dense model
     (torchao's float8 tensor-parallel styles are wired for the dense blocks, whose bytes
-    the report counts: :func:`shardlab.estimate.comm_dtensor.fp8_block_bytes`) and bf16
-    gathers; and for ``fp8_all_gather`` FSDP over more than one rank and a dense model."""
+    the report counts: :func:`shardlab.estimate.comm_dtensor.fp8_block_bytes`); and for
+    ``fp8_all_gather`` FSDP over more than one rank and a dense model."""
     if cfg.tp > 1 and cfg.shape.moe is not None:
         raise SpecError("tp", cfg.tp, "with --dtype fp8 and experts must be 1: the float8 "
                         "tensor-parallel styles are wired for dense blocks only (use ep, dp "
                         "or pp for a mixture of experts)")
-    if cfg.tp > 1 and cfg.fp8_all_gather:
-        raise SpecError("fp8_all_gather", True, "with tp > 1 is not wired (FSDP's fp8 gather "
-                        "of tensor-parallel shards); leave it off, the fp8 linears still run")
     if cfg.shape.d_model % 16:
         raise SpecError("d_model", cfg.shape.d_model, "must be a multiple of 16 with --dtype "
                         "fp8 (torch._scaled_mm's dimensions); no linear would run in fp8")

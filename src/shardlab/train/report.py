@@ -252,7 +252,7 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
                          fsdp=cfg.grad_ranks > 1 and cfg.dp_mode != "ddp",
                          op_recompute=cfg.recompute == "op",
                          fp8=tp_fp8_linears(cfg.shape, cfg.tp) if cfg.dtype == "fp8"
-                         else frozenset(),
+                         else frozenset(), fp8_gather=cfg.fp8_all_gather,
                          autocast=autocast),
         moe_tp_bytes(cfg, lay), strict=True)]
     cp_pred = cp_bytes_per_stage(cfg.shape, lay, cfg.recompute)

@@ -48,7 +48,7 @@ def fp8_gathered(cfg: Any, n: int) -> list[tuple[int, int]]:
     ``n``-rank shard group, times the rank's blocks; (0, 0) without it."""
     if not cfg.fp8_all_gather:
         return [(0, 0)] * cfg.pp
-    weights = fp8_block_weights(tensor_rows(cfg.shape, 1, vocab_parallel=False)[0])
+    weights = fp8_block_weights(tensor_rows(cfg.shape, cfg.tp, vocab_parallel=False)[0])
     padded = fsdp2_padded(weights, n)
     return [(layers * padded, layers * len(weights)) for layers in
             rank_layers(cfg.shape.layers, cfg.pp, cfg.virtual_stages, cfg.stage_layers)]
