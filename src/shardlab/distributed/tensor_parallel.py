@@ -38,6 +38,11 @@ by ``tests/distributed/test_parallelize.py``):
   again at the input of ``final_norm`` (Shard(1) -> Replicate). Untied llama style
   follows torchtitan exactly: the embedding reduce-scatters into Shard(1), ``final_norm``
   is ``SequenceParallel``, and the head all-gathers its input.
+* **fp8.** A block linear that ``train --dtype fp8`` made a torchao ``Float8Linear``
+  takes torchao's float8 style in its place (``Float8ColwiseParallel``,
+  ``Float8RowwiseParallel``, ``PrepareFloat8ModuleInput``: :func:`block_plan`), as
+  torchtitan's ``enable_float8_tensorwise_tp`` does; :func:`apply_tp` finds them in the
+  model it is given.
 * **Vocabulary.** A sharded embedding/head needs ``vocab % tp == 0`` (Megatron-LM pads
   the vocabulary to a multiple of ``make-vocab-size-divisible-by * tp`` for the same
   reason); tied models keep the full vocabulary on every rank and need nothing.
@@ -130,7 +135,7 @@ def block_plan(shape: ModelShape, sequence_parallel: bool, moe: bool = False,
             plan[name] = colwise(name)
         plan[mlp + "down_proj"] = rowwise(mlp + "down_proj", output_layouts=row_out)
     if sequence_parallel:
-        def gather(name: str, reads: list[str], args: int) -> ParallelStyle:
+        def gather(reads: list[str], args: int) -> ParallelStyle:
             # Module.forward(x, ...): only x is sharded; Attention's mask and rope are plain
             # full-length tensors (or None) and pass through untouched.
             layouts = {"input_layouts": (Shard(1),) + (None,) * (args - 1),
@@ -142,11 +147,11 @@ def block_plan(shape: ModelShape, sequence_parallel: bool, moe: bool = False,
 
         plan |= {
             "attn_norm": SequenceParallel(),
-            "attn": gather("attn", ["attn.q_proj", "attn.k_proj", "attn.v_proj"], 3),
+            "attn": gather(["attn.q_proj", "attn.k_proj", "attn.v_proj"], 3),
             "mlp_norm": SequenceParallel(),
             "mlp": PrepareModuleInput(input_layouts=(Shard(1),),
                                       desired_input_layouts=(Replicate(),)) if moe
-            else gather("mlp", mlp_inputs, 1),
+            else gather(mlp_inputs, 1),
         }
     return plan
 
@@ -156,6 +161,7 @@ def float8_styles() -> tuple[type, type, type]:
     ``Float8RowwiseParallel``, ``PrepareFloat8ModuleInput``). Imported here, not at the top:
     only a model that already holds torchao's ``Float8Linear`` modules asks, so torchao is
     loaded by then."""
+    # Here: torchao takes 1.8 s to import, which only fp8 runs pay (they have paid it).
     from torchao.float8.float8_tensor_parallel import (
         Float8ColwiseParallel,
         Float8RowwiseParallel,

@@ -62,26 +62,16 @@ def predicted_activation_bytes(cfg: Any, pp_rank: int,
     # With sequence parallelism torch's column-parallel head keeps the input it gathered over
     # the sequence, whole (the cost model counts Megatron's 1/t shard).
     head = bs * cfg.shape.d_model * e * (1 - 1 / cfg.tp) if cfg.sp and not cfg.shape.tied else 0
-    # So do every block's q/k/v and MLP inputs (two [b, s, d] per layer; Megatron keeps
-    # the 1/t shard and gathers it again in backward): measured by the dry run of
-    # Llama-3-8B, docs/agree.md.
-    gathered = sp_gathered_bytes(cfg.shape, bs, cfg.tp, cfg.sp, e) if not whole else 0
     # Without loss parallelism the head's output is gathered over the vocabulary: each
     # tensor-parallel rank keeps the whole [b, s, V] of what the loss saves (its fp32
     # log-softmax: 16-bit logits are upcast first, nn/loss.py), where the cost model
     # counts 1/t of them in fp32.
     sharded = loss_split(cfg)
     logits = bs * cfg.shape.vocab * (4 / (cfg.tp if sharded else 1) - 4 / cfg.tp)
-    # torch's nn.RMSNorm keeps two fp32 [b, s, d] tensors (its input upcast, and the
-    # normalised input before the weight) where the cost model counts one input in the
-    # compute dtype: per layer two norms, on the last stage the final norm too.
-    # (A checkpointed block runs its norms again; the final norm is outside the blocks.)
-    norm = ((8 - e) * bs * cfg.shape.d_model / (cfg.tp if cfg.sp else 1)
-            if cfg.shape.style == "llama" and cfg.recompute != "full" else 0)
-    block_norm = 0 if by_op else norm
-    # torch's fused CPU attention keeps the additive [b, 1, s, s] mask in the compute
-    # dtype (the cost model counts fp32) in every layer that keeps it.
-    mask_dtype = (e - 4) * bs * cfg.seq if cfg.recompute == "none" else 0
+    # The final norm keeps what a block's norm keeps (block_extra_bytes): it is outside the
+    # blocks, so no checkpoint runs it again.
+    norm = rms_norm_extra_bytes(cfg, bs, e) if cfg.recompute != "full" else 0
+    extra = block_extra_bytes(cfg, cfg.recompute, bs, e)
     p = pp_rank
     if cfg.shape.moe is not None:  # dense and MoE layers differ: each of this rank's own
         lay = run_layout(cfg)
@@ -91,7 +81,7 @@ def predicted_activation_bytes(cfg: Any, pp_rank: int,
             cfg.shape, mb, cfg.seq, e, recompute=cfg.recompute, dropout=False, flash=True,
             eager=True, moe_layer=i >= first_moe, imbalance=(loads or {}).get(i, 1.0),
             **kw, **moe_kw) for i in stage_layer_ids(cfg, p)) / layers[p]
-    return (layers[p] * (per_layer + gathered + 2 * block_norm + mask_dtype) + mask + ids * (p == 0)
+    return (layers[p] * (per_layer + extra) + mask + ids * (p == 0)
             + autocast_cast_bytes(cfg, p)
             + (targets + head + logits + norm) * (p == cfg.pp - 1)
             + (first_stage_extra_bytes(cfg.shape, mb, seq, dropout=False, **kw)
@@ -128,6 +118,33 @@ def autocast_cast_bytes(cfg: Any, pp_rank: int) -> float:
     return 2.0 * (blocks + head)
 
 
+def rms_norm_extra_bytes(cfg: Any, tokens: int, e: int) -> float:
+    """torch's nn.RMSNorm keeps two fp32 [b, s, d] tensors (its input upcast, and the
+    normalised input before the weight) where the cost model counts one input in the
+    compute dtype (``e`` bytes): the difference for one norm over ``tokens`` (b·s; its
+    1/t under sequence parallelism); 0 for a gpt-style LayerNorm."""
+    if cfg.shape.style != "llama":
+        return 0.0
+    return (8 - e) * tokens * cfg.shape.d_model / (cfg.tp if cfg.sp else 1)
+
+
+def block_extra_bytes(cfg: Any, recompute: str, tokens: int, e: int) -> float:
+    """What a block of shardlab's program keeps beyond the cost model's per-layer figure
+    under ``recompute``, for ``tokens`` (b·s) at ``e``-byte activations: with sequence
+    parallelism torch keeps the q/k/v and MLP inputs it gathered, whole (two [b, s, d];
+    Megatron keeps the 1/t shard and gathers it again in backward: the dry run of
+    Llama-3-8B, docs/agree.md), unless the block is checkpointed; its two RMSNorms'
+    fp32 tensors (:func:`rms_norm_extra_bytes`), unless a checkpoint runs them again
+    (full) or per-operator checkpointing keeps its own; and without recompute torch's
+    fused CPU attention's additive [b, 1, s, s] mask in the compute dtype, where the cost
+    model counts fp32."""
+    whole = recompute in ("full", "op")
+    gathered = sp_gathered_bytes(cfg.shape, tokens, cfg.tp, cfg.sp, e) if not whole else 0
+    norms = 2 * rms_norm_extra_bytes(cfg, tokens, e) if recompute in ("none", "selective") else 0
+    mask = (e - 4) * tokens * cfg.seq if recompute == "none" else 0
+    return gathered + norms + mask
+
+
 def recomputed_block_bytes(cfg: Any) -> float:
     """Under full recompute, what one block holds the moment its backward begins: its
     forward run again, keeping for backward all that a block without recompute keeps (the
@@ -155,7 +172,4 @@ def recomputed_block_bytes(cfg: Any) -> float:
     else:
         block = cp_layer_activation_bytes(cfg.shape, run_layout(plain), dropout=False,
                                           flash=True, eager=True)
-    gathered = sp_gathered_bytes(cfg.shape, bs, cfg.tp, cfg.sp, e)
-    norm = ((8 - e) * bs * cfg.shape.d_model / (cfg.tp if cfg.sp else 1)
-            if cfg.shape.style == "llama" else 0)
-    return block + gathered + 2 * norm + (e - 4) * bs * cfg.seq
+    return block + block_extra_bytes(cfg, "none", bs, e)
