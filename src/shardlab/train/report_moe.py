@@ -26,7 +26,12 @@ from shardlab.estimate.expert import (
     layout_tokens,
 )
 from shardlab.estimate.partition import chunk_layers
-from shardlab.train.config import estimate_dtype, layout_recompute
+from shardlab.train.config import (
+    bf16_compute,
+    estimate_dtype,
+    fsdp_mixed_precision,
+    layout_recompute,
+)
 
 
 def run_layout(cfg: Any) -> Layout:
@@ -217,14 +222,19 @@ def moe_tp_bytes(cfg: Any, layout: Layout) -> list[float]:
       auxiliary loss's input is saved after it), so it re-runs that all-reduce too: one
       more than a dense block.
 
-    Per micro-batch and MoE layer of the rank, ring all-reduces of b·s·d."""
+    Per micro-batch and MoE layer of the rank, ring all-reduces of b·s·d: the output
+    projection's at the activations' bytes, the column-parallel inputs' gradients at fp32
+    under autocast (bf16 without FSDP's mixed precision: the norm before them is fp32, as
+    ``tp_bytes_dtensor(autocast=True)`` counts them)."""
     m = cfg.shape
     if m.moe is None or cfg.tp == 1:
         return [0.0] * cfg.pp
-    act = layout.micro_batch * layout.seq * m.d_model * layout.dtype.activation_bytes
-    ar = ring_allreduce_bytes(act, cfg.tp)
+    elements = layout.micro_batch * layout.seq * m.d_model
+    ar = ring_allreduce_bytes(elements * layout.dtype.activation_bytes, cfg.tp)
+    autocast = bf16_compute(cfg) and not fsdp_mixed_precision(cfg)
+    ar_wide = ring_allreduce_bytes(elements * 4, cfg.tp) if autocast else ar
     if not m.moe.shared_experts:
-        per_layer = -(1 + column_linears(m) - 3) * ar
+        per_layer = -(ar + (column_linears(m) - 3) * ar_wide)
     else:
         per_layer = ar if cfg.recompute == "full" and has_aux(cfg) else 0.0
     return [layout.microbatches * per_layer
