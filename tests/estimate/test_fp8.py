@@ -5,7 +5,7 @@ import pytest
 from shardlab.config.catalog import get_model
 from shardlab.config.dtypes import get_policy
 from shardlab.config.layout import make_layout
-from shardlab.config.model import ModelShape
+from shardlab.config.model import ModelShape, MoE
 from shardlab.estimate import fp8
 from shardlab.estimate.comm import tensor_rows
 from shardlab.estimate.flops import flops_per_token
@@ -81,3 +81,15 @@ def test_the_linears_fp8_runs_per_tensor_parallel_rank() -> None:
     gpt = ModelShape("g", 2, 64, 8, 512, 64, d_ff=96, style="gpt")
     assert fp8.tp_fp8_linears(gpt, 4) == {"attn.q_proj", "attn.k_proj", "attn.v_proj",
                                           "attn.o_proj"}  # 96 / 4 = 24 MLP columns
+
+
+def test_a_moe_blocks_fp8_linears_under_tp() -> None:
+    """A MoE block runs its attention and its shared experts' MLP (width shared_experts x
+    shared_d_ff) in fp8; its router and routed experts stay bf16."""
+    m = ModelShape("t", 2, 64, 8, 512, 64, kv_heads=4, d_ff=128, style="llama", tied=False,
+                   moe=MoE(8, 2, 48, shared_experts=1, shared_d_ff=32))
+    attn = {"attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj"}
+    assert fp8.tp_fp8_linears(m, 2, moe_layer=True) == attn | {
+        "mlp.shared.gate_proj", "mlp.shared.up_proj", "mlp.shared.down_proj"}
+    assert fp8.tp_fp8_linears(m, 4, moe_layer=True) == {"attn.q_proj", "attn.o_proj"}
+    assert fp8.row_parallel("mlp.shared.down_proj") and not fp8.row_parallel("mlp.up_proj")

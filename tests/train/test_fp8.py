@@ -83,7 +83,6 @@ CPU = ["--dtype", "fp8", "--fp8-on-cpu"]
 @pytest.mark.parametrize(("argv", "words"), [
     (["--dtype", "fp8"], ("dtype='fp8'", "no CUDA device", "--fp8-on-cpu")),
     ([*CPU, "--tp", "2", "--sp"], ("sp=True", "CUDA/NCCL only", "gloo")),
-    ([*CPU, "--tp", "2", "--experts", "4", "--top-k", "2"], ("tp=2", "experts must be 1")),
     ([*CPU, "--d-model", "40", "--heads", "4"], ("d_model=40", "multiple of 16")),
     (["--dtype", "bf16", "--fp8-all-gather"], ("fp8_all_gather=True", "needs --dtype fp8")),
     ([*CPU, "--fp8-all-gather"], ("fp8_all_gather=True", "needs FSDP")),  # one rank

@@ -76,3 +76,23 @@ def test_a_moe_block_under_autocast_drops_the_dense_mlps_collectives_at_their_wi
     assert moe_tp_bytes(cfg, lay) == [lay.microbatches * 2 * per_layer] * 2
     fsdp = replace(cfg, dp=2, global_batch=8)  # FSDP's mixed precision: every one bf16
     assert moe_tp_bytes(fsdp, run_layout(fsdp)) == [lay.microbatches * 2 * -(3 * elements * 2)] * 2
+
+
+def test_a_moe_blocks_fp8_linears_are_its_attentions_and_shared_experts() -> None:
+    """fp8 under tp: a MoE block's float8 linears are its attention's four (and its shared
+    experts' MLP, when it has one), not the dense MLP's three, so without sequence
+    parallelism it reduces 9 fewer float64 scales a micro-batch (the MLP's 3 weights
+    twice, gate's and up's output gradients, down's input). Real FSDP 2 x TP 2 runs of
+    train's default model with --experts 4 --top-k 2, with and without a shared expert
+    (and with --ep 2), sent every byte over tp as counted (2026-12-07)."""
+    shape = ModelShape("moe", 4, 64, 4, 156, 32, style="llama", tied=False, d_ff=256,
+                       moe=MoE(4, 2, 256))
+    bf16 = TrainConfig(shape, tp=2, dp=2, global_batch=4, micro_batch=2, seq=32, dtype="bf16")
+    fp8 = replace(bf16, dtype="fp8")
+    lay = run_layout(fp8)
+    diff = [a - b for a, b in zip(moe_tp_bytes(fp8, lay), moe_tp_bytes(bf16, run_layout(bf16)),
+                                  strict=True)]
+    assert diff == [lay.microbatches * shape.moe_layers * -9 * 8]  # 8 B sent per scale
+    shared = replace(shape, moe=MoE(4, 2, 256, shared_experts=1))
+    assert moe_tp_bytes(replace(fp8, shape=shared), lay) == moe_tp_bytes(
+        replace(bf16, shape=shared), lay)  # the shared MLP's linears take the dense ones'

@@ -104,7 +104,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
                          "layers in fp8, attention core (unless flash_kernel=fp8), head and "
                          "router in bf16, fp8 casts at the memory bandwidth); shardlab "
                          "train --dtype fp8 runs it with torchao on CUDA GPUs with fp8 "
-                         "tensor cores (a mixture of experts at tp=1)")
+                         "tensor cores")
     runnable = here or bool(args.dry_run_top)
     # This machine, or a job file to emit: the winner must be a layout shardlab train runs.
     train_only = here or getattr(args, "emit_config", None) is not None
@@ -136,16 +136,10 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     schedules = tuple(s for s in asked if not runnable or s in TRAIN_SCHEDULES)
     stages = framework_keeps(fw, "zero", tuple(args.zero),
                              args.zero is not SEARCH_DEFAULTS["zero"])
-    # A job file for an fp8 plan of a mixture of experts: train's float8 tensor-parallel
-    # styles are wired for dense blocks only.
-    fp8_job = train_only and policy.is_fp8 and model.moe is not None
-    if fp8_job:
-        notes.append("--emit-config with fp8 and experts: the search keeps tp=1 (shardlab "
-                     "train's fp8 linears are tensor-parallel in dense blocks only)")
     space = Space(
         gpus=args.gpus, global_batch=args.global_batch, seq=seq,
         gpus_per_node=args.gpus_per_node or acc.gpus_per_node,
-        max_tp=1 if fp8_job else args.max_tp,
+        max_tp=args.max_tp,
         max_pp=args.max_pp, max_virtual=args.max_virtual,
         micro_batches=tuple(sorted(set(args.micro_batches))),
         # This machine, and a plan whose layouts are dry-run: what shardlab train runs.

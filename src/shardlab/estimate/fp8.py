@@ -87,20 +87,33 @@ ROW_PARALLEL_LINEARS = ("attn.o_proj", "mlp.down_proj")
 on their output width), by ``shardlab train``'s module names."""
 
 
-def tp_fp8_linears(m: ModelShape, tp: int) -> frozenset[str]:
-    """The dense block linears ``train --dtype fp8`` runs in fp8 on ``tp`` tensor-parallel
-    ranks: those whose per-rank matmul (out x in, the split width over tp) both dimensions
-    of which :func:`fp8_matmul_fits` (``shardlab.train.fp8.fp8_linear``'s rule), named as
-    the block's modules (``attn.q_proj``, ..., ``mlp.down_proj``; ``mlp.gate_proj`` in a
-    llama block)."""
+def tp_fp8_linears(m: ModelShape, tp: int, moe_layer: bool = False) -> frozenset[str]:
+    """The block linears ``train --dtype fp8`` runs in fp8 on ``tp`` tensor-parallel ranks:
+    those whose per-rank matmul (out x in, the split width over tp) both dimensions of
+    which :func:`fp8_matmul_fits` (``shardlab.train.fp8.fp8_linear``'s rule), named as the
+    block's modules (``attn.q_proj``, ..., ``mlp.down_proj``; ``mlp.gate_proj`` in a llama
+    block). A MoE block (``moe_layer``) has its shared experts' MLP
+    (``mlp.shared.up_proj``, ..., of width shared_experts x shared_d_ff) in place of the
+    dense one, or none: its router and routed experts stay bf16."""
+    mlp, width = "mlp.", m.d_ff
+    if moe_layer:
+        assert m.moe is not None
+        mlp, width = "mlp.shared.", m.moe.shared_experts * m.moe.shared_d_ff
     shapes = {"attn.q_proj": (m.q_dim, m.d_model), "attn.k_proj": (m.kv_dim, m.d_model),
-              "attn.v_proj": (m.kv_dim, m.d_model), "attn.o_proj": (m.d_model, m.q_dim),
-              "mlp.up_proj": (m.d_ff, m.d_model), "mlp.down_proj": (m.d_model, m.d_ff)}
-    if m.style == "llama":
-        shapes["mlp.gate_proj"] = (m.d_ff, m.d_model)
+              "attn.v_proj": (m.kv_dim, m.d_model), "attn.o_proj": (m.d_model, m.q_dim)}
+    if width:
+        shapes |= {mlp + "up_proj": (width, m.d_model), mlp + "down_proj": (m.d_model, width)}
+        if m.style == "llama":
+            shapes[mlp + "gate_proj"] = (width, m.d_model)
     return frozenset(name for name, (out, inp) in shapes.items()
-                     if fp8_matmul_fits(out if name in ROW_PARALLEL_LINEARS else out // tp,
-                                        inp // tp if name in ROW_PARALLEL_LINEARS else inp))
+                     if fp8_matmul_fits(out if row_parallel(name) else out // tp,
+                                        inp // tp if row_parallel(name) else inp))
+
+
+def row_parallel(name: str) -> bool:
+    """Whether the block linear ``name`` is split on its input width
+    (:data:`ROW_PARALLEL_LINEARS`, a MoE block's shared experts' down projection too)."""
+    return name.rsplit(".", 1)[-1] in {n.rsplit(".", 1)[-1] for n in ROW_PARALLEL_LINEARS}
 
 
 def fp8_block_weights(block: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -275,14 +275,10 @@ def require_torchao(cfg: TrainConfig) -> None:
 def check_fp8(cfg: TrainConfig) -> None:
     """What ``--dtype fp8`` needs of the run (the machine is checked apart: the CLI's
     :func:`shardlab.train.fp8.fp8_refusal`): a width that fp8's matmul takes (d_model a
-    multiple of 16: every block linear has it on one side); with tp > 1 a dense model
-    (torchao's float8 tensor-parallel styles are wired for the dense blocks, whose bytes
-    the report counts: :func:`shardlab.estimate.comm_dtensor.fp8_block_bytes`); and for
-    ``fp8_all_gather`` FSDP over more than one rank and a dense model."""
-    if cfg.tp > 1 and cfg.shape.moe is not None:
-        raise SpecError("tp", cfg.tp, "with --dtype fp8 and experts must be 1: the float8 "
-                        "tensor-parallel styles are wired for dense blocks only (use ep, dp "
-                        "or pp for a mixture of experts)")
+    multiple of 16: every block linear has it on one side); and for ``fp8_all_gather``
+    FSDP over more than one rank and a dense model. With tp > 1 the fp8 linears take
+    torchao's float8 tensor-parallel styles (a MoE block's: its shared experts'), whose
+    bytes the report counts (:func:`shardlab.estimate.comm_dtensor.fp8_block_bytes`)."""
     if cfg.shape.d_model % 16:
         raise SpecError("d_model", cfg.shape.d_model, "must be a multiple of 16 with --dtype "
                         "fp8 (torch._scaled_mm's dimensions); no linear would run in fp8")

@@ -18,13 +18,14 @@ from typing import Any
 
 from shardlab.config.layout import Layout, make_layout
 from shardlab.estimate.comm import fsdp2_padded, ring_allreduce_bytes, tensor_rows
-from shardlab.estimate.comm_dtensor import column_linears
+from shardlab.estimate.comm_dtensor import column_linears, fp8_block_bytes
 from shardlab.estimate.expert import (
     dispatch_rows,
     expert_alltoall_bytes,
     expert_capacity,
     layout_tokens,
 )
+from shardlab.estimate.fp8 import tp_fp8_linears
 from shardlab.estimate.partition import chunk_layers
 from shardlab.train.config import (
     bf16_compute,
@@ -222,6 +223,10 @@ def moe_tp_bytes(cfg: Any, layout: Layout) -> list[float]:
       auxiliary loss's input is saved after it), so it re-runs that all-reduce too: one
       more than a dense block.
 
+    * with ``--dtype fp8``, a MoE block's fp8 linears (its shared experts' beside the
+      attention's; its MLP input gathered in bf16) in place of a dense block's
+      (:func:`~shardlab.estimate.comm_dtensor.fp8_block_bytes`).
+
     Per micro-batch and MoE layer of the rank, ring all-reduces of b·s·d: the output
     projection's at the activations' bytes, the column-parallel inputs' gradients at fp32
     under autocast (bf16 without FSDP's mixed precision: the norm before them is fp32, as
@@ -237,6 +242,12 @@ def moe_tp_bytes(cfg: Any, layout: Layout) -> list[float]:
         per_layer = -(ar + (column_linears(m) - 3) * ar_wide)
     else:
         per_layer = ar if cfg.recompute == "full" and has_aux(cfg) else 0.0
+    if cfg.dtype == "fp8":  # the MoE block's fp8 linears in place of the dense block's
+        norm_bytes = 4 if autocast else layout.dtype.activation_bytes
+        again = cfg.recompute in ("full", "op")
+        per_layer += sum(sign * fp8_block_bytes(m, layout, tp_fp8_linears(m, cfg.tp, moe),
+                                                elements, again, norm_bytes)
+                         for sign, moe in ((1, True), (-1, False)))
     return [layout.microbatches * per_layer
             * sum(1 for i in stage_layer_ids(cfg, r) if i >= m.moe.dense_layers)
             for r in range(cfg.pp)]
