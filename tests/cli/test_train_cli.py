@@ -63,6 +63,10 @@ MOE_LAYOUTS = [
 CAPACITY = ["--dp", "2", "--ep", "2", "--capacity-factor", "1", "--steps", "8"]
 # Experts split over tp too (etp = tp: their partial outputs summed over tp), 6 steps.
 ETP = ["--dp", "2", "--tp", "2", "--ep", "2", "--etp", "2", "--steps", "6"]
+# fp8 under TP (torchao's float8 styles on the attention and the shared expert; the
+# router and routed experts bf16), 6 steps.
+MOE_FP8_TP = ["--dp", "2", "--tp", "2", "--ep", "2", "--dtype", "fp8", "--fp8-on-cpu",
+              "--steps", "6"]
 # Issue 17: context parallel alone (cp=2 over 20 steps; cp=4), with FSDP over dp x cp,
 # with TP and with PP; uneven pipeline stages under 1F1B and interleaved 1F1B; HSDP 2 x 2.
 CP_LAYOUTS = [
@@ -96,10 +100,10 @@ def documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
     the CLI's, but the runs of one world size train one after another in one launch, so
     the ranks' start-up (torch imported once per process) is paid once per world size.
 
-    About 30 s (eight real runs of 6-10 steps on 2 and 4 ranks, each beside its
-    one-process reference; the MoE and issue 17's layouts add some 40 s, the four fp8 runs
-    some 30 s): the tests of the parity layouts, bf16, fp8, MoE, context parallel, uneven
-    stages and HSDP read it."""
+    80 s alone on the 2-core AMD EPYC of 2026-12-07 (the parity layouts' real runs of 6-10
+    steps on 2 to 8 ranks, each beside its one-process reference, with the MoE, issue 17's
+    and the five fp8 layouts): the tests of the parity layouts, bf16, fp8, MoE, context
+    parallel, uneven stages and HSDP read it."""
     from shardlab.cli import build_parser
     from shardlab.cli.train import prepare
     from shardlab.distributed.launch import launch
@@ -109,7 +113,8 @@ def documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
     root = tmp_path_factory.mktemp("train")
     planned = {}
     for argv in [*LAYOUTS, BF16, FP8, FP8_GATHER, FP8_TP, FP8_TP_GATHER, OP,
-                 *[[*MOE, *a] for a in [*MOE_LAYOUTS, CAPACITY, ETP]], *CP_LAYOUTS]:
+                 *[[*MOE, *a] for a in [*MOE_LAYOUTS, CAPACITY, ETP, MOE_FP8_TP]],
+                 *CP_LAYOUTS]:
         name = layout_id(argv)
         args = build_parser().parse_args(["train", "--steps", str(STEPS), *argv,
                                           "--check-parity", "--json",
@@ -209,6 +214,20 @@ def test_moe_parity_and_figures(documents: dict[str, dict[str, Any]],
     assert doc["routing_imbalance"] == routing["imbalance"] >= 1
     assert set(routing["per_layer"]) == {"1", "2"}  # the MoE layers
     assert (routing["dropped"] > 0) == (layout == CAPACITY)
+
+
+@pytest.mark.multiprocess
+def test_moe_fp8_under_tensor_parallelism(documents: dict[str, dict[str, Any]]) -> None:
+    """A MoE model in fp8 over FSDP 2 x TP 2 x EP 2: the one-process fp8 reference within
+    the tolerance, and every byte over dp, tp, ep and edp as predicted (a MoE block's
+    float8 linears are its attention's and its shared expert's)."""
+    doc = documents[layout_id([*MOE, *MOE_FP8_TP])]
+    assert doc["parity_passed"] and doc["max_loss_diff"] <= doc["parity_tolerance"] == 2e-2
+    assert "dtype=fp8" in doc["layout"] and "tp=2" in doc["layout"]
+    for row in doc["comm_bytes_per_step"]:
+        for d in ("dp", "tp", "ep", "edp"):
+            if d in row:
+                assert row[d]["measured"] == row[d]["predicted"], (d, row)
 
 
 @pytest.mark.multiprocess
