@@ -248,6 +248,13 @@ def fsdp_mixed_precision(cfg: TrainConfig) -> bool:
     return bf16_compute(cfg) and cfg.grad_ranks > 1 and cfg.dp_mode != "ddp"
 
 
+def under_autocast(cfg: TrainConfig) -> bool:
+    """Whether bf16 runs under autocast (no FSDP mixed precision: one data-parallel rank, or
+    DDP): the parameters stay fp32, so the norms' and the embedding's outputs and the
+    residual stream are fp32 beside the matmuls' bf16 outputs."""
+    return bf16_compute(cfg) and not fsdp_mixed_precision(cfg)
+
+
 def estimate_dtype(cfg: TrainConfig) -> str:
     """The cost model's dtype policy for the run's states, activations and communication:
     ``amp-bf16`` (fp32 parameters, gradients and AdamW, bf16 compute) for bf16 and fp8 (an

@@ -21,12 +21,7 @@ from shardlab.estimate.flops import flops_per_token
 from shardlab.estimate.fp8 import tp_fp8_linears
 from shardlab.estimate.memory import StateBytes, inflight_microbatches, zero_state_bytes
 from shardlab.estimate.partition import stage_params
-from shardlab.train.config import (
-    bf16_compute,
-    estimate_dtype,
-    fsdp_mixed_precision,
-    loss_split,
-)
+from shardlab.train.config import bf16_compute, estimate_dtype, loss_split, under_autocast
 from shardlab.train.report_activations import predicted_activation_bytes
 from shardlab.train.report_cp import (
     dp_bytes,
@@ -239,9 +234,7 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return sync * min(chunk, max(0, cfg.shape.vocab - position * chunk)) / cfg.shape.vocab
 
     ends = [(r == 0) + (r == lay.pp - 1) for r in range(lay.pp)]
-    # bf16 under autocast (no FSDP mixed precision): fp32 parameters, so the norms' and the
-    # embedding's outputs and the residual stream are fp32.
-    autocast = bf16_compute(cfg) and not fsdp_mixed_precision(cfg)
+    autocast = under_autocast(cfg)
     pp_pred = [b + f * lay.microbatches * mask for b, f in
                zip(pp_bytes_per_rank(cfg.shape, lay, split_by_tp=cfg.sp,
                                      element_bytes=4 if autocast else None),

@@ -27,12 +27,7 @@ from shardlab.estimate.expert import (
 )
 from shardlab.estimate.fp8 import tp_fp8_linears
 from shardlab.estimate.partition import chunk_layers
-from shardlab.train.config import (
-    bf16_compute,
-    estimate_dtype,
-    fsdp_mixed_precision,
-    layout_recompute,
-)
+from shardlab.train.config import estimate_dtype, layout_recompute, under_autocast
 
 
 def run_layout(cfg: Any) -> Layout:
@@ -236,7 +231,7 @@ def moe_tp_bytes(cfg: Any, layout: Layout) -> list[float]:
         return [0.0] * cfg.pp
     elements = layout.micro_batch * layout.seq * m.d_model
     ar = ring_allreduce_bytes(elements * layout.dtype.activation_bytes, cfg.tp)
-    autocast = bf16_compute(cfg) and not fsdp_mixed_precision(cfg)
+    autocast = under_autocast(cfg)
     ar_wide = ring_allreduce_bytes(elements * 4, cfg.tp) if autocast else ar
     if not m.moe.shared_experts:
         per_layer = -(ar + (column_linears(m) - 3) * ar_wide)
