@@ -37,20 +37,17 @@ def predicted_activation_bytes(cfg: Any, pp_rank: int,
     checkpointing (``op``) a block keeps what
     :func:`~shardlab.estimate.activations.op_checkpoint_layer_bytes` counts: the cache of
     torch's selective checkpoint, measured with it (:mod:`shardlab.distributed.saved`)."""
-    e = 2 if bf16_compute(cfg) else 4
-    mb = cfg.micro_batch or cfg.global_batch // cfg.dp
-    kw = {"tp": cfg.tp, "sp": cfg.sp}
-    seq = cfg.seq // cfg.cp  # this rank's tokens of every sequence
-    by_op = cfg.recompute == "op"
-    if by_op:  # the block's input and the outputs the policy saves, of the rank's tokens
-        per_layer = op_checkpoint_layer_bytes(cfg.shape, mb, seq, e, **kw)
-    elif cfg.cp == 1:
-        per_layer = layer_activation_bytes(cfg.shape, mb, seq, e, recompute=cfg.recompute,
-                                           dropout=False, flash=True, eager=True, **kw)
-    else:
-        per_layer = cp_layer_activation_bytes(cfg.shape, run_layout(cfg), dropout=False,
-                                              flash=True, eager=True)
+    e, mb, seq = _dims(cfg)
     layers = rank_layers(cfg.shape.layers, cfg.pp, cfg.virtual_stages, cfg.stage_layers)
+    p = pp_rank
+    if cfg.shape.moe is None:
+        per_layer = block_bytes(cfg, cfg.recompute)
+    else:  # dense and MoE layers differ: each of this rank's own
+        first_moe = cfg.shape.dense_layers
+        per_layer = sum(block_bytes(cfg, cfg.recompute, i >= first_moe,
+                                    (loads or {}).get(i, 1.0))
+                        for i in stage_layer_ids(cfg, p)) / layers[p]
+    kw = {"tp": cfg.tp, "sp": cfg.sp}
     bs = mb * seq
     # Beyond the cost model's tensors, shardlab's loop keeps the token ids (int64, embedding),
     # the targets (int64) and, without a pipeline, the fp32 token weights of the loss; and
@@ -72,15 +69,6 @@ def predicted_activation_bytes(cfg: Any, pp_rank: int,
     # blocks, so no checkpoint runs it again.
     norm = rms_norm_extra_bytes(cfg, bs, e) if cfg.recompute != "full" else 0
     extra = block_extra_bytes(cfg, cfg.recompute, bs, e)
-    p = pp_rank
-    if cfg.shape.moe is not None:  # dense and MoE layers differ: each of this rank's own
-        lay = run_layout(cfg)
-        moe_kw = {"ep": lay.ep, "etp": lay.etp, "capacity_factor": lay.capacity_factor}
-        first_moe = cfg.shape.dense_layers
-        per_layer = sum(layer_activation_bytes(
-            cfg.shape, mb, cfg.seq, e, recompute=cfg.recompute, dropout=False, flash=True,
-            eager=True, moe_layer=i >= first_moe, imbalance=(loads or {}).get(i, 1.0),
-            **kw, **moe_kw) for i in stage_layer_ids(cfg, p)) / layers[p]
     return (layers[p] * (per_layer + extra) + mask + ids * (p == 0)
             + autocast_cast_bytes(cfg, p)
             + (targets + head + logits + norm) * (p == cfg.pp - 1)
@@ -116,6 +104,35 @@ def autocast_cast_bytes(cfg: Any, pp_rank: int) -> float:
     split = cfg.tp if cfg.tp > 1 and not m.tied else 1  # the vocabulary-parallel head
     head = m.vocab * m.d_model / split if pp_rank == cfg.pp - 1 else 0
     return 2.0 * (blocks + head)
+
+
+def _dims(cfg: Any) -> tuple[int, int, int]:
+    """(activation bytes, micro-batch, this rank's tokens of every sequence: s/cp)."""
+    return (2 if bf16_compute(cfg) else 4, cfg.micro_batch or cfg.global_batch // cfg.dp,
+            cfg.seq // cfg.cp)
+
+
+def block_bytes(cfg: Any, recompute: str, moe_layer: bool = False,
+                imbalance: float = 1.0) -> float:
+    """The cost model's bytes one block of the run keeps for backward per micro-batch
+    under ``recompute``: a MoE block (``moe_layer``, with its experts' routing
+    ``imbalance``) as its experts are laid out, per-operator checkpointing's cache
+    (``op``), a context-parallel rank's s/cp queries over all s keys, else the dense
+    block's figure (:mod:`shardlab.estimate.activations`)."""
+    e, mb, seq = _dims(cfg)
+    kw = {"tp": cfg.tp, "sp": cfg.sp}
+    common = {"recompute": recompute, "dropout": False, "flash": True, "eager": True}
+    if cfg.shape.moe is not None:
+        lay = run_layout(cfg)
+        return layer_activation_bytes(cfg.shape, mb, cfg.seq, e, moe_layer=moe_layer,
+                                      imbalance=imbalance, ep=lay.ep, etp=lay.etp,
+                                      capacity_factor=lay.capacity_factor, **common, **kw)
+    if recompute == "op":  # the block's input and the outputs the policy saves
+        return op_checkpoint_layer_bytes(cfg.shape, mb, seq, e, **kw)
+    if cfg.cp == 1:
+        return layer_activation_bytes(cfg.shape, mb, seq, e, **common, **kw)
+    lay = run_layout(dataclasses.replace(cfg, recompute=recompute))
+    return cp_layer_activation_bytes(cfg.shape, lay, dropout=False, flash=True, eager=True)
 
 
 def rms_norm_extra_bytes(cfg: Any, tokens: int, e: int) -> float:
@@ -154,22 +171,6 @@ def recomputed_block_bytes(cfg: Any) -> float:
     tensors from the forward."""
     if cfg.recompute != "full":
         return 0.0
-    plain = dataclasses.replace(cfg, recompute="none")
-    e = 2 if bf16_compute(cfg) else 4
-    mb = cfg.micro_batch or cfg.global_batch // cfg.dp
-    seq = cfg.seq // cfg.cp
-    bs = mb * seq
-    kw = {"tp": cfg.tp, "sp": cfg.sp}
-    if cfg.shape.moe is not None:
-        lay = run_layout(plain)
-        block = layer_activation_bytes(
-            cfg.shape, mb, cfg.seq, e, recompute="none", dropout=False, flash=True,
-            eager=True, moe_layer=True, ep=lay.ep, etp=lay.etp,
-            capacity_factor=lay.capacity_factor, **kw)
-    elif cfg.cp == 1:
-        block = layer_activation_bytes(cfg.shape, mb, seq, e, recompute="none",
-                                       dropout=False, flash=True, eager=True, **kw)
-    else:
-        block = cp_layer_activation_bytes(cfg.shape, run_layout(plain), dropout=False,
-                                          flash=True, eager=True)
-    return block + block_extra_bytes(cfg, "none", bs, e)
+    e, mb, seq = _dims(cfg)
+    return block_bytes(cfg, "none", moe_layer=True) + block_extra_bytes(cfg, "none",
+                                                                        mb * seq, e)
