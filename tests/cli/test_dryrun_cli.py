@@ -54,6 +54,10 @@ def shardlab(*argv: str) -> subprocess.CompletedProcess[str]:
     (["llama-3-8b", "--gpus", "8", "--layout", "loss_parallel=1"],
      "loss_parallel=True: needs tp > 1"),
     (["llama-3-8b", "--gpus", "8", "--layout", "recompute=ops"], "recompute='ops'"),
+    # --fp8-all-gather, as train checks it: fp8 only, FSDP's gather over more than one rank.
+    (["llama-3-8b", "--gpus", "8", "--fp8-all-gather"], "fp8_all_gather=True: needs --dtype fp8"),
+    (["llama-3-8b", "--gpus", "8", "--layout", "tp=8", "--dtype", "fp8", "--fp8-all-gather"],
+     "fp8_all_gather=True: needs FSDP over more than one rank"),
 ])
 def test_bad_input_is_one_line_before_anything_runs(argv: list[str], field: str,
                                                     capsys: pytest.CaptureFixture[str]

@@ -38,3 +38,23 @@ def test_fp8_tensor_parallel_sends_the_bytes_counted(argv: list[str],
         assert tp[dtype]["measured"] == tp[dtype]["predicted"], dtype
     if "bf16" in tp:
         assert tp["fp8"]["measured"] < tp["bf16"]["measured"]
+
+
+def test_fp8_gathers_under_sequence_parallelism_send_the_bytes_counted() -> None:
+    """``--fp8-all-gather`` over FSDP 2 x TP 2 with sequence parallelism, which gloo cannot
+    run (its sequence gathers carry fp8 tensors): FSDP gathers the fp8 linears' tp shards
+    at 1 byte and the step's amaxes once, the sequence gathers move 1 byte, and every mesh
+    dim's bytes are the count's to the byte; fewer over dp than bf16 gathers."""
+    argv = ["--gpus", "4", "--layout", "dp=2 tp=2 sp=1", "--d-model", "128", "--heads", "4",
+            "--kv-heads", "2", "--style", "llama", "--layers", "2", "--d-ff", "128",
+            "--vocab", "512", "--seq", "64", "--dtype", "fp8", "--json"]
+    dims = {}
+    for extra in ([], ["--fp8-all-gather"]):
+        r = shardlab("dryrun", *argv, *extra)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        assert "fp8_all_gather=1" in doc["layout"] or not extra
+        dims[bool(extra)] = doc["by_dim"]
+        for dim in ("dp", "tp"):
+            assert doc["by_dim"][dim]["measured"] == doc["by_dim"][dim]["predicted"], dim
+    assert dims[True]["dp"]["measured"] < dims[False]["dp"]["measured"]

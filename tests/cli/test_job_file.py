@@ -108,6 +108,24 @@ def test_an_fp8_plans_file_runs_torchaos_fp8(capsys: pytest.CaptureFixture[str],
                                          "--fp8-on-cpu", "--allow-oversubscribe")
 
 
+@pytest.mark.parametrize(("zero", "gathers"), [(3, True), (2, False)])
+def test_an_fp8_zero3_file_gathers_in_fp8_as_planned(capsys: pytest.CaptureFixture[str],
+                                                     tmp_path: Path, zero: int,
+                                                     gathers: bool) -> None:
+    """The planner prices an fp8 run's ZeRO-3 weight gathers at 1 byte (plan/dp_time.py):
+    its file runs them so (train's ``--fp8-all-gather``); ZeRO-2 gathers bf16 weights
+    in both."""
+    job = tmp_path / "job.toml"
+    code = main(["plan", "llama-3-8b", "--gpu", "h100", "--gpus", "64", "--seq", "8192",
+                 "--global-batch", "256", "--dtype", "fp8",
+                 "--layout", f"dp=64 zero={zero} recompute=full",
+                 "--emit-config", str(job)])
+    capsys.readouterr()
+    assert code == 0 and tomllib.loads(job.read_text())["run"]["fp8_all_gather"] is gathers
+    cfg = train_config("--config", str(job), "--fp8-on-cpu", "--allow-oversubscribe")
+    assert cfg.fp8_all_gather is gathers  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize(("framework", "recompute"), [([], "selective"),
                                                      (["--framework", "torchtitan"], "op")])
 def test_torchtitans_selective_recompute_is_written_per_operator(

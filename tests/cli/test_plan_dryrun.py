@@ -81,6 +81,12 @@ def test_an_fp8_plan_dry_runs_the_fp8_program(capsys: pytest.CaptureFixture[str]
                  "fp8", "--layout", "dp=4 tp=2 zero=3", "--dry-run-top", "1", "--json"]) == 0
     entry = json.loads(capsys.readouterr().out)["best"][0]
     assert "skipped" not in entry["dry_run"] and (seen[-1].dtype, seen[-1].tp) == ("fp8", 2)
+    # ZeRO-3's gathers in fp8, as the plan prices them; ZeRO-2's bf16.
+    assert seen[-1].fp8_all_gather
+    assert main(["plan", "--gpus", "8", "--global-batch", "8", "--gpu", "h100", "--dtype",
+                 "fp8", "--layout", "dp=4 tp=2 zero=2", "--dry-run-top", "1", "--json"]) == 0
+    capsys.readouterr()
+    assert not seen[-1].fp8_all_gather
 
 
 @pytest.mark.parametrize(("framework", "recompute"), [([], "selective"),

@@ -41,8 +41,9 @@ FP8 = ["--dp", "2", "--dtype", "fp8", "--fp8-on-cpu", "--steps", "10"]
 # ... and with FSDP gathering those linears' weights in fp8.
 FP8_GATHER = [*FP8, "--fp8-all-gather"]
 # ... and over FSDP 2 x TP 2 with torchao's float8 tensor-parallel styles (without sequence
-# parallelism: its fp8 all-gathers need NCCL; the dry run counts those, test_dryrun_cli.py).
-FP8_TP = [*FP8, "--tp", "2"]
+# parallelism: its fp8 all-gathers need NCCL; the dry run counts those, test_dryrun_cli.py),
+# over the default 6 steps (4 ranks of DTensor and float8 subclasses on 2 cores: 1 s a step).
+FP8_TP = ["--dp", "2", "--dtype", "fp8", "--fp8-on-cpu", "--tp", "2"]
 FP8_TP_GATHER = [*FP8_TP, "--fp8-all-gather"]  # FSDP's fp8 gathers of the tp shards
 # torchtitan's per-operator checkpointing under FSDP x TP with sequence parallelism (its
 # reduce-scatters' outputs among those kept).
@@ -392,8 +393,9 @@ def test_per_operator_checkpointing_keeps_what_the_count_says(
 
 # FSDP on 2 processes; TP + SP + 1F1B on 4; context parallel with 1F1B on 4 (its K/V
 # gathers on the fake process group); torchao's fp8 linears on 2 (fake fp8 matmuls);
-# per-operator checkpointing under FSDP x TP on 4.
-DRY_RUN = [LAYOUTS[0], LAYOUTS[6], CP_LAYOUTS[4], FP8, OP]
+# per-operator checkpointing under FSDP x TP on 4; FSDP's fp8 gathers of tp shards on 4
+# (torchao's fp8-gathered weights as fake tensors).
+DRY_RUN = [LAYOUTS[0], LAYOUTS[6], CP_LAYOUTS[4], FP8, OP, FP8_TP_GATHER]
 
 
 @pytest.mark.multiprocess
@@ -411,7 +413,7 @@ def test_the_dry_run_equals_the_real_run(documents: dict[str, dict[str, Any]]) -
         cfg, _ = prepare(build_parser().parse_args(["train", "--steps", str(STEPS), *argv]))
         work += [(layout_id(argv), cfg, p * cfg.dp * cfg.cp * cfg.tp) for p in range(cfg.pp)]
     dry = run_many([(cfg, rank) for _, cfg, rank in work])
-    assert len(dry) == 7
+    assert len(dry) == 8
     for (name, _, rank), role in zip(work, dry, strict=True):
         doc = documents[name]
         real = next(m for m in doc["memory_per_rank"] if m["rank"] == rank)

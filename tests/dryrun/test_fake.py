@@ -19,6 +19,7 @@ from shardlab.dryrun.fake import (
     RealTensorError,
     check_all_fake,
     fake_mode,
+    fp8_weight_flatten,
     is_fake,
     materialize,
     skip_pipeline_vote,
@@ -139,3 +140,23 @@ def _propagate_in(original: object) -> Iterator[None]:
 
     ShardingPropagator._propagate_tensor_meta_non_cached = original  # type: ignore[method-assign]
     yield
+
+
+def test_torchaos_fp8_weight_flattens_without_reading_a_fake_scale() -> None:
+    """torchao 0.18's fp8-gathered weight tests its fake scale's truth value when flattened
+    (a data read, refused); inside ``fp8_weight_flatten`` it lists the weight and the scale
+    without reading either, and its wrapper counts as fake when its inner tensors are."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+    from torchao.float8.float8_training_tensor import LinearMMConfig
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    with fake_mode():
+        inner, scale = torch.empty(16, 16), torch.empty(())
+    weight = WeightWithDynamicFloat8CastTensor(inner, LinearMMConfig(), torch.float8_e4m3fn,
+                                               scale)
+    with pytest.raises(DataDependentOutputException):
+        weight.__tensor_flatten__()
+    with fp8_weight_flatten():
+        names, spec = weight.__tensor_flatten__()
+        assert is_fake(weight) and not is_fake(torch.zeros(1))
+    assert names == ["_tensor", "_precomputed_scale"] and spec["dtype"] == torch.float8_e4m3fn

@@ -62,6 +62,10 @@ def register(sub: Any) -> None:
                    help="bf16 (default: FSDP2's bf16 parameters with fp32 reduction, or "
                    "autocast), fp32, or fp8 (train's: torchao's float8 linears over bf16, "
                    "on fake tensors, so no fp8 GPU is needed)")
+    p.add_argument("--fp8-all-gather", action="store_true",
+                   help="with --dtype fp8 and FSDP: FSDP gathers the fp8 linears' weights in "
+                   "fp8 (train's --fp8-all-gather: torchao's fp8 all-gather, the scales "
+                   "refreshed by one all-reduce after each step)")
     who = p.add_mutually_exclusive_group()
     who.add_argument("--rank", type=int, help="the rank to run (default 0)")
     who.add_argument("--all-roles", action="store_true",
@@ -141,7 +145,7 @@ def config_from(args: argparse.Namespace) -> TrainConfig:
                       loss_parallel=layout_flag("loss_parallel", raw.get("loss_parallel", "0")),
                       recompute=raw.get("recompute", "none"), schedule=schedule,
                       global_batch=global_batch, micro_batch=micro, seq=seq, steps=2,
-                      dtype=args.dtype)
+                      dtype=args.dtype, fp8_all_gather=args.fp8_all_gather)
     check_config(cfg)
     check_dry_runnable(cfg)
     require_torchao(cfg)

@@ -9,7 +9,7 @@ from typing import Any
 from shardlab.config.model import ModelShape
 from shardlab.dryrun.compare import check_dry_runnable, role_ranks
 from shardlab.errors import SpecError
-from shardlab.plan.search import train_recompute, trains_by_op
+from shardlab.plan.search import train_recompute, trains_by_op, trains_fp8_gathers
 from shardlab.plan.space import DP_MODE_OF_ZERO, TRAIN_SCHEDULES
 from shardlab.train.config import TrainConfig, check_config, require_torchao
 
@@ -18,7 +18,8 @@ def train_config(model: ModelShape, entry: dict[str, Any], global_batch: int, se
                  dtype: str, by_op: bool = False) -> TrainConfig:
     """The run ``shardlab train`` would make of a plan entry; SpecError (naming why) for
     a layout it does not run (ZeRO-1, a zero-bubble schedule, DDP with tp or pp, fp8 with
-    tp > 1). An fp8 plan dry-runs train's fp8 program (torchao's float8 linears); every
+    tp > 1). An fp8 plan dry-runs train's fp8 program (torchao's float8 linears, gathered
+    in fp8 under ZeRO-3 as the plan prices them: :func:`trains_fp8_gathers`); every
     other 16-bit policy, train's bf16. ``by_op``
     (:func:`~shardlab.plan.search.trains_by_op`): a selective entry dry-runs train's
     per-operator checkpointing, ``recompute=op``."""
@@ -39,7 +40,8 @@ def train_config(model: ModelShape, entry: dict[str, Any], global_batch: int, se
                       etp=entry.get("etp", 1) if model.moe is not None else 1,
                       capacity_factor=entry.get("capacity_factor", 0.0),
                       cp=entry.get("cp", 1), dp_replicate=entry.get("dp_replicate", 1),
-                      stage_layers=tuple(entry.get("stage_layers") or ()))
+                      stage_layers=tuple(entry.get("stage_layers") or ()),
+                      fp8_all_gather=trains_fp8_gathers(entry, dtype, model.moe is not None))
     check_config(cfg)
     require_torchao(cfg)
     return cfg

@@ -74,8 +74,9 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", choices=TRAIN_DTYPES, default="fp32",
                    help="fp32; bf16 (fp32 weights and gradients, bf16 compute); fp8: bf16 "
                    "whose attention projections and MLP multiply in fp8 through torchao "
-                   "(tensorwise dynamic scaling; head, router and norms in bf16), tp=1; on "
-                   "CUDA GPUs with fp8 tensor cores (--fp8-on-cpu: here, to check a run)")
+                   "(tensorwise dynamic scaling; head, router, routed experts and norms in "
+                   "bf16; torchao's float8 styles under tp); on CUDA GPUs with fp8 tensor "
+                   "cores (--fp8-on-cpu: here, to check a run)")
     g.add_argument("--fp8-all-gather", action="store_true",
                    help="with --dtype fp8 and FSDP: gather the fp8 linears' weights in fp8 "
                    "(torchao's enable_fsdp_float8_all_gather), half the bf16 gather's bytes, "

@@ -50,6 +50,7 @@ from torch.utils.flop_counter import (
     shape_wrapper,
 )
 
+from shardlab.distributed.inner import data_tensors
 from shardlab.estimate.expert import alltoall_send_bytes
 
 # op name -> (kind, which argument holds the payload, payload is the gathered output?)
@@ -341,9 +342,11 @@ def _held_bytes(tensors: list[torch.Tensor], seen: set[tuple[int, int, int, str]
     for t in tensors:
         loc = _local(t)
         # The storage's identity (its C++ StorageImpl), not its data pointer: a fake
-        # tensor (dry run) has none, and every one would look like the same storage.
-        key = (loc.untyped_storage()._cdata, loc.storage_offset(), loc.numel(),
-               str(loc.dtype))
+        # tensor (dry run) has none, and every one would look like the same storage. A
+        # wrapper (torchao's fp8-gathered weight) by its inner tensor's: a fake wrapper's
+        # own is shared by all of them.
+        key = (data_tensors(loc)[0].untyped_storage()._cdata, loc.storage_offset(),
+               loc.numel(), str(loc.dtype))
         if loc.numel() == 0 or key in seen:
             continue
         seen.add(key)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
+from shardlab.distributed.inner import data_tensors
 from shardlab.distributed.op_policy import SAC_CACHES
 
 
@@ -35,15 +36,16 @@ def _packer(seen: dict[int, int]) -> Any:
         # a plain tensor whose base is the Parameter.
         if isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter):
             return
-        local = t.to_local() if hasattr(t, "to_local") else t  # a DTensor: this rank's part
-        try:
-            # Keyed by the storage's identity (its StorageImpl), not its data pointer: a
-            # fake tensor (the dry run) has none.
-            storage = local.untyped_storage()
-            if storage.nbytes():
-                seen[storage._cdata] = storage.nbytes()
-        except (RuntimeError, NotImplementedError):  # a tensor without storage
-            pass
+        # A DTensor: this rank's part; a float8 tensor: its 1-byte data and its scale.
+        for local in data_tensors(t):
+            try:
+                # Keyed by the storage's identity (its StorageImpl), not its data pointer: a
+                # fake tensor (the dry run) has none.
+                storage = local.untyped_storage()
+                if storage.nbytes():
+                    seen[storage._cdata] = storage.nbytes()
+            except (RuntimeError, NotImplementedError):  # a tensor without storage
+                pass
 
     return pack, record
 

@@ -29,6 +29,15 @@ so a torch upgrade that moves them breaks here, in ``tests/dryrun/test_fake.py``
   (22 B where eager holds 14). :func:`fake_world` runs propagation in a mode of its own,
   as eager does.
 
+* **torchao's fp8-gathered weight** (``WeightWithDynamicFloat8CastTensor``, under
+  ``--fp8-all-gather``): torchao 0.18's ``__tensor_flatten__`` asks whether the weight has
+  a precomputed scale with ``if self._precomputed_scale:``, the scale tensor's truth
+  value, which reads its data (``aten._local_scalar_dense``) where a fake scale has none;
+  torchao's other float8 wrappers ask ``is not None``. torch's FSDP memory tracker
+  flattens every parameter, so the dry run runs with the ``is not None`` question
+  (:func:`fp8_weight_flatten`); the real run's answer is the same, its scales being
+  nonzero.
+
 A real tensor inside the measured step would be real memory: while a step runs, the
 mode refuses non-fake inputs (:func:`strict`), and :class:`RealTensorError` says which
 operator met one, instead of an out-of-memory far into the run.
@@ -44,9 +53,10 @@ import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.distributed.pipelining._utils import InferenceMode
-from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._sharding_prop import ShardingPropagator
 from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from shardlab.distributed.inner import data_tensors
 
 
 class RealTensorError(RuntimeError):
@@ -114,9 +124,10 @@ def materialize(mode: FakeTensorMode, modules: list[Any]) -> None:
 
 
 def is_fake(t: torch.Tensor) -> bool:
-    """Whether ``t`` (or a DTensor's local shard) holds no real data."""
-    local = t.to_local() if isinstance(t, DTensor) else t
-    return isinstance(local, FakeTensor) or local.device.type == "meta"
+    """Whether ``t`` (or a DTensor's local shard) holds no real data. A wrapper subclass
+    (torchao's fp8-gathered weight, ``WeightWithDynamicFloat8CastTensor``) holds its data
+    in inner tensors: it is fake when every one of them is."""
+    return all(isinstance(x, FakeTensor) or x.device.type == "meta" for x in data_tensors(t))
 
 
 def check_all_fake(modules: list[Any]) -> None:
@@ -143,6 +154,41 @@ def strict(mode: FakeTensorMode) -> Iterator[FakeTensorMode]:
         raise RealTensorError(str(e).splitlines()[0]) from None
     finally:
         mode.allow_non_fake_inputs = True
+
+
+@contextlib.contextmanager
+def fp8_weight_flatten() -> Iterator[None]:
+    """Inside: torchao's ``WeightWithDynamicFloat8CastTensor.__tensor_flatten__`` lists its
+    precomputed scale when it has one (``is not None``), without reading the scale's value
+    (module docstring). Imports torchao: call it for an fp8-gathering run only."""
+    # Imported here: torchao is needed (and installed) for fp8 runs only.
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor as Weight
+
+    original = Weight.__tensor_flatten__
+
+    def flatten(self: Any) -> tuple[list[str], dict[str, Any]]:
+        inner, spec = original(_NoScale(self))
+        return inner + (["_precomputed_scale"] if self._precomputed_scale is not None
+                        else []), spec
+
+    Weight.__tensor_flatten__ = flatten  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Weight.__tensor_flatten__ = original  # type: ignore[method-assign]
+
+
+class _NoScale:
+    """A view of a torchao weight wrapper whose precomputed scale reads as absent, so its
+    own ``__tensor_flatten__`` lists the inner tensor and the spec, no scale."""
+
+    _precomputed_scale = None
+
+    def __init__(self, weight: Any) -> None:
+        self._weight = weight
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._weight, name)
 
 
 def skip_pipeline_vote(schedule: Any) -> None:

@@ -34,6 +34,7 @@ from shardlab.dryrun.fake import (
     check_all_fake,
     fake_mode,
     fake_world,
+    fp8_weight_flatten,
     materialize,
     skip_pipeline_vote,
     strict,
@@ -70,7 +71,9 @@ def run_role(cfg: TrainConfig, rank: int) -> dict[str, Any]:
     """Dry-run ``rank`` of ``cfg``'s job; its figures as a JSON-ready dict."""
     start = time.perf_counter()
     mode = fake_mode()
-    with fake_world(rank, cfg.world):
+    torchao_weights = (fp8_weight_flatten() if cfg.fp8_all_gather
+                       else contextlib.nullcontext())
+    with fake_world(rank, cfg.world), torchao_weights:
         program = build_rank(cfg, "cpu", meta=True, force_sum=False,
                              materialize=lambda modules: materialize(mode, modules))
         check_all_fake(program.modules)
