@@ -324,8 +324,8 @@ def test_fp8_tensor_parallel_trains_like_one_fp8_process(
         documents: dict[str, dict[str, Any]]) -> None:
     """torchao's float8 linears under FSDP 2 x TP 2: the one-process fp8 reference within
     the tolerance, every FLOP counted, and the bytes sent over tp to the byte: the bf16
-    plan's all-reduces (per block 2 forward, one backward per column-parallel linear: 5;
-    the embedding's and the head's) and a float64 scale for each cast of a tensor split
+    plan's all-reduces (per block 2 forward, one backward per module input: 2; the
+    embedding's and the head's) and a float64 scale for each cast of a tensor split
     over tp (21 per block and micro-batch: shardlab.estimate.comm_dtensor.fp8_block_bytes)
     in the run's one micro-batch over its 4 blocks."""
     doc = documents[layout_id(FP8_TP)]
@@ -335,7 +335,7 @@ def test_fp8_tensor_parallel_trains_like_one_fp8_process(
     assert figures["flops_per_step"]["ratio"] == pytest.approx(1.0, abs=1e-9)
     for row in figures["comm_bytes_per_step"]:
         assert row["tp"]["measured"] == row["tp"]["predicted"] > 0, row
-        assert row["measured"]["by_dim"]["tp"]["all_reduce"]["calls"] == 4 * (2 + 5 + 21) + 2
+        assert row["measured"]["by_dim"]["tp"]["all_reduce"]["calls"] == 4 * (2 + 2 + 21) + 2
 
 
 @pytest.mark.multiprocess
@@ -353,7 +353,7 @@ def test_fp8_gathers_of_tensor_parallel_shards_send_the_bytes_predicted(
         assert row["dp"]["measured"] == row["dp"]["predicted"] < ref["dp"]["measured"]
         assert row["tp"]["measured"] == row["tp"]["predicted"]
         calls = row["measured"]["by_dim"]["tp"]["all_reduce"]["calls"]
-        assert calls == 4 * (2 + 5 + 7) + 2 + 1  # and the step's amaxes, one all-reduce
+        assert calls == 4 * (2 + 2 + 7) + 2 + 1  # and the step's amaxes, one all-reduce
 
 
 @pytest.mark.multiprocess

@@ -297,7 +297,11 @@ def test_plans_are_declarative_and_follow_torchtitan() -> None:
         "attn.q_proj": ColwiseParallel, "attn.k_proj": ColwiseParallel,
         "attn.v_proj": ColwiseParallel, "attn.o_proj": RowwiseParallel,
         "mlp.gate_proj": ColwiseParallel, "mlp.up_proj": ColwiseParallel,
-        "mlp.down_proj": RowwiseParallel}
+        "mlp.down_proj": RowwiseParallel,
+        # each module input enters replicated once: one gradient all-reduce per input
+        "attn": PrepareModuleInput, "mlp": PrepareModuleInput}
+    assert plain["attn"].input_layouts == (Replicate(), None, None)
+    assert "mlp" not in block_plan(llama, False, moe=True)  # the router reads it as it is
     seq = block_plan(llama, sequence_parallel=True)
     assert isinstance(seq["attn_norm"], SequenceParallel)
     assert isinstance(seq["mlp"], PrepareModuleInput)

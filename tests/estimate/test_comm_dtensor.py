@@ -35,32 +35,33 @@ def test_column_linears() -> None:
     assert column_linears(shape("llama")) == 5  # q, k, v, gate, up
 
 
-def test_gpt_without_sp_one_backward_all_reduce_per_column_linear() -> None:
+def test_gpt_without_sp_one_backward_all_reduce_per_module_input() -> None:
     m = shape("gpt")
-    # per layer: 2 forward (o, fc2 outputs) + 4 backward (q, k, v, fc inputs); tied head
-    # replicated: nothing around the blocks.
-    assert tp_bytes_dtensor(m, layout(m)) == [L * 6 * A]
+    # per layer: 2 forward (o, fc2 outputs) + 2 backward (the attention's input, read by q,
+    # k and v, and the MLP's, read by fc: Megatron's f); tied head replicated: nothing
+    # around the blocks.
+    assert tp_bytes_dtensor(m, layout(m)) == [L * 4 * A]
 
 
 def test_llama_vocab_parallel_ends_and_the_logits_gather() -> None:
     m = shape("llama")
     logits_gather = B * S * V * 4 / 2  # (t-1)/t of the whole fp32 logits
-    assert tp_bytes_dtensor(m, layout(m)) == [L * 7 * A + 2 * A + logits_gather]
+    assert tp_bytes_dtensor(m, layout(m)) == [L * 4 * A + 2 * A + logits_gather]
     # loss_parallel: no gather, three b·s fp32 all-reduces in the cross-entropy instead
     assert tp_bytes_dtensor(m, layout(m), loss_parallel=True) == [
-        L * 7 * A + 2 * A + 3 * B * S * 4]
+        L * 4 * A + 2 * A + 3 * B * S * 4]
 
 
 def test_full_recompute_reruns_one_all_reduce_per_block() -> None:
     m = shape("gpt")  # non-reentrant checkpoint stops before the MLP's output all-reduce
-    assert tp_bytes_dtensor(m, layout(m, recompute="full")) == [L * 7 * A]
+    assert tp_bytes_dtensor(m, layout(m, recompute="full")) == [L * 5 * A]
 
 
 def test_per_operator_checkpointing_reruns_the_forward_gathers_only() -> None:
     m = shape("gpt")
     # Without sp: the attention output's all-reduce again, as under full recompute.
     lay = layout(m, recompute="selective")
-    assert tp_bytes_dtensor(m, lay, op_recompute=True) == [L * 7 * A]
+    assert tp_bytes_dtensor(m, lay, op_recompute=True) == [L * 5 * A]
     # With sp: the two all-gathers again (full recompute also runs a reduce-scatter again,
     # whose output per-operator checkpointing keeps).
     sp = layout(m, sp=True, recompute="selective")
@@ -105,7 +106,7 @@ def test_autocast_moves_the_norms_outputs_and_their_gradients_in_fp32() -> None:
     reduce-scattered (2) move 4 bytes, the row outputs (2) and their gradients (2) 2; the
     embedding's reduce-scatter and its gradient's gather and the head input's gather and
     its gradient's reduce-scatter move 4; the logits 2. Without it the row outputs'
-    all-reduces move 2 bytes, the 5 column inputs' gradients 4, the ends 4."""
+    all-reduces move 2 bytes, the 2 module inputs' gradients 4, the ends 4."""
     m = shape("llama")
     lay = layout(m, sp=True, dtype="amp-bf16")  # train's bf16: fp32 gradients
     e = B * S * D  # elements of one activation; with t = 2 a gather sends half
@@ -115,7 +116,7 @@ def test_autocast_moves_the_norms_outputs_and_their_gradients_in_fp32() -> None:
         L * (4 * e * 4 / 2 + 4 * e * 2 / 2) + 4 * e * 4 / 2 + logits + norms)
     lay = layout(m, dtype="amp-bf16")
     assert tp_bytes_dtensor(m, lay, autocast=True)[0] == pytest.approx(
-        L * (2 * e * 2 + 5 * e * 4) + 2 * e * 4 + logits)
+        L * (2 * e * 2 + 2 * e * 4) + 2 * e * 4 + logits)
 
 
 def test_pipeline_stages_split_the_ends() -> None:
@@ -123,8 +124,8 @@ def test_pipeline_stages_split_the_ends() -> None:
     lay = layout(m, pp=2, micro_batch=B // 2)
     first, last = tp_bytes_dtensor(m, lay)
     a = A / 2
-    assert first == 2 * (7 * a + a)
-    assert last == 2 * (7 * a + a + B // 2 * S * V * 4 / 2)
+    assert first == 2 * (4 * a + a)
+    assert last == 2 * (4 * a + a + B // 2 * S * V * 4 / 2)
 
 
 def test_no_tensor_parallelism_sends_nothing() -> None:

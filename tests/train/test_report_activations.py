@@ -10,7 +10,11 @@ import pytest
 from shardlab.config.catalog import get_model
 from shardlab.estimate.partition import layer_params_per_tp_rank
 from shardlab.train.config import TrainConfig
-from shardlab.train.report_activations import autocast_cast_bytes, predicted_activation_bytes
+from shardlab.train.report_activations import (
+    autocast_cast_bytes,
+    fp8_tp_input_bytes,
+    predicted_activation_bytes,
+)
 
 LLAMA3_8B = get_model("llama-3-8b")
 TP2 = TrainConfig(LLAMA3_8B, tp=2, global_batch=1, seq=2048, dtype="bf16")
@@ -73,3 +77,17 @@ def test_the_dry_run_saves_what_the_count_says() -> None:
         assert ratio == pytest.approx(1.0, abs=tolerance[id(cfg)]), (cfg.tp, cfg.pp,
                                                                      cfg.recompute, ratio)
         assert autocast_cast_bytes(cfg, role["pp_rank"]) > 0.1 * predicted
+
+
+def test_fp8_under_tensor_parallelism_keeps_its_linears_inputs_at_one_byte() -> None:
+    """torchao's float8 tp styles keep the attention's and the MLP's inputs (T·h each) and
+    the row-parallel linears' (T·q/t, T·f/t) in fp8: 1 byte an element below bf16's 2.
+    None without tp, under full recompute or per-operator checkpointing, or in fp32."""
+    cfg = replace(TP2, dtype="fp8")
+    m, tokens = cfg.shape, 1024
+    widths = 2 * m.d_model + m.q_dim / 2 + m.d_ff / 2  # every llama-3-8b linear fits fp8
+    assert fp8_tp_input_bytes(cfg, "none", tokens, 2) == tokens * widths
+    assert fp8_tp_input_bytes(cfg, "selective", tokens, 2) == tokens * widths
+    for change, recompute in (({"tp": 1, "dp": 2}, "none"), ({}, "full"), ({}, "op"),
+                              ({"dtype": "bf16"}, "none")):
+        assert fp8_tp_input_bytes(replace(cfg, **change), recompute, tokens, 2) == 0.0

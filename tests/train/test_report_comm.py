@@ -62,20 +62,21 @@ def test_fsdp2_bytes_of_experts_on_uneven_shards_equal_a_real_runs() -> None:
 def test_a_moe_block_under_autocast_drops_the_dense_mlps_collectives_at_their_widths() -> None:
     """A MoE block without shared experts sends nothing over tp in its MLP: the dense count
     loses its down projection's forward all-reduce (bf16, a matmul's output) and the
-    backward all-reduces of gate's and up's input gradient, fp32 under autocast (bf16
-    without FSDP: the norm before them is fp32). ``shardlab train --tp 2 --pp 2
+    backward all-reduce of its input's gradient (one, gate and up summed: the dense MLP's
+    input enters once), fp32 under autocast (bf16 without FSDP: the norm before them is
+    fp32). ``shardlab train --tp 2 --pp 2
     --micro-batch 2 --experts 4 --top-k 2 --dtype bf16`` (train's default model) sent
-    524,288 and 564,224 bytes over tp on its two stages, as counted (2026-12-07; 294,912
-    and 334,848 were counted before)."""
+    262,144 and 302,080 bytes over tp on its two stages, as counted (2026-12-07, since the
+    module inputs enter once; 524,288 and 564,224 before, per column-parallel linear)."""
     shape = ModelShape("moe", 4, 64, 4, 156, 32, style="llama", tied=False, d_ff=256,
                        moe=MoE(4, 2, 256))
     cfg = TrainConfig(shape, tp=2, pp=2, global_batch=4, micro_batch=2, seq=32, dtype="bf16")
     elements = 2 * 32 * 64
-    per_layer = -(elements * 2 + 2 * elements * 4)  # ring all-reduces on 2 ranks send n
+    per_layer = -(elements * 2 + elements * 4)  # ring all-reduces on 2 ranks send n
     lay = run_layout(cfg)
     assert moe_tp_bytes(cfg, lay) == [lay.microbatches * 2 * per_layer] * 2
     fsdp = replace(cfg, dp=2, global_batch=8)  # FSDP's mixed precision: every one bf16
-    assert moe_tp_bytes(fsdp, run_layout(fsdp)) == [lay.microbatches * 2 * -(3 * elements * 2)] * 2
+    assert moe_tp_bytes(fsdp, run_layout(fsdp)) == [lay.microbatches * 2 * -(2 * elements * 2)] * 2
 
 
 def test_a_moe_blocks_fp8_linears_are_its_attentions_and_shared_experts() -> None:

@@ -94,7 +94,10 @@ def block_plan(shape: ModelShape, sequence_parallel: bool, moe: bool = False,
     ``d_ff / tp`` columns), o and down row-parallel (partial sums reduced). With
     ``sequence_parallel`` the norms run on Shard(1) sequence chunks (``SequenceParallel``),
     the attention and MLP inputs are all-gathered (``PrepareModuleInput`` Shard(1) ->
-    Replicate) and the row-parallel outputs reduce-scattered back to Shard(1).
+    Replicate) and the row-parallel outputs reduce-scattered back to Shard(1); without it
+    the inputs enter replicated, once per module (``PrepareModuleInput`` Replicate ->
+    Replicate), so backward all-reduces one gradient per module input, not one per
+    column-parallel linear (since 2026-12-07).
 
     ``moe``: the block's MLP is a mixture of experts. Its shared experts (``mlp.shared``, a
     dense MLP) split as the dense MLP does; the router and the routed experts stay whole
@@ -134,25 +137,31 @@ def block_plan(shape: ModelShape, sequence_parallel: bool, moe: bool = False,
         for name in mlp_inputs:
             plan[name] = colwise(name)
         plan[mlp + "down_proj"] = rowwise(mlp + "down_proj", output_layouts=row_out)
-    if sequence_parallel:
-        def gather(reads: list[str], args: int) -> ParallelStyle:
-            # Module.forward(x, ...): only x is sharded; Attention's mask and rope are plain
-            # full-length tensors (or None) and pass through untouched.
-            layouts = {"input_layouts": (Shard(1),) + (None,) * (args - 1),
-                       "desired_input_layouts": (Replicate(),) + (None,) * (args - 1)}
-            if styles and all(r in fp8 for r in reads):
-                return styles[2](fwd_config_submodule_fqn=reads[0].split(".", 1)[1],
-                                 **layouts)
-            return PrepareModuleInput(**layouts)
+    # Each module input enters once, a replicated DTensor (all-gathered from Shard(1) with
+    # sequence parallelism), so backward sums the column-parallel linears' partial input
+    # gradients first and reduces once per input, as Megatron-LM's f operator does (each
+    # linear taking its own Replicate input would all-reduce its own: q, k and v three,
+    # gate and up two). Where every reader is fp8 the input is cast there once, before the
+    # gather (each linear would cast, and keep for backward, its own fp8 copy).
+    source = Shard(1) if sequence_parallel else Replicate()
 
-        plan |= {
-            "attn_norm": SequenceParallel(),
-            "attn": gather(["attn.q_proj", "attn.k_proj", "attn.v_proj"], 3),
-            "mlp_norm": SequenceParallel(),
-            "mlp": PrepareModuleInput(input_layouts=(Shard(1),),
-                                      desired_input_layouts=(Replicate(),)) if moe
-            else gather(mlp_inputs, 1),
-        }
+    def module_input(reads: list[str], args: int) -> ParallelStyle:
+        # Module.forward(x, ...): only x is laid out; Attention's mask and rope are plain
+        # full-length tensors (or None) and pass through untouched.
+        layouts = {"input_layouts": (source,) + (None,) * (args - 1),
+                   "desired_input_layouts": (Replicate(),) + (None,) * (args - 1)}
+        if styles and all(r in fp8 for r in reads):
+            return styles[2](fwd_config_submodule_fqn=reads[0].split(".", 1)[1], **layouts)
+        return PrepareModuleInput(**layouts)
+
+    plan["attn"] = module_input(["attn.q_proj", "attn.k_proj", "attn.v_proj"], 3)
+    if sequence_parallel:
+        plan |= {"attn_norm": SequenceParallel(), "mlp_norm": SequenceParallel(),
+                 "mlp": PrepareModuleInput(input_layouts=(Shard(1),),
+                                           desired_input_layouts=(Replicate(),)) if moe
+                 else module_input(mlp_inputs, 1)}
+    elif not moe:  # a MoE's router and routed experts read the MLP input as it is
+        plan["mlp"] = module_input(mlp_inputs, 1)
     return plan
 
 

@@ -1,7 +1,7 @@
 """The fake world a dry run runs in: one process acting as rank R of an N-rank job.
 
-Three pieces of torch do the work, and this module is the one place that names them,
-so a torch upgrade that moves them breaks here, in ``tests/dryrun/test_fake.py``:
+These pieces of torch (and one of torchao) do the work, and this module is the one place
+that names them, so an upgrade that moves them breaks here, in ``tests/dryrun/test_fake.py``:
 
 * **torch's fake process group** (``init_process_group("fake", store=FakeStore())``;
   the backend is registered by ``torch.testing._internal.distributed.fake_pg``). Every

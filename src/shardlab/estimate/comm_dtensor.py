@@ -4,13 +4,15 @@
 q, k and v fused into one column-parallel linear, so backward all-reduces the input
 gradient once per block half. torch's plan (``shardlab.distributed.parallelize.tp_plan``, the
 same as torchtitan's) keeps q, k, v (and llama's gate and up) as separate
-``ColwiseParallel`` linears, and each converts its replicated input with its own
-``DTensor.from_local``; so, without sequence parallelism, backward all-reduces the
-input gradient once *per column-parallel linear* (4 in a GPT block: q, k, v, fc; 5 in a
-llama block: q, k, v, gate, up), while forward all-reduces the two row-parallel outputs.
-With sequence parallelism ``PrepareModuleInput`` gathers the sequence once per block
-half and the partial gradients of the linears meet in one reduce-scatter: Megatron's
-count again (Korthikanti et al. 2022).
+``ColwiseParallel`` linears. Each block half's input enters once through
+``PrepareModuleInput`` (Replicate without sequence parallelism, since 2026-12-07; until
+then each linear converted its replicated input with its own ``DTensor.from_local``, and
+backward all-reduced the input gradient once per column-parallel linear: 4 in a GPT
+block, 5 in a llama block), so the linears' partial input gradients meet first and
+backward all-reduces once per block half (:data:`MODULE_INPUTS`), while forward
+all-reduces the two row-parallel outputs: Megatron's count. With sequence parallelism
+``PrepareModuleInput`` gathers the sequence once per block half and the partial
+gradients meet in one reduce-scatter (Korthikanti et al. 2022).
 
 Full recompute (``checkpoint``, non-reentrant) stops recomputing a block once the last
 tensor backward needs is back: the MLP's output collective is not re-run, so a block's
@@ -70,6 +72,14 @@ def column_linears(m: ModelShape) -> int:
     """Column-parallel linears of one block in torch's plan: q, k, v and the MLP input
     (two for a gated llama MLP)."""
     return 3 + (2 if m.style == "llama" else 1)
+
+
+MODULE_INPUTS = 2
+"""Module inputs of one block that its column-parallel linears read: the attention's (q, k,
+v) and the MLP's. Without sequence parallelism each enters replicated once
+(:func:`shardlab.distributed.tensor_parallel.block_plan`), so backward all-reduces one
+gradient per input, Megatron-LM's f operator (Shoeybi et al. 2019, Fig. 3), not one per
+linear (:func:`column_linears`: 5 in a llama block)."""
 
 
 FP8_SCALE_BYTES = 8
@@ -142,8 +152,8 @@ def tp_bytes_dtensor(m: ModelShape, layout: Layout, loss_parallel: bool = False,
         # outputs (2, the attention's again under full recompute) and, backward, the
         # gathered inputs' gradients (2).
         per_layer = (4 + 2 * again) * g_wide + (4 + full) * g
-    else:  # the row outputs all-reduced forward; the column inputs' gradients backward
-        per_layer = (2 + again) * ar + column_linears(m) * ar_wide
+    else:  # the row outputs all-reduced forward; the module inputs' gradients backward
+        per_layer = (2 + again) * ar + MODULE_INPUTS * ar_wide
     per_layer += fp8_block_bytes(m, lay, fp8, elements, again, norm_bytes, fp8_gather)
     vocab_parallel = not m.tied
     logits = lay.micro_batch * lay.seq * m.vocab * lay.dtype.activation_bytes

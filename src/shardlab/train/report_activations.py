@@ -19,6 +19,7 @@ from shardlab.estimate.activations import (
     sp_gathered_bytes,
 )
 from shardlab.estimate.context import cp_layer_activation_bytes
+from shardlab.estimate.fp8 import tp_fp8_linears
 from shardlab.estimate.params import norm_params
 from shardlab.estimate.partition import layer_params_per_tp_rank, rank_layers
 from shardlab.train.config import bf16_compute, fsdp_mixed_precision, loss_split
@@ -159,7 +160,33 @@ def block_extra_bytes(cfg: Any, recompute: str, tokens: int, e: int) -> float:
     gathered = sp_gathered_bytes(cfg.shape, tokens, cfg.tp, cfg.sp, e) if not whole else 0
     norms = 2 * rms_norm_extra_bytes(cfg, tokens, e) if recompute in ("none", "selective") else 0
     mask = (e - 4) * tokens * cfg.seq if recompute == "none" else 0
-    return gathered + norms + mask
+    return gathered + norms + mask - fp8_tp_input_bytes(cfg, recompute, tokens, e)
+
+
+def fp8_tp_input_bytes(cfg: Any, recompute: str, tokens: int, e: int) -> float:
+    """What a dense block of an fp8 run under tensor parallelism keeps for backward below
+    the bf16 count (:func:`block_extra_bytes` subtracts it), for ``tokens`` (b·s): torchao's
+    float8 tensor-parallel styles cast a linear's input before it is laid out, and its
+    ``matmul_with_hp_or_float8_args`` saves the input it was handed, so the fp8 copy is what
+    backward keeps, 1 byte an element where the count has ``e``: the attention's and the
+    MLP's inputs, each cast once where every linear reading it is fp8 (T·h, whole on each
+    tp rank), and the fp8 row-parallel linears' (T·q/t, T·f/t). The scales, 4 B a tensor,
+    are left out. Seen in the dry run (``shardlab dryrun --gpus 4 --layout "dp=2 tp=2"
+    --layers 1 --d-model 128 --heads 4 --dtype fp8``, 2026-12-07: the saved-tensor meter's
+    fp8 tensors). 0 without tp (each linear casts inside and saves its bf16 input), for a
+    block whose linears' inputs are not kept (full recompute; per-operator checkpointing
+    keeps matmul outputs) and for a mixture of experts (its blocks are counted as bf16)."""
+    m = cfg.shape
+    if (cfg.dtype != "fp8" or cfg.tp == 1 or m.moe is not None
+            or recompute not in ("none", "selective")):
+        return 0.0
+    fp8 = tp_fp8_linears(m, cfg.tp)
+    mlp_in = {"mlp.up_proj", "mlp.gate_proj"} if m.style == "llama" else {"mlp.up_proj"}
+    widths = (m.d_model * ({"attn.q_proj", "attn.k_proj", "attn.v_proj"} <= fp8)
+              + m.d_model * (mlp_in <= fp8)
+              + m.q_dim / cfg.tp * ("attn.o_proj" in fp8)
+              + m.d_ff / cfg.tp * ("mlp.down_proj" in fp8))
+    return (e - 1) * tokens * widths
 
 
 def recomputed_block_bytes(cfg: Any) -> float:
