@@ -19,7 +19,7 @@
   DTensor dispatch, the optimizer's per-tensor work, the schedule and the collectives'
   latency), for each parallel style the planner prices differently: ``ddp`` (the
   eager base), ``fsdp`` (FSDP2, ZeRO-3), ``tp`` (DTensor tensor parallel) and ``pp``
-  (torch pipelining, 1F1B), each at 4 points (1 and 2 layers per rank L, 1 and 2
+  (torch pipelining, 1F1B), each at 4 points (1 and 4 layers per rank L, 1 and 2
   micro-batches m per step, a pipeline 2 and 4) fitted to
   ``per_step + L·per_layer_step + m·(per_microbatch + L·per_layer)``
   (:class:`Overhead`). A step's time is its slowest rank's; the fastest step from the
@@ -61,6 +61,13 @@ TINY = {"d_model": 16, "heads": 4, "seq": 8, "vocab": 64}
 
 STEPS = 6
 """Steps per overhead run."""
+
+LAYERS = (1, 4)
+"""Layers per rank of the overhead runs. With 1 and 2 the per-layer terms came from one
+layer's difference, and a model of 4 (the demo's) extrapolated that noise twice over:
+eight measurements on the 2-core AMD EPYC (2026-12-07) put ddp's fixed cost at 4 layers
+and one micro-batch at 8.9-21.2 ms with 1 and 2, 7.4-11.7 ms with 1 and 4 (fsdp 47-80
+against 37-56 ms, pp 18-37 against 12-28 ms), the runs taking as long."""
 
 COLLECTIVE_SECONDS = 3.0
 """The collectives' share of the 2-rank phase (s), split evenly over collective and size."""
@@ -139,7 +146,7 @@ def solve_overhead(points: list[tuple[int, int, float]]) -> Overhead:
 
 def overhead_points(style: str, world: int) -> list[tuple[int, int, dict[str, Any]]]:
     """(layers per rank, micro-batches, ``TrainConfig`` fields) of ``style``'s four runs:
-    1 and 2 layers per rank, times 1 and 2 micro-batches (a pipeline: ``world`` and twice
+    :data:`LAYERS` per rank, times 1 and 2 micro-batches (a pipeline: ``world`` and twice
     that, since 1F1B needs at least one per stage)."""
     base: dict[str, Any] = {"dp": 1, "tp": 1, "pp": 1, "dp_mode": "fsdp"}
     if style == "ddp":
@@ -156,7 +163,7 @@ def overhead_points(style: str, world: int) -> list[tuple[int, int, dict[str, An
     share = 2 * low  # sequences per data-parallel rank and step
     return [(layers, m, {**base, "layers": layers * base["pp"], "global_batch": share * base["dp"],
                          "micro_batch": share // m})
-            for layers in (1, 2) for m in (low, 2 * low)]
+            for layers in LAYERS for m in (low, 2 * low)]
 
 
 # -- the measurement (torch, inside the ranks) -------------------------------------------------
