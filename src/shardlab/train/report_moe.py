@@ -212,8 +212,8 @@ def moe_tp_bytes(cfg: Any, layout: Layout) -> list[float]:
     apart (:func:`expert_tp_bytes`):
 
     * without shared experts its MLP is the router and the experts, which send nothing
-      over tp: less the dense MLP's all-reduces (its output's and, backward, its input
-      gradient's: one without sequence parallelism, one per column-parallel linear with);
+      over tp: less the dense MLP's two all-reduces (its output's and, backward, its
+      input gradient's; train refuses sequence parallelism with experts);
     * with them, their column-parallel linears all-reduce their input gradients one each
       (the dense MLP's input, a prepared module input, one in all);
     * with them, under full recompute with an auxiliary loss attached after the shared
@@ -236,14 +236,13 @@ def moe_tp_bytes(cfg: Any, layout: Layout) -> list[float]:
     ar = ring_allreduce_bytes(elements * layout.dtype.activation_bytes, cfg.tp)
     autocast = under_autocast(cfg)
     ar_wide = ring_allreduce_bytes(elements * 4, cfg.tp) if autocast else ar
-    # The dense block's MLP input all-reduces one gradient without sequence parallelism
-    # (MODULE_INPUTS); a MoE's is not a prepared module input (the router reads it), so its
-    # shared experts' column-parallel linears all-reduce one each.
-    dense_mlp_inputs = 1 if not cfg.sp else column_linears(m) - 3
+    # The dense block's MLP input all-reduces one gradient (train runs no sequence
+    # parallelism with experts; MODULE_INPUTS); a MoE's is not a prepared module input (the
+    # router reads it), so its shared experts' column-parallel linears all-reduce one each.
     if not m.moe.shared_experts:
-        per_layer = -(ar + dense_mlp_inputs * ar_wide)
+        per_layer = -(ar + ar_wide)
     else:
-        per_layer = (column_linears(m) - 3 - dense_mlp_inputs) * ar_wide
+        per_layer = (column_linears(m) - 4) * ar_wide
         per_layer += ar if cfg.recompute == "full" and has_aux(cfg) else 0.0
     if cfg.dtype == "fp8":  # the MoE block's fp8 linears in place of the dense block's
         norm_bytes = 4 if autocast else layout.dtype.activation_bytes
