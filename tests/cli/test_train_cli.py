@@ -68,6 +68,10 @@ ETP = ["--dp", "2", "--tp", "2", "--ep", "2", "--etp", "2", "--steps", "6"]
 # router and routed experts bf16), 6 steps.
 MOE_FP8_TP = ["--dp", "2", "--tp", "2", "--ep", "2", "--dtype", "fp8", "--fp8-on-cpu",
               "--steps", "6"]
+# FSDP gathering the fp8 weights in fp8 (the attention's in every block, the shared
+# expert's in a MoE block, the dense MLP's in the dense one) over dp 2 x ep 2, 6 steps.
+MOE_FP8_GATHER = ["--dp", "2", "--ep", "2", "--dtype", "fp8", "--fp8-on-cpu",
+                  "--fp8-all-gather"]
 # Issue 17: context parallel alone (cp=2 over 20 steps; cp=4), with FSDP over dp x cp,
 # with TP and with PP; uneven pipeline stages under 1F1B and interleaved 1F1B; HSDP 2 x 2.
 CP_LAYOUTS = [
@@ -114,7 +118,8 @@ def documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
     root = tmp_path_factory.mktemp("train")
     planned = {}
     for argv in [*LAYOUTS, BF16, FP8, FP8_GATHER, FP8_TP, FP8_TP_GATHER, OP,
-                 *[[*MOE, *a] for a in [*MOE_LAYOUTS, CAPACITY, ETP, MOE_FP8_TP]],
+                 *[[*MOE, *a] for a in [*MOE_LAYOUTS, CAPACITY, ETP, MOE_FP8_TP,
+                                         MOE_FP8_GATHER]],
                  *CP_LAYOUTS]:
         name = layout_id(argv)
         args = build_parser().parse_args(["train", "--steps", str(STEPS), *argv,
@@ -229,6 +234,21 @@ def test_moe_fp8_under_tensor_parallelism(documents: dict[str, dict[str, Any]]) 
         for d in ("dp", "tp", "ep", "edp"):
             if d in row:
                 assert row[d]["measured"] == row[d]["predicted"], (d, row)
+
+
+@pytest.mark.multiprocess
+def test_moe_fp8_gathers_send_the_bytes_predicted(documents: dict[str, dict[str, Any]]
+                                                   ) -> None:
+    """``--fp8-all-gather`` with experts: FSDP gathers each block's fp8 weights at 1 byte
+    (a MoE block's are its attention's and its shared expert's, the dense block's its
+    MLP's too; the routed experts' stay bf16 over expert_dp) and all-reduces their amaxes
+    once a step; every byte over dp and ep as predicted, parity with one process."""
+    doc = documents[layout_id([*MOE, *MOE_FP8_GATHER])]
+    assert doc["parity_passed"] and "fp8_all_gather=1" in doc["layout"]
+    for row in doc["predicted_vs_measured"]["comm_bytes_per_step"]:
+        for d in ("dp", "ep"):  # (no edp: dp 2 / ep 2 leaves one expert replica)
+            assert row[d]["measured"] == row[d]["predicted"], (d, row)
+        assert row["measured"]["by_dim"]["dp"]["all_reduce"]["calls"] == 1  # the amaxes
 
 
 @pytest.mark.multiprocess

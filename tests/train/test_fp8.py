@@ -87,8 +87,6 @@ CPU = ["--dtype", "fp8", "--fp8-on-cpu"]
     (["--dtype", "bf16", "--fp8-all-gather"], ("fp8_all_gather=True", "needs --dtype fp8")),
     ([*CPU, "--fp8-all-gather"], ("fp8_all_gather=True", "needs FSDP")),  # one rank
     ([*CPU, "--fp8-all-gather", "--dp", "2", "--dp-mode", "ddp"], ("needs FSDP",)),
-    ([*CPU, "--fp8-all-gather", "--dp", "2", "--experts", "4", "--top-k", "2"],
-     ("with experts is not wired",)),
     (["--fp8-on-cpu"], ("fp8_on_cpu=True", "needs --dtype fp8")),
 ])
 def test_refused_before_any_rank_with_one_line(

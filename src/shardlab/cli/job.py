@@ -90,8 +90,7 @@ def winner_argv(doc: dict[str, Any], model_flags: str) -> list[str]:
     dtype = doc["dtype"] if doc["dtype"] in ("fp32", "fp8") else "bf16"
     by_op = trains_by_op(doc.get("step_options", {}).get("selective"), doc["moe"])
     command = best["train_command"] or train_command(
-        f"shardlab train {model_flags}", best, doc["global_batch"], doc["seq"], dtype, by_op,
-        doc["moe"])
+        f"shardlab train {model_flags}", best, doc["global_batch"], doc["seq"], dtype, by_op)
     argv = shlex.split(command)[2:]
     return argv if doc["this_machine"] else [*argv, "--gpu", doc["gpu"]]
 

@@ -41,7 +41,7 @@ def train_config(model: ModelShape, entry: dict[str, Any], global_batch: int, se
                       capacity_factor=entry.get("capacity_factor", 0.0),
                       cp=entry.get("cp", 1), dp_replicate=entry.get("dp_replicate", 1),
                       stage_layers=tuple(entry.get("stage_layers") or ()),
-                      fp8_all_gather=trains_fp8_gathers(entry, dtype, model.moe is not None))
+                      fp8_all_gather=trains_fp8_gathers(entry, dtype))
     check_config(cfg)
     require_torchao(cfg)
     return cfg

@@ -95,6 +95,13 @@ def tp_fp8_linears(m: ModelShape, tp: int, moe_layer: bool = False) -> frozenset
     block). A MoE block (``moe_layer``) has its shared experts' MLP
     (``mlp.shared.up_proj``, ..., of width shared_experts x shared_d_ff) in place of the
     dense one, or none: its router and routed experts stay bf16."""
+    return frozenset(tp_fp8_weights(m, tp, moe_layer))
+
+
+def tp_fp8_weights(m: ModelShape, tp: int, moe_layer: bool = False) -> dict[str, tuple[int, int]]:
+    """The weights of :func:`tp_fp8_linears` as one tensor-parallel rank holds them, by
+    name: (rows, row width) of torch's [out, in], a column-parallel one's rows and a
+    row-parallel one's width split over ``tp``."""
     mlp, width = "mlp.", m.d_ff
     if moe_layer:
         assert m.moe is not None
@@ -105,9 +112,9 @@ def tp_fp8_linears(m: ModelShape, tp: int, moe_layer: bool = False) -> frozenset
         shapes |= {mlp + "up_proj": (width, m.d_model), mlp + "down_proj": (m.d_model, width)}
         if m.style == "llama":
             shapes[mlp + "gate_proj"] = (width, m.d_model)
-    return frozenset(name for name, (out, inp) in shapes.items()
-                     if fp8_matmul_fits(out if row_parallel(name) else out // tp,
-                                        inp // tp if row_parallel(name) else inp))
+    local = {name: (out, inp // tp) if row_parallel(name) else (out // tp, inp)
+             for name, (out, inp) in shapes.items()}
+    return {name: rows for name, rows in local.items() if fp8_matmul_fits(*rows)}
 
 
 def row_parallel(name: str) -> bool:

@@ -121,8 +121,8 @@ class Plan:
 
 def _entries(c: Candidates, idx: np.ndarray, times: dict[str, np.ndarray], mem: Any,
              usable: float, global_batch: int, seq: int,
-             train_prefix: str | None, train_dtype: str, by_op: bool = False,
-             moe: bool = False) -> list[dict[str, Any]]:
+             train_prefix: str | None, train_dtype: str, by_op: bool = False
+             ) -> list[dict[str, Any]]:
     out = []
     for i in idx.tolist():
         lay = c.layout(i)
@@ -148,7 +148,7 @@ def _entries(c: Candidates, idx: np.ndarray, times: dict[str, np.ndarray], mem: 
         }
         if train_prefix is not None:
             entry["train_command"] = train_command(train_prefix, lay, global_batch, seq,
-                                                   train_dtype, by_op, moe)
+                                                   train_dtype, by_op)
         out.append(entry)
     return out
 
@@ -161,13 +161,12 @@ def trains_by_op(selective: str | None, moe: bool) -> bool:
     return selective == "op" and not moe
 
 
-def trains_fp8_gathers(lay: dict[str, Any], dtype: str, moe: bool) -> bool:
+def trains_fp8_gathers(lay: dict[str, Any], dtype: str) -> bool:
     """Whether ``shardlab train`` runs a plan entry with ``--fp8-all-gather``: the plan
     prices ZeRO-3's weight gathers at the fp8 policy's 1 byte (:mod:`shardlab.plan.dp_time`),
-    which train does with torchao's fp8 all-gather, over FSDP of more than one rank and for
-    a dense model (train does not wire it with experts)."""
-    return (dtype == "fp8" and not moe and lay["zero"] == 3
-            and lay["dp"] * lay.get("cp", 1) > 1)
+    which train does with torchao's fp8 all-gather, over FSDP of more than one rank (a
+    MoE's routed experts, which train keeps bf16, gather bf16)."""
+    return dtype == "fp8" and lay["zero"] == 3 and lay["dp"] * lay.get("cp", 1) > 1
 
 
 def train_recompute(recompute: str, by_op: bool) -> str:
@@ -176,14 +175,14 @@ def train_recompute(recompute: str, by_op: bool) -> str:
 
 
 def train_command(prefix: str, lay: dict[str, Any], global_batch: int, seq: int,
-                  dtype: str, by_op: bool = False, moe: bool = False) -> str:
+                  dtype: str, by_op: bool = False) -> str:
     """``shardlab train`` flags for a layout (ZeRO 0/2/3 as ddp/fsdp-zero2/fsdp; dp = 1 as
     fsdp, which then shards nothing and works with tp > 1; ``--ep``,
     ``--capacity-factor``, ``--cp``, ``--dp-replicate`` and ``--stage-layers`` only where
     they differ from a plain layout's; train builds whole
     experts, its default ``--etp 1``, the only etp a train-only space keeps). ``by_op``
     (:func:`trains_by_op`): a selective layout runs ``--recompute op``; an fp8 ZeRO-3
-    layout of a dense model (``moe`` False) gathers in fp8 (:func:`trains_fp8_gathers`)."""
+    layout gathers in fp8 (:func:`trains_fp8_gathers`)."""
     mode = "fsdp" if lay["dp"] == 1 else DP_MODE_OF_ZERO[lay["zero"]]
     parts = [prefix, f"--seq {seq}", f"--dp {lay['dp']}", f"--tp {lay['tp']}",
              f"--pp {lay['pp']}"]
@@ -197,7 +196,7 @@ def train_command(prefix: str, lay: dict[str, Any], global_batch: int, seq: int,
         parts.append(f"--schedule {lay['schedule']}")
     parts += [f"--global-batch {global_batch}", f"--micro-batch {lay['micro_batch']}",
               f"--dtype {dtype}"]
-    if trains_fp8_gathers(lay, dtype, moe):
+    if trains_fp8_gathers(lay, dtype):
         parts.append("--fp8-all-gather")
     if lay.get("ep", 1) > 1:
         parts.append(f"--ep {lay['ep']}")
@@ -286,8 +285,7 @@ def plan(model: ModelShape, acc: Accelerator, space: Space, policy: DtypePolicy,
     order = np.lexsort((fmem.total, times["step"]))[:top]
     best = _entries(f, order, times, fmem, usable, space.global_batch, space.seq,
                     train_prefix, train_dtype,
-                    trains_by_op(options.selective, model.moe is not None),
-                    model.moe is not None)
+                    trains_by_op(options.selective, model.moe is not None))
     return Plan(len(c), int(fits.sum()), rejected, best, time.perf_counter() - start, smallest,
                 usable, dev, [note] if note else [])
 

@@ -283,7 +283,8 @@ def check_fp8(cfg: TrainConfig) -> None:
     """What ``--dtype fp8`` needs of the run (the machine is checked apart: the CLI's
     :func:`shardlab.train.fp8.fp8_refusal`): a width that fp8's matmul takes (d_model a
     multiple of 16: every block linear has it on one side); and for ``fp8_all_gather``
-    FSDP over more than one rank and a dense model. With tp > 1 the fp8 linears take
+    FSDP over more than one rank (with experts, a MoE block gathers its attention's and
+    shared experts' fp8 weights in fp8, its routed experts' bf16). With tp > 1 the fp8 linears take
     torchao's float8 tensor-parallel styles (a MoE block's: its shared experts'), whose
     bytes the report counts (:func:`shardlab.estimate.comm_dtensor.fp8_block_bytes`)."""
     if cfg.shape.d_model % 16:
@@ -292,9 +293,6 @@ def check_fp8(cfg: TrainConfig) -> None:
     if cfg.fp8_all_gather and (cfg.grad_ranks == 1 or cfg.dp_mode == "ddp"):
         raise SpecError("fp8_all_gather", True, "needs FSDP over more than one rank "
                         "(--dp-mode fsdp or fsdp-zero2 with dp x cp > 1): it is FSDP's gather")
-    if cfg.fp8_all_gather and cfg.shape.moe is not None:
-        raise SpecError("fp8_all_gather", True, "with experts is not wired (the report's "
-                        "byte count knows only dense blocks); leave it off for a MoE")
 
 
 def check_moe(cfg: TrainConfig) -> None:

@@ -12,9 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from shardlab.estimate.comm import fsdp2_padded, ring_allreduce_bytes, tensor_rows
-from shardlab.estimate.fp8 import fp8_block_weights
+from shardlab.estimate.fp8 import fp8_block_weights, tp_fp8_weights
 from shardlab.estimate.partition import rank_layers
 from shardlab.train.config import bf16_compute
+from shardlab.train.report_moe import stage_layer_ids
 
 FP8_GATHER_BYTES = 1
 """Bytes per element of a weight FSDP2 gathers in fp8 (E4M3)."""
@@ -45,13 +46,23 @@ def fp8_gathered(cfg: Any, n: int) -> list[tuple[int, int]]:
     """Per pipeline rank, with ``--fp8-all-gather``: (padded elements FSDP2 gathers in fp8,
     fp8 weight tensors): each block's converted linear weights
     (:func:`shardlab.estimate.fp8.fp8_block_weights`) with dim 0 padded to a multiple of the
-    ``n``-rank shard group, times the rank's blocks; (0, 0) without it."""
+    ``n``-rank shard group, times the rank's blocks; a mixture of experts' MoE blocks
+    theirs, the attention's and the shared experts' (its router and routed experts are
+    bf16: :func:`shardlab.estimate.fp8.tp_fp8_weights`); (0, 0) without it."""
     if not cfg.fp8_all_gather:
         return [(0, 0)] * cfg.pp
-    weights = fp8_block_weights(tensor_rows(cfg.shape, cfg.tp, vocab_parallel=False)[0])
-    padded = fsdp2_padded(weights, n)
-    return [(layers * padded, layers * len(weights)) for layers in
-            rank_layers(cfg.shape.layers, cfg.pp, cfg.virtual_stages, cfg.stage_layers)]
+    m = cfg.shape
+    weights = fp8_block_weights(tensor_rows(m, cfg.tp, vocab_parallel=False)[0])
+    if m.moe is None:
+        padded = fsdp2_padded(weights, n)
+        return [(layers * padded, layers * len(weights)) for layers in
+                rank_layers(m.layers, cfg.pp, cfg.virtual_stages, cfg.stage_layers)]
+    moe = list(tp_fp8_weights(m, cfg.tp, moe_layer=True).values())
+    out = []
+    for r in range(cfg.pp):
+        blocks = [moe if i >= m.dense_layers else weights for i in stage_layer_ids(cfg, r)]
+        out.append((sum(fsdp2_padded(b, n) for b in blocks), sum(len(b) for b in blocks)))
+    return out
 
 
 def kept_padded(cfg: Any, n: int, vocab_parallel: bool) -> int:

@@ -223,7 +223,9 @@ def moe_tp_bytes(cfg: Any, layout: Layout) -> list[float]:
 
     * with ``--dtype fp8``, a MoE block's fp8 linears (its shared experts' beside the
       attention's; its MLP input gathered in bf16) in place of a dense block's
-      (:func:`~shardlab.estimate.comm_dtensor.fp8_block_bytes`).
+      (:func:`~shardlab.estimate.comm_dtensor.fp8_block_bytes`); with
+      ``--fp8-all-gather`` their weights' casts reduce no amax and the step's amax
+      all-reduce holds the MoE block's fp8 weights, not the dense block's.
 
     Per micro-batch and MoE layer of the rank, ring all-reduces of b·s·d: the output
     projection's at the activations' bytes, the column-parallel inputs' gradients at fp32
@@ -244,13 +246,18 @@ def moe_tp_bytes(cfg: Any, layout: Layout) -> list[float]:
     else:
         per_layer = (column_linears(m) - 4) * ar_wide
         per_layer += ar if cfg.recompute == "full" and has_aux(cfg) else 0.0
+    per_step = 0.0
     if cfg.dtype == "fp8":  # the MoE block's fp8 linears in place of the dense block's
         norm_bytes = 4 if autocast else layout.dtype.activation_bytes
         again = cfg.recompute in ("full", "op")
-        per_layer += sum(sign * fp8_block_bytes(m, layout, tp_fp8_linears(m, cfg.tp, moe),
-                                                elements, again, norm_bytes)
+        linears = {moe: tp_fp8_linears(m, cfg.tp, moe) for moe in (True, False)}
+        per_layer += sum(sign * fp8_block_bytes(m, layout, linears[moe], elements, again,
+                                                norm_bytes, prescaled=cfg.fp8_all_gather)
                          for sign, moe in ((1, True), (-1, False)))
-    return [layout.microbatches * per_layer
+        if cfg.fp8_all_gather:  # the step's amaxes: of the MoE block's fp8 weights
+            per_step = ring_allreduce_bytes(4 * (len(linears[True]) - len(linears[False])),
+                                            cfg.tp)
+    return [(layout.microbatches * per_layer + per_step)
             * sum(1 for i in stage_layer_ids(cfg, r) if i >= m.moe.dense_layers)
             for r in range(cfg.pp)]
 
