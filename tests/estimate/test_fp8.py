@@ -61,11 +61,13 @@ def test_the_block_weights_that_multiply_in_fp8() -> None:
     its norm (1 wide); a dimension that is not a multiple of 16 keeps a weight in bf16."""
     shape = ModelShape("t", 2, 64, 4, 256, 32, style="llama", tied=False, d_ff=160)
     block = tensor_rows(shape, 1, vocab_parallel=False)[0]
-    weights = fp8.fp8_block_weights(block)
+    weights = list(fp8.tp_fp8_weights(shape, 1).values())
     assert sorted(weights) == sorted([(64, 64)] * 4 + [(160, 64)] * 2 + [(64, 160)])
     assert (64, 1) in block and (64, 1) not in weights
+    # The same tensors as the block's rows that are linear weights (wider than 1).
+    assert sorted(weights) == sorted(r for r in block if r[1] > 1)
     odd = ModelShape("t", 2, 64, 4, 256, 32, style="llama", tied=False, d_ff=168)
-    assert len(fp8.fp8_block_weights(tensor_rows(odd, 1, vocab_parallel=False)[0])) == 4
+    assert len(fp8.tp_fp8_weights(odd, 1)) == 4
     assert fp8.fp8_matmul_fits(48, 16) and not fp8.fp8_matmul_fits(48, 24)
 
 

@@ -17,8 +17,8 @@ from shardlab.train.config import TrainConfig, check_config, require_torchao
 def train_config(model: ModelShape, entry: dict[str, Any], global_batch: int, seq: int,
                  dtype: str, by_op: bool = False) -> TrainConfig:
     """The run ``shardlab train`` would make of a plan entry; SpecError (naming why) for
-    a layout it does not run (ZeRO-1, a zero-bubble schedule, DDP with tp or pp, fp8 with
-    tp > 1). An fp8 plan dry-runs train's fp8 program (torchao's float8 linears, gathered
+    a layout it does not run (ZeRO-1, a zero-bubble schedule, DDP with tp or pp). An fp8
+    plan dry-runs train's fp8 program (torchao's float8 linears, gathered
     in fp8 under ZeRO-3 as the plan prices them: :func:`trains_fp8_gathers`); every
     other 16-bit policy, train's bf16. ``by_op``
     (:func:`~shardlab.plan.search.trains_by_op`): a selective entry dry-runs train's

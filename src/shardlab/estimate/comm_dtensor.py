@@ -63,7 +63,7 @@ from __future__ import annotations
 from shardlab.config.layout import V_SCHEDULES, Layout
 from shardlab.config.model import ModelShape
 from shardlab.estimate.comm import ring_allreduce_bytes, ring_gather_bytes
-from shardlab.estimate.fp8 import row_parallel
+from shardlab.estimate.fp8 import prepared_inputs, row_parallel
 from shardlab.estimate.params import norm_params
 from shardlab.estimate.partition import chunk_rank, layout_rank_layers
 
@@ -100,11 +100,8 @@ def fp8_block_bytes(m: ModelShape, layout: Layout, fp8: frozenset[str], elements
     t, sp = layout.tp, layout.sp
     if not fp8 or t == 1:
         return 0.0
-    # A MoE block's MLP input stays bf16 (its router reads it): only a dense MLP's is
-    # prepared, named mlp.up_proj (not mlp.shared.up_proj).
-    mlp_in = {"mlp.up_proj", "mlp.gate_proj"} if m.style == "llama" else {"mlp.up_proj"}
-    prepared = sp * (({"attn.q_proj", "attn.k_proj", "attn.v_proj"} <= fp8)
-                     + (mlp_in <= fp8))
+    # The prepared inputs' casts split the tensor over tp (reduce their amax) under SP only.
+    prepared = sp * sum(prepared_inputs(m, fp8))
     rows = sum(1 for name in fp8 if row_parallel(name))
     column = len(fp8) - rows
     weights = 0 if prescaled else len(fp8)

@@ -112,8 +112,7 @@ def tp_fp8_weights(m: ModelShape, tp: int, moe_layer: bool = False) -> dict[str,
         shapes |= {mlp + "up_proj": (width, m.d_model), mlp + "down_proj": (m.d_model, width)}
         if m.style == "llama":
             shapes[mlp + "gate_proj"] = (width, m.d_model)
-    local = {name: (out, inp // tp) if row_parallel(name) else (out // tp, inp)
-             for name, (out, inp) in shapes.items()}
+    local = {name: tp_rank_shape(name, out, inp, tp) for name, (out, inp) in shapes.items()}
     return {name: rows for name, rows in local.items() if fp8_matmul_fits(*rows)}
 
 
@@ -123,12 +122,20 @@ def row_parallel(name: str) -> bool:
     return name.rsplit(".", 1)[-1] in {n.rsplit(".", 1)[-1] for n in ROW_PARALLEL_LINEARS}
 
 
-def fp8_block_weights(block: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Of a block's parameter tensors as (dim 0, row width)
-    (:func:`shardlab.estimate.comm.tensor_rows`), the linear weights that multiply in fp8:
-    width above 1 (norms and biases are 1 wide) and :func:`fp8_matmul_fits`."""
-    return [(rows, width) for rows, width in block
-            if width > 1 and fp8_matmul_fits(rows, width)]
+def tp_rank_shape(name: str, out: int, inp: int, tp: int) -> tuple[int, int]:
+    """(out, in) of the matmul one of ``tp`` ranks runs for the block linear ``name``: a
+    row-parallel one's input width split, another's output width."""
+    return (out, inp // tp) if row_parallel(name) else (out // tp, inp)
+
+
+def prepared_inputs(m: ModelShape, fp8: frozenset[str]) -> tuple[bool, bool]:
+    """Whether the attention's and the dense MLP's input are cast to fp8 once, at the module,
+    under tensor parallelism: every linear reading it is in ``fp8`` (torchao's
+    ``PrepareFloat8ModuleInput``, :func:`shardlab.distributed.tensor_parallel.block_plan`).
+    A MoE block's MLP input stays bf16 (its router reads it): its shared experts are named
+    ``mlp.shared.*``, not ``mlp.up_proj``."""
+    mlp = {"mlp.up_proj", "mlp.gate_proj"} if m.style == "llama" else {"mlp.up_proj"}
+    return {"attn.q_proj", "attn.k_proj", "attn.v_proj"} <= fp8, mlp <= fp8
 
 
 def linear_weights(m: ModelShape, tp: int, moe_layer: bool, ep: int = 1,

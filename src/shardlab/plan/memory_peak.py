@@ -45,7 +45,8 @@ FRAMEWORKS`), the planner adds, on each pipeline rank it compares:
 
 ``fp8_input_bytes``: with ``--dtype fp8``, the bytes each linear layer's saved input
 takes (Transformer Engine keeps its fp8 copy, 1 B: Megatron; torchao keeps the bf16 input:
-torchtitan), :mod:`shardlab.estimate.activations`.
+torchtitan; under torchao's float8 tensor-parallel styles it keeps an fp8 copy, as
+shardlab's dry run shows, not priced here), :mod:`shardlab.estimate.activations`.
 
 ``held_grad_bytes``: the bytes of each gradient element the framework keeps (Megatron-LM
 accumulates bf16 runs' gradients in fp32 ``main_grad`` buffers, 4), where the dtype

@@ -284,8 +284,8 @@ def check_fp8(cfg: TrainConfig) -> None:
     :func:`shardlab.train.fp8.fp8_refusal`): a width that fp8's matmul takes (d_model a
     multiple of 16: every block linear has it on one side); and for ``fp8_all_gather``
     FSDP over more than one rank (with experts, a MoE block gathers its attention's and
-    shared experts' fp8 weights in fp8, its routed experts' bf16). With tp > 1 the fp8 linears take
-    torchao's float8 tensor-parallel styles (a MoE block's: its shared experts'), whose
+    shared experts' fp8 weights in fp8, its routed experts' bf16). With tp > 1 the fp8
+    linears take torchao's float8 tensor-parallel styles (a MoE block's: its shared experts'), whose
     bytes the report counts (:func:`shardlab.estimate.comm_dtensor.fp8_block_bytes`)."""
     if cfg.shape.d_model % 16:
         raise SpecError("d_model", cfg.shape.d_model, "must be a multiple of 16 with --dtype "

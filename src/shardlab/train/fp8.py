@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from shardlab.estimate.fp8 import ROW_PARALLEL_LINEARS, fp8_matmul_fits
+from shardlab.estimate.fp8 import fp8_matmul_fits, tp_rank_shape
 from shardlab.train.config import torchao_missing
 
 FP8_MIN_CAPABILITY = (8, 9)
@@ -45,25 +45,14 @@ KEPT_IN_BF16 = ("lm_head", "router")
 """Linear modules (by attribute name) that keep bf16: the output head and the MoE router."""
 
 
-ROW_PARALLEL = tuple(name.rsplit(".", 1)[-1] for name in ROW_PARALLEL_LINEARS)
-"""Linear modules (by attribute name) that tensor parallelism splits on their input
-dimension (row-parallel); the other block linears it splits on their output dimension."""
-
-
 def fp8_linear(module: nn.Module, fqn: str, tp: int = 1) -> bool:
     """Whether torchao converts ``module`` (at ``fqn``): an ``nn.Linear``, not one of
     :data:`KEPT_IN_BF16`, both dimensions of the matmul each rank runs multiples of 16
     (with ``tp`` ranks: a row-parallel linear's input width over tp, another's output
     width over tp)."""
-    name = fqn.rsplit(".", 1)[-1]
-    if not isinstance(module, nn.Linear) or name in KEPT_IN_BF16:
+    if not isinstance(module, nn.Linear) or fqn.rsplit(".", 1)[-1] in KEPT_IN_BF16:
         return False
-    out_f, in_f = module.out_features, module.in_features
-    if name in ROW_PARALLEL:
-        in_f //= tp
-    else:
-        out_f //= tp
-    return fp8_matmul_fits(out_f, in_f)
+    return fp8_matmul_fits(*tp_rank_shape(fqn, module.out_features, module.in_features, tp))
 
 
 QUIET_ON_IMPORT = ("torchao", "torch.utils._pytree")

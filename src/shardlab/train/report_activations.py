@@ -19,7 +19,7 @@ from shardlab.estimate.activations import (
     sp_gathered_bytes,
 )
 from shardlab.estimate.context import cp_layer_activation_bytes
-from shardlab.estimate.fp8 import tp_fp8_linears
+from shardlab.estimate.fp8 import prepared_inputs, row_parallel, tp_fp8_weights
 from shardlab.estimate.params import norm_params
 from shardlab.estimate.partition import layer_params_per_tp_rank, rank_layers
 from shardlab.train.config import bf16_compute, fsdp_mixed_precision, loss_split
@@ -180,13 +180,10 @@ def fp8_tp_input_bytes(cfg: Any, recompute: str, tokens: int, e: int) -> float:
     if (cfg.dtype != "fp8" or cfg.tp == 1 or m.moe is not None
             or recompute not in ("none", "selective")):
         return 0.0
-    fp8 = tp_fp8_linears(m, cfg.tp)
-    mlp_in = {"mlp.up_proj", "mlp.gate_proj"} if m.style == "llama" else {"mlp.up_proj"}
-    widths = (m.d_model * ({"attn.q_proj", "attn.k_proj", "attn.v_proj"} <= fp8)
-              + m.d_model * (mlp_in <= fp8)
-              + m.q_dim / cfg.tp * ("attn.o_proj" in fp8)
-              + m.d_ff / cfg.tp * ("mlp.down_proj" in fp8))
-    return (e - 1) * tokens * widths
+    weights = tp_fp8_weights(m, cfg.tp)
+    rows_in = sum(width for name, (_, width) in weights.items() if row_parallel(name))
+    return (e - 1) * tokens * (m.d_model * sum(prepared_inputs(m, frozenset(weights)))
+                               + rows_in)
 
 
 def recomputed_block_bytes(cfg: Any) -> float:

@@ -12,8 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from shardlab.estimate.comm import fsdp2_padded, ring_allreduce_bytes, tensor_rows
-from shardlab.estimate.fp8 import fp8_block_weights, tp_fp8_weights
-from shardlab.estimate.partition import rank_layers
+from shardlab.estimate.fp8 import tp_fp8_weights
 from shardlab.train.config import bf16_compute
 from shardlab.train.report_moe import stage_layer_ids
 
@@ -44,23 +43,19 @@ def replica_bytes(cfg: Any, padded: int, n: int, grad_bytes: int) -> float:
 
 def fp8_gathered(cfg: Any, n: int) -> list[tuple[int, int]]:
     """Per pipeline rank, with ``--fp8-all-gather``: (padded elements FSDP2 gathers in fp8,
-    fp8 weight tensors): each block's converted linear weights
-    (:func:`shardlab.estimate.fp8.fp8_block_weights`) with dim 0 padded to a multiple of the
-    ``n``-rank shard group, times the rank's blocks; a mixture of experts' MoE blocks
-    theirs, the attention's and the shared experts' (its router and routed experts are
-    bf16: :func:`shardlab.estimate.fp8.tp_fp8_weights`); (0, 0) without it."""
+    fp8 weight tensors): each of the rank's blocks' fp8 linear weights on its tp rank
+    (:func:`shardlab.estimate.fp8.tp_fp8_weights`: a MoE block's are its attention's and
+    shared experts', its router and routed experts being bf16), dim 0 padded to a multiple
+    of the ``n``-rank shard group; (0, 0) without it."""
     if not cfg.fp8_all_gather:
         return [(0, 0)] * cfg.pp
     m = cfg.shape
-    weights = fp8_block_weights(tensor_rows(m, cfg.tp, vocab_parallel=False)[0])
-    if m.moe is None:
-        padded = fsdp2_padded(weights, n)
-        return [(layers * padded, layers * len(weights)) for layers in
-                rank_layers(m.layers, cfg.pp, cfg.virtual_stages, cfg.stage_layers)]
-    moe = list(tp_fp8_weights(m, cfg.tp, moe_layer=True).values())
+    kinds = {moe: list(tp_fp8_weights(m, cfg.tp, moe).values())
+             for moe in ((False, True) if m.moe is not None else (False,))}
     out = []
     for r in range(cfg.pp):
-        blocks = [moe if i >= m.dense_layers else weights for i in stage_layer_ids(cfg, r)]
+        blocks = [kinds[m.moe is not None and i >= m.dense_layers]
+                  for i in stage_layer_ids(cfg, r)]
         out.append((sum(fsdp2_padded(b, n) for b in blocks), sum(len(b) for b in blocks)))
     return out
 
