@@ -17,6 +17,7 @@ import contextlib
 import importlib.util
 import os
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from torch.distributed.tensor.parallel import (
     loss_parallel,
 )
 
-from shardlab.config.model import ModelShape
+from shardlab.config.model import ModelShape, MoE
 from shardlab.distributed.activation_checkpoint import apply_ac
 from shardlab.distributed.data_parallel import apply_ddp
 from shardlab.distributed.launch import launch
@@ -301,7 +302,12 @@ def test_plans_are_declarative_and_follow_torchtitan() -> None:
         # each module input enters replicated once: one gradient all-reduce per input
         "attn": PrepareModuleInput, "mlp": PrepareModuleInput}
     assert plain["attn"].input_layouts == (Replicate(), None, None)
-    assert "mlp" not in block_plan(llama, False, moe=True)  # the router reads it as it is
+    moe = block_plan(replace(llama, moe=MoE(4, 2, 64, shared_experts=1)), False, moe=True)
+    assert "mlp" not in moe  # the router reads it as it is
+    # the shared experts take their input once, as the dense MLP does
+    assert isinstance(moe["mlp.shared"], PrepareModuleInput)
+    assert moe["mlp.shared"].input_layouts == (Replicate(),)
+    assert "mlp.shared" not in block_plan(replace(llama, moe=MoE(4, 2, 64)), False, moe=True)
     seq = block_plan(llama, sequence_parallel=True)
     assert isinstance(seq["attn_norm"], SequenceParallel)
     assert isinstance(seq["mlp"], PrepareModuleInput)

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from shardlab.config.catalog import get_model
+from shardlab.config.model import MoE
 from shardlab.estimate.partition import layer_params_per_tp_rank
 from shardlab.train.config import TrainConfig
 from shardlab.train.report_activations import (
@@ -81,13 +82,21 @@ def test_the_dry_run_saves_what_the_count_says() -> None:
 
 def test_fp8_under_tensor_parallelism_keeps_its_linears_inputs_at_one_byte() -> None:
     """torchao's float8 tp styles keep the attention's and the MLP's inputs (T·h each) and
-    the row-parallel linears' (T·q/t, T·f/t) in fp8: 1 byte an element below bf16's 2.
-    None without tp, under full recompute or per-operator checkpointing, or in fp32."""
+    the down projection's (T·f/t) in fp8 in place of bf16, 1 byte an element below 2, and
+    the output projection's (T·q/t) beside the attention kernel's bf16 output, which the
+    bf16 projection shares: 1 byte more. A MoE block's MLP input stays bf16 (the router's)
+    and its shared experts keep their fp8 copy beside it. None without tp, under full
+    recompute or per-operator checkpointing, or in fp32."""
     cfg = replace(TP2, dtype="fp8")
     m, tokens = cfg.shape, 1024
-    widths = 2 * m.d_model + m.q_dim / 2 + m.d_ff / 2  # every llama-3-8b linear fits fp8
+    widths = 2 * m.d_model + m.d_ff / 2 - m.q_dim / 2  # every llama-3-8b linear fits fp8
     assert fp8_tp_input_bytes(cfg, "none", tokens, 2) == tokens * widths
     assert fp8_tp_input_bytes(cfg, "selective", tokens, 2) == tokens * widths
+    moe = replace(cfg, shape=replace(m, moe=MoE(8, 2, 1024, shared_experts=1,
+                                                 shared_d_ff=2048)))
+    shared = m.d_model + 2048 / 2 - m.q_dim / 2 - m.d_model  # attention in, down in; o, copy
+    assert fp8_tp_input_bytes(moe, "none", tokens, 2, moe_layer=True) == tokens * shared
+    assert fp8_tp_input_bytes(moe, "none", tokens, 2) == tokens * widths  # its dense layers
     for change, recompute in (({"tp": 1, "dp": 2}, "none"), ({}, "full"), ({}, "op"),
                               ({"dtype": "bf16"}, "none")):
         assert fp8_tp_input_bytes(replace(cfg, **change), recompute, tokens, 2) == 0.0

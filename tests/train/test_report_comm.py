@@ -97,3 +97,22 @@ def test_a_moe_blocks_fp8_linears_are_its_attentions_and_shared_experts() -> Non
     shared = replace(shape, moe=MoE(4, 2, 256, shared_experts=1))
     assert moe_tp_bytes(replace(fp8, shape=shared), lay) == moe_tp_bytes(
         replace(bf16, shape=shared), lay)  # the shared MLP's linears take the dense ones'
+
+
+def test_a_moe_blocks_shared_experts_send_what_the_dense_mlp_sends() -> None:
+    """Shared experts take the MLP input once (``mlp.shared``'s prepared input), so a MoE
+    block with them sends over tp what a dense block sends: nothing to add, but under
+    full recompute with an auxiliary loss one more forward all-reduce. Real FSDP 2 x TP 2 x
+    EP 2 runs of issue 16's tiny MoE (``--layers 3 --d-model 32 --experts 8 --top-k 2
+    --shared-experts 1 --dense-layers 1 --expert-d-ff 32``, 2026-12-07) sent 269,312 B over
+    tp in fp32 (302,080 when each of the shared gate and up took its own input), 134,656
+    in bf16 (151,040), 135,160 in fp8 (151,544) and 351,232 under full recompute
+    (384,000), each as counted, two all-reduce calls fewer."""
+    shape = ModelShape("moe", 4, 64, 4, 156, 32, style="llama", tied=False, d_ff=256,
+                       moe=MoE(4, 2, 256, shared_experts=1))
+    cfg = TrainConfig(shape, tp=2, dp=2, global_batch=4, micro_batch=2, seq=32, dtype="bf16")
+    lay = run_layout(cfg)
+    assert moe_tp_bytes(cfg, lay) == [0.0]
+    full = replace(cfg, recompute="full")
+    ar = 2 * 32 * 64 * 2  # one ring all-reduce of b·s·d bf16 on 2 ranks sends its bytes
+    assert moe_tp_bytes(full, run_layout(full)) == [lay.microbatches * shape.moe_layers * ar]

@@ -100,7 +100,9 @@ def block_plan(shape: ModelShape, sequence_parallel: bool, moe: bool = False,
     column-parallel linear (since 2026-12-07).
 
     ``moe``: the block's MLP is a mixture of experts. Its shared experts (``mlp.shared``, a
-    dense MLP) split as the dense MLP does; the router and the routed experts stay whole
+    dense MLP) split as the dense MLP does, their input entering once (``PrepareModuleInput``
+    on ``mlp.shared``, since 2026-12-07: each of their column-parallel linears took its
+    own, one backward all-reduce each); the router and the routed experts stay whole
     on every tensor-parallel rank (etp = 1: each rank routes the same tokens and runs the
     same experts, so their gradients agree without communication; torchtitan's MoE
     plan without expert tensor parallelism).
@@ -113,7 +115,8 @@ def block_plan(shape: ModelShape, sequence_parallel: bool, moe: bool = False,
     all-gathers and the backward's all-gathers at the row-parallel outputs move 1-byte
     elements. Where every linear that reads the attention's (or the dense MLP's) input is
     fp8, that input is cast once, before its sequence all-gather
-    (``PrepareFloat8ModuleInput``); a MoE block's MLP input stays bf16 (its router reads it).
+    (``PrepareFloat8ModuleInput``); a MoE block's MLP input stays bf16 (its router reads
+    it), and its shared experts cast their copy once, at ``mlp.shared``.
     """
     local = {"use_local_output": True}
     row_out = Shard(1) if sequence_parallel else Replicate()
@@ -145,23 +148,28 @@ def block_plan(shape: ModelShape, sequence_parallel: bool, moe: bool = False,
     # gather (each linear would cast, and keep for backward, its own fp8 copy).
     source = Shard(1) if sequence_parallel else Replicate()
 
-    def module_input(reads: list[str], args: int) -> ParallelStyle:
+    def module_input(module: str, reads: list[str], args: int) -> ParallelStyle:
         # Module.forward(x, ...): only x is laid out; Attention's mask and rope are plain
         # full-length tensors (or None) and pass through untouched.
         layouts = {"input_layouts": (source,) + (None,) * (args - 1),
                    "desired_input_layouts": (Replicate(),) + (None,) * (args - 1)}
         if styles and all(r in fp8 for r in reads):
-            return styles[2](fwd_config_submodule_fqn=reads[0].split(".", 1)[1], **layouts)
+            # torchao reads the cast's config from one reader, named from ``module``.
+            return styles[2](fwd_config_submodule_fqn=reads[0][len(module) + 1:], **layouts)
         return PrepareModuleInput(**layouts)
 
-    plan["attn"] = module_input(["attn.q_proj", "attn.k_proj", "attn.v_proj"], 3)
+    plan["attn"] = module_input("attn", ["attn.q_proj", "attn.k_proj", "attn.v_proj"], 3)
     if sequence_parallel:
         plan |= {"attn_norm": SequenceParallel(), "mlp_norm": SequenceParallel(),
                  "mlp": PrepareModuleInput(input_layouts=(Shard(1),),
                                            desired_input_layouts=(Replicate(),)) if moe
-                 else module_input(mlp_inputs, 1)}
-    elif not moe:  # a MoE's router and routed experts read the MLP input as it is
-        plan["mlp"] = module_input(mlp_inputs, 1)
+                 else module_input("mlp", mlp_inputs, 1)}
+    elif not moe:
+        plan["mlp"] = module_input("mlp", mlp_inputs, 1)
+    elif "mlp.shared.up_proj" in plan:
+        # A MoE's router and routed experts read the MLP input as it is; its shared experts
+        # take it once, as the dense MLP does (one input-gradient all-reduce, one fp8 cast).
+        plan["mlp.shared"] = module_input("mlp.shared", mlp_inputs, 1)
     return plan
 
 

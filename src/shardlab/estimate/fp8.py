@@ -129,12 +129,14 @@ def tp_rank_shape(name: str, out: int, inp: int, tp: int) -> tuple[int, int]:
 
 
 def prepared_inputs(m: ModelShape, fp8: frozenset[str]) -> tuple[bool, bool]:
-    """Whether the attention's and the dense MLP's input are cast to fp8 once, at the module,
+    """Whether the attention's and the MLP's input are cast to fp8 once, at the module,
     under tensor parallelism: every linear reading it is in ``fp8`` (torchao's
     ``PrepareFloat8ModuleInput``, :func:`shardlab.distributed.tensor_parallel.block_plan`).
-    A MoE block's MLP input stays bf16 (its router reads it): its shared experts are named
-    ``mlp.shared.*``, not ``mlp.up_proj``."""
-    mlp = {"mlp.up_proj", "mlp.gate_proj"} if m.style == "llama" else {"mlp.up_proj"}
+    In a MoE block (its shared experts' linears, ``mlp.shared.*``, in ``fp8``) the second
+    is the shared experts' copy, cast at ``mlp.shared``: the MLP input itself stays bf16
+    (its router reads it)."""
+    prefix = "mlp.shared." if any(n.startswith("mlp.shared.") for n in fp8) else "mlp."
+    mlp = {prefix + "up_proj"} | ({prefix + "gate_proj"} if m.style == "llama" else set())
     return {"attn.q_proj", "attn.k_proj", "attn.v_proj"} <= fp8, mlp <= fp8
 
 

@@ -41,15 +41,16 @@ def predicted_activation_bytes(cfg: Any, pp_rank: int,
     e, mb, seq = _dims(cfg)
     layers = rank_layers(cfg.shape.layers, cfg.pp, cfg.virtual_stages, cfg.stage_layers)
     p = pp_rank
-    if cfg.shape.moe is None:
-        per_layer = block_bytes(cfg, cfg.recompute)
-    else:  # dense and MoE layers differ: each of this rank's own
-        first_moe = cfg.shape.dense_layers
-        per_layer = sum(block_bytes(cfg, cfg.recompute, i >= first_moe,
-                                    (loads or {}).get(i, 1.0))
-                        for i in stage_layer_ids(cfg, p)) / layers[p]
     kw = {"tp": cfg.tp, "sp": cfg.sp}
     bs = mb * seq
+    rc = cfg.recompute
+    if cfg.shape.moe is None:
+        per_layer = block_bytes(cfg, rc) + block_extra_bytes(cfg, rc, bs, e)
+    else:  # dense and MoE layers differ: each of this rank's own
+        first_moe = cfg.shape.dense_layers
+        per_layer = sum(block_bytes(cfg, rc, i >= first_moe, (loads or {}).get(i, 1.0))
+                        + block_extra_bytes(cfg, rc, bs, e, i >= first_moe)
+                        for i in stage_layer_ids(cfg, p)) / layers[p]
     # Beyond the cost model's tensors, shardlab's loop keeps the token ids (int64, embedding),
     # the targets (int64) and, without a pipeline, the fp32 token weights of the loss; and
     # checkpointed blocks keep the boolean [b, 1, s, s] mask they are called with.
@@ -69,8 +70,7 @@ def predicted_activation_bytes(cfg: Any, pp_rank: int,
     # The final norm keeps what a block's norm keeps (block_extra_bytes): it is outside the
     # blocks, so no checkpoint runs it again.
     norm = rms_norm_extra_bytes(cfg, bs, e) if cfg.recompute != "full" else 0
-    extra = block_extra_bytes(cfg, cfg.recompute, bs, e)
-    return (layers[p] * (per_layer + extra) + mask + ids * (p == 0)
+    return (layers[p] * per_layer + mask + ids * (p == 0)
             + autocast_cast_bytes(cfg, p)
             + (targets + head + logits + norm) * (p == cfg.pp - 1)
             + (first_stage_extra_bytes(cfg.shape, mb, seq, dropout=False, **kw)
@@ -146,7 +146,8 @@ def rms_norm_extra_bytes(cfg: Any, tokens: int, e: int) -> float:
     return (8 - e) * tokens * cfg.shape.d_model / (cfg.tp if cfg.sp else 1)
 
 
-def block_extra_bytes(cfg: Any, recompute: str, tokens: int, e: int) -> float:
+def block_extra_bytes(cfg: Any, recompute: str, tokens: int, e: int,
+                      moe_layer: bool = False) -> float:
     """What a block of shardlab's program keeps beyond the cost model's per-layer figure
     under ``recompute``, for ``tokens`` (b·s) at ``e``-byte activations: with sequence
     parallelism torch keeps the q/k/v and MLP inputs it gathered, whole (two [b, s, d];
@@ -155,35 +156,49 @@ def block_extra_bytes(cfg: Any, recompute: str, tokens: int, e: int) -> float:
     fp32 tensors (:func:`rms_norm_extra_bytes`), unless a checkpoint runs them again
     (full) or per-operator checkpointing keeps its own; and without recompute torch's
     fused CPU attention's additive [b, 1, s, s] mask in the compute dtype, where the cost
-    model counts fp32."""
+    model counts fp32; in fp8 under tensor parallelism, less :func:`fp8_tp_input_bytes` (of
+    a MoE block where ``moe_layer``)."""
     whole = recompute in ("full", "op")
     gathered = sp_gathered_bytes(cfg.shape, tokens, cfg.tp, cfg.sp, e) if not whole else 0
     norms = 2 * rms_norm_extra_bytes(cfg, tokens, e) if recompute in ("none", "selective") else 0
     mask = (e - 4) * tokens * cfg.seq if recompute == "none" else 0
-    return gathered + norms + mask - fp8_tp_input_bytes(cfg, recompute, tokens, e)
+    return gathered + norms + mask - fp8_tp_input_bytes(cfg, recompute, tokens, e, moe_layer)
 
 
-def fp8_tp_input_bytes(cfg: Any, recompute: str, tokens: int, e: int) -> float:
-    """What a dense block of an fp8 run under tensor parallelism keeps for backward below
-    the bf16 count (:func:`block_extra_bytes` subtracts it), for ``tokens`` (b·s): torchao's
+def fp8_tp_input_bytes(cfg: Any, recompute: str, tokens: int, e: int,
+                       moe_layer: bool = False) -> float:
+    """What a block of an fp8 run under tensor parallelism keeps for backward below the
+    bf16 count (:func:`block_extra_bytes` subtracts it), for ``tokens`` (b·s): torchao's
     float8 tensor-parallel styles cast a linear's input before it is laid out, and its
     ``matmul_with_hp_or_float8_args`` saves the input it was handed, so the fp8 copy is what
-    backward keeps, 1 byte an element where the count has ``e``: the attention's and the
-    MLP's inputs, each cast once where every linear reading it is fp8 (T·h, whole on each
-    tp rank), and the fp8 row-parallel linears' (T·q/t, T·f/t). The scales, 4 B a tensor,
-    are left out. Seen in the dry run (``shardlab dryrun --gpus 4 --layout "dp=2 tp=2"
-    --layers 1 --d-model 128 --heads 4 --dtype fp8``, 2026-12-07: the saved-tensor meter's
-    fp8 tensors). 0 without tp (each linear casts inside and saves its bf16 input), for a
-    block whose linears' inputs are not kept (full recompute; per-operator checkpointing
-    keeps matmul outputs) and for a mixture of experts (its blocks are counted as bf16)."""
+    backward keeps, 1 byte an element:
+
+    * in place of the bf16 tensor (``e`` bytes): the attention's and the MLP's inputs, each
+      cast once where every linear reading it is fp8 (T·h, whole on each tp rank), and the
+      MLP's down projection's input (T·f/t), which nothing else keeps;
+    * beside a bf16 tensor kept anyway: the attention's output projection's input (T·q/t),
+      the attention kernel's output, which the kernel keeps and the bf16 projection shares;
+      in a MoE block (``moe_layer``) the shared experts' copy of the MLP input (T·h, cast
+      once at ``mlp.shared``), whose bf16 the router keeps.
+
+    The scales, 4 B a tensor, are left out. Measured with the dry run's saved-tensor meter
+    (2026-12-07, ``--layers 1 --d-model 32 --gpus 4 --layout "dp=2 tp=2 micro_batch=4"
+    --seq 32 --dtype fp8`` against ``bf16``: 14,320 B fewer, this count's 14,336 less the
+    four tensors' scales). 0 without tp (each linear casts inside and saves its bf16
+    input) and for a block whose linears' inputs are not kept (full recompute;
+    per-operator checkpointing keeps matmul outputs)."""
     m = cfg.shape
-    if (cfg.dtype != "fp8" or cfg.tp == 1 or m.moe is not None
-            or recompute not in ("none", "selective")):
+    if cfg.dtype != "fp8" or cfg.tp == 1 or recompute not in ("none", "selective"):
         return 0.0
-    weights = tp_fp8_weights(m, cfg.tp)
-    rows_in = sum(width for name, (_, width) in weights.items() if row_parallel(name))
-    return (e - 1) * tokens * (m.d_model * sum(prepared_inputs(m, frozenset(weights)))
-                               + rows_in)
+    weights = tp_fp8_weights(m, cfg.tp, moe_layer)
+    attn, mlp = prepared_inputs(m, frozenset(weights))
+    # Row-parallel inputs: the output projection's beside the kernel's output; the rest
+    # (the dense or shared MLP's down projection) in place of their bf16 inputs.
+    out_proj = sum(w for name, (_, w) in weights.items() if name == "attn.o_proj")
+    down = sum(w for name, (_, w) in weights.items() if row_parallel(name)) - out_proj
+    replaced = m.d_model * (attn + (0 if moe_layer else mlp)) + down
+    beside = out_proj + (m.d_model * mlp if moe_layer else 0)
+    return tokens * ((e - 1) * replaced - beside)
 
 
 def recomputed_block_bytes(cfg: Any) -> float:
@@ -196,5 +211,6 @@ def recomputed_block_bytes(cfg: Any) -> float:
     if cfg.recompute != "full":
         return 0.0
     e, mb, seq = _dims(cfg)
+    moe = cfg.shape.moe is not None
     return block_bytes(cfg, "none", moe_layer=True) + block_extra_bytes(cfg, "none",
-                                                                        mb * seq, e)
+                                                                        mb * seq, e, moe)

@@ -18,7 +18,7 @@ from typing import Any
 
 from shardlab.config.layout import Layout, make_layout
 from shardlab.estimate.comm import fsdp2_padded, ring_allreduce_bytes, tensor_rows
-from shardlab.estimate.comm_dtensor import column_linears, fp8_block_bytes
+from shardlab.estimate.comm_dtensor import fp8_block_bytes
 from shardlab.estimate.expert import (
     dispatch_rows,
     expert_alltoall_bytes,
@@ -214,8 +214,8 @@ def moe_tp_bytes(cfg: Any, layout: Layout) -> list[float]:
     * without shared experts its MLP is the router and the experts, which send nothing
       over tp: less the dense MLP's two all-reduces (its output's and, backward, its
       input gradient's; train refuses sequence parallelism with experts);
-    * with them, their column-parallel linears all-reduce their input gradients one each
-      (the dense MLP's input, a prepared module input, one in all);
+    * with them, as the dense MLP: their input enters once (``mlp.shared``'s prepared
+      input), so backward all-reduces one gradient, and their output one all-reduce;
     * with them, under full recompute with an auxiliary loss attached after the shared
       experts, torch's checkpoint cannot stop before their output projection (the
       auxiliary loss's input is saved after it), so it re-runs that all-reduce too: one
@@ -238,14 +238,13 @@ def moe_tp_bytes(cfg: Any, layout: Layout) -> list[float]:
     ar = ring_allreduce_bytes(elements * layout.dtype.activation_bytes, cfg.tp)
     autocast = under_autocast(cfg)
     ar_wide = ring_allreduce_bytes(elements * 4, cfg.tp) if autocast else ar
-    # The dense block's MLP input all-reduces one gradient (train runs no sequence
-    # parallelism with experts; MODULE_INPUTS); a MoE's is not a prepared module input (the
-    # router reads it), so its shared experts' column-parallel linears all-reduce one each.
+    # The dense block's MLP input all-reduces one gradient and its output one (train runs
+    # no sequence parallelism with experts; MODULE_INPUTS); a MoE's shared experts the
+    # same, their own input prepared once (the router reads the MLP input as it is).
     if not m.moe.shared_experts:
         per_layer = -(ar + ar_wide)
     else:
-        per_layer = (column_linears(m) - 4) * ar_wide
-        per_layer += ar if cfg.recompute == "full" and has_aux(cfg) else 0.0
+        per_layer = ar if cfg.recompute == "full" and has_aux(cfg) else 0.0
     per_step = 0.0
     if cfg.dtype == "fp8":  # the MoE block's fp8 linears in place of the dense block's
         norm_bytes = 4 if autocast else layout.dtype.activation_bytes
