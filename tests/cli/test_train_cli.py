@@ -159,10 +159,12 @@ def test_parity_state_and_flops(documents: dict[str, dict[str, Any]],
             m["predicted"]["weights"], m["predicted"]["gradients"], m["predicted"]["optimizer"]]
     ratio = doc["predicted_vs_measured"]["flops_per_step"]["ratio"]
     assert 0.98 <= ratio <= 1.02, ratio
-    # Saved activations per micro-batch on every rank within 15% of the cost model.
+    # Saved activations per micro-batch on every rank within 5% of the cost model (1.00-1.013
+    # over these layouts on 2026-12-07, once the count stopped charging copies the program
+    # does not keep; within 15% before).
     act = doc["predicted_vs_measured"]["activation_bytes_per_microbatch"]
     for row in act["per_rank"]:
-        assert 0.85 <= row["ratio"] <= 1.15, row
+        assert 0.95 <= row["ratio"] <= 1.05, row
     for row in doc["comm_bytes_per_step"]:  # bytes sent per mesh dim: equal to the cost model
         dims = [d for d in ("dp", "tp", "pp") if d in row]
         assert dims, row
@@ -196,8 +198,9 @@ def test_parity_state_and_flops(documents: dict[str, dict[str, Any]],
 def test_moe_parity_and_figures(documents: dict[str, dict[str, Any]],
                                 layout: list[str]) -> None:
     """Expert parallelism: fp32 loss parity with one process, state bytes equal, FLOPs
-    within 2%, activations within 15%, and the bytes of every mesh dim equal to the cost
-    model's: the all-to-alls (``ep``) counted from the real split sizes equal
+    within 2%, activations within 5% above and 10% below (capacity's dropped assignments
+    counted high: 0.924 on 2026-12-07; the rest 0.99-1.034), and the bytes of every mesh dim
+    equal to the cost model's: the all-to-alls (``ep``) counted from the real split sizes equal
     estimate.expert's bytes for the count matrices the routers produced."""
     doc = documents[layout_id([*MOE, *layout])]
     steps = int(layout[layout.index("--steps") + 1])
@@ -209,7 +212,7 @@ def test_moe_parity_and_figures(documents: dict[str, dict[str, Any]],
             want["weights"], want["gradients"], want["optimizer"]]
     assert 0.98 <= doc["predicted_vs_measured"]["flops_per_step"]["ratio"] <= 1.02
     for row in doc["predicted_vs_measured"]["activation_bytes_per_microbatch"]["per_rank"]:
-        assert 0.85 <= row["ratio"] <= 1.15, row
+        assert 0.90 <= row["ratio"] <= 1.05, row
     for row in doc["comm_bytes_per_step"]:
         assert row["ep"]["measured"] > 0 and "ep_counts" in row["measured"]["by_dim"]
         for d in ("dp", "tp", "pp", "ep", "edp"):
@@ -256,7 +259,7 @@ def test_moe_fp8_gathers_send_the_bytes_predicted(documents: dict[str, dict[str,
 def test_cp_uneven_hsdp_parity_and_bytes(documents: dict[str, dict[str, Any]],
                                          layout: list[str]) -> None:
     """Issue 17: fp32 loss parity with one process, state bytes equal, FLOPs within 2%,
-    activations within 15%, and the bytes sent per mesh dim, ``cp`` and ``dp_replicate``
+    activations within 5%, and the bytes sent per mesh dim, ``cp`` and ``dp_replicate``
     among them, equal to the cost model's."""
     from shardlab.config.layout import make_layout
     from shardlab.config.model import ModelShape
@@ -277,7 +280,7 @@ def test_cp_uneven_hsdp_parity_and_bytes(documents: dict[str, dict[str, Any]],
         assert 0.85 <= held["measured"] / held["predicted"] <= 1.25
     assert 0.98 <= doc["predicted_vs_measured"]["flops_per_step"]["ratio"] <= 1.02
     for row in doc["predicted_vs_measured"]["activation_bytes_per_microbatch"]["per_rank"]:
-        assert 0.85 <= row["ratio"] <= 1.15, row
+        assert 0.95 <= row["ratio"] <= 1.05, row
     cp = int(layout[layout.index("--cp") + 1]) if "--cp" in layout else 1
     hsdp = "--dp-replicate" in layout
     for row in doc["comm_bytes_per_step"]:

@@ -10,7 +10,7 @@ from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
 from torchao.float8.float8_training_tensor import LinearMMConfig
 
 from shardlab.distributed.inner import data_tensors
-from shardlab.distributed.saved import saved_activation_bytes
+from shardlab.distributed.saved import saved_activation_bytes, weight_local
 
 
 def float8(rows: int, cols: int) -> Any:
@@ -51,3 +51,15 @@ def test_the_saved_meter_counts_a_float8_tensor_at_one_byte_and_its_scale() -> N
     kept = float8(8, 16)
     _, saved = saved_activation_bytes(lambda: _Keep.apply(x, kept))
     assert saved == 8 * 16 * 1 + 4  # not 8 x 16 x 2, the bf16 outer dtype's
+
+
+def test_the_saved_meter_leaves_out_a_dtensor_weights_local_tensor() -> None:
+    """A matmul by a view of a DTensor weight's local tensor (the expert-parallel experts'
+    ``w_up[e]``) saves a plain tensor that is neither a Parameter nor a view of one; taken
+    through ``weight_local`` the meter knows it for a weight (49 KB a MoE layer of issue
+    16's tiny MoE at ep 2 were counted as activations before)."""
+    x = torch.randn(2, 4, requires_grad=True)
+    plain, local = torch.randn(3, 4, 4), torch.randn(3, 4, 4)  # [experts, d, f]
+    _, counted = saved_activation_bytes(lambda: x @ plain[1])
+    _, left_out = saved_activation_bytes(lambda: x @ weight_local(local)[1])
+    assert (counted, left_out) == (3 * 4 * 4 * 4, 0)  # the whole storage; nothing

@@ -61,6 +61,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 
 from shardlab.distributed.activation_checkpoint import named_blocks
 from shardlab.distributed.measure import comm_label
+from shardlab.distributed.saved import weight_local
 from shardlab.errors import SpecError
 from shardlab.nn.moe import GroupedExperts, MoEFeedForward, grouped_mlp
 
@@ -80,7 +81,8 @@ def moe_layers(model: nn.Module) -> list[tuple[Any, MoEFeedForward]]:
 
 
 def _local(t: torch.Tensor | None) -> torch.Tensor | None:
-    return t.to_local() if isinstance(t, DTensor) else t
+    """A DTensor weight's local tensor, known to the saved-tensor meter as a weight."""
+    return weight_local(t) if isinstance(t, DTensor) else t
 
 
 # Expert tensor parallelism (etp = tp): each expert's hidden width split as the dense MLP's

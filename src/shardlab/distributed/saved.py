@@ -14,6 +14,7 @@ counted with the same rule.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +23,35 @@ from torch.utils._pytree import tree_leaves
 
 from shardlab.distributed.inner import data_tensors
 from shardlab.distributed.op_policy import SAC_CACHES
+
+_WEIGHT_LOCALS: dict[int, weakref.ref[torch.Tensor]] = {}
+"""The local tensors of DTensor weights that modules multiply by as plain tensors
+(:func:`weight_local`), by id: what autograd saves of them is a weight, not an
+activation, though neither it nor its base is a Parameter."""
+
+
+def weight_local(weight: torch.Tensor) -> torch.Tensor:
+    """``weight.to_local()`` for a DTensor weight (the weight itself otherwise), recorded
+    so that the meter leaves out the views of it a matmul saves (the expert-parallel
+    experts' ``w_up[e]``: until 2026-12-07 counted as activations, 49 KB a MoE layer of
+    issue 16's tiny MoE at ep 2)."""
+    local = weight.to_local() if hasattr(weight, "to_local") else weight
+    root = local._base if local._base is not None else local
+    if len(_WEIGHT_LOCALS) > 4096:  # forget the weights freed since (FSDP's unsharded ones)
+        for key in [k for k, ref in _WEIGHT_LOCALS.items() if ref() is None]:
+            del _WEIGHT_LOCALS[key]
+    _WEIGHT_LOCALS[id(root)] = weakref.ref(root)
+    return local
+
+
+def _is_weight(t: torch.Tensor) -> bool:
+    """A Parameter, a view of one (a linear saves ``weight.t()``), or a view of a DTensor
+    weight's local tensor (:func:`weight_local`)."""
+    if isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter):
+        return True
+    base = t._base if t._base is not None else t
+    ref = _WEIGHT_LOCALS.get(id(base))
+    return ref is not None and ref() is base
 
 
 def _packer(seen: dict[int, int]) -> Any:
@@ -34,7 +64,7 @@ def _packer(seen: dict[int, int]) -> Any:
     def record(t: torch.Tensor) -> None:
         # Weights (FSDP's unsharded ones too) and views of them: a linear saves weight.t(),
         # a plain tensor whose base is the Parameter.
-        if isinstance(t, torch.nn.Parameter) or isinstance(t._base, torch.nn.Parameter):
+        if _is_weight(t):
             return
         # A DTensor: this rank's part; a float8 tensor: its 1-byte data and its scale.
         for local in data_tensors(t):

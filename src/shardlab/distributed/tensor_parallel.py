@@ -74,16 +74,10 @@ from torch.distributed.tensor.parallel import (
 from shardlab.config.model import ModelShape
 from shardlab.distributed.activation_checkpoint import named_blocks
 from shardlab.errors import SpecError, require_positive_int
+from shardlab.estimate.comm_dtensor import scatters_at_blocks
 from shardlab.nn.loss import lm_loss_sum, loss_logits
 
 IGNORE_INDEX = -100  # cross_entropy's default ignore_index
-
-
-def _scatters_at_blocks(shape: ModelShape) -> bool:
-    """Whether, under sequence parallelism, the sequence is scattered at ``blocks.0``
-    (the embedding output is replicated: learned positions are added after it, or a tied
-    embedding is not split at all) rather than by the embedding's reduce-scatter."""
-    return shape.tied or shape.style == "gpt"
 
 
 def block_plan(shape: ModelShape, sequence_parallel: bool, moe: bool = False,
@@ -203,7 +197,7 @@ def root_plan(shape: ModelShape, sequence_parallel: bool,
                         "tied: the shared embedding/head weight stays replicated under "
                         "tensor parallelism, so its logits are never vocab-sharded)")
     plan: dict[str, ParallelStyle] = {}
-    scatter_late = sequence_parallel and _scatters_at_blocks(shape)
+    scatter_late = sequence_parallel and scatters_at_blocks(shape)
     if not shape.tied:
         emb_out = Shard(1) if sequence_parallel and not scatter_late else Replicate()
         plan["embed"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=emb_out)

@@ -97,10 +97,14 @@ def activation_terms(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int,
     """Term-by-term saved bytes of one layer, before any parallel split (see module doc).
 
     ``eager`` counts what PyTorch's autograd keeps for shardlab's own unfused LM, where
-    kernels are not fused as in Megatron: SwiGLU keeps silu(gate) as well (4f, not 3f),
-    rotary embedding keeps q and k before rotation, and the attention kernel's output is
-    kept beside the output projection's (reshaped) input; with ``flash`` the CPU kernel
-    also keeps an fp32 [b, 1, s, s] mask per layer (:func:`layer_activation_bytes`).
+    kernels are not fused as in Megatron: SwiGLU keeps silu(gate) as well (4f, not 3f);
+    with ``flash`` the CPU kernel also keeps an fp32 [b, 1, s, s] mask per layer
+    (:func:`layer_activation_bytes`). Nothing else: the rotary embedding's products keep
+    only the cos and sin tables (the tables need no gradient, so autograd keeps not q and
+    k before rotation), and the attention kernel's output, laid out [b, s, heads, hd],
+    is the output projection's input by a view, not a copy (a per-storage dump of the dry
+    run's saved tensors, 2026-12-07; counting those three T·h copies put the eager count
+    5-7% above the program's saved bytes).
     A MoE layer's MLP terms here are its shared experts' only. ``input_bytes``: bytes of
     each linear layer's saved input (None: ``elem_bytes``; 1 for Transformer Engine's fp8,
     module docstring).
@@ -114,9 +118,6 @@ def activation_terms(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int,
     # The MLP's hidden activations: the first matmul's output(s) at e, the down
     # projection's input at the linear input's bytes.
     mlp_hidden = ((1 if m.style == "gpt" else 3 if eager else 2) * e + li) * hidden
-    extra = 0
-    if eager:
-        extra = m.q_dim + (m.q_dim + m.kv_dim if m.style == "llama" else 0)
     # fp8 inputs: the output projection's own copy beside the attention kernel's output.
     proj_copy = li * m.o_dim if li != e else 0
     # A MoE layer's MLP input is the router's, a bf16 linear (the experts' fp8 copies are
@@ -128,7 +129,7 @@ def activation_terms(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int,
         latents = e * (lora + m.mla.qk_rope_head_dim) + li * lora
     return ActivationTerms(
         outside_tp=sb * (m.d_model * (2 * e + li + mlp_in + 2 * mask) + latents),
-        inside_tp=sb * (e * (m.q_dim + m.kv_dim + m.v_dim + m.o_dim + extra) + mlp_hidden
+        inside_tp=sb * (e * (m.q_dim + m.kv_dim + m.v_dim + m.o_dim) + mlp_hidden
                         + proj_copy),
         mlp_hidden=sb * mlp_hidden,
         up_proj=sb * e * (m.q_dim + m.kv_dim + m.v_dim) if m.mla is not None else 0.0,

@@ -74,6 +74,14 @@ def column_linears(m: ModelShape) -> int:
     return 3 + (2 if m.style == "llama" else 1)
 
 
+def scatters_at_blocks(m: ModelShape) -> bool:
+    """Whether, under sequence parallelism, torch's plan scatters the sequence at the first
+    block's input (the embedding's output is replicated: a tied embedding is not split, and
+    learned positions are added after it) rather than by the embedding's reduce-scatter
+    (:func:`shardlab.distributed.tensor_parallel.root_plan`)."""
+    return m.tied or m.style == "gpt"
+
+
 MODULE_INPUTS = 2
 """Module inputs of one block that its column-parallel linears read: the attention's (q, k,
 v) and the MLP's. Without sequence parallelism each enters replicated once

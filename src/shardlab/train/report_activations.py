@@ -18,6 +18,7 @@ from shardlab.estimate.activations import (
     op_checkpoint_layer_bytes,
     sp_gathered_bytes,
 )
+from shardlab.estimate.comm_dtensor import MODULE_INPUTS, column_linears, scatters_at_blocks
 from shardlab.estimate.context import cp_layer_activation_bytes
 from shardlab.estimate.fp8 import prepared_inputs, row_parallel, tp_fp8_weights
 from shardlab.estimate.params import norm_params
@@ -59,8 +60,13 @@ def predicted_activation_bytes(cfg: Any, pp_rank: int,
     whole = cfg.recompute in ("full", "op")
     mask = bs * cfg.seq if whole else 0
     # With sequence parallelism torch's column-parallel head keeps the input it gathered over
-    # the sequence, whole (the cost model counts Megatron's 1/t shard).
-    head = bs * cfg.shape.d_model * e * (1 - 1 / cfg.tp) if cfg.sp and not cfg.shape.tied else 0
+    # the sequence, whole (the cost model counts Megatron's 1/t shard); a tied model's
+    # replicated final norm and head each keep theirs whole (the sequence gathered at the
+    # norm). Where the sequence is scattered at blocks.0 (tied or learned positions), a
+    # checkpointed first block keeps its input as it came, whole.
+    shard_gap = bs * cfg.shape.d_model * e * (1 - 1 / cfg.tp) if cfg.sp else 0.0
+    head = shard_gap * (2 if cfg.shape.tied else 1)
+    first = shard_gap if whole and scatters_at_blocks(cfg.shape) else 0.0
     # Without loss parallelism the head's output is gathered over the vocabulary: each
     # tensor-parallel rank keeps the whole [b, s, V] of what the loss saves (its fp32
     # log-softmax: 16-bit logits are upcast first, nn/loss.py), where the cost model
@@ -68,9 +74,10 @@ def predicted_activation_bytes(cfg: Any, pp_rank: int,
     sharded = loss_split(cfg)
     logits = bs * cfg.shape.vocab * (4 / (cfg.tp if sharded else 1) - 4 / cfg.tp)
     # The final norm keeps what a block's norm keeps (block_extra_bytes): it is outside the
-    # blocks, so no checkpoint runs it again.
-    norm = rms_norm_extra_bytes(cfg, bs, e) if cfg.recompute != "full" else 0
-    return (layers[p] * per_layer + mask + ids * (p == 0)
+    # blocks, so no checkpoint runs it again, under full recompute too (until 2026-12-07
+    # left out there: the dry run's saved bytes read 1.26 of the count at d=128).
+    norm = rms_norm_extra_bytes(cfg, bs, e)
+    return (layers[p] * per_layer + mask + (ids + first) * (p == 0)
             + autocast_cast_bytes(cfg, p)
             + (targets + head + logits + norm) * (p == cfg.pp - 1)
             + (first_stage_extra_bytes(cfg.shape, mb, seq, dropout=False, **kw)
@@ -162,7 +169,38 @@ def block_extra_bytes(cfg: Any, recompute: str, tokens: int, e: int,
     gathered = sp_gathered_bytes(cfg.shape, tokens, cfg.tp, cfg.sp, e) if not whole else 0
     norms = 2 * rms_norm_extra_bytes(cfg, tokens, e) if recompute in ("none", "selective") else 0
     mask = (e - 4) * tokens * cfg.seq if recompute == "none" else 0
-    return gathered + norms + mask - fp8_tp_input_bytes(cfg, recompute, tokens, e, moe_layer)
+    return (gathered + norms + mask + rope_table_bytes(cfg, recompute, e)
+            + autocast_input_bytes(cfg, recompute, tokens, e)
+            - fp8_tp_input_bytes(cfg, recompute, tokens, e, moe_layer))
+
+
+def autocast_input_bytes(cfg: Any, recompute: str, tokens: int, e: int) -> float:
+    """Under autocast (bf16 without FSDP's mixed precision) the norms' outputs are fp32 and
+    each linear casts its own input to bf16, keeping that copy (autocast caches weights'
+    casts, not activations'): q, k and v three copies of the attention's input and gate
+    and up two of the MLP's, where the count has one of each. Per dense block, what that
+    adds: (column-parallel linears - 2) x T·h at ``e`` bytes; 0 where the block's linear
+    inputs are not kept (full recompute, per-operator checkpointing) and for a mixture
+    of experts (not counted, as its autocast weight copies are not). Measured by the dry
+    run's per-storage dump (2026-12-07, ``--gpus 2 --layout "dp=1 tp=2"``: eleven
+    [T, h] bf16 inputs over 2 blocks and the head)."""
+    if (cfg.dtype != "bf16" or fsdp_mixed_precision(cfg) or cfg.shape.moe is not None
+            or recompute not in ("none", "selective")):
+        return 0.0
+    return (column_linears(cfg.shape) - MODULE_INPUTS) * tokens * cfg.shape.d_model * e
+
+
+def rope_table_bytes(cfg: Any, recompute: str, e: int) -> float:
+    """The rotary cos and sin tables, [s/cp, head_dim] each, that one llama block keeps for
+    backward (its products with q and k keep the tables, which need no gradient: not q and
+    k) when FSDP's mixed precision casts the block's floating-point inputs, making each
+    block its own ``e``-byte copies; 0 where the attention is recomputed (selective, full,
+    per-operator) and where the tables are one fp32 pair shared by every block (no FSDP
+    mixed precision: a few KB per stage, left out). Measured by the dry run's per-storage
+    dump (2026-12-07): two [s, hd] bf16 tensors a block."""
+    if cfg.shape.style != "llama" or recompute != "none" or not fsdp_mixed_precision(cfg):
+        return 0.0
+    return 2.0 * (cfg.seq // cfg.cp) * cfg.shape.head_dim * e
 
 
 def fp8_tp_input_bytes(cfg: Any, recompute: str, tokens: int, e: int,
