@@ -53,18 +53,19 @@ def test_a_pipeline_counts_each_stages_own() -> None:
 @pytest.mark.multiprocess
 def test_the_dry_run_saves_what_the_count_says() -> None:
     """The default 2-layer d=256 model in bf16 through autocast, seq 128: the saved bytes
-    per micro-batch within 2% of the count without recompute, under selective recompute
-    and under tensor parallelism (1.015 on 2026-12-07, once each linear's own bf16 cast of
-    its fp32 input was counted: 1.060 before), 3% on both stages of a pipeline, 8% under
-    per-operator checkpointing (fp32 residual-stream tensors are left out); 1.26-1.82x of
-    the count before the weights' casts were in it."""
+    per micro-batch within 2% of the count without recompute, under selective recompute,
+    under tensor parallelism (1.015 on 2026-12-07, once each linear's own bf16 cast of its
+    fp32 input was counted: 1.060 before), under per-operator checkpointing and full
+    recompute (1.000 and 1.001 once a checkpointed block's fp32 input was counted: 1.073
+    and 1.131 before), 3% on both stages of a pipeline; 1.26-1.82x of the count before
+    the weights' casts were in it."""
     from shardlab.cli import build_parser
     from shardlab.cli.dryrun import config_from
     from shardlab.dryrun.pool import run_many
 
     cases = [("dp=1", 1, 1, 0.02), ("dp=1 recompute=selective", 1, 1, 0.02),
              ("tp=2", 2, 1, 0.02), ("pp=2 micro_batch=1", 2, 2, 0.03),
-             ("dp=1 recompute=op", 1, 1, 0.08)]
+             ("dp=1 recompute=op", 1, 1, 0.02), ("dp=1 recompute=full", 1, 1, 0.02)]
     cfgs = [config_from(build_parser().parse_args(
         ["dryrun", "--gpus", str(gpus), "--layout", layout, "--layers", "2", "--d-model",
          "256", "--heads", "4", "--d-ff", "512", "--vocab", "512", "--seq", "128",
@@ -110,7 +111,8 @@ def test_the_count_is_the_programs_across_its_extras() -> None:
     1.001-1.013; before, 0.94-0.96 where the count charged pre-rotation q and k and a copy
     of the attention kernel's output, 1.26 under full recompute without the final norm's
     fp32 tensors, 1.04-1.15 for a tied model under sequence parallelism, 1.05 under
-    autocast without each linear's own bf16 copy of its input)."""
+    autocast without each linear's own bf16 copy of its input, 1.07-1.13 for gpt through
+    autocast, whose LayerNorms and checkpointed blocks keep fp32 inputs)."""
     from shardlab.cli import build_parser
     from shardlab.cli.dryrun import config_from
     from shardlab.dryrun.pool import run_many
@@ -121,7 +123,9 @@ def test_the_count_is_the_programs_across_its_extras() -> None:
              (["--gpus", "4", "--layout", "dp=4 recompute=full"]),  # the final norm's
              (["--gpus", "4", "--layout", "dp=2 tp=2 sp=1 recompute=full", "--style",
                "gpt"]),  # a tied model's whole norm, head and first-block inputs
-             (["--gpus", "2", "--layout", "dp=1 tp=2"])]  # autocast's input copies
+             (["--gpus", "2", "--layout", "dp=1 tp=2"]),  # autocast's input copies
+             (["--gpus", "2", "--layout", "dp=1 tp=2 sp=1 recompute=full", "--style",
+               "gpt"])]  # autocast's fp32 LayerNorm and block inputs, whole where tied
     cfgs = [config_from(build_parser().parse_args(["dryrun", *argv, *common]))
             for argv in cases]
     for cfg, role in zip(cfgs, run_many([(cfg, 0) for cfg in cfgs]), strict=True):

@@ -23,7 +23,12 @@ from shardlab.estimate.context import cp_layer_activation_bytes
 from shardlab.estimate.fp8 import prepared_inputs, row_parallel, tp_fp8_weights
 from shardlab.estimate.params import norm_params
 from shardlab.estimate.partition import layer_params_per_tp_rank, rank_layers
-from shardlab.train.config import bf16_compute, fsdp_mixed_precision, loss_split
+from shardlab.train.config import (
+    bf16_compute,
+    fsdp_mixed_precision,
+    loss_split,
+    under_autocast,
+)
 from shardlab.train.report_moe import run_layout, stage_layer_ids
 
 
@@ -63,10 +68,12 @@ def predicted_activation_bytes(cfg: Any, pp_rank: int,
     # the sequence, whole (the cost model counts Megatron's 1/t shard); a tied model's
     # replicated final norm and head each keep theirs whole (the sequence gathered at the
     # norm). Where the sequence is scattered at blocks.0 (tied or learned positions), a
-    # checkpointed first block keeps its input as it came, whole.
-    shard_gap = bs * cfg.shape.d_model * e * (1 - 1 / cfg.tp) if cfg.sp else 0.0
-    head = shard_gap * (2 if cfg.shape.tied else 1)
-    first = shard_gap if whole and scatters_at_blocks(cfg.shape) else 0.0
+    # checkpointed first block keeps its input as it came, whole. The norm's input and the
+    # block's are the residual stream's, fp32 under autocast; the head's a bf16 copy.
+    shard_gap = bs * cfg.shape.d_model * (1 - 1 / cfg.tp) if cfg.sp else 0.0
+    residual = 4 if under_autocast(cfg) else e
+    head = shard_gap * (e + (residual if cfg.shape.tied else 0))
+    first = shard_gap * residual if whole and scatters_at_blocks(cfg.shape) else 0.0
     # Without loss parallelism the head's output is gathered over the vocabulary: each
     # tensor-parallel rank keeps the whole [b, s, V] of what the loss saves (its fp32
     # log-softmax: 16-bit logits are upcast first, nn/loss.py), where the cost model
@@ -76,7 +83,7 @@ def predicted_activation_bytes(cfg: Any, pp_rank: int,
     # The final norm keeps what a block's norm keeps (block_extra_bytes): it is outside the
     # blocks, so no checkpoint runs it again, under full recompute too (until 2026-12-07
     # left out there: the dry run's saved bytes read 1.26 of the count at d=128).
-    norm = rms_norm_extra_bytes(cfg, bs, e)
+    norm = norm_extra_bytes(cfg, bs, e)
     return (layers[p] * per_layer + mask + (ids + first) * (p == 0)
             + autocast_cast_bytes(cfg, p)
             + (targets + head + logits + norm) * (p == cfg.pp - 1)
@@ -143,14 +150,17 @@ def block_bytes(cfg: Any, recompute: str, moe_layer: bool = False,
     return cp_layer_activation_bytes(cfg.shape, lay, dropout=False, flash=True, eager=True)
 
 
-def rms_norm_extra_bytes(cfg: Any, tokens: int, e: int) -> float:
-    """torch's nn.RMSNorm keeps two fp32 [b, s, d] tensors (its input upcast, and the
-    normalised input before the weight) where the cost model counts one input in the
-    compute dtype (``e`` bytes): the difference for one norm over ``tokens`` (b·s; its
-    1/t under sequence parallelism); 0 for a gpt-style LayerNorm."""
+def norm_extra_bytes(cfg: Any, tokens: int, e: int) -> float:
+    """What one norm over ``tokens`` (b·s; its 1/t under sequence parallelism) keeps beyond
+    the cost model's one input in the compute dtype (``e`` bytes): torch's nn.RMSNorm
+    keeps two fp32 [b, s, d] tensors (its input upcast, and the normalised input before
+    the weight); a gpt-style LayerNorm keeps its input, fp32 under autocast (the residual
+    stream stays fp32: 1.07-1.13 of the count in gpt dry runs through autocast until
+    2026-12-07), else in the compute dtype, as counted."""
+    width = tokens * cfg.shape.d_model / (cfg.tp if cfg.sp else 1)
     if cfg.shape.style != "llama":
-        return 0.0
-    return (8 - e) * tokens * cfg.shape.d_model / (cfg.tp if cfg.sp else 1)
+        return (4 - e) * width if under_autocast(cfg) else 0.0
+    return (8 - e) * width
 
 
 def block_extra_bytes(cfg: Any, recompute: str, tokens: int, e: int,
@@ -160,16 +170,21 @@ def block_extra_bytes(cfg: Any, recompute: str, tokens: int, e: int,
     parallelism torch keeps the q/k/v and MLP inputs it gathered, whole (two [b, s, d];
     Megatron keeps the 1/t shard and gathers it again in backward: the dry run of
     Llama-3-8B, docs/agree.md), unless the block is checkpointed; its two RMSNorms'
-    fp32 tensors (:func:`rms_norm_extra_bytes`), unless a checkpoint runs them again
+    fp32 tensors (:func:`norm_extra_bytes`), unless a checkpoint runs them again
     (full) or per-operator checkpointing keeps its own; and without recompute torch's
     fused CPU attention's additive [b, 1, s, s] mask in the compute dtype, where the cost
     model counts fp32; in fp8 under tensor parallelism, less :func:`fp8_tp_input_bytes` (of
-    a MoE block where ``moe_layer``)."""
+    a MoE block where ``moe_layer``). A checkpointed block (full, per-operator) keeps its
+    input as it came: fp32 under autocast, whose residual stream stays fp32, where the
+    count has ``e`` bytes (1.12-1.13 of the count under full recompute until 2026-12-07)."""
     whole = recompute in ("full", "op")
     gathered = sp_gathered_bytes(cfg.shape, tokens, cfg.tp, cfg.sp, e) if not whole else 0
-    norms = 2 * rms_norm_extra_bytes(cfg, tokens, e) if recompute in ("none", "selective") else 0
+    norms = 2 * norm_extra_bytes(cfg, tokens, e) if recompute in ("none", "selective") else 0
     mask = (e - 4) * tokens * cfg.seq if recompute == "none" else 0
-    return (gathered + norms + mask + rope_table_bytes(cfg, recompute, e)
+    wide_input = 0.0
+    if whole and under_autocast(cfg):
+        wide_input = (4 - e) * tokens * cfg.shape.d_model / (cfg.tp if cfg.sp else 1)
+    return (gathered + norms + mask + wide_input + rope_table_bytes(cfg, recompute, e)
             + autocast_input_bytes(cfg, recompute, tokens, e)
             - fp8_tp_input_bytes(cfg, recompute, tokens, e, moe_layer))
 
