@@ -42,6 +42,21 @@ def test_nothing_where_autocast_does_not_cast(change: dict) -> None:
     assert autocast_cast_bytes(replace(TP2, **change), 0) == 0.0
 
 
+def test_a_moe_layer_casts_its_experts_router_and_shared_experts_too() -> None:
+    """Under autocast a MoE layer's linear weights are cast as a dense layer's: attention,
+    shared experts, router and the rank's routed experts (whole on each tp rank: train's
+    etp = 1 unless --etp says otherwise)."""
+    shape = replace(LLAMA3_8B, moe=MoE(8, 2, 1024, shared_experts=1, shared_d_ff=2048,
+                                       dense_layers=2))
+    cfg = replace(TP2, shape=shape)
+    dense = layer_params_per_tp_rank(shape, 2, False) - 2 * shape.d_model
+    moe = layer_params_per_tp_rank(shape, 2, True, 1, 1) - 2 * shape.d_model
+    head = shape.vocab * shape.d_model // 2
+    assert autocast_cast_bytes(cfg, 0) == 2 * (2 * dense + 30 * moe + head)
+    experts = 8 * 3 * shape.d_model * 1024  # the routed experts, whole
+    assert moe - experts < dense  # without them, less than a dense layer
+
+
 def test_a_pipeline_counts_each_stages_own() -> None:
     pipe = replace(TP2, tp=1, pp=2, global_batch=2, micro_batch=1)
     block = layer_params_per_tp_rank(LLAMA3_8B, 1, False) - 2 * LLAMA3_8B.d_model

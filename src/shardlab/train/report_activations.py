@@ -18,7 +18,7 @@ from shardlab.estimate.activations import (
     op_checkpoint_layer_bytes,
     sp_gathered_bytes,
 )
-from shardlab.estimate.comm_dtensor import MODULE_INPUTS, column_linears, scatters_at_blocks
+from shardlab.estimate.comm_dtensor import scatters_at_blocks
 from shardlab.estimate.context import cp_layer_activation_bytes
 from shardlab.estimate.fp8 import prepared_inputs, row_parallel, tp_fp8_weights
 from shardlab.estimate.params import norm_params
@@ -100,7 +100,11 @@ def autocast_cast_bytes(cfg: Any, pp_rank: int) -> float:
     (and bias) element of every block's linears and of the head, on the ranks that hold
     them, but not of a block whose forward runs again in backward (full recompute, or
     per-operator checkpointing, which casts again). FSDP's bf16 parameters replace autocast
-    and are not activations; fp8 and mixtures of experts are not counted.
+    and are not activations; fp8 is not counted. A MoE layer's are its attention's, its
+    shared experts', its router's and its routed experts' as the rank holds them (each
+    expert's slice is cast in the grouped loop; counted since 2026-12-07: `train --tp 2
+    --experts 4 --top-k 2 --dtype bf16` read 1.34 of the count without them, 1.04 with
+    them and each linear's input copy, :func:`autocast_input_bytes`).
 
     Measured by the dry run (``shardlab dryrun --layers 2 --d-model 256 --heads 4 --d-ff
     512 --vocab 512 --seq 128 --dtype bf16``, 2026-12-07): with ``dp=1`` the saved bytes
@@ -109,13 +113,17 @@ def autocast_cast_bytes(cfg: Any, pp_rank: int) -> float:
     micro-batch's forward saves the cached copy again, so the saved-tensor meter counts it
     per micro-batch; in a pipeline the copies held at once are one, which the held
     activations (x the micro-batches in flight) over-count."""
-    if cfg.dtype != "bf16" or fsdp_mixed_precision(cfg) or cfg.shape.moe is not None:
+    if cfg.dtype != "bf16" or fsdp_mixed_precision(cfg):
         return 0.0
     m = cfg.shape
     blocks = 0
     if cfg.recompute not in ("full", "op"):
-        layers = rank_layers(m.layers, cfg.pp, cfg.virtual_stages, cfg.stage_layers)[pp_rank]
-        blocks = layers * (layer_params_per_tp_rank(m, cfg.tp, False) - 2 * norm_params(m))
+        # A MoE layer's weights as the rank holds them: attention, shared experts, router
+        # and its routed experts (each expert's slice cast in the grouped loop).
+        lay = run_layout(cfg)
+        first_moe = m.dense_layers if m.moe is not None else m.layers
+        blocks = sum(layer_params_per_tp_rank(m, cfg.tp, i >= first_moe, lay.ep, lay.etp)
+                     - 2 * norm_params(m) for i in stage_layer_ids(cfg, pp_rank))
     split = cfg.tp if cfg.tp > 1 and not m.tied else 1  # the vocabulary-parallel head
     head = m.vocab * m.d_model / split if pp_rank == cfg.pp - 1 else 0
     return 2.0 * (blocks + head)
@@ -185,24 +193,32 @@ def block_extra_bytes(cfg: Any, recompute: str, tokens: int, e: int,
     if whole and under_autocast(cfg):
         wide_input = (4 - e) * tokens * cfg.shape.d_model / (cfg.tp if cfg.sp else 1)
     return (gathered + norms + mask + wide_input + rope_table_bytes(cfg, recompute, e)
-            + autocast_input_bytes(cfg, recompute, tokens, e)
+            + autocast_input_bytes(cfg, recompute, tokens, e, moe_layer)
             - fp8_tp_input_bytes(cfg, recompute, tokens, e, moe_layer))
 
 
-def autocast_input_bytes(cfg: Any, recompute: str, tokens: int, e: int) -> float:
+def autocast_input_bytes(cfg: Any, recompute: str, tokens: int, e: int,
+                         moe_layer: bool = False) -> float:
     """Under autocast (bf16 without FSDP's mixed precision) the norms' outputs are fp32 and
     each linear casts its own input to bf16, keeping that copy (autocast caches weights'
     casts, not activations'): q, k and v three copies of the attention's input and gate
-    and up two of the MLP's, where the count has one of each. Per dense block, what that
-    adds: (column-parallel linears - 2) x T·h at ``e`` bytes; 0 where the block's linear
-    inputs are not kept (full recompute, per-operator checkpointing) and for a mixture
-    of experts (not counted, as its autocast weight copies are not). Measured by the dry
-    run's per-storage dump (2026-12-07, ``--gpus 2 --layout "dp=1 tp=2"``: eleven
-    [T, h] bf16 inputs over 2 blocks and the head)."""
-    if (cfg.dtype != "bf16" or fsdp_mixed_precision(cfg) or cfg.shape.moe is not None
+    and up two of the MLP's, where the count has one of each; in a MoE block (``moe_layer``)
+    the router's copy is the one counted and the shared experts' gate and up add theirs
+    (the routed experts' rows are counted at the compute dtype already). What that adds
+    per block, T·h at ``e`` bytes a copy; 0 where the block's linear inputs are not kept
+    (full recompute, per-operator checkpointing). Measured by the dry run's per-storage
+    dump (2026-12-07, ``--gpus 2 --layout "dp=1 tp=2"``: eleven [T, h] bf16 inputs over 2
+    blocks and the head)."""
+    m = cfg.shape
+    if (cfg.dtype != "bf16" or fsdp_mixed_precision(cfg)
             or recompute not in ("none", "selective")):
         return 0.0
-    return (column_linears(cfg.shape) - MODULE_INPUTS) * tokens * cfg.shape.d_model * e
+    column_mlp = m.mlp_matrices - 1  # gate and up (llama), up (gpt)
+    if moe_layer and m.moe is not None:
+        mlp = column_mlp if m.moe.shared_experts else 0
+    else:
+        mlp = column_mlp - 1
+    return (2 + mlp) * tokens * m.d_model * e  # + q, k, v's two beyond the one counted
 
 
 def rope_table_bytes(cfg: Any, recompute: str, e: int) -> float:
