@@ -33,8 +33,8 @@ activation, though neither it nor its base is a Parameter."""
 def weight_local(weight: torch.Tensor) -> torch.Tensor:
     """``weight.to_local()`` for a DTensor weight (the weight itself otherwise), recorded
     so that the meter leaves out the views of it a matmul saves (the expert-parallel
-    experts' ``w_up[e]``: until 2026-12-07 counted as activations, 49 KB a MoE layer of
-    issue 16's tiny MoE at ep 2)."""
+    experts' ``w_up[e]``: until 2026-12-07 counted as activations, 49,152 B a MoE layer of
+    issue 16's tiny MoE at ep 2, its four local experts' three 32 x 32 fp32 weights)."""
     local = weight.to_local() if hasattr(weight, "to_local") else weight
     root = local._base if local._base is not None else local
     if len(_WEIGHT_LOCALS) > 4096:  # forget the weights freed since (FSDP's unsharded ones)

@@ -165,10 +165,18 @@ def norm_extra_bytes(cfg: Any, tokens: int, e: int) -> float:
     the weight); a gpt-style LayerNorm keeps its input, fp32 under autocast (the residual
     stream stays fp32: 1.07-1.13 of the count in gpt dry runs through autocast until
     2026-12-07), else in the compute dtype, as counted."""
-    width = tokens * cfg.shape.d_model / (cfg.tp if cfg.sp else 1)
     if cfg.shape.style != "llama":
-        return (4 - e) * width if under_autocast(cfg) else 0.0
-    return (8 - e) * width
+        return residual_extra_bytes(cfg, tokens, e)
+    return (8 - e) * tokens * cfg.shape.d_model / (cfg.tp if cfg.sp else 1)
+
+
+def residual_extra_bytes(cfg: Any, tokens: int, e: int) -> float:
+    """One residual-stream tensor over ``tokens`` (its 1/t under sequence parallelism) kept
+    as it is, beyond the count's ``e`` bytes an element: fp32 under autocast (the adds and
+    norms leave it fp32), so 4 - e; 0 elsewhere (it is in the compute dtype)."""
+    if not under_autocast(cfg):
+        return 0.0
+    return (4 - e) * tokens * cfg.shape.d_model / (cfg.tp if cfg.sp else 1)
 
 
 def block_extra_bytes(cfg: Any, recompute: str, tokens: int, e: int,
@@ -189,9 +197,7 @@ def block_extra_bytes(cfg: Any, recompute: str, tokens: int, e: int,
     gathered = sp_gathered_bytes(cfg.shape, tokens, cfg.tp, cfg.sp, e) if not whole else 0
     norms = 2 * norm_extra_bytes(cfg, tokens, e) if recompute in ("none", "selective") else 0
     mask = (e - 4) * tokens * cfg.seq if recompute == "none" else 0
-    wide_input = 0.0
-    if whole and under_autocast(cfg):
-        wide_input = (4 - e) * tokens * cfg.shape.d_model / (cfg.tp if cfg.sp else 1)
+    wide_input = residual_extra_bytes(cfg, tokens, e) if whole else 0.0
     return (gathered + norms + mask + wide_input + rope_table_bytes(cfg, recompute, e)
             + autocast_input_bytes(cfg, recompute, tokens, e, moe_layer)
             - fp8_tp_input_bytes(cfg, recompute, tokens, e, moe_layer))
@@ -263,7 +269,7 @@ def fp8_tp_input_bytes(cfg: Any, recompute: str, tokens: int, e: int,
     attn, mlp = prepared_inputs(m, frozenset(weights))
     # Row-parallel inputs: the output projection's beside the kernel's output; the rest
     # (the dense or shared MLP's down projection) in place of their bf16 inputs.
-    out_proj = sum(w for name, (_, w) in weights.items() if name == "attn.o_proj")
+    out_proj = weights.get("attn.o_proj", (0, 0))[1]
     down = sum(w for name, (_, w) in weights.items() if row_parallel(name)) - out_proj
     replaced = m.d_model * (attn + (0 if moe_layer else mlp)) + down
     beside = out_proj + (m.d_model * mlp if moe_layer else 0)
