@@ -257,6 +257,17 @@ def _flash(fa2: float, fa3: float, fp8: float | None = None) -> tuple[tuple[str,
 
 _AMPERE_FLASH = _flash(0.73, 0.73)
 _HOPPER_FLASH = _flash(0.35, 0.75, _FA3_FP8_SHARE)
+FA2_BLACKWELL_SHARE = 361.6e12 / 2250e12
+"""FlashAttention-2 on Blackwell, of the dense bf16 peak: flash-attn 2.x runs Ampere's
+warp-level mma there, not Blackwell's tensor-memory MMA. Measured on a B200: forward, head
+dim 128, 8 x 16 heads at 8,192 tokens, 361.6 TFLOP/s (meta-pytorch/tritonbench PR #171,
+"flash_attn_v3 does not support B200, but flash_attn_v2 support is done on B200"; 352-362
+from 2K to 8K tokens), a forward figure as the H100's 35% (Shah et al. 2024) is;
+flash-attn 2.7.4.post1's own benchmark on a B200 gives 333-346 TFLOP/s forward + backward
+at head dim 64, 8K-16K tokens (Dao-AILab/flash-attention issue #1589, "benchmark is low on
+B200"). Against B200's 2,250 TFLOP/s: 16%, the share carried to the GB200. cuDNN's fused
+kernel (Transformer Engine's default) keeps no cap on Blackwell."""
+_BLACKWELL_FLASH = (("fa2", FA2_BLACKWELL_SHARE),)
 FP8_PEAK_RATIO = 0.908 / 0.846
 """fp8 matmuls' asymptotic share of the fp8 peak over fp16's of the fp16 peak: the curve
 ``P · I/(I + h)`` fitted (least squares) to TileLang's H800 SXM benchmarks at M = N = 8192,
@@ -306,7 +317,9 @@ BLACKWELL_EFFICIENCY = Efficiency(
     "405B bf16 on 256 GB200 (TP 4, PP 8, CP 2, VP 8; plan/runs_dgxc.py); fp8 linear "
     "matmuls on the same curve reshaped as measured fp8 matmuls are (FP8_SHARE_SOURCE); "
     "half_intensity, op_overhead and "
-    "link_fraction are the H100 curve's; no attention-kernel cap")
+    "link_fraction are the H100 curve's; no cap on cuDNN's attention kernel, "
+    "FlashAttention-2 held to its B200 benchmarks (FA2_BLACKWELL_SHARE)",
+    flash_fractions=_BLACKWELL_FLASH)
 
 
 ACCELERATORS: dict[str, Accelerator] = {a.name: a for a in (

@@ -58,14 +58,14 @@ def kind_of(changes: dict[str, tuple[str, str]]) -> str:
 
 
 CHOOSER: dict[str, tuple[int, float, int, int]] = {
-    "precision": (23, 0.073, 23, 23),
+    "precision": (23, 0.061, 23, 23),
     "overlap": (8, 0.056, 8, 8),
     "kernels": (2, 0.065, 2, 2),
     "mixed": (7, 0.03, 7, 7),
     "layout": (7, 0.239, 6, 3),
     "strong": (11, 0.024, 6, 6),
     "weak": (21, 0.02, 1, 1),
-    "batch": (6, 0.014, 6, 6),
+    "batch": (6, 0.017, 6, 6),
 }
 """Per kind of :data:`CHOICES` (and the scaling kinds): published pairs, the mean absolute
 error of the planner's ratio (a fraction, rounded to 0.1%), pairs scored (not within 3%)

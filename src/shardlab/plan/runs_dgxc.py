@@ -26,6 +26,9 @@ Llama, b4148d21 for Nemotron; ``launch.sh`` gives the flags). What those set, as
   chunks, 1 + 2 x 62 + 1); Nemotron-4 340B splits its 96 layers evenly;
 * CUDA graphs only on the Nemotron GB200 rows (``--cuda_graphs true``: Transformer
   Engine's per-layer graphs), not priced;
+* the attention kernel Transformer Engine 2.1-2.4 selects: cuDNN's fused kernel, except
+  on Blackwell above head dim 128 (Nemotron-4 340B's 192 on GB200), where it falls back to
+  FlashAttention-2 (:func:`_te_kernel`);
 * Nemotron-4 15B on 16 H100: TP 2, MBS 2, no virtual stages (``launch.sh``).
 * GB200: 4 GPUs per tray, jobs in 16-tray (64-GPU) segments of NVL72 racks; H100: DGX
   H100, 8 per node, 8 x 400 Gb/s.
@@ -109,6 +112,26 @@ def _grok(gpu: str, gpus: int, step: float, dtype: str, table: str) -> Published
         f"(capacity factor 1.0, pad to capacity); {_PRECISION[dtype]}; " + _SET)
 
 
+_TE_SM100 = ("attention through FlashAttention-2 (flash_kernel=fa2, at its B200 benchmarks' "
+             "share: FA2_BLACKWELL_SHARE): Transformer Engine 2.1-2.4 (NeMo 25.04's) admits "
+             "cuDNN's fused attention on Blackwell (sm100) only at head dims <= 128 "
+             "(fused_attn.cpp: '!(sm_arch_ >= 100 && (head_dim_qk > 128 || head_dim_v > "
+             "128))'; training at 192 never joined it through TE 2.18 but for latent "
+             "attention's 192/128), so its backend selection (get_attention_backend) takes "
+             "FlashAttention-2, which it allows on sm100 for equal head dims <= 256 with "
+             "flash-attn 2.7.3-2.7.4.post1 (version_required_blackwell); the container's "
+             "flash-attn is assumed in that window (without it TE runs its unfused attention)")
+
+
+def _te_kernel(shape: ModelShape, gpu: str) -> str:
+    """The attention kernel Transformer Engine 2.1-2.4 picks for ``shape`` on ``gpu``: cuDNN's
+    fused kernel (the planner's default, ``fa3``: no ``flash_kernel=`` key), except on
+    Blackwell above head dim 128, where it falls back to FlashAttention-2 (:data:`_TE_SM100`).
+    The rule is every row's; only Nemotron-4 340B (head dim 192) meets it on GB200."""
+    blackwell = gpu in ("B200", "GB200")
+    return " flash_kernel=fa2" if blackwell and shape.head_dim > 128 else ""
+
+
 def _run(key: str, model: str, gpu: str, gpus: int, tp: int, pp: int, cp: int, vp: int,
          gbs: int, seq: int, step: float, table: str, config: str, role: str = "validation",
          graphs: bool = False, dtype: str = "bf16", mbs: int = 1) -> PublishedRun:
@@ -121,8 +144,10 @@ def _run(key: str, model: str, gpu: str, gpus: int, tp: int, pp: int, cp: int, v
         sp=tp > 1, zero=1, micro_batch=mbs, virtual=vp, flash=True, cp=cp,
         stage_layers=split or (), dtype=dtype,
         options="overlap_dp=1 overlap_tp=1 reduce_dtype=bf16 fused_loss=1"
-        + (" fp8_params=1 fp8_recipe=delayed" if dtype == "fp8" else ""),
+        + (" fp8_params=1 fp8_recipe=delayed" if dtype == "fp8" else "")
+        + _te_kernel(shape, gpu),
         assumed=(*(_GB200 if gpu == "GB200" else DGX_H100),
+                 *((_TE_SM100,) if _te_kernel(shape, gpu) else ()),
                  *(("Transformer Engine's per-layer CUDA graphs (--cuda_graphs true) not "
                     "priced: the launches are charged as without them",) if graphs else ()),
                  *(("context parallel as Megatron-Core runs it (K/V around the cp ring, "
