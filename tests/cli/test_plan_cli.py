@@ -303,3 +303,26 @@ def test_a_plan_states_the_held_out_error_of_runs_like_it(
     # This machine's plan is priced on its own measurement: no published run speaks for it.
     code, out, _ = run(capsys, "--gpu", "cpu", "--gpus", "2", *GB8, "--json")
     assert code == 0 and json.loads(out)["accuracy"] is None
+
+
+def test_megatron_on_gb200_says_which_attention_kernel_it_prices(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # A 192-wide head (6144 / 32) on GB200: Transformer Engine runs FlashAttention-2 there.
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 6144,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 16384,
+        "num_hidden_layers": 8, "vocab_size": 32000, "max_position_embeddings": 4096}))
+    base = [str(cfg), "--gpu", "gb200", "--gpus", "8", *GB8, "--framework", "megatron",
+            "--layout", "dp=8 tp=1 pp=1 micro_batch=1 zero=1 recompute=none", "--json"]
+    code, out, _ = run(capsys, *base)
+    doc = json.loads(out)
+    assert code == 0 and doc["step_options"]["flash_kernel"] == "fa2"
+    assert any("FlashAttention-2" in n and "head dim 192" in n for n in doc["notes"])
+    # Naming cuDNN's kernel prices it, faster, and drops the note.
+    base[-2] = "dp=8 tp=1 pp=1 micro_batch=1 zero=1 recompute=none flash_kernel=fa3"
+    code, out, _ = run(capsys, *base)
+    named = json.loads(out)
+    assert code == 0 and named["step_options"]["flash_kernel"] == "fa3"
+    assert not any("FlashAttention-2" in n for n in named["notes"])
+    assert named["best"][0]["step_seconds"] < doc["best"][0]["step_seconds"]

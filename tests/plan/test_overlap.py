@@ -3,9 +3,11 @@
 import numpy as np
 import pytest
 
+from shardlab.config.catalog import get_model
 from shardlab.config.hardware import get_accelerator
+from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
-from shardlab.plan.options import step_options_for
+from shardlab.plan.options import step_options_for, te_falls_back
 from shardlab.plan.overlap import (
     FRAMEWORKS,
     dp_on,
@@ -91,3 +93,31 @@ def test_a_run_s_kernel_and_reduce_dtype_override_the_framework() -> None:
         step_options_for(h100, flash=True, overrides={"flash_kernel": "fa9"})
     with pytest.raises(SpecError, match=r"reduce_dtype.*bf16, fp32"):
         step_options_for(h100, flash=True, overrides={"reduce_dtype": "fp16"})
+
+
+def test_megatron_on_blackwell_runs_flash_attention_2_above_head_dim_128() -> None:
+    # Transformer Engine's cuDNN attention trains on sm100 at head dims <= 128, 192/128
+    # (latent attention) and 256/256 only; above 128 otherwise TE takes FlashAttention-2.
+    wide = ModelShape("hd192", 4, 6144, 32, vocab=32000, context=4096, kv_heads=8)
+    narrow = get_model("llama-3-8b")
+    hd256 = ModelShape("hd256", 4, 4096, 16, vocab=32000, context=4096)
+    gb200, h100 = get_accelerator("GB200"), get_accelerator("H100 SXM")
+    assert (wide.head_dim, narrow.head_dim, hd256.head_dim) == (192, 128, 256)
+
+    def kernel(model: ModelShape, acc: object, fw: str = "megatron",
+               keys: dict[str, str] | None = None) -> str:
+        return step_options_for(acc, flash=True, framework=fw, overrides=keys,  # type: ignore[arg-type]
+                                model=model).flash_kernel
+
+    assert te_falls_back(wide, gb200) and te_falls_back(wide, get_accelerator("B200"))
+    assert kernel(wide, gb200) == "fa2"
+    # cuDNN's kernel: head dim 128, 256/256, latent attention (192/128), on Hopper, and
+    # wherever a run names its kernel or no model is given.
+    assert kernel(narrow, gb200) == kernel(hd256, gb200) == "fa3"
+    assert kernel(get_model("deepseek-v3"), gb200) == "fa3"
+    assert kernel(wide, h100) == "fa3"
+    assert kernel(wide, gb200, keys={"flash_kernel": "fa3"}) == "fa3"
+    assert step_options_for(gb200, flash=True, framework="megatron").flash_kernel == "fa3"
+    # Other stacks keep their own kernel (torch SDPA's FlashAttention-2 in torchtitan).
+    assert kernel(wide, gb200, fw="torchtitan") == "fa2"
+    assert kernel(narrow, gb200, fw="torchtitan") == "fa2"

@@ -240,7 +240,8 @@ def framework_memory(model: ModelShape, layout: Layout, acc: Accelerator, a: Ass
     layout_memory`; ``transient``: what it holds at its peak beyond states and saved
     activations), their total and whether that fits the budget's capacity."""
     fw = overlap_framework(name)
-    options = step_options_for(acc, flash=a.attention == "flash", framework=fw.name)
+    options = step_options_for(acc, flash=a.attention == "flash", framework=fw.name,
+                               model=model)
     # Megatron-Core and torchtitan fold the experts over tp x cp x dp, as plan prices them.
     mem = layout_memory(model, replace(layout, expert_fold=fw.expert_fold), options,
                         dropout=doc["assumptions"]["dropout"], imbalance=a.routing_imbalance)

@@ -17,7 +17,7 @@ from shardlab.cli.plan_args import SEARCH_DEFAULTS, add_plan_args, check_layout_
 from shardlab.cli.plan_dryrun import dry_run_top
 from shardlab.cli.plan_versus import versus
 from shardlab.config.dtypes import get_policy
-from shardlab.config.hardware import matmul_peaks
+from shardlab.config.hardware import FA2_BLACKWELL_SHARE, matmul_peaks
 from shardlab.config.layout import SCHEDULES, check_stage_layers, parse_stage_layers
 from shardlab.config.measured import accelerator_or_measured, slow_dtype_note
 from shardlab.config.model import runtime_builds, with_mtp
@@ -27,7 +27,7 @@ from shardlab.nn.garden import garden_vocab
 from shardlab.plan.accuracy import plan_accuracy
 from shardlab.plan.fit import explain_fit
 from shardlab.plan.framework_runs import check_framework_runs, framework_cp, framework_keeps
-from shardlab.plan.options import check_trainable, policy_for, step_options_for
+from shardlab.plan.options import check_trainable, policy_for, step_options_for, te_falls_back
 from shardlab.plan.overlap import framework as overlap_framework
 from shardlab.plan.search import (
     STEP_KEYS,
@@ -163,7 +163,14 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     dropout = args.dropout if args.dropout is not None else model.style == "gpt"
     options = step_options_for(acc, flash=args.attention == "flash",
                                overlap_dp=not args.no_overlap_dp, framework=args.framework,
-                               overrides=step_keys)
+                               overrides=step_keys, model=model)
+    if options.flash and options.flash_kernel == "fa2" and te_falls_back(model, acc) and (
+            "flash_kernel" not in step_keys and args.framework == "megatron"):
+        notes.append(f"attention: Transformer Engine has no cuDNN training kernel for head "
+                     f"dim {model.head_dim} on {acc.name} (sm100 trains <= 128, 192/128 and "
+                     f"256/256), so it runs FlashAttention-2, priced at "
+                     f"{FA2_BLACKWELL_SHARE:.0%} of the dense peak; flash_kernel=fa3 in "
+                     f"--layout prices cuDNN's kernel instead")
     acc, anchor = anchored(args, model, acc, space, measured_policy, dropout, notes)
     result = plan(model, acc, space, policy, top=args.top, dropout=dropout, options=options,
                   train_prefix=(f"shardlab train {model_flags}"

@@ -77,7 +77,7 @@ def anchored(args: argparse.Namespace, model: ModelShape, acc: Accelerator, spac
     pol = policy_for(policy, keys)
     options = step_options_for(acc, flash=args.attention == "flash",
                                overlap_dp=not args.no_overlap_dp, framework=args.framework,
-                               overrides=keys)
+                               overrides=keys, model=model)
     field = "fp8_peak_fraction" if pol.is_fp8 else "peak_fraction"
     entries = []
 

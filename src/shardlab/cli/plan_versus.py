@@ -67,7 +67,7 @@ def versus(args: argparse.Namespace, model: ModelShape, acc: Accelerator, space:
                              int(only.cp[0]), int(only.virtual[0]))
         options = step_options_for(acc, flash=args.attention == "flash",
                                    overlap_dp=not args.no_overlap_dp,
-                                   framework=args.framework, overrides=keys)
+                                   framework=args.framework, overrides=keys, model=model)
         pol = policy_for(base, keys)
         second = plan(model, acc, space, pol, top=1, dropout=dropout, options=options,
                       only=only, imbalance=args.routing_imbalance).best[0]

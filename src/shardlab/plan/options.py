@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from shardlab.config.dtypes import DtypePolicy, with_optimizer_dtype
 from shardlab.config.hardware import Accelerator
+from shardlab.config.model import ModelShape
 from shardlab.errors import SpecError
 from shardlab.estimate.activations import RECOMPUTE_MODULES
 from shardlab.estimate.fp8 import RECIPE_CAST_BYTES
@@ -48,9 +49,29 @@ def policy_for(policy: DtypePolicy, overrides: dict[str, str] | None) -> DtypePo
     return policy if value is None else with_optimizer_dtype(policy, value)
 
 
+BLACKWELL: tuple[str, ...] = ("B200", "GB200")
+"""The catalog's sm100 accelerators, where Transformer Engine's cuDNN attention trains only
+the head dims :func:`te_falls_back` lets through."""
+
+
+def te_falls_back(model: ModelShape, acc: Accelerator) -> bool:
+    """Whether Transformer Engine trains ``model``'s attention with FlashAttention-2 on
+    ``acc`` for want of cuDNN's fused kernel: on Blackwell (sm100) cuDNN's training kernel
+    takes head dims of at most 128, latent attention's 192/128 (cuDNN 9.11) and 256/256
+    (cuDNN 9.23) (``nvte_get_fused_attn_backend``, TE 2.18's fused_attn.cpp); TE's backend
+    selection (``get_attention_backend``) then allows FlashAttention-2 for equal query/key
+    and value head dims up to 256 (multiples of 8). A latent model's value head differs from
+    its key's, so it never falls back to FlashAttention-2."""
+    if acc.name not in BLACKWELL or model.mla is not None:
+        return False
+    d = model.head_dim
+    return 128 < d < 256 and d % 8 == 0
+
+
 def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
                      framework: str | None = None,
-                     overrides: dict[str, str] | None = None) -> StepOptions:
+                     overrides: dict[str, str] | None = None,
+                     model: ModelShape | None = None) -> StepOptions:
     """The step-time options ``shardlab plan`` prices ``acc`` with: ``framework``'s defaults
     (:data:`shardlab.plan.overlap.FRAMEWORKS`; None: the planner's own), then the
     ``--layout`` keys of ``overrides`` (:data:`shardlab.plan.search.STEP_KEYS`: a run's
@@ -59,8 +80,10 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
     ``overlap_dp=False`` (``--no-overlap-dp``) turns data-parallel overlap off. On this
     machine the ranks' cores also move the bytes (no overlap), and ``shardlab train`` is
     eager torch (gradients accumulate in their own pass, FSDP's reduced after every
-    micro-batch). SpecError for an unknown
-    framework or a bad value."""
+    micro-batch). With ``model``, Megatron-LM's attention on Blackwell is FlashAttention-2
+    where Transformer Engine has no cuDNN kernel for its head dim (:func:`te_falls_back`)
+    and no ``flash_kernel=`` key names one. SpecError for an unknown framework or a bad
+    value."""
     here = is_this_machine(acc)
     fw = overlap_framework(framework)
     opts = fw.options()
@@ -151,6 +174,9 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
         # the all-to-all overlap cannot run a checkpointed MoE layer again).
         raise SpecError("recompute_modules", "+".join(opts["recompute_modules"]),
                         "moe cannot be recomputed with overlap_ep=1 (Megatron-Core refuses it)")
+    if (model is not None and fw.name == "megatron" and "flash_kernel" not in (overrides or {})
+            and te_falls_back(model, acc)):
+        opts["flash_kernel"] = "fa2"
     if not overlap_dp:
         opts["overlap_dp"] = "off"
     if here:

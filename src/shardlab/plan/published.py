@@ -69,7 +69,8 @@ def priced(run: PublishedRun, eff: Efficiency | None = None) -> dict[str, Any]:
                   expert_fold=overlap_framework(run.framework).expert_fold)
     only = layout_candidates(run.model, space, run.layout_text)
     keys = layout_step_keys(run.options)
-    options = step_options_for(acc, flash=run.flash, framework=run.framework, overrides=keys)
+    options = step_options_for(acc, flash=run.flash, framework=run.framework, overrides=keys,
+                               model=run.model)
     policy = policy_for(get_policy(run.dtype), keys)
     p = plan(run.model, acc, space, policy, top=1, only=only, options=options,
              dropout=run.model.style == "gpt")
