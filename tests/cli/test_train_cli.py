@@ -198,8 +198,9 @@ def test_parity_state_and_flops(documents: dict[str, dict[str, Any]],
 def test_moe_parity_and_figures(documents: dict[str, dict[str, Any]],
                                 layout: list[str]) -> None:
     """Expert parallelism: fp32 loss parity with one process, state bytes equal, FLOPs
-    within 2%, activations within 5% above and 10% below (capacity's dropped assignments
-    counted high: 0.924 on 2026-12-07; the rest 0.99-1.034), and the bytes of every mesh dim
+    within 2%, activations within 1% below and 3% above (1.005-1.011 on 2026-12-07, each
+    rank counted with the rows its experts took and its router's own tensors; 0.924-1.034
+    before), and the bytes of every mesh dim
     equal to the cost model's: the all-to-alls (``ep``) counted from the real split sizes equal
     estimate.expert's bytes for the count matrices the routers produced."""
     doc = documents[layout_id([*MOE, *layout])]
@@ -212,7 +213,7 @@ def test_moe_parity_and_figures(documents: dict[str, dict[str, Any]],
             want["weights"], want["gradients"], want["optimizer"]]
     assert 0.98 <= doc["predicted_vs_measured"]["flops_per_step"]["ratio"] <= 1.02
     for row in doc["predicted_vs_measured"]["activation_bytes_per_microbatch"]["per_rank"]:
-        assert 0.90 <= row["ratio"] <= 1.05, row
+        assert 0.99 <= row["ratio"] <= 1.03, row
     for row in doc["comm_bytes_per_step"]:
         assert row["ep"]["measured"] > 0 and "ep_counts" in row["measured"]["by_dim"]
         for d in ("dp", "tp", "pp", "ep", "edp"):

@@ -145,7 +145,8 @@ def layer_activation_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes
                            etp: int | None = None, capacity_factor: float = 0.0,
                            imbalance: float = 1.0, input_bytes: int | None = None,
                            modules: tuple[str, ...] = (),
-                           combine_bytes: int | None = None) -> float:
+                           combine_bytes: int | None = None,
+                           rows: tuple[float, float] | None = None) -> float:
     """Bytes one layer saves for backward, per micro-batch, on one tensor-parallel rank.
 
     ``modules``: under selective recompute, Megatron-Core's ``--recompute-modules``
@@ -153,8 +154,9 @@ def layer_activation_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes
 
     A MoE layer adds its routed part with expert parallel ``ep``, expert tensor parallel
     ``etp`` (default tp), ``capacity_factor`` and routing ``imbalance`` (max/mean expert
-    load) (:func:`shardlab.estimate.expert.routed_activation_bytes`); ``input_bytes``: a
-    linear layer's saved input (:func:`activation_terms`).
+    load) (:func:`shardlab.estimate.expert.routed_activation_bytes`, whose ``rows`` a
+    measured rank's routing gives); ``input_bytes``: a linear layer's saved input
+    (:func:`activation_terms`).
     """
     t = activation_terms(m, micro_batch, seq, elem_bytes, dropout, moe_layer, eager,
                          input_bytes)
@@ -168,7 +170,7 @@ def layer_activation_bytes(m: ModelShape, micro_batch: int, seq: int, elem_bytes
             capacity_factor=capacity_factor, imbalance=imbalance, eager=eager,
             input_bytes=input_bytes,
             act_recompute=recompute == "selective" and "moe_act" in modules,
-            combine_bytes=combine_bytes)
+            combine_bytes=combine_bytes, rows=rows)
     outside = t.outside_tp / tp if sp else t.outside_tp
     inside = t.inside_tp
     if recompute == "selective":

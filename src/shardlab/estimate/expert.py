@@ -169,7 +169,8 @@ def routed_activation_bytes(m: ModelShape, tokens: int, elem_bytes: int = 2, *, 
                             etp: int = 1, capacity_factor: float = 0.0,
                             imbalance: float = 1.0, eager: bool = False,
                             input_bytes: int | None = None, act_recompute: bool = False,
-                            combine_bytes: int | None = None) -> float:
+                            combine_bytes: int | None = None,
+                            rows: tuple[float, float] | None = None) -> float:
     """Bytes one MoE layer's routed part saves for backward per micro-batch on one rank
     that routes ``tokens`` (:func:`routed_tokens`).
 
@@ -193,18 +194,26 @@ def routed_activation_bytes(m: ModelShape, tokens: int, elem_bytes: int = 2, *, 
     ``act_recompute`` (Megatron's ``--recompute-modules moe_act``): the down projection's
     input is not kept; the activation runs again from the first matmul's outputs.
 
+    ``rows``: the (R, S) of one rank in a measured micro-batch (``shardlab train``'s report,
+    from its routing counts: the rows its experts took, the rows its combine weights), in
+    place of R from ``imbalance`` and S = min(T·k, E·C): a rank whose experts took fewer
+    rows than a balanced one's keeps less.
+
     Full recompute keeps none of these (only the layer input, counted by the caller).
     """
     if m.moe is None:
         return 0.0
-    rows = routed_rows(m, tokens, ep, capacity_factor, imbalance)
-    cap = expert_capacity(m, tokens, capacity_factor)
-    own = tokens * m.moe.experts_per_token
-    own = own if cap is None else min(own, cap * m.moe.experts)
+    if rows is not None:
+        received, own = rows
+    else:
+        received = routed_rows(m, tokens, ep, capacity_factor, imbalance)
+        cap = expert_capacity(m, tokens, capacity_factor)
+        own = tokens * m.moe.experts_per_token
+        own = own if cap is None else min(own, cap * m.moe.experts)
     e = elem_bytes
     li = e if input_bytes is None else input_bytes
     hidden = (1 if m.style == "gpt" else 3 if eager else 2) * e + (0 if act_recompute else li)
-    return (rows * m.d_model * li + rows * hidden * m.moe.expert_d_ff / etp
+    return (received * m.d_model * li + received * hidden * m.moe.expert_d_ff / etp
             + own * m.d_model * (e if combine_bytes is None else combine_bytes)
             + 4.0 * tokens * m.moe.experts)
 

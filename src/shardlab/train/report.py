@@ -41,7 +41,7 @@ from shardlab.train.report_moe import (
     moe_padded_params,
     moe_tp_bytes,
     predicted_ep_bytes,
-    rank_loads,
+    rank_rows,
     routing_summary,
     run_layout,
 )
@@ -128,11 +128,11 @@ def activation_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, An
     kernel is fused, keeping only softmax statistics), plus the embedding's and the head's
     extras on the ranks holding the first and last chunk."""
     rows = []
-    groups = ep_groups(cfg, ranks) if cfg.ep > 1 else {}
+    groups = ep_groups(cfg, ranks) if cfg.shape.moe is not None else {}
     for r in ranks:
-        loads = (rank_loads(cfg, run_layout(cfg), r, groups[r["rank"]])
-                 if r["rank"] in groups and r.get("routing") else None)
-        predicted = predicted_activation_bytes(cfg, r["pp_rank"], loads)
+        routed = (rank_rows(cfg, run_layout(cfg), r, groups[r["rank"]])
+                  if r["rank"] in groups and r.get("routing") else None)
+        predicted = predicted_activation_bytes(cfg, r["pp_rank"], routed)
         measured = r.get("activation_bytes")
         rows.append({"rank": r["rank"], "predicted": predicted, "measured": measured,
                      "ratio": measured / predicted if measured else None})

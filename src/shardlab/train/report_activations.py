@@ -29,15 +29,15 @@ from shardlab.train.config import (
     loss_split,
     under_autocast,
 )
-from shardlab.train.report_moe import run_layout, stage_layer_ids
+from shardlab.train.report_moe import router_extra_bytes, run_layout, stage_layer_ids
 
 
 def predicted_activation_bytes(cfg: Any, pp_rank: int,
-                               loads: dict[int, float] | None = None) -> float:
+                               routed: dict[int, tuple[float, float]] | None = None) -> float:
     """Bytes pipeline rank ``pp_rank`` keeps for backward for one micro-batch, as the cost
     model predicts them for shardlab's eager LM (see :func:`activation_table`).
-    ``loads``: per MoE layer, the routing imbalance the rank's experts saw
-    (:func:`~shardlab.train.report_moe.rank_loads`; balanced without). With context
+    ``routed``: per MoE layer, the rows the rank's router measured
+    (:func:`~shardlab.train.report_moe.rank_rows`; balanced without). With context
     parallelism every per-token figure is of the rank's s/cp tokens and every attention
     one of its s/cp queries over all s keys
     (:func:`shardlab.estimate.context.cp_layer_activation_bytes`). Under per-operator
@@ -54,13 +54,15 @@ def predicted_activation_bytes(cfg: Any, pp_rank: int,
         per_layer = block_bytes(cfg, rc) + block_extra_bytes(cfg, rc, bs, e)
     else:  # dense and MoE layers differ: each of this rank's own
         first_moe = cfg.shape.dense_layers
-        per_layer = sum(block_bytes(cfg, rc, i >= first_moe, (loads or {}).get(i, 1.0))
+        per_layer = sum(block_bytes(cfg, rc, i >= first_moe, (routed or {}).get(i))
                         + block_extra_bytes(cfg, rc, bs, e, i >= first_moe)
                         for i in stage_layer_ids(cfg, p)) / layers[p]
     # Beyond the cost model's tensors, shardlab's loop keeps the token ids (int64, embedding),
     # the targets (int64) and, without a pipeline, the fp32 token weights of the loss; and
     # checkpointed blocks keep the boolean [b, 1, s, s] mask they are called with.
-    ids, targets = 8 * bs, 8 * bs + (4 * bs if cfg.pp == 1 else 0)
+    whole_batch = cfg.global_batch * cfg.seq
+    ids = 8 * whole_batch
+    targets = 8 * whole_batch + 4 * bs if cfg.pp == 1 else 8 * bs
     # (per-operator checkpointing keeps the block's inputs as full recompute does).
     whole = cfg.recompute in ("full", "op")
     mask = bs * cfg.seq if whole else 0
@@ -136,10 +138,10 @@ def _dims(cfg: Any) -> tuple[int, int, int]:
 
 
 def block_bytes(cfg: Any, recompute: str, moe_layer: bool = False,
-                imbalance: float = 1.0) -> float:
+                rows: tuple[float, float] | None = None) -> float:
     """The cost model's bytes one block of the run keeps for backward per micro-batch
-    under ``recompute``: a MoE block (``moe_layer``, with its experts' routing
-    ``imbalance``) as its experts are laid out, per-operator checkpointing's cache
+    under ``recompute``: a MoE block (``moe_layer``, with the ``rows`` its router measured,
+    else balanced) as its experts are laid out, per-operator checkpointing's cache
     (``op``), a context-parallel rank's s/cp queries over all s keys, else the dense
     block's figure (:mod:`shardlab.estimate.activations`)."""
     e, mb, seq = _dims(cfg)
@@ -147,9 +149,16 @@ def block_bytes(cfg: Any, recompute: str, moe_layer: bool = False,
     common = {"recompute": recompute, "dropout": False, "flash": True, "eager": True}
     if cfg.shape.moe is not None:
         lay = run_layout(cfg)
-        return layer_activation_bytes(cfg.shape, mb, cfg.seq, e, moe_layer=moe_layer,
-                                      imbalance=imbalance, ep=lay.ep, etp=lay.etp,
-                                      capacity_factor=lay.capacity_factor, **common, **kw)
+        # In one process (ep = 1) the experts read a view of the permuted T·k rows, the
+        # assignments capacity dropped included, so that storage is kept whole; over ep
+        # ranks the all-to-all's output holds the rows taken alone.
+        view = (rows[1] - rows[0]) * cfg.shape.d_model * e if (
+            rows is not None and moe_layer and lay.ep == 1
+            and recompute in ("none", "selective")) else 0.0
+        return view + layer_activation_bytes(cfg.shape, mb, cfg.seq, e, moe_layer=moe_layer,
+                                             rows=rows, ep=lay.ep, etp=lay.etp,
+                                             capacity_factor=lay.capacity_factor,
+                                             **common, **kw)
     if recompute == "op":  # the block's input and the outputs the policy saves
         return op_checkpoint_layer_bytes(cfg.shape, mb, seq, e, **kw)
     if cfg.cp == 1:
@@ -190,15 +199,18 @@ def block_extra_bytes(cfg: Any, recompute: str, tokens: int, e: int,
     (full) or per-operator checkpointing keeps its own; and without recompute torch's
     fused CPU attention's additive [b, 1, s, s] mask in the compute dtype, where the cost
     model counts fp32; in fp8 under tensor parallelism, less :func:`fp8_tp_input_bytes` (of
-    a MoE block where ``moe_layer``). A checkpointed block (full, per-operator) keeps its
-    input as it came: fp32 under autocast, whose residual stream stays fp32, where the
-    count has ``e`` bytes (1.12-1.13 of the count under full recompute until 2026-12-07)."""
+    a MoE block where ``moe_layer``); a MoE block's router and permutation tensors
+    (:func:`~shardlab.train.report_moe.router_extra_bytes`). A checkpointed block (full,
+    per-operator) keeps its input as it came: fp32 under autocast, whose residual stream
+    stays fp32, where the count has ``e`` bytes (1.12-1.13 of the count under full
+    recompute until 2026-12-07)."""
     whole = recompute in ("full", "op")
     gathered = sp_gathered_bytes(cfg.shape, tokens, cfg.tp, cfg.sp, e) if not whole else 0
     norms = 2 * norm_extra_bytes(cfg, tokens, e) if recompute in ("none", "selective") else 0
     mask = (e - 4) * tokens * cfg.seq if recompute == "none" else 0
     wide_input = residual_extra_bytes(cfg, tokens, e) if whole else 0.0
-    return (gathered + norms + mask + wide_input + rope_table_bytes(cfg, recompute, e)
+    router = router_extra_bytes(cfg, recompute, e) if moe_layer else 0.0
+    return (gathered + norms + mask + wide_input + rope_table_bytes(cfg, recompute, e) + router
             + autocast_input_bytes(cfg, recompute, tokens, e, moe_layer)
             - fp8_tp_input_bytes(cfg, recompute, tokens, e, moe_layer))
 

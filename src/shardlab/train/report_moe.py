@@ -168,24 +168,30 @@ def stage_layer_ids(cfg: Any, pp_rank: int) -> list[int]:
     return ids
 
 
-def rank_loads(cfg: Any, layout: Layout, rank: dict[str, Any],
-               group: list[dict[str, Any]]) -> dict[int, float]:
-    """Per MoE layer of ``rank``, the rows its experts took in the measured micro-batches
-    over the T·k a balanced router sends them, at least 1 (the cost model's ``imbalance``
-    of the busiest rank; an underloaded rank is predicted as a balanced one). Without a
-    pipeline the activations are measured on the step's first micro-batch, so that one's
-    rows; in a pipeline the mean over the step's micro-batches."""
+def rank_rows(cfg: Any, layout: Layout, rank: dict[str, Any],
+              group: list[dict[str, Any]]) -> dict[int, tuple[float, float]]:
+    """Per MoE layer of ``rank``, the (R, S) rows of the measured micro-batches
+    (:func:`shardlab.estimate.expert.routed_activation_bytes`): R the rows its experts took
+    from every member of its expert group, a micro-batch's, as the saved-tensor meter
+    counts them; S = T·k, its own assignments, every one: shardlab's unpermute
+    (:func:`shardlab.nn.moe.unpermute`) pads the rows capacity dropped back with zeros and
+    weights all T·k. Without a pipeline the activations are measured on the step's first
+    micro-batch, so that one's rows; in a pipeline the mean over the step's micro-batches.
+    Until 2026-12-07 R was held at a balanced rank's T·k or more (the cost model's busiest
+    rank): the capacity run's ranks, whose experts took fewer rows, read 0.924 and 0.990 of
+    that count, 1.024 and 1.026 with their own R (the uncapped MoE runs' 1.02 above it, a
+    few int64 routing indices the count leaves out, on every rank alike)."""
     m = cfg.shape
     assert m.moe is not None
     tokens = layout_tokens(layout)
     cap = expert_capacity(m, tokens, layout.capacity_factor)
-    rows: dict[int, list[int]] = defaultdict(list)
+    rows: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for i, rec in enumerate(rank["routing"]):
         counts = [member["routing"][i]["counts"] for member in group]
-        rows[int(rec["layer"])].append(
-            sum(dispatch_rows(c, cfg.ep, cap)[rank["ep_rank"]] for c in counts))
+        received = sum(dispatch_rows(c, cfg.ep, cap)[rank["ep_rank"]] for c in counts)
+        rows[int(rec["layer"])].append((received, tokens * m.moe.experts_per_token))
     used = {key: got[:1] if cfg.pp == 1 else got for key, got in rows.items()}
-    return {key: max(1.0, sum(got) / len(got) / (tokens * m.moe.experts_per_token))
+    return {key: (sum(r for r, _ in got) / len(got), sum(s for _, s in got) / len(got))
             for key, got in used.items()}
 
 
@@ -264,3 +270,36 @@ def moe_tp_bytes(cfg: Any, layout: Layout) -> list[float]:
 def has_aux(cfg: Any) -> bool:
     """Whether the MoE layers attach an auxiliary loss (a load-balancing or z-loss weight)."""
     return cfg.aux_coef > 0 or cfg.z_coef > 0
+
+
+def router_extra_bytes(cfg: Any, recompute: str, e: int) -> float:
+    """What one MoE layer of shardlab's eager program keeps around its router and its
+    permutation beyond the cost model's routed part (which counts the router's fp32
+    softmax, 4·T·E), per micro-batch, for the T tokens the rank routes: the top-k's int64
+    expert ids (8·T·k) and fp32 values with their sum (4·T·k + 4·T, kept to renormalise),
+    the k weights in the compute dtype (e·T·k, kept to weight the experts' outputs), the
+    permutation's and its inverse's int64 indices (16·T·k); with capacity the boolean keep
+    mask (T·k); with the load-balancing loss (``aux_coef``) its own softmax (4·T·E) and the
+    experts' shares (4·E), with the z-loss (``z_coef``) the fp32 logits and their
+    log-sum-exp (4·T·E + 4·T), with either the loss scalar AttachAuxLoss keeps (4). None
+    under full recompute or per-operator checkpointing (the block keeps its input only).
+    Measured per storage with saved-tensor hooks on one MoE layer (2026-12-07: T = 256,
+    k = 2, E = 8, fp32 with aux_coef 0.01: 25,636 B beyond the count, as this gives; bf16,
+    capacity and the z-loss each as this gives); the MoE train runs read 1.02-1.03 of the
+    count without it."""
+    m = cfg.shape
+    if m.moe is None or recompute not in ("none", "selective"):
+        return 0.0
+    lay = run_layout(cfg)
+    t = layout_tokens(lay)
+    k, experts = m.moe.experts_per_token, m.moe.experts
+    out = t * k * (8 + 4 + e + 16) + 4 * t
+    if cfg.capacity_factor > 0:
+        out += t * k
+    if cfg.aux_coef:
+        out += 4 * t * experts + 4 * experts
+    if cfg.z_coef:
+        out += 4 * t * experts + 4 * t
+    if cfg.aux_coef or cfg.z_coef:
+        out += 4
+    return float(out)
