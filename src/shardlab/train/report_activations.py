@@ -59,10 +59,15 @@ def predicted_activation_bytes(cfg: Any, pp_rank: int,
                         for i in stage_layer_ids(cfg, p)) / layers[p]
     # Beyond the cost model's tensors, shardlab's loop keeps the token ids (int64, embedding),
     # the targets (int64) and, without a pipeline, the fp32 token weights of the loss; and
-    # checkpointed blocks keep the boolean [b, 1, s, s] mask they are called with.
-    whole_batch = cfg.global_batch * cfg.seq
-    ids = 8 * whole_batch
-    targets = 8 * whole_batch + 4 * bs if cfg.pp == 1 else 8 * bs
+    # checkpointed blocks keep the boolean [b, 1, s, s] mask they are called with. (Until
+    # 2026-12-07 the ids and targets were counted at the micro-batch's 8·b·s: a one-layer
+    # pipeline stage under full recompute read 1.08.)
+    # The loop's ids and targets are views of the whole global batch (Batch.split), and
+    # the meter counts a view's storage whole: 8·G·s each. A context-parallel rank takes
+    # its columns by indexing, a copy of its b·s/cp alone.
+    kept = 8 * (cfg.global_batch * cfg.seq if cfg.cp == 1 else bs)
+    ids = kept
+    targets = (kept + 4 * bs) if cfg.pp == 1 else 8 * bs
     # (per-operator checkpointing keeps the block's inputs as full recompute does).
     whole = cfg.recompute in ("full", "op")
     mask = bs * cfg.seq if whole else 0
