@@ -59,15 +59,13 @@ def predicted_activation_bytes(cfg: Any, pp_rank: int,
                         for i in stage_layer_ids(cfg, p)) / layers[p]
     # Beyond the cost model's tensors, shardlab's loop keeps the token ids (int64, embedding),
     # the targets (int64) and, without a pipeline, the fp32 token weights of the loss; and
-    # checkpointed blocks keep the boolean [b, 1, s, s] mask they are called with. (Until
-    # 2026-12-07 the ids and targets were counted at the micro-batch's 8·b·s: a one-layer
-    # pipeline stage under full recompute read 1.08.)
-    # The loop's ids and targets are views of the whole global batch (Batch.split), and
-    # the meter counts a view's storage whole: 8·G·s each. A context-parallel rank takes
-    # its columns by indexing, a copy of its b·s/cp alone.
-    kept = 8 * (cfg.global_batch * cfg.seq if cfg.cp == 1 else bs)
-    ids = kept
-    targets = (kept + 4 * bs) if cfg.pp == 1 else 8 * bs
+    # checkpointed blocks keep the boolean [b, 1, s, s] mask they are called with. The ids
+    # and the targets without a pipeline are views of the whole global batch (Batch.split),
+    # whose storage the meter counts whole, 8·G·s each (until 2026-12-07 counted at the
+    # micro-batch's 8·b·s: a one-layer pipeline stage under full recompute read 1.08); a
+    # context-parallel rank takes its columns by indexing, a copy of its b·s/cp alone.
+    ids = 8 * (cfg.global_batch * cfg.seq if cfg.cp == 1 else bs)
+    targets = (ids + 4 * bs) if cfg.pp == 1 else 8 * bs
     # (per-operator checkpointing keeps the block's inputs as full recompute does).
     whole = cfg.recompute in ("full", "op")
     mask = bs * cfg.seq if whole else 0

@@ -179,8 +179,8 @@ def rank_rows(cfg: Any, layout: Layout, rank: dict[str, Any],
     micro-batch, so that one's rows; in a pipeline the mean over the step's micro-batches.
     Until 2026-12-07 R was held at a balanced rank's T·k or more (the cost model's busiest
     rank): the capacity run's ranks, whose experts took fewer rows, read 0.924 and 0.990 of
-    that count, 1.024 and 1.026 with their own R (the uncapped MoE runs' 1.02 above it, a
-    few int64 routing indices the count leaves out, on every rank alike)."""
+    that count, 1.024 and 1.026 with their own R, and 1.005 once the router's own tensors
+    were counted as well (:func:`router_extra_bytes`)."""
     m = cfg.shape
     assert m.moe is not None
     tokens = layout_tokens(layout)
