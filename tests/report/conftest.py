@@ -6,7 +6,9 @@ start, the browser tests are skipped with a line that says which and how to inst
 
 from __future__ import annotations
 
+import fcntl
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -140,7 +142,7 @@ class Demo:
 
 
 @pytest.fixture(scope="session")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
+def demo(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Demo:
     """``shardlab demo --steps 4`` run once for the suite, in a fresh folder with a fresh
     SHARDLAB_HOME (so it measures this CPU itself, with a 1 s budget for the in-process
     phases, and writes nothing in ~). Its training run (FSDP on 2 processes, parity with
@@ -148,14 +150,29 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Demo:
 
     About 27 s, over the suite's 30 s mark for one test with the browser tests' share:
     the whole demo is the test (budget, plan, measuring this CPU's 2-rank runtime, about
-    12 s on any CPU, a real 2-process run and one process beside it, the report)."""
-    cwd = tmp_path_factory.mktemp("demo")
-    env = {**os.environ, "SHARDLAB_HOME": str(cwd / "home")}
-    start = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "shardlab", "demo", "--steps", "4", "--run-dir",
-                        str(cwd / "run"), "--measure-seconds", "1"], cwd=cwd, env=env,
-                       capture_output=True, text=True, timeout=300)
-    return Demo(cwd, r.returncode, r.stdout, r.stderr, time.perf_counter() - start)
+    12 s on any CPU, a real 2-process run and one process beside it, the report). Under
+    pytest-xdist the workers share one run: the first to ask runs it under a file lock in
+    their common temporary folder and records it; the others read the record (the
+    documented recipe for a session fixture run once across workers; until 2026-12-07
+    each worker whose files asked ran its own, 30-41 s each)."""
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if worker_id != "master" else root
+    record = root / "demo.json"
+    with open(root / "demo.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if record.is_file():
+            saved = json.loads(record.read_text())
+            return Demo(Path(saved.pop("cwd")), **saved)
+        cwd = root / "demo"
+        cwd.mkdir()
+        env = {**os.environ, "SHARDLAB_HOME": str(cwd / "home")}
+        start = time.perf_counter()
+        r = subprocess.run([sys.executable, "-m", "shardlab", "demo", "--steps", "4",
+                            "--run-dir", str(cwd / "run"), "--measure-seconds", "1"], cwd=cwd,
+                           env=env, capture_output=True, text=True, timeout=300)
+        run = Demo(cwd, r.returncode, r.stdout, r.stderr, time.perf_counter() - start)
+        record.write_text(json.dumps({**run.__dict__, "cwd": str(cwd)}))
+        return run
 
 
 @pytest.fixture(scope="session")
