@@ -27,7 +27,12 @@ from shardlab.nn.garden import garden_vocab
 from shardlab.plan.accuracy import plan_accuracy
 from shardlab.plan.fit import explain_fit
 from shardlab.plan.framework_runs import check_framework_runs, framework_cp, framework_keeps
-from shardlab.plan.options import check_trainable, policy_for, step_options_for, te_falls_back
+from shardlab.plan.options import (
+    check_trainable,
+    megatron_falls_back,
+    policy_for,
+    step_options_for,
+)
 from shardlab.plan.overlap import framework as overlap_framework
 from shardlab.plan.search import (
     STEP_KEYS,
@@ -164,8 +169,7 @@ def plan_document(args: argparse.Namespace) -> dict[str, Any]:
     options = step_options_for(acc, flash=args.attention == "flash",
                                overlap_dp=not args.no_overlap_dp, framework=args.framework,
                                overrides=step_keys, model=model)
-    if options.flash and options.flash_kernel == "fa2" and te_falls_back(model, acc) and (
-            "flash_kernel" not in step_keys and args.framework == "megatron"):
+    if options.flash and megatron_falls_back(model, acc, args.framework, step_keys):
         notes.append(f"attention: Transformer Engine has no cuDNN training kernel for head "
                      f"dim {model.head_dim} on {acc.name} (sm100 trains <= 128, 192/128 and "
                      f"256/256), so it runs FlashAttention-2, priced at "

@@ -37,10 +37,15 @@ def weight_local(weight: torch.Tensor) -> torch.Tensor:
     issue 16's tiny MoE at ep 2, its four local experts' three 32 x 32 fp32 weights)."""
     local = weight.to_local() if hasattr(weight, "to_local") else weight
     root = local._base if local._base is not None else local
-    if len(_WEIGHT_LOCALS) > 4096:  # forget the weights freed since (FSDP's unsharded ones)
-        for key in [k for k, ref in _WEIGHT_LOCALS.items() if ref() is None]:
+    key = id(root)
+
+    def forget(ref: weakref.ref[torch.Tensor]) -> None:
+        # Freed (each forward's to_local() is a new tensor): drop the entry, unless its id
+        # was reused by a weight recorded since.
+        if _WEIGHT_LOCALS.get(key) is ref:
             del _WEIGHT_LOCALS[key]
-    _WEIGHT_LOCALS[id(root)] = weakref.ref(root)
+
+    _WEIGHT_LOCALS[key] = weakref.ref(root, forget)
     return local
 
 

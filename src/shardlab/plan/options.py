@@ -68,6 +68,15 @@ def te_falls_back(model: ModelShape, acc: Accelerator) -> bool:
     return 128 < d < 256 and d % 8 == 0
 
 
+def megatron_falls_back(model: ModelShape | None, acc: Accelerator, framework: str | None,
+                        overrides: dict[str, str] | None) -> bool:
+    """Whether a Megatron-LM plan of ``model`` on ``acc`` prices FlashAttention-2 for TE's
+    fallback (:func:`te_falls_back`): ``--framework megatron`` and no ``flash_kernel=`` key
+    naming the kernel a run used."""
+    return (model is not None and overlap_framework(framework).name == "megatron"
+            and "flash_kernel" not in (overrides or {}) and te_falls_back(model, acc))
+
+
 def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
                      framework: str | None = None,
                      overrides: dict[str, str] | None = None,
@@ -174,8 +183,7 @@ def step_options_for(acc: Accelerator, *, flash: bool, overlap_dp: bool = True,
         # the all-to-all overlap cannot run a checkpointed MoE layer again).
         raise SpecError("recompute_modules", "+".join(opts["recompute_modules"]),
                         "moe cannot be recomputed with overlap_ep=1 (Megatron-Core refuses it)")
-    if (model is not None and fw.name == "megatron" and "flash_kernel" not in (overrides or {})
-            and te_falls_back(model, acc)):
+    if megatron_falls_back(model, acc, framework, overrides):
         opts["flash_kernel"] = "fa2"
     if not overlap_dp:
         opts["overlap_dp"] = "off"

@@ -55,8 +55,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from shardlab.config.catalog import get_model
+from shardlab.config.hardware import get_accelerator
 from shardlab.config.model import ModelShape, MoE
 from shardlab.plan.choices import fewer_at_ends
+from shardlab.plan.options import te_falls_back
 from shardlab.plan.published_run import PublishedRun
 from shardlab.plan.runs_nvidia import DGX_H100, NEMOTRON_4_340B
 
@@ -124,12 +126,12 @@ _TE_SM100 = ("attention through FlashAttention-2 (flash_kernel=fa2, at its B200 
 
 
 def _te_kernel(shape: ModelShape, gpu: str) -> str:
-    """The attention kernel Transformer Engine 2.1-2.4 picks for ``shape`` on ``gpu``: cuDNN's
-    fused kernel (the planner's default, ``fa3``: no ``flash_kernel=`` key), except on
-    Blackwell above head dim 128, where it falls back to FlashAttention-2 (:data:`_TE_SM100`).
-    The rule is every row's; only Nemotron-4 340B (head dim 192) meets it on GB200."""
-    blackwell = gpu in ("B200", "GB200")
-    return " flash_kernel=fa2" if blackwell and shape.head_dim > 128 else ""
+    """The attention kernel Transformer Engine 2.1-2.4 picks for ``shape`` on ``gpu``, as the
+    record states it: cuDNN's fused kernel (the planner's default, ``fa3``: no
+    ``flash_kernel=`` key), except where it falls back to FlashAttention-2
+    (:func:`shardlab.plan.options.te_falls_back`, :data:`_TE_SM100`). The rule is every
+    row's; only Nemotron-4 340B (head dim 192) meets it, on GB200."""
+    return " flash_kernel=fa2" if te_falls_back(shape, get_accelerator(gpu)) else ""
 
 
 def _run(key: str, model: str, gpu: str, gpus: int, tp: int, pp: int, cp: int, vp: int,

@@ -185,14 +185,14 @@ def rank_rows(cfg: Any, layout: Layout, rank: dict[str, Any],
     assert m.moe is not None
     tokens = layout_tokens(layout)
     cap = expert_capacity(m, tokens, layout.capacity_factor)
-    rows: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    rows: dict[int, list[int]] = defaultdict(list)
     for i, rec in enumerate(rank["routing"]):
         counts = [member["routing"][i]["counts"] for member in group]
-        received = sum(dispatch_rows(c, cfg.ep, cap)[rank["ep_rank"]] for c in counts)
-        rows[int(rec["layer"])].append((received, tokens * m.moe.experts_per_token))
+        rows[int(rec["layer"])].append(
+            sum(dispatch_rows(c, cfg.ep, cap)[rank["ep_rank"]] for c in counts))
     used = {key: got[:1] if cfg.pp == 1 else got for key, got in rows.items()}
-    return {key: (sum(r for r, _ in got) / len(got), sum(s for _, s in got) / len(got))
-            for key, got in used.items()}
+    own = float(tokens * m.moe.experts_per_token)
+    return {key: (sum(got) / len(got), own) for key, got in used.items()}
 
 
 def expert_tp_bytes(cfg: Any, layout: Layout, rank: dict[str, Any],
