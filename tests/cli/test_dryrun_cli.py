@@ -19,6 +19,13 @@ HUGE = ["--layers", "2", "--d-model", "16384", "--heads", "128", "--vocab", "256
         "--seq", "64", "--global-batch", "2", "--dtype", "fp32"]
 
 
+# 2 MoE blocks of d=4096, 64 experts of width 8192 each, top 8: 12.9 G expert parameters,
+# 52 GB of fp32 weights, over 8 ranks of expert parallel.
+HUGE_MOE = ["--layers", "2", "--d-model", "4096", "--heads", "32", "--vocab", "256",
+            "--experts", "64", "--top-k", "8", "--expert-d-ff", "8192", "--seq", "64",
+            "--global-batch", "8", "--dtype", "fp32"]
+
+
 def shardlab(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "shardlab", *argv], capture_output=True,
                           text=True, timeout=300)
@@ -37,7 +44,12 @@ def shardlab(*argv: str) -> subprocess.CompletedProcess[str]:
     (["llama-3-8b", "--gpus", "64", "--seq", "100000"], "seq"),
     (["llama-3-8b", "--gpus", "64", "--global-batch", "100"], "global_batch"),
     (["llama-3-8b", "--gpus", "8", "--layers", "4"], "layers"),
-    (["mixtral-8x7b", "--gpus", "8"], "mixture of experts"),
+    # A mixture of experts: its keys as train checks them; contiguous routing only.
+    (["mixtral-8x7b", "--gpus", "8", "--layout", "ep=3"], "ep=3: must divide moe.experts"),
+    (["mixtral-8x7b", "--gpus", "8", "--layout", "routing=learned"],
+     "routing='learned': must be contiguous in a dry run"),
+    (["mixtral-8x7b", "--gpus", "8", "--layout", "capacity_factor=x"], "capacity_factor='x'"),
+    (["llama-3-8b", "--gpus", "8", "--layout", "ep=2"], "ep=2: needs a mixture-of-experts"),
     # Issue 17's keys, as flags or in --layout: checked as train checks them.
     (["llama-3-8b", "--gpus", "48", "--cp", "3"], "cp=3: must split seq (8192)"),
     (["llama-3-8b", "--gpus", "64", "--cp", "3"], "gpus=64: must be a multiple of cp*tp*pp"),
@@ -114,6 +126,29 @@ def test_the_human_view_names_the_peak_and_the_verdict(huge: dict[str, Any],
     for text in ("cost model vs dry run", "optimizer state", "does NOT fit",
                  "CUDA context", "not seen by the trackers", "What binds in the dry run"):
         assert text in out, text
+
+
+def test_a_mixture_of_experts_dry_runs_expert_parallel() -> None:
+    """A mixture of experts larger than this host (52 GB of fp32 expert weights), FSDP 8 x
+    EP 8, routed contiguously (train's ``--routing contiguous``): its rank holds 8 experts
+    a layer and FSDP's eighth of the rest, exactly the cost model's states; its
+    all-to-alls and FSDP's collectives send exactly the predicted bytes; each layer's
+    router gave every expert T·k/E = 64 x 8 / 64 assignments."""
+    r = shardlab("dryrun", *HUGE_MOE, "--gpus", "8", "--layout", "dp=8 ep=8", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert "ep=8 etp=1" in doc["layout"] and "routing=contiguous" in doc["layout"]
+    role = doc["roles"][0]
+    for key in ("params", "grads", "optimizer"):
+        assert role["measured"][key] == role["predicted"][key], key
+    # 2 x 8 experts x 3 x 4096 x 8192 + FSDP's eighth of the attention, norms, routers,
+    # embedding and head, 4 bytes each.
+    assert role["measured"]["params"] > 6.4e9
+    for dim in ("dp", "ep"):
+        assert doc["by_dim"][dim]["measured"] == doc["by_dim"][dim]["predicted"] > 0, dim
+    assert [rec["counts"] for rec in role["routing"]] == [[8] * 64] * 2
+    assert 0.99 <= doc["ratio"]["activations"] <= 1.01, doc["ratio"]
+    assert doc["host_peak_rss_bytes"] < 2e9
 
 
 def test_fsdp_inside_a_pipeline_is_predicted_as_the_dry_run_holds_it() -> None:

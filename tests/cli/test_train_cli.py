@@ -64,6 +64,14 @@ MOE_LAYOUTS = [
 CAPACITY = ["--dp", "2", "--ep", "2", "--capacity-factor", "1", "--steps", "8"]
 # Experts split over tp too (etp = tp: their partial outputs summed over tp), 6 steps.
 ETP = ["--dp", "2", "--tp", "2", "--ep", "2", "--etp", "2", "--steps", "6"]
+# Contiguous (forced-balanced) routing, the program the dry run runs (every count known in
+# advance, so no counts all-to-all): experts split over tp with capacity 0.5 (half the
+# assignments dropped), and in a 1F1B pipeline; 6 steps each.
+CONTIGUOUS = [
+    ["--dp", "2", "--tp", "2", "--ep", "2", "--etp", "2", "--routing", "contiguous",
+     "--capacity-factor", "0.5", "--steps", "6"],
+    ["--dp", "2", "--ep", "2", "--pp", "2", "--routing", "contiguous", "--steps", "6"],
+]
 # fp8 under TP (torchao's float8 styles on the attention and the shared expert; the
 # router and routed experts bf16), 6 steps.
 MOE_FP8_TP = ["--dp", "2", "--tp", "2", "--ep", "2", "--dtype", "fp8", "--fp8-on-cpu",
@@ -118,8 +126,8 @@ def documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
     root = tmp_path_factory.mktemp("train")
     planned = {}
     for argv in [*LAYOUTS, BF16, FP8, FP8_GATHER, FP8_TP, FP8_TP_GATHER, OP,
-                 *[[*MOE, *a] for a in [*MOE_LAYOUTS, CAPACITY, ETP, MOE_FP8_TP,
-                                         MOE_FP8_GATHER]],
+                 *[[*MOE, *a] for a in [*MOE_LAYOUTS, CAPACITY, ETP, *CONTIGUOUS,
+                                         MOE_FP8_TP, MOE_FP8_GATHER]],
                  *CP_LAYOUTS]:
         name = layout_id(argv)
         args = build_parser().parse_args(["train", "--steps", str(STEPS), *argv,
@@ -224,6 +232,29 @@ def test_moe_parity_and_figures(documents: dict[str, dict[str, Any]],
     assert doc["routing_imbalance"] == routing["imbalance"] >= 1
     assert set(routing["per_layer"]) == {"1", "2"}  # the MoE layers
     assert (routing["dropped"] > 0) == (layout == CAPACITY)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("layout", CONTIGUOUS, ids=layout_id)
+def test_contiguous_routing_parity_and_figures(documents: dict[str, dict[str, Any]],
+                                               layout: list[str]) -> None:
+    """``--routing contiguous``: fp32 parity with one process (which routes each group the
+    same way), every expert's load equal (imbalance 1: 2 x 32 tokens x 2 slots over 8
+    experts), capacity 0.5 dropping half, and every byte as predicted, with no counts
+    all-to-all (each rank knows what the others send)."""
+    doc = documents[layout_id([*MOE, *layout])]
+    assert doc["parity_passed"] and doc["max_loss_diff"] <= 1e-5, doc["max_loss_diff"]
+    assert "routing=contiguous" in doc["layout"]
+    routing = doc["routing"]
+    assert routing["imbalance"] == 1.0
+    assert routing["dropped_share"] == (0.5 if "--capacity-factor" in layout else 0.0)
+    for row in doc["comm_bytes_per_step"]:
+        assert "ep_counts" not in row["measured"]["by_dim"] and row["ep"]["measured"] > 0
+        for d in ("dp", "tp", "pp", "ep", "edp"):
+            if d in row:
+                assert row[d]["measured"] == row[d]["predicted"], (d, row)
+    for row in doc["predicted_vs_measured"]["activation_bytes_per_microbatch"]["per_rank"]:
+        assert 0.99 <= row["ratio"] <= 1.03, row
 
 
 @pytest.mark.multiprocess
@@ -418,8 +449,10 @@ def test_per_operator_checkpointing_keeps_what_the_count_says(
 # FSDP on 2 processes; TP + SP + 1F1B on 4; context parallel with 1F1B on 4 (its K/V
 # gathers on the fake process group); torchao's fp8 linears on 2 (fake fp8 matmuls);
 # per-operator checkpointing under FSDP x TP on 4; FSDP's fp8 gathers of tp shards on 4
-# (torchao's fp8-gathered weights as fake tensors).
-DRY_RUN = [LAYOUTS[0], LAYOUTS[6], CP_LAYOUTS[4], FP8, OP, FP8_TP_GATHER]
+# (torchao's fp8-gathered weights as fake tensors); a mixture of experts with contiguous
+# routing on 4, its experts over tp, and in a pipeline (its two roles).
+DRY_RUN = [LAYOUTS[0], LAYOUTS[6], CP_LAYOUTS[4], FP8, OP, FP8_TP_GATHER,
+           *[[*MOE, *a] for a in CONTIGUOUS]]
 
 
 @pytest.mark.multiprocess
@@ -437,7 +470,7 @@ def test_the_dry_run_equals_the_real_run(documents: dict[str, dict[str, Any]]) -
         cfg, _ = prepare(build_parser().parse_args(["train", "--steps", str(STEPS), *argv]))
         work += [(layout_id(argv), cfg, p * cfg.dp * cfg.cp * cfg.tp) for p in range(cfg.pp)]
     dry = run_many([(cfg, rank) for _, cfg, rank in work])
-    assert len(dry) == 8
+    assert len(dry) == 11
     for (name, _, rank), role in zip(work, dry, strict=True):
         doc = documents[name]
         real = next(m for m in doc["memory_per_rank"] if m["rank"] == rank)

@@ -1,6 +1,6 @@
 """``shardlab train``'s bad input, dense and mixture-of-experts layouts alike: exit code 2
 and one line on stderr naming the field, refused before any rank is started (within 3 s);
-``shardlab dryrun`` refuses a mixture of experts the same way. (The parity runs:
+``shardlab dryrun`` refuses a mixture of experts' learned routing the same way. (The parity runs:
 ``test_train_cli.py``.)"""
 
 from __future__ import annotations
@@ -77,17 +77,22 @@ def test_moe_bad_input_before_any_rank(capsys: pytest.CaptureFixture[str], argv:
     assert time.monotonic() - start < 3
 
 
-def test_expert_parallel_needs_a_moe_and_dryrun_refuses_one(
+def test_expert_keys_need_a_moe_and_dryrun_routes_contiguously(
         capsys: pytest.CaptureFixture[str]) -> None:
     for argv, words in ((["--dp", "2", "--ep", "2"], "ep=2: needs a mixture-of-experts"),
-                        (["--tp", "2", "--etp", "2"], "etp=2: needs a mixture-of-experts")):
+                        (["--tp", "2", "--etp", "2"], "etp=2: needs a mixture-of-experts"),
+                        (["--dp", "2", "--routing", "contiguous"],
+                         "routing='contiguous': needs a mixture-of-experts")):
         assert main(["train", *argv]) == 2
         err = capsys.readouterr().err
         assert words in err and len(err.splitlines()) == 1, err
-    assert main(["dryrun", *MOE[:-2], "--gpus", "2", "--layout", "dp=2 ep=2"]) == 2
-    err = capsys.readouterr().err
-    assert "is a mixture of experts, which the dry run cannot run" in err
-    assert len(err.strip().splitlines()) == 1
+    # The dry run's fake tensors have no values for a learned router (or a random draw).
+    for routing in ("learned", "random"):
+        assert main(["dryrun", *MOE[:-2], "--gpus", "2",
+                     "--layout", f"dp=2 ep=2 routing={routing}"]) == 2
+        err = capsys.readouterr().err
+        assert f"routing='{routing}': must be contiguous in a dry run" in err
+        assert len(err.strip().splitlines()) == 1
 
 
 def test_empty_data_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -37,7 +37,8 @@ def register(sub: Any) -> None:
                        "`shardlab train` runs: FSDP2/DDP, TP, PP, recompute, AdamW) in this "
                        "process on fake tensors and torch's fake process group: no memory "
                        "is allocated. Prints its peak memory by category, bytes per mesh "
-                       "dim and FLOPs beside the cost model's figures.")
+                       "dim and FLOPs beside the cost model's figures. A mixture of experts "
+                       "runs expert parallel with contiguous (forced-balanced) routing.")
     p.add_argument("model", nargs="?", help="catalog name or path to a Hugging Face "
                    "config.json (default: a small model from the shape flags)")
     p.add_argument("--gpus", type=positive_int, required=True, help="ranks of the job")
@@ -45,8 +46,10 @@ def register(sub: Any) -> None:
                    help='"dp=.. tp=.. pp=.. virtual=.. zero=2|3 sp=0|1 '
                    'recompute=none|selective|full|op loss_parallel=0|1 schedule=.. '
                    'micro_batch=.. cp=.. '
-                   'stage_layers=3+1 dp_replicate=.." (dp defaults to gpus/(cp*tp*pp), '
-                   "zero to 3: FSDP)")
+                   'stage_layers=3+1 dp_replicate=.. ep=.. etp=1|tp capacity_factor=.. '
+                   'routing=contiguous" (dp defaults to gpus/(cp*tp*pp), zero to 3: FSDP; '
+                   "a mixture of experts routes contiguously, train's --routing "
+                   "contiguous)")
     p.add_argument("--cp", type=positive_int,
                    help="context parallel: every sequence split over cp ranks (the layout's "
                    "cp=N)")
@@ -88,6 +91,23 @@ def _int(raw: dict[str, str], key: str, default: int) -> int:
         raise SpecError(key, raw[key], "must be an integer") from None
 
 
+def _moe_keys(raw: dict[str, str], moe: bool) -> tuple[int, int, float, str]:
+    """The layout's ``ep``, ``etp``, ``capacity_factor`` and ``routing`` (train checks them
+    against the model). A MoE layer routes contiguously here (nn.moe_contiguous): a fake
+    tensor has no values for a learned router, or a random draw, to pick experts by."""
+    text = raw.get("capacity_factor", "0")
+    try:
+        capacity = float(text)
+    except ValueError:
+        raise SpecError("capacity_factor", text, "must be a number >= 0") from None
+    routing = raw.get("routing", "contiguous" if moe else "learned")
+    if moe and routing != "contiguous":
+        raise SpecError("routing", routing, "must be contiguous in a dry run: its fake tensors "
+                        "carry no values for a router or a random draw to pick experts by "
+                        "(`shardlab train --routing learned` runs the router)")
+    return _int(raw, "ep", 1), _int(raw, "etp", 1), capacity, routing
+
+
 def _flags_into_layout(args: argparse.Namespace, raw: dict[str, str]) -> dict[str, str]:
     """``--layout``'s keys with ``--cp``, ``--stage-layers`` and ``--dp-replicate`` added;
     SpecError when a flag and a key both give one."""
@@ -107,13 +127,9 @@ def config_from(args: argparse.Namespace) -> TrainConfig:
     train's own one-line errors (SpecError), before any model is built."""
     given_seq = args.seq
     shape, _ = model_from_args(args)
-    if shape.moe is not None:
-        raise SpecError("model", shape.name if shape.name != "flags" else shape.describe(),
-                        "is a mixture of experts, which the dry run cannot run: its fake "
-                        "tensors have no values to route tokens by; use shardlab train, or "
-                        "budget / plan / simulate for the cost model")
     require_int_at_most("gpus", args.gpus, MAX_GPUS)
-    raw = _flags_into_layout(args, parse_layout(args.layout, ("loss_parallel",)))
+    raw = _flags_into_layout(args, parse_layout(args.layout, ("loss_parallel", "routing")))
+    ep, etp, capacity, routing = _moe_keys(raw, shape.moe is not None)
     tp, pp, virtual = _int(raw, "tp", 1), _int(raw, "pp", 1), _int(raw, "virtual", 1)
     cp, replicas = _int(raw, "cp", 1), _int(raw, "dp_replicate", 1)
     for key, value in (("tp", tp), ("pp", pp), ("cp", cp)):
@@ -145,7 +161,8 @@ def config_from(args: argparse.Namespace) -> TrainConfig:
                       loss_parallel=layout_flag("loss_parallel", raw.get("loss_parallel", "0")),
                       recompute=raw.get("recompute", "none"), schedule=schedule,
                       global_batch=global_batch, micro_batch=micro, seq=seq, steps=2,
-                      dtype=args.dtype, fp8_all_gather=args.fp8_all_gather)
+                      dtype=args.dtype, fp8_all_gather=args.fp8_all_gather, ep=ep, etp=etp,
+                      capacity_factor=capacity, routing=routing)
     check_config(cfg)
     check_dry_runnable(cfg)
     require_torchao(cfg)
@@ -207,10 +224,18 @@ def dryrun_document(args: argparse.Namespace) -> dict[str, Any]:
                       f"{cfg.dp_mode} sp={int(cfg.sp)} recompute={cfg.recompute} "
                       f"schedule={cfg.schedule} micro_batch={cfg.micro_batch or 'all'} "
                       f"global_batch={cfg.global_batch} seq={cfg.seq} dtype={cfg.dtype}"
-                      f"{layout_keys(cfg)}",
+                      f"{moe_keys(cfg)}{layout_keys(cfg)}",
             "gpu": args.gpu, "seconds": time.perf_counter() - start,
             "roles_run": ranks,
             "host_peak_rss_bytes": max(r["host_peak_rss_bytes"] for r in results), **doc}
+
+
+def moe_keys(cfg: TrainConfig) -> str:
+    """The layout line's expert keys for a mixture of experts (empty for a dense model)."""
+    if cfg.shape.moe is None:
+        return ""
+    return (f" ep={cfg.ep} etp={cfg.etp}"
+            + (f" capacity_factor={cfg.capacity_factor:g}" if cfg.capacity_factor else ""))
 
 
 def run(args: argparse.Namespace) -> int:

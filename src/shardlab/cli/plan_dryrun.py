@@ -22,7 +22,8 @@ def train_config(model: ModelShape, entry: dict[str, Any], global_batch: int, se
     in fp8 under ZeRO-3 as the plan prices them: :func:`trains_fp8_gathers`); every
     other 16-bit policy, train's bf16. ``by_op``
     (:func:`~shardlab.plan.search.trains_by_op`): a selective entry dry-runs train's
-    per-operator checkpointing, ``recompute=op``."""
+    per-operator checkpointing, ``recompute=op``. A mixture of experts routes contiguously
+    (train's ``--routing contiguous``): fake tensors have no values for a router to read."""
     if entry["dp"] > 1 and entry["zero"] not in DP_MODE_OF_ZERO:
         raise SpecError("zero", entry["zero"], "is not run by shardlab train (0, 2 or 3)")
     if entry["pp"] > 1 and entry["schedule"] not in TRAIN_SCHEDULES:
@@ -39,6 +40,7 @@ def train_config(model: ModelShape, entry: dict[str, Any], global_batch: int, se
                       ep=entry.get("ep", 1),
                       etp=entry.get("etp", 1) if model.moe is not None else 1,
                       capacity_factor=entry.get("capacity_factor", 0.0),
+                      routing="contiguous" if model.moe is not None else "learned",
                       cp=entry.get("cp", 1), dp_replicate=entry.get("dp_replicate", 1),
                       stage_layers=tuple(entry.get("stage_layers") or ()),
                       fp8_all_gather=trains_fp8_gathers(entry, dtype))

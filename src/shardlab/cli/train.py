@@ -106,7 +106,7 @@ def check(args: argparse.Namespace) -> tuple[TrainConfig, float | None, list[str
                       cp=args.cp, stage_layers=parse_stage_layers(args.stage_layers),
                       dp_replicate=args.dp_replicate,
                       etp=args.etp, capacity_factor=args.capacity_factor,
-                      aux_coef=args.aux_loss_coef, z_coef=args.router_z_loss,
+                      routing=args.routing, aux_coef=args.aux_loss_coef, z_coef=args.router_z_loss,
                       virtual_stages=args.virtual_stages, dp_mode=args.dp_mode, sp=args.sp,
                       loss_parallel=args.loss_parallel, recompute=args.recompute,
                       schedule=args.schedule, global_batch=args.global_batch,

@@ -13,6 +13,7 @@ from shardlab.cli.args import (
     positive_int,
 )
 from shardlab.cli.job_file import defer_defaults
+from shardlab.config.model import MOE_ROUTINGS
 from shardlab.train.config import (
     AUX_COEF,
     DP_MODES,
@@ -58,6 +59,11 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--capacity-factor", type=nonneg_float, default=0.0,
                    help="each expert takes at most ceil(F*tokens*top_k/experts) of a "
                    "micro-batch's tokens per rank, the rest are dropped (0: dropless)")
+    g.add_argument("--routing", choices=MOE_ROUTINGS, default="learned",
+                   help="MoE routing: learned (the router's top-k) or contiguous (forced "
+                   "balance: token t's slot j takes expert (t*k+j) mod E, the router's "
+                   "weights at those experts; NeMo AutoModel's FakeBalancedGate, what "
+                   "dryrun runs)")
     g = p.add_argument_group("run")
     g.add_argument("--global-batch", type=positive_int, default=8, help="sequences per step")
     g.add_argument("--micro-batch", type=nonneg_int, default=0,

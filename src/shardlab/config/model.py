@@ -72,6 +72,12 @@ SHAPE_LIMITS: dict[str, int] = {
 counts are typos, and their figures would lose their precision."""
 
 
+MOE_ROUTINGS = ("learned", "contiguous")
+"""How a built MoE layer picks each token's experts (``train --routing``): its router's
+top-k (``learned``), or a forced cycle whose counts are known in advance (``contiguous``,
+:mod:`shardlab.nn.moe_contiguous`; what ``dryrun`` runs)."""
+
+
 @dataclass(frozen=True)
 class MoE:
     """Mixture-of-experts MLP: routed experts, top-k routing, optional shared experts.

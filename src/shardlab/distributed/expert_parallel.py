@@ -164,19 +164,32 @@ class ExpertParallel(nn.Module):
                           _local(self.w_down), _local(self.b_up))
         out = _ReduceFromTP.apply(out, self.tp_group)
         if self.b_down is not None:  # the row-parallel output's bias, added once
-            rows = torch.tensor(per_expert, device=out.device)
-            out = out + _local(self.b_down).repeat_interleave(rows, dim=0)
+            # Each expert's bias over its rows, from the row counts alone (no tensor of
+            # counts to read: a fake one has no values).
+            bias = _local(self.b_down)
+            out = out + torch.cat([bias[e].expand(n, -1) for e, n in enumerate(per_expert)])
         return out
 
-    def forward(self, x_sorted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """x_sorted [N, d] grouped by global expert, counts [E] -> the experts' outputs [N, d]."""
+    def forward(self, x_sorted: torch.Tensor,
+                counts: torch.Tensor | tuple[int, ...]) -> torch.Tensor:
+        """x_sorted [N, d] grouped by global expert, counts [E] (a LongTensor, or a tuple
+        that every rank of the group routed alike: contiguous routing) -> the experts'
+        outputs [N, d]."""
         ep, local = self.ep, self.num_experts // self.ep
         group = self.ep_group
-        with torch.no_grad(), comm_label("ep_counts"):
-            # got[s, e]: rows source rank s sends to this rank's local expert e
-            got = all_to_all_single(counts.reshape(ep, local).contiguous(), None, None, group)
-            got = got.view(ep, local).tolist()
-        send = counts.reshape(ep, local).sum(dim=1).tolist()
+        if isinstance(counts, tuple):
+            # Every rank of the group routed the same counts (nn.moe_contiguous): what each
+            # source sends this rank's experts is known without the counts all-to-all.
+            me = dist.get_rank(group)
+            got = [list(counts[me * local:(me + 1) * local])] * ep
+            send = [sum(counts[j * local:(j + 1) * local]) for j in range(ep)]
+        else:
+            with torch.no_grad(), comm_label("ep_counts"):
+                # got[s, e]: rows source rank s sends to this rank's local expert e
+                got = all_to_all_single(counts.reshape(ep, local).contiguous(), None, None,
+                                        group)
+                got = got.view(ep, local).tolist()
+            send = counts.reshape(ep, local).sum(dim=1).tolist()
         recv = [sum(row) for row in got]
         with comm_label("ep"):
             arrived = all_to_all_single_autograd(x_sorted, recv, send, group)
@@ -255,7 +268,9 @@ class RoutingRecorder:
         def record(module: Any, args: Any, out: Any) -> None:
             if torch._C._current_graph_task_id() != -1:  # a recompute inside backward
                 return
-            self.records.append({"layer": key, "counts": module.last_counts.tolist(),
+            static = module.last_static_counts  # contiguous routing: no tensor to read
+            counts = list(static) if static is not None else module.last_counts.tolist()
+            self.records.append({"layer": key, "counts": counts,
                                  "dropped": int(module.last_dropped)})
         return record
 

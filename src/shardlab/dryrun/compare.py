@@ -101,12 +101,27 @@ def ratios(measured: dict[str, float], predicted: dict[str, float]) -> dict[str,
     return {k: (measured[k] / pred[k] if pred[k] else None) for k in measured}
 
 
+def ep_members(cfg: Any, role: dict[str, Any]) -> list[dict[str, Any]]:
+    """``role`` and the other ranks of its expert-parallel group, as ``train``'s comm table
+    reads a group (:func:`shardlab.train.report_moe.ep_groups`): the dry run routes
+    contiguously, so every member routed the counts ``role`` recorded (the same tokens
+    per forward, :mod:`shardlab.nn.moe_contiguous`); each is ``role`` at its own ep
+    index (ep innermost in dp: global rank + dp offset x cp x tp)."""
+    if cfg.shape.moe is None or cfg.ep == 1:
+        return [role]
+    first = role["dp_rank"] - role["ep_rank"]
+    return [{**role, "ep_rank": j, "dp_rank": first + j,
+             "rank": role["rank"] + (first + j - role["dp_rank"]) * cfg.cp * cfg.tp}
+            for j in range(cfg.ep)]
+
+
 def compare(cfg: Any, roles: list[dict[str, Any]], capacity: float | None = None,
             allowance: float = CUDA_CONTEXT_BYTES) -> dict[str, Any]:
     """Every role with its prediction and ratios, the busiest first; comm bytes per dim
     beside the cost model's (``train``'s table); the fit verdict on a device of
     ``capacity`` bytes (None: no verdict) with ``allowance`` added to the peak."""
-    comm = {row["rank"]: row for row in comm_table(cfg, roles)}
+    members = [m for r in roles for m in ep_members(cfg, r)]
+    comm = {row["rank"]: row for row in comm_table(cfg, members)}
     out = []
     for role in sorted(roles, key=lambda r: -r["peak_bytes"]):
         predicted = predicted_role(cfg, role["pp_rank"])
@@ -114,8 +129,8 @@ def compare(cfg: Any, roles: list[dict[str, Any]], capacity: float | None = None
         entry = {**role, "predicted": predicted, "measured": measured,
                  "ratio": ratios(measured, predicted)}
         row = comm[role["rank"]]
-        entry["by_dim"] = {d: row[d] for d in ("dp", "dp_replicate", "cp", "tp", "pp")
-                           if d in row}
+        entry["by_dim"] = {d: row[d] for d in ("dp", "dp_replicate", "cp", "tp", "pp", "ep",
+                                               "edp") if d in row}
         out.append(entry)
     busiest = out[0]
     doc: dict[str, Any] = {

@@ -12,7 +12,10 @@ step past FSDP's lazy initialisation and the optimizer's first (state-creating) 
 * what the rank holds after the backward (parameters, gradients, optimizer state:
   :func:`shardlab.distributed.measure.state_bytes`, as ``train`` counts them);
 * bytes sent per collective kind and mesh dim (:class:`~shardlab.distributed.measure.CommMeter`);
-* FLOPs (:class:`~shardlab.distributed.measure.FlopMeter`).
+* FLOPs (:class:`~shardlab.distributed.measure.FlopMeter`);
+* a mixture of experts' routing, as ``train`` records it
+  (:class:`~shardlab.distributed.expert_parallel.RoutingRecorder`): the dry run routes
+  contiguously (:mod:`shardlab.nn.moe_contiguous`), whose counts are known without values.
 
 Which ranks are worth running (one per pipeline rank) is ``shardlab dryrun``'s
 ``--all-roles`` (:func:`shardlab.cli.dryrun.role_ranks`); each runs in its own process
@@ -29,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from shardlab.distributed.expert_parallel import RoutingRecorder
 from shardlab.distributed.measure import CommMeter, FlopMeter, state_bytes
 from shardlab.dryrun.fake import (
     check_all_fake,
@@ -49,12 +53,14 @@ STEPS = 2
 
 
 def coordinates(cfg: TrainConfig, rank: int) -> dict[str, int]:
-    """``rank``'s pipeline, data-, context- and tensor-parallel indices (the mesh's
-    row-major ``(pp, dp, cp, tp)`` order, :mod:`shardlab.distributed.mesh`)."""
+    """``rank``'s pipeline, data-, context-, tensor- and expert-parallel indices (the
+    mesh's row-major ``(pp, dp, cp, tp)`` order, ep innermost in dp:
+    :mod:`shardlab.distributed.mesh`)."""
     pp_rank, rest = divmod(rank, cfg.dp * cfg.cp * cfg.tp)
     dp_rank, rest = divmod(rest, cfg.cp * cfg.tp)
     cp_rank, tp_rank = divmod(rest, cfg.tp)
-    return {"pp_rank": pp_rank, "dp_rank": dp_rank, "cp_rank": cp_rank, "tp_rank": tp_rank}
+    return {"pp_rank": pp_rank, "dp_rank": dp_rank, "cp_rank": cp_rank, "tp_rank": tp_rank,
+            "ep_rank": dp_rank % cfg.ep}
 
 
 def fake_batch(cfg: TrainConfig, dp_rank: int) -> Batch:
@@ -95,11 +101,13 @@ def run_role(cfg: TrainConfig, rank: int) -> dict[str, Any]:
                                    (share.input_ids, share.targets, share.pad_mask,
                                     share.loss_mask))
             meter, flops = CommMeter(program.dims(), program.meter_groups()), FlopMeter()
+            recorder = RoutingRecorder().attach(program.modules)
             with tracker, meter, flops, autocast:
                 # What one micro-batch saves for backward, counted as train counts it.
                 saved = train_step(program, share, tokens, measure_saved=True).activation_bytes
                 held = state_bytes(nn.ModuleList(program.modules), program.opt)
                 program.opt.zero_grad(set_to_none=True)
+            routing = recorder.detach()
         peak, by_category, raw = peak_breakdown(tracker)
         stages = [int(getattr(m, "stage_index", 0)) for m in program.modules]
         layers = sum(len(getattr(m, "layer_ids", ())) or cfg.shape.layers
@@ -108,7 +116,7 @@ def run_role(cfg: TrainConfig, rank: int) -> dict[str, Any]:
             "peak_bytes": peak, "by_category": by_category, "by_tracker": raw,
             "peak_at": tracker.moment, "activation_peak_bytes": tracker.activation_peak,
             "saved_bytes_per_microbatch": saved,
-            "state_bytes": held, "comm_step": meter.summary(),
+            "state_bytes": held, "comm_step": meter.summary(), "routing": routing,
             "flops_by_op": {str(k): int(v) for k, v in flops.get_flop_counts()["Global"].items()},
             "seconds": time.perf_counter() - start,
             # The role process's high-water resident set (Linux reports KiB): what the

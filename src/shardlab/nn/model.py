@@ -185,7 +185,7 @@ class Block(nn.Module):
         options = moe_options or MoEOptions()
         self.mlp: nn.Module = (
             MoEFeedForward(shape, dtype, aux_coef=options.aux_coef, z_coef=options.z_coef,
-                           capacity_factor=options.capacity_factor)
+                           capacity_factor=options.capacity_factor, routing=options.routing)
             if moe else MLP(shape, dtype))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor,

@@ -40,9 +40,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shardlab.config.model import ModelShape
+from shardlab.config.model import MOE_ROUTINGS, ModelShape
 from shardlab.errors import SpecError
 from shardlab.nn.mlp import MLP
+from shardlab.nn.moe_contiguous import (
+    capped,
+    contiguous_counts,
+    contiguous_ids,
+    contiguous_keep,
+    contiguous_weights,
+)
 
 INIT_STD = 0.02
 """GPT-2's init (Radford et al. 2019), as :meth:`TransformerLM.reset_parameters`."""
@@ -56,15 +63,21 @@ class MoEOptions:
     0.02 on its k-times-larger form). ``z_coef``: weight of the router z-loss (ST-MoE:
     1e-3). ``capacity_factor``: 0 is dropless; > 0 caps each expert at
     ceil(capacity_factor * T * k / E) of the T tokens of one forward (:func:`expert_capacity`).
+    ``routing``: ``learned`` (the router's top-k) or ``contiguous`` (forced balance, every
+    count known in advance: :mod:`shardlab.nn.moe_contiguous`).
     """
 
     aux_coef: float = 0.0
     z_coef: float = 0.0
     capacity_factor: float = 0.0
+    routing: str = "learned"
 
     def __post_init__(self) -> None:
         for name in ("aux_coef", "z_coef", "capacity_factor"):
             check_option(name, getattr(self, name))
+        if self.routing not in MOE_ROUTINGS:
+            raise SpecError("routing", self.routing,
+                            f"must be one of {', '.join(MOE_ROUTINGS)}")
 
 
 def check_option(name: str, value: object) -> None:
@@ -97,17 +110,21 @@ def expert_counts(ids: torch.Tensor, experts: int) -> torch.Tensor:
     return torch.bincount(ids.reshape(-1), minlength=experts)
 
 
-def load_balance_loss(probs: torch.Tensor, ids: torch.Tensor, experts: int) -> torch.Tensor:
+def load_balance_loss(probs: torch.Tensor, ids: torch.Tensor, experts: int,
+                      counts: tuple[int, ...] | None = None) -> torch.Tensor:
     """Switch Transformer's load-balancing loss (Fedus et al. 2021, eq. 4), top-k form:
     ``E * sum_e f_e * P_e``, f_e the share of the T*k assignments that go to expert e,
     P_e the mean router probability of e over the T tokens. 1 when routing is uniform.
 
     probs [T, E] (softmax of all logits), ids [T, k] -> scalar; the gradient flows
     through P only. (transformers' Mixtral ``load_balancing_loss_func`` sums f over the k
-    slots, so its value is k times this one.)
+    slots, so its value is k times this one.) ``counts``: the assignments per expert when
+    known without reading ``ids`` (contiguous routing).
     """
     tokens, k = ids.shape
-    share = expert_counts(ids, experts).to(probs.dtype) / (tokens * k)
+    load = (expert_counts(ids, experts) if counts is None
+            else torch.tensor(counts, device=probs.device))
+    share = load.to(probs.dtype) / (tokens * k)
     return experts * (share * probs.mean(dim=0)).sum()
 
 
@@ -181,35 +198,53 @@ class Routing:
     order: torch.Tensor  # [T*k]: (token, slot) pairs sorted by expert id, dropped last
     rows: torch.Tensor  # [sum(kept), d]: the rows the experts take, grouped by expert
     aux: torch.Tensor | None  # coefficient-weighted auxiliary loss, or None
+    # Known before the router runs (contiguous routing), else None: read from the tensors.
+    static_counts: tuple[int, ...] | None = None
+    static_kept: tuple[int, ...] | None = None
 
 
 def dispatch(tokens: torch.Tensor, logits: torch.Tensor, top_k: int,
              options: MoEOptions) -> Routing:
-    """Route ``tokens`` [T, d] by the router's ``logits`` [T, E]: top-k, optional
-    capacity dropping (a dropped assignment gets weight 0 and sorts after every expert's
-    rows, so it is never sent), the rows grouped by expert, and ``aux_coef`` * load
-    balance + ``z_coef`` * z-loss. The one routing of the model, the simulator and the
-    expert-parallel runtime."""
-    experts = logits.shape[-1]
-    weights, ids = route(logits, top_k)
-    counts = expert_counts(ids, experts)
+    """Route ``tokens`` [T, d] by the router's ``logits`` [T, E]: top-k (or the forced
+    contiguous cycle, ``options.routing``), optional capacity dropping (a dropped
+    assignment gets weight 0 and sorts after every expert's rows, so it is never sent),
+    the rows grouped by expert, and ``aux_coef`` * load balance + ``z_coef`` * z-loss. The
+    one routing of the model, the simulator and the expert-parallel runtime."""
+    experts, n_tokens = logits.shape[-1], tokens.shape[0]
+    static: tuple[int, ...] | None = None
+    if options.routing == "contiguous":
+        # Every count is known from T, k and E (moe_contiguous): nothing reads the ids.
+        ids = contiguous_ids(n_tokens, top_k, experts, logits.device)
+        weights = contiguous_weights(logits, ids, router_dtype(logits.dtype))
+        static = contiguous_counts(n_tokens, top_k, experts)
+        counts = torch.tensor(static, device=logits.device)
+    else:
+        weights, ids = route(logits, top_k)
+        counts = expert_counts(ids, experts)
     sorted_ids, kept = ids, counts
+    static_kept = static
     if options.capacity_factor > 0:
-        capacity = expert_capacity(tokens.shape[0], top_k, experts, options.capacity_factor)
-        keep = capacity_keep(ids, experts, capacity)
+        capacity = expert_capacity(n_tokens, top_k, experts, options.capacity_factor)
+        keep = (capacity_keep(ids, experts, capacity) if static is None
+                else contiguous_keep(n_tokens, top_k, experts, capacity, ids.device))
         weights = weights * keep
         sorted_ids = ids.masked_fill(~keep, experts)
         kept = counts.clamp(max=capacity)  # an expert keeps its first `capacity`
+        static_kept = capped(static, capacity) if static is not None else None
     x_sorted, order = permute(tokens, sorted_ids)
     aux = None
     if options.aux_coef:
         probs = F.softmax(logits.to(router_dtype(logits.dtype)), dim=-1)
-        aux = options.aux_coef * load_balance_loss(probs, ids, experts)
+        aux = options.aux_coef * load_balance_loss(probs, ids, experts, static)
     if options.z_coef:
         z = options.z_coef * router_z_loss(logits)
         aux = z if aux is None else aux + z
-    n = int(kept.sum()) if options.capacity_factor > 0 else x_sorted.shape[0]
-    return Routing(tokens.shape[0], weights, counts, kept, order, x_sorted[:n], aux)
+    if static_kept is not None:
+        n = sum(static_kept)
+    else:
+        n = int(kept.sum()) if options.capacity_factor > 0 else x_sorted.shape[0]
+    return Routing(n_tokens, weights, counts, kept, order, x_sorted[:n], aux, static,
+                   static_kept)
 
 
 # --- experts ----------------------------------------------------------------------------
@@ -265,9 +300,12 @@ class GroupedExperts(nn.Module):
             else:
                 p.normal_(0.0, INIT_STD)
 
-    def forward(self, x_sorted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """x_sorted [N, d] grouped by expert, counts LongTensor [E] (rows each) -> [N, d]."""
-        return grouped_mlp(x_sorted, counts.tolist(), self.w_gate, self.w_up, self.w_down,
+    def forward(self, x_sorted: torch.Tensor,
+                counts: torch.Tensor | tuple[int, ...]) -> torch.Tensor:
+        """x_sorted [N, d] grouped by expert, counts (rows each: LongTensor [E], or a
+        tuple where known in advance) -> [N, d]."""
+        rows = list(counts) if isinstance(counts, tuple) else counts.tolist()
+        return grouped_mlp(x_sorted, rows, self.w_gate, self.w_up, self.w_down,
                            self.b_up, self.b_down)
 
 
@@ -298,18 +336,19 @@ class MoEFeedForward(nn.Module):
     summed, as DeepSeek-V2's code builds them; None without shared experts).
 
     After each forward: ``last_counts`` (LongTensor [E], assignments per expert before
-    dropping), ``last_dropped`` (assignments dropped by capacity) and ``last_aux`` (the
-    weighted auxiliary loss, detached; 0 without coefficients) for reports.
+    dropping; with contiguous routing also ``last_static_counts``, the same as a tuple,
+    readable on fake tensors), ``last_dropped`` (assignments dropped by capacity) and
+    ``last_aux`` (the weighted auxiliary loss, detached; 0 without coefficients).
     """
 
     def __init__(self, shape: ModelShape, dtype: torch.dtype = torch.float32, *,
                  aux_coef: float = 0.0, z_coef: float = 0.0,
-                 capacity_factor: float = 0.0) -> None:
+                 capacity_factor: float = 0.0, routing: str = "learned") -> None:
         super().__init__()
         if shape.moe is None:
             raise SpecError("model", shape.name, "has no mixture-of-experts layers (moe)")
         moe = shape.moe
-        self.options = MoEOptions(aux_coef, z_coef, capacity_factor)  # checks each
+        self.options = MoEOptions(aux_coef, z_coef, capacity_factor, routing)  # checks each
         self.num_experts, self.top_k = moe.experts, moe.experts_per_token
         self.aux_coef, self.z_coef, self.capacity_factor = aux_coef, z_coef, capacity_factor
         self.router = nn.Linear(shape.d_model, moe.experts, bias=moe.router_bias, dtype=dtype)
@@ -319,6 +358,7 @@ class MoEFeedForward(nn.Module):
         self.shared = (MLP(shape, dtype, moe.shared_experts * moe.shared_d_ff)
                        if moe.shared_experts else None)
         self.last_counts = torch.zeros(moe.experts, dtype=torch.long)
+        self.last_static_counts: tuple[int, ...] | None = None
         self.last_dropped = 0
         self.last_aux = torch.zeros(())
 
@@ -327,9 +367,10 @@ class MoEFeedForward(nn.Module):
         b, s, d = x.shape
         tokens = x.reshape(-1, d)  # [T, d]
         r = dispatch(tokens, self.router(tokens), self.top_k, self.options)
-        self.last_counts = r.counts.detach()
+        self.last_counts, self.last_static_counts = r.counts.detach(), r.static_counts
         self.last_dropped = r.order.numel() - r.rows.shape[0]
-        y = unpermute(self.experts(r.rows, r.kept), r.order, r.weights, r.tokens)
+        kept = r.static_kept if r.static_kept is not None else r.kept
+        y = unpermute(self.experts(r.rows, kept), r.order, r.weights, r.tokens)
         if self.shared is not None:
             y = y + self.shared(tokens)
         self.last_aux = (r.aux.detach() if r.aux is not None

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from shardlab.config.layout import make_layout
-from shardlab.config.model import ModelShape, require_buildable
+from shardlab.config.model import MOE_ROUTINGS, ModelShape, require_buildable
 from shardlab.errors import SpecError
 
 DP_MODES = ("fsdp", "fsdp-zero2", "ddp")
@@ -45,6 +45,8 @@ class TrainConfig:
     ep: int = 1
     etp: int = 1
     capacity_factor: float = 0.0  # 0: dropless
+    # learned (the router's top-k) or contiguous (forced balance: shardlab.nn.moe_contiguous)
+    routing: str = "learned"
     aux_coef: float = AUX_COEF
     z_coef: float = 0.0
     virtual_stages: int = 1
@@ -301,9 +303,13 @@ def check_moe(cfg: TrainConfig) -> None:
     for name, value in (("aux_coef", cfg.aux_coef), ("z_coef", cfg.z_coef)):
         if not 0 <= value < math.inf:
             raise SpecError(name, value, "must be a finite number >= 0")
+    if cfg.routing not in MOE_ROUTINGS:
+        raise SpecError("routing", cfg.routing, f"must be one of {', '.join(MOE_ROUTINGS)}")
     if cfg.shape.moe is None:
         if cfg.etp != 1:
             raise SpecError("etp", cfg.etp, "needs a mixture-of-experts model")
+        if cfg.routing != "learned":
+            raise SpecError("routing", cfg.routing, "needs a mixture-of-experts model")
         return  # make_layout refuses ep > 1 or a capacity factor for a dense model
     for name, value in (("cp", cfg.cp), ("dp_replicate", cfg.dp_replicate)):
         if value > 1:

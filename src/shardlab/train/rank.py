@@ -145,7 +145,7 @@ def moe_options(cfg: TrainConfig, groups: int) -> MoEOptions:
     over dp divides by dp. The one-process reference runs all dp x microbatches groups
     (:mod:`shardlab.train.reference`)."""
     return MoEOptions(aux_coef=cfg.aux_coef / groups, z_coef=cfg.z_coef / groups,
-                      capacity_factor=cfg.capacity_factor)
+                      capacity_factor=cfg.capacity_factor, routing=cfg.routing)
 
 
 def build_rank(cfg: TrainConfig, device: str, *, meta: bool = False,

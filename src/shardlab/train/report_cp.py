@@ -119,11 +119,12 @@ def syncs(cfg: Any) -> int:
 
 
 def layout_keys(cfg: Any) -> str:
-    """The layout line's loss-parallel, context-parallel, uneven-stage, HSDP and fp8-gather
-    keys, only where set."""
+    """The layout line's loss-parallel, context-parallel, uneven-stage, HSDP, MoE routing
+    and fp8-gather keys, only where set."""
     out = " loss_parallel=1" if cfg.loss_parallel else ""
     out += f" cp={cfg.cp}" if cfg.cp > 1 else ""
     if cfg.stage_layers:
         out += " stage_layers=" + "+".join(map(str, cfg.stage_layers))
     out += f" dp_replicate={cfg.dp_replicate}" if cfg.dp_replicate > 1 else ""
+    out += f" routing={cfg.routing}" if cfg.routing != "learned" else ""
     return out + (" fp8_all_gather=1" if cfg.fp8_all_gather else "")
