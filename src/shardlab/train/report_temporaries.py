@@ -39,7 +39,13 @@ Measured with ``shardlab dryrun`` (Llama-3-8B, seq 4096-8192; 2026-12-07):
 
 Not counted: the activation gradients of a layer's backward, and without recompute its
 working set beyond what the layer saved, which the dry run shows below the loss's moment
-for these models.
+for these models. A mixture of experts' is larger, and can be the peak: with one rank of
+expert data parallel (dp = ep) the expert unit's backward holds about 12 B per local
+expert parameter in bf16 (its gathered weights 2, their gradients 2, FSDP2's reduce-scatter
+input and output 4 + 4 in fp32: ``foreach_reduce`` at torch 2.13; 12.1-12.5 B measured by
+``shardlab dryrun`` at d = 512, f = 2048-4096, dp = ep = 2), and Mixtral 8x7B over
+``dp=8 pp=8 ep=8 recompute=full`` held 7.37 GB of temporaries against 1.53 GB counted
+(docs/guide/dryrun.md).
 """
 
 from __future__ import annotations
