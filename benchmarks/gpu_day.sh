@@ -12,6 +12,9 @@
 #      the ratios the planner takes from TileLang's (FP8_PEAK_RATIO, FP8_HALF_RATIO).
 #   5. fp8 training: the run of 2 with --dtype fp8 (torchao's float8 linears; refused with
 #      one line if the device's Python has no torchao), its tokens/s over the bf16 run's.
+#   6. A mixture of experts, dry run vs the device: the model of 2 at 8 layers with 8
+#      experts of width 5632, top 2, trained with contiguous routing (the routing the dry
+#      run runs), and its dry run: the dry-run peak beside torch.cuda.max_memory_allocated.
 # The device's image has its own python3 and torch (2.11 when last read, not the 2.13
 # pinned here) and no torchao, tensorboardX or shardlab: shardlab runs from src/, and
 # wheels carried in .whl/ (the device tool's README: `pip download --no-deps
@@ -48,6 +51,14 @@ echo "fp8_curve rc=$?"; cat "$out/fp8_curve.txt"
 timeout 300 $sl train "${shape[@]}" --global-batch 8 --micro-batch 4 --steps 12 \
     --dtype fp8 --gpu $gpu --json > "$out/train_fp8.json" 2> "$out/train_fp8.err"
 echo "train fp8 rc=$?"; tail -1 "$out/train_fp8.err"
+moe=(--style llama --layers 8 --d-model 2048 --heads 16 --d-ff 5632 --vocab 32000
+     --seq 2048 --experts 8 --top-k 2)
+timeout 240 $sl train "${moe[@]}" --routing contiguous --global-batch 4 --micro-batch 2 \
+    --steps 8 --dtype bf16 --gpu $gpu --json > "$out/train_moe.json" 2> "$out/train_moe.err"
+echo "train moe rc=$?"
+timeout 240 $sl dryrun "${moe[@]}" --gpus 1 --layout "micro_batch=2" --global-batch 4 \
+    --dtype bf16 --gpu $gpu --json > "$out/dryrun_moe.json" 2> "$out/dryrun_moe.err"
+echo "dryrun moe rc=$?"
 $py - "$out" <<'EOF'
 import json, sys
 from pathlib import Path
@@ -67,7 +78,10 @@ if train:
     print(f"train: torch.cuda.max_memory_allocated per rank {cuda}")
 if dry:
     print(f"dryrun: peak {dry['peak_bytes']:,} bytes (predicted {dry['predicted']['peak_bytes']:,.0f})")
-if train and dry and train["memory_per_rank"][0].get("cuda_peak_allocated"):
-    got = train["memory_per_rank"][0]["cuda_peak_allocated"]
-    print(f"dry-run peak / cuda max allocated: {dry['peak_bytes'] / got:.3f}")
+for name, run, dr in (("dense", train, dry),
+                      ("moe", load("train_moe.json"), load("dryrun_moe.json"))):
+    if run and dr and run["memory_per_rank"][0].get("cuda_peak_allocated"):
+        got = run["memory_per_rank"][0]["cuda_peak_allocated"]
+        print(f"{name}: dry-run peak / cuda max allocated: {dr['peak_bytes'] / got:.3f} "
+              f"(cost model / cuda: {dr['predicted']['peak_bytes'] / got:.3f})")
 EOF
