@@ -201,3 +201,20 @@ def test_the_fit_advice_of_a_per_operator_run_prices_that_policy() -> None:
                              doc)["by_category"]["activations"]
     assert by_op == pytest.approx(42.57e9, rel=0.02)
     assert korthikanti > 1.9 * by_op
+
+
+def test_the_fit_advice_of_a_mixture_of_experts_keeps_its_expert_layout() -> None:
+    """A MoE dry run that does not fit gets advice priced on its own expert layout (ep,
+    etp, capacity), not on ep = 1: each change keeps ep = 8 and capacity 1.25."""
+    from shardlab.cli import build_parser
+    from shardlab.cli.dryrun import config_from, fit_advice
+    from shardlab.config.measured import accelerator_or_measured
+
+    cfg = config_from(build_parser().parse_args(
+        ["dryrun", *HUGE_MOE, "--gpus", "8", "--layout", "dp=8 ep=8 capacity_factor=1.25"]))
+    doc = {"fit": {"capacity_bytes": 40e9, "allowance_bytes": 1.41e9},
+           "by_category": {"optimizer": 1.0}}
+    advice = fit_advice(cfg, accelerator_or_measured("a100 40gb"), doc)
+    assert advice["changes"] and advice["binding"] == "optimizer"
+    assert {(c["layout"]["ep"], c["layout"]["etp"]) for c in advice["changes"]} == {(8, 1)}
+    assert all("ep=" not in c["change"] for c in advice["changes"])

@@ -132,11 +132,15 @@ def test_a_mixture_of_experts_plan_dry_runs_its_expert_parallel_layout(
         capsys: pytest.CaptureFixture[str]) -> None:
     """A MoE plan's layout is dry-run for real (no stand-in): train's expert-parallel
     program routed contiguously (its counts known without values; a learned router's
-    could not be read from fake tensors), its states the cost model's."""
+    could not be read from fake tensors), its states the cost model's; a plan priced for
+    a routing imbalance says the dry run's is balanced."""
     assert main(["plan", "--experts", "4", "--top-k", "2", "--gpus", "4", "--global-batch",
                  "8", "--seq", "32", "--gpu", "h100", "--layout", "dp=4 ep=2 zero=3",
-                 "--dry-run-top", "1", "--json"]) == 0
-    entry = json.loads(capsys.readouterr().out)["best"][0]
+                 "--routing-imbalance", "2", "--dry-run-top", "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert any("--routing-imbalance 2 is in its figures, not in the dry-run peaks" in n
+               for n in doc["notes"])
+    entry = doc["best"][0]
     assert entry["ep"] == 2 and entry["dry_run"]["fits"]
     for key in ("params", "grads", "optimizer"):
         assert entry["dry_run"]["ratio"][key] == 1.0, key

@@ -46,10 +46,10 @@ def register(sub: Any) -> None:
                    help='"dp=.. tp=.. pp=.. virtual=.. zero=2|3 sp=0|1 '
                    'recompute=none|selective|full|op loss_parallel=0|1 schedule=.. '
                    'micro_batch=.. cp=.. '
-                   'stage_layers=3+1 dp_replicate=.. ep=.. etp=1|tp capacity_factor=.. '
-                   'routing=contiguous" (dp defaults to gpus/(cp*tp*pp), zero to 3: FSDP; '
-                   "a mixture of experts routes contiguously, train's --routing "
-                   "contiguous)")
+                   'stage_layers=3+1 dp_replicate=.. ep=.. etp=1|(the tp degree) '
+                   'capacity_factor=.. routing=contiguous" (dp defaults to gpus/(cp*tp*pp), '
+                   "zero to 3: FSDP; a mixture of experts routes contiguously, train's "
+                   "--routing contiguous)")
     p.add_argument("--cp", type=positive_int,
                    help="context parallel: every sequence split over cp ranks (the layout's "
                    "cp=N)")
@@ -186,7 +186,8 @@ def fit_advice(cfg: TrainConfig, acc: Any, doc: dict[str, Any]) -> dict[str, Any
                          global_batch=cfg.global_batch, seq=cfg.seq,
                          recompute=layout_recompute(cfg.recompute),
                          dtype=estimate_dtype(cfg),
-                         schedule=cfg.schedule if cfg.pp > 1 else None)
+                         schedule=cfg.schedule if cfg.pp > 1 else None, ep=cfg.ep,
+                         etp=cfg.etp, capacity_factor=cfg.capacity_factor)
     # The changes keep train's per-operator checkpointing (None: the planner's default).
     options = (replace(step_options_for(acc, flash=True), selective="op")
                if cfg.recompute == "op" else None)

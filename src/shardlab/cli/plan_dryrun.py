@@ -91,3 +91,9 @@ def dry_run_top(doc: dict[str, Any], model: ModelShape, k: int, capacity: float,
     # Stable: the planner's order, with dry runs that do not fit moved to the end.
     doc["best"].sort(key=lambda e: e.get("dry_run", {}).get("fits") is False)
     doc["dry_run_top"] = k
+    imbalance = doc.get("routing_imbalance") or 1.0
+    if model.moe is not None and chosen and imbalance != 1.0:
+        # The dry run routes contiguously (balanced); the plan priced a busier expert rank.
+        doc["notes"].append(f"dry runs route contiguously (every expert T*k/E rows): the "
+                            f"plan's --routing-imbalance {imbalance:g} is in its figures, not "
+                            "in the dry-run peaks")

@@ -65,7 +65,10 @@ def role_ranks(cfg: Any) -> list[int]:
     train's row-major ``(pp, dp, cp, tp)`` mesh. Ranks that differ only in their data-,
     context- or tensor-parallel index run the same program on shards of equal size (FSDP2
     pads the last shard; tensor parallelism needs even splits; every cp rank holds two
-    chunks of s/2cp tokens and all s keys), so their figures are equal."""
+    chunks of s/2cp tokens and all s keys), so their figures are equal; under expert
+    parallelism with contiguous routing the dp rank holding the first experts takes the
+    most rows (expert e takes one more than the last when e < T·k mod E), so dp 0 is the
+    busiest of its stage."""
     return [p * cfg.dp * cfg.cp * cfg.tp for p in range(cfg.pp)]
 
 
