@@ -13,7 +13,9 @@ calls ``experts(x_sorted, counts)`` with rows sorted by *global* expert id and t
 counts). Its forward, on this rank's N kept assignments:
 
 1. **counts** (``all_to_all_single`` of the E counts viewed ``[ep, E/ep]``): every rank
-   learns how many rows each source sends to each of its local experts;
+   learns how many rows each source sends to each of its local experts (skipped under
+   contiguous routing, :mod:`shardlab.nn.moe_contiguous`: every rank of the group routed
+   the same counts, known before the router ran);
 2. **dispatch** (``all_to_all_single`` with uneven splits): the rows of experts j·E/ep..
    go to rank j. They arrive source-major (rank 0's rows for local experts 0..e, then
    rank 1's ...) and are regrouped expert-major for the grouped MLP;

@@ -260,7 +260,7 @@ def grouped_mlp(x_sorted: torch.Tensor, counts: list[int], w_gate: torch.Tensor 
     experts (torch._grouped_mm is CUDA-only); an expert with no rows costs nothing and
     still gets a (zero) gradient.
     """
-    # One unbind a weight, not w[e] per expert: select's backward builds a zero gradient of
+    # One unbind per weight, not w[e] per expert: select's backward builds a zero gradient of
     # the whole [E, ...] weight for each expert (a dry run of 4 experts of d=512, f=2048
     # held 87.6 MB of such temporaries in one process, 1.74x the experts' fp32 weights);
     # unbind's stacks the experts' gradients once.
