@@ -151,6 +151,18 @@ def test_a_mixture_of_experts_dry_runs_expert_parallel() -> None:
     assert doc["host_peak_rss_bytes"] < 2e9
 
 
+def test_a_rank_holds_its_own_chunk_where_a_dim_does_not_divide_the_group() -> None:
+    """The default model's vocabulary (156 rows) over FSDP 8: rank 0 holds torch.chunk's
+    20 rows of the embedding and of the head, not the mean 19.5, and the cost model says
+    so (it said 1.0018 of the states before it counted each rank's own chunk)."""
+    r = shardlab("dryrun", "--gpus", "8", "--layout", "dp=8", "--seq", "64",
+                 "--global-batch", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    role = json.loads(r.stdout)["roles"][0]
+    for key in ("params", "grads", "optimizer"):
+        assert role["measured"][key] == role["predicted"][key], key
+
+
 def test_fsdp_inside_a_pipeline_is_predicted_as_the_dry_run_holds_it() -> None:
     # Once the cost model left out what FSDP keeps gathered through a pipelined step (the
     # stage's blocks and its unsharded fp32 gradients, train/report_fsdp.py): the dry run

@@ -203,6 +203,12 @@ def test_fsdp2_padding_is_torch_chunks_of_the_real_tensors() -> None:
                            for x in local)
                 got = fsdp2_padded_params(m, tp, 1, dp, vocab_parallel=False)
                 assert got == [want], (m.name, tp, dp)
+                # Each rank's own torch.chunk (the last ranks' shorter, or empty).
+                for r in range(dp):
+                    own = sum(x.chunk(dp)[r].numel() if r < len(x.chunk(dp)) else 0
+                              for x in local)
+                    assert fsdp2_padded_params(m, tp, 1, dp, vocab_parallel=False,
+                                               position=r) == [own], (m.name, tp, dp, r)
                 if dp == 1:
                     assert got == stage_params(m, tp, 1, vocab_parallel=False)
 

@@ -72,10 +72,11 @@ def role_ranks(cfg: Any) -> list[int]:
     return [p * cfg.dp * cfg.cp * cfg.tp for p in range(cfg.pp)]
 
 
-def predicted_role(cfg: Any, pp_rank: int) -> dict[str, float]:
-    """The cost model's bytes of a rank on pipeline rank ``pp_rank``, by category, and
-    their sum (``peak_bytes``)."""
-    states = predicted_state_bytes(cfg, pp_rank)
+def predicted_role(cfg: Any, pp_rank: int, role: dict[str, Any] | None = None
+                   ) -> dict[str, float]:
+    """The cost model's bytes of a rank on pipeline rank ``pp_rank`` (``role``'s own shards
+    of the parameters, when given), by category, and their sum (``peak_bytes``)."""
+    states = predicted_state_bytes(cfg, pp_rank, role)
     out = {"params": float(states.weights), "grads": float(states.gradients),
            "optimizer": float(states.optimizer),
            "activations": held_microbatches(cfg, pp_rank)
@@ -127,7 +128,7 @@ def compare(cfg: Any, roles: list[dict[str, Any]], capacity: float | None = None
     comm = {row["rank"]: row for row in comm_table(cfg, members)}
     out = []
     for role in sorted(roles, key=lambda r: -r["peak_bytes"]):
-        predicted = predicted_role(cfg, role["pp_rank"])
+        predicted = predicted_role(cfg, role["pp_rank"], role)
         measured = measured_role(cfg, role)
         entry = {**role, "predicted": predicted, "measured": measured,
                  "ratio": ratios(measured, predicted)}

@@ -273,8 +273,8 @@ def tensor_rows(m: ModelShape, tp: int, vocab_parallel: bool
 
 
 def fsdp2_padded_params(m: ModelShape, tp: int, pp: int, dp: int, virtual_stages: int = 1,
-                        vocab_parallel: bool = True, stage_layers: Sequence[int] = ()
-                        ) -> list[int]:
+                        vocab_parallel: bool = True, stage_layers: Sequence[int] = (),
+                        position: int | None = None) -> list[int]:
     """Elements torch's FSDP2 gathers and reduce-scatters for one tensor-parallel rank of
     each pipeline rank: :func:`~shardlab.estimate.partition.stage_params` with every
     parameter's dim 0 padded to a multiple of dp.
@@ -287,27 +287,34 @@ def fsdp2_padded_params(m: ModelShape, tp: int, pp: int, dp: int, virtual_stages
     collective, the same on every rank: the per-rank figure is uniform, with no
     chunk of unequal length. Dense models only (shardlab's LM builds no experts). ``dp``
     is the FSDP shard group (dp_shard x cp with context parallelism); ``stage_layers``
-    an uneven split (a Layout's).
+    an uneven split (a Layout's). With ``position`` (a rank's place in that group): the
+    elements that rank holds instead (:func:`fsdp2_padded`).
     """
     if m.moe is not None:
         raise ValueError("fsdp2_padded_params: shardlab's LM builds no mixture-of-experts")
     block, first, last = tensor_rows(m, tp, vocab_parallel)
     out = []
     for r, layers in enumerate(rank_layers(m.layers, pp, virtual_stages, stage_layers)):
-        n = layers * fsdp2_padded(block, dp)
+        n = layers * fsdp2_padded(block, dp, position)
         if r == 0:
-            n += fsdp2_padded(first, dp)
+            n += fsdp2_padded(first, dp, position)
         if r == pp - 1:
-            n += fsdp2_padded(last[:-1] if m.tied and pp == 1 else last, dp)
+            n += fsdp2_padded(last[:-1] if m.tied and pp == 1 else last, dp, position)
         out.append(n)
     return out
 
 
-def fsdp2_padded(tensors: list[tuple[int, int]], dp: int) -> int:
+def fsdp2_padded(tensors: list[tuple[int, int]], dp: int, position: int | None = None) -> int:
     """Elements of ``tensors`` (dim 0, elements per dim-0 row) as FSDP2 shards them over
     ``dp`` ranks: each tensor's dim 0 padded up to a multiple of dp
-    (:func:`fsdp2_padded_params`)."""
-    return sum(-(-rows // dp) * dp * width for rows, width in tensors)
+    (:func:`fsdp2_padded_params`). With ``position``: the elements the rank at that place
+    of the group holds, its ``torch.chunk`` of each tensor: min(c, max(0, rows - position·c))
+    rows of c = ceil(rows/dp) (the first ranks hold whole chunks, the last may hold less or
+    none; the padding is not a parameter's)."""
+    if position is None:
+        return sum(-(-rows // dp) * dp * width for rows, width in tensors)
+    return sum(min(-(-rows // dp), max(0, rows - position * -(-rows // dp))) * width
+               for rows, width in tensors)
 
 
 def tp_bytes_per_stage(m: ModelShape, layout: Layout, vocab_parallel: bool = True,

@@ -72,7 +72,7 @@ def report(cfg: Any, ranks: list[dict[str, Any]], reference: list[float] | None,
     act = act_rows[0]
     memory = []
     for r, a in zip(ranks, act_rows, strict=True):
-        pred = predicted_state_bytes(cfg, r["pp_rank"])
+        pred = predicted_state_bytes(cfg, r["pp_rank"], r)
         held = held_microbatches(cfg, r["pp_rank"])
         memory.append({"rank": r["rank"], "measured": r["state_bytes"],
                        "predicted": {"weights": pred.weights, "gradients": pred.gradients,
@@ -139,15 +139,31 @@ def activation_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, An
     return rows
 
 
-def predicted_state_bytes(cfg: Any, pp_rank: int) -> StateBytes:
+def predicted_state_bytes(cfg: Any, pp_rank: int,
+                          rank: dict[str, Any] | None = None) -> StateBytes:
     """Weights, gradients and AdamW moments (bytes) a rank of pipeline stage ``pp_rank``
     holds: its parameters under ZeRO-3 over FSDP's shard group (dp x cp; dp/R x cp under
-    HSDP) or replicated (DDP, or one rank)."""
+    HSDP; a mixture of experts' routed experts over expert_dp) or replicated (DDP, or one
+    rank). Under FSDP, ``rank``'s own ``torch.chunk`` of every parameter (its place in
+    the shard group, :func:`~shardlab.estimate.comm.fsdp2_padded`; the group's first
+    rank when None): where a dim 0 does not divide the group, the first ranks hold a row
+    more than the mean."""
+    policy = get_policy(estimate_dtype(cfg))
+    n = shard_ranks(cfg)
+    if cfg.grad_ranks > 1 and cfg.dp_mode != "ddp" and n > 1:
+        pos = shard_position(cfg, rank) if rank is not None else 0
+        if cfg.shape.moe is not None:
+            # Experts shard over expert_dp: the edp index, ep innermost in dp.
+            epos = rank["dp_rank"] // cfg.ep if rank is not None else 0
+            local = sum(moe_padded_params(cfg, pos, epos)[pp_rank])
+        else:
+            local = fsdp2_padded_params(cfg.shape, cfg.tp, cfg.pp, n, cfg.virtual_stages,
+                                        vocab_parallel=vocab_parallel(cfg),
+                                        stage_layers=cfg.stage_layers, position=pos)[pp_rank]
+        return zero_state_bytes(local, policy, 0, 1)
     if cfg.shape.moe is not None:  # experts sharded over expert_dp, the rest over dp
         return rank_state_bytes(cfg.shape, run_layout(cfg), vocab_parallel(cfg))[pp_rank]
-    policy = get_policy(estimate_dtype(cfg))
-    zero = 0 if cfg.grad_ranks == 1 or cfg.dp_mode == "ddp" else 3
-    return zero_state_bytes(rank_params(cfg, pp_rank), policy, zero, shard_ranks(cfg))
+    return zero_state_bytes(rank_params(cfg, pp_rank), policy, 0, 1)
 
 
 def held_microbatches(cfg: Any, pp_rank: int) -> float:

@@ -113,12 +113,15 @@ def moe_flops_correction(cfg: Any, tokens: int, summary: dict[str, Any] | None) 
                          - copies * summary["dropped"] * expert)
 
 
-def moe_padded_params(cfg: Any) -> list[tuple[int, int]]:
+def moe_padded_params(cfg: Any, position: int | None = None,
+                      expert_position: int | None = None) -> list[tuple[int, int]]:
     """(dense, expert) elements FSDP2 gathers and reduce-scatters on one rank of each
     pipeline rank: the dense parameters with dim 0 padded to a multiple of dp, the
     routed experts' local [E/ep, ...] shards padded to a multiple of expert_dp
     (:func:`~shardlab.estimate.comm.fsdp2_padded_params`'s rule, per group); without
-    expert parallelism the experts are dense ones (padded over dp)."""
+    expert parallelism the experts are dense ones (padded over dp). With ``position`` and
+    ``expert_position`` (a rank's places in the dp and expert_dp groups): the elements that
+    rank holds instead (:func:`~shardlab.estimate.comm.fsdp2_padded`)."""
     m, dp, edp, tp = cfg.shape, cfg.dp, cfg.dp // cfg.ep, cfg.tp
     assert m.moe is not None
     e = m.moe
@@ -140,19 +143,20 @@ def moe_padded_params(cfg: Any) -> list[tuple[int, int]]:
                                                      if m.biases else [])
 
     out = []
-    moe_block = fsdp2_padded(attention + shared + router, dp)
+    pos, epos = position, expert_position
+    moe_block = fsdp2_padded(attention + shared + router, dp, pos)
     for r in range(cfg.pp):
         ids = stage_layer_ids(cfg, r)
         moe_here = sum(1 for i in ids if i >= e.dense_layers)
-        n = moe_here * moe_block + (len(ids) - moe_here) * fsdp2_padded(block, dp)
+        n = moe_here * moe_block + (len(ids) - moe_here) * fsdp2_padded(block, dp, pos)
         if r == 0:
-            n += fsdp2_padded(first, dp)
+            n += fsdp2_padded(first, dp, pos)
         if r == cfg.pp - 1:
-            n += fsdp2_padded(last[:-1] if m.tied and cfg.pp == 1 else last, dp)
+            n += fsdp2_padded(last[:-1] if m.tied and cfg.pp == 1 else last, dp, pos)
         if cfg.ep == 1:  # no expert parallelism: the experts are FSDP's like the rest
-            out.append((n + moe_here * fsdp2_padded(experts, dp), 0))
+            out.append((n + moe_here * fsdp2_padded(experts, dp, pos), 0))
         else:
-            out.append((n, moe_here * fsdp2_padded(experts, edp)))
+            out.append((n, moe_here * fsdp2_padded(experts, edp, epos)))
     return out
 
 
