@@ -69,6 +69,20 @@ def test_moe_with_expert_parallelism_equals_one_device(
     assert {c["name"]: c["tolerance"] for c in doc["checks"]}["comm.ep"] == 0
 
 
+def test_contiguous_routing_equals_one_device_with_every_expert_equally_loaded(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--routing contiguous`` (train's forced balance): the simulated ep layout equals one
+    device, every expert takes T·k/E assignments (imbalance 1) and the all-to-all bytes
+    are the cost model's."""
+    code, out, _ = run(capsys, "simulate", *MOE, "--ep", "2", "--dp", "2", "--routing",
+                       "contiguous", "--steps", "1", "--dtype", "float64", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["passed"] and doc["max_param_diff"] <= 1e-12
+    assert doc["routing_imbalance"] == 1.0
+    ep = doc["comm"]["ep"]
+    assert ep["counted_bytes"] == ep["predicted_bytes"] and all(ep["counted_bytes"])
+
+
 def test_context_parallel_uneven_stages_and_hsdp_flags(
         capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "simulate", "--cp", "2", "--pp", "2", "--stage-layers", "2+1",
@@ -116,6 +130,7 @@ def test_exit_1_when_a_check_fails(capsys: pytest.CaptureFixture[str],
     (["--ep", "2"], "ep=2"),
     (["--capacity-factor", "1"], "capacity_factor=1.0"),
     ([*MOE, "--aux-loss-coef", "nan"], "--aux-loss-coef"),
+    (["--routing", "contiguous"], "routing='contiguous': needs a mixture-of-experts"),
     (["--cp", "3"], "cp=3: must split seq (32) into 2*cp=6 equal chunks"),
     (["--pp", "2", "--stage-layers", "3,2"], "stage_layers='3+2': must sum to the model's 4"),
     (["--pp", "2", "--stage-layers", "4,0"], "stage_layers='4+0': must give every stage at"),

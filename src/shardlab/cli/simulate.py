@@ -27,7 +27,7 @@ from shardlab.cli.output import print_json
 from shardlab.config.hardware import LINKS
 from shardlab.config.layout import parse_stage_layers
 from shardlab.config.lookup import find
-from shardlab.config.model import require_buildable
+from shardlab.config.model import MOE_ROUTINGS, require_buildable
 from shardlab.errors import SpecError
 from shardlab.nn.garden import garden_documents, garden_vocab
 from shardlab.report.simulate_view import print_simulation
@@ -79,6 +79,10 @@ def register(sub: Any) -> None:
     g.add_argument("--capacity-factor", type=nonneg_float, default=0.0,
                    help="each expert takes at most ceil(F*tokens*top_k/experts) of a "
                    "micro-batch's tokens per device, the rest are dropped (0: dropless)")
+    g.add_argument("--routing", choices=MOE_ROUTINGS, default="learned",
+                   help="MoE routing, as train's --routing: learned (the router's top-k) "
+                   "or contiguous (token t's slot j at expert (t*k+j) mod E, every count "
+                   "known in advance)")
     g.add_argument("--aux-loss-coef", type=nonneg_float, default=AUX_COEF,
                    help="weight of the load-balancing loss (default, as train's: Switch "
                    "Transformer's 0.01)")
@@ -127,7 +131,9 @@ def run(args: argparse.Namespace) -> int:
     moe = None
     if shape.moe is not None:
         moe = MoEOptions(aux_coef=args.aux_loss_coef, z_coef=args.router_z_loss,
-                         capacity_factor=args.capacity_factor)
+                         capacity_factor=args.capacity_factor, routing=args.routing)
+    elif args.routing != "learned":
+        raise SpecError("routing", args.routing, "needs a mixture-of-experts model")
     link = None
     if args.link is not None:
         link = find("link", args.link, LINKS)
