@@ -163,6 +163,28 @@ def test_a_rank_holds_its_own_chunk_where_a_dim_does_not_divide_the_group() -> N
         assert role["measured"][key] == role["predicted"][key], key
 
 
+def test_fewer_local_experts_than_shards_are_not_padded() -> None:
+    """Mixtral-like, 4 experts over ep 2 and expert_dp 4 (2 local experts over 4 shards):
+    FSDP2 cuts them on dim 1, so each rank holds a quarter of its experts, exactly as
+    predicted, not dim 0 padded to 4 (twice the experts; 8x for Mixtral 8x7B over dp=64
+    ep=8, whose dry run held 22.6 GB of sharded and 93 GB of gathered weights a rank,
+    2.9 and 14.5 GB now)."""
+    r = shardlab("dryrun", *HUGE_MOE[:8], "--experts", "4", "--top-k", "2",
+                 "--expert-d-ff", "8192", "--seq", "64", "--global-batch", "8", "--dtype",
+                 "fp32", "--gpus", "8", "--layout", "dp=8 ep=2", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    role = doc["roles"][0]
+    for key in ("params", "grads", "optimizer"):
+        assert role["measured"][key] == role["predicted"][key], key
+    # 2 layers x 2 local experts x 3 x 4096 x 8192 over 4 shards, 4 bytes each (403 MB),
+    # plus the dense eighth (68 MB): 471 MB (dim 0 padding would hold 873).
+    experts = 2 * 2 * 3 * 4096 * 8192 / 4 * 4
+    assert experts < role["measured"]["params"] < 1.25 * experts
+    for dim in ("dp", "ep", "edp"):
+        assert doc["by_dim"][dim]["measured"] == doc["by_dim"][dim]["predicted"] > 0, dim
+
+
 def test_fsdp_inside_a_pipeline_is_predicted_as_the_dry_run_holds_it() -> None:
     # Once the cost model left out what FSDP keeps gathered through a pipelined step (the
     # stage's blocks and its unsharded fp32 gradients, train/report_fsdp.py): the dry run

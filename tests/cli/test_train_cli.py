@@ -72,6 +72,11 @@ CONTIGUOUS = [
      "--capacity-factor", "0.5", "--steps", "6"],
     ["--dp", "2", "--ep", "2", "--pp", "2", "--routing", "contiguous", "--steps", "6"],
 ]
+# Fewer local experts than FSDP shards (2 experts, top-1, over dp 4): FSDP2 cuts them on
+# dim 1 (expert_placement), with ep 2 (1 local expert over expert_dp 2) and without ep
+# (2 experts in the block's unit over dp 4).
+FEW_EXPERTS = [["--experts", "2", "--top-k", "1", "--dp", "4", "--ep", "2"],
+               ["--experts", "2", "--top-k", "1", "--dp", "4"]]
 # fp8 under TP (torchao's float8 styles on the attention and the shared expert; the
 # router and routed experts bf16), 6 steps.
 MOE_FP8_TP = ["--dp", "2", "--tp", "2", "--ep", "2", "--dtype", "fp8", "--fp8-on-cpu",
@@ -127,7 +132,7 @@ def documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
     planned = {}
     for argv in [*LAYOUTS, BF16, FP8, FP8_GATHER, FP8_TP, FP8_TP_GATHER, OP,
                  *[[*MOE, *a] for a in [*MOE_LAYOUTS, CAPACITY, ETP, *CONTIGUOUS,
-                                         MOE_FP8_TP, MOE_FP8_GATHER]],
+                                         *FEW_EXPERTS, MOE_FP8_TP, MOE_FP8_GATHER]],
                  *CP_LAYOUTS]:
         name = layout_id(argv)
         args = build_parser().parse_args(["train", "--steps", str(STEPS), *argv,
@@ -255,6 +260,25 @@ def test_contiguous_routing_parity_and_figures(documents: dict[str, dict[str, An
                 assert row[d]["measured"] == row[d]["predicted"], (d, row)
     for row in doc["predicted_vs_measured"]["activation_bytes_per_microbatch"]["per_rank"]:
         assert 0.99 <= row["ratio"] <= 1.03, row
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("layout", FEW_EXPERTS, ids=layout_id)
+def test_fewer_experts_than_shards_are_cut_on_dim_1(documents: dict[str, dict[str, Any]],
+                                                   layout: list[str]) -> None:
+    """Fewer local experts than FSDP shards: FSDP2 cuts them on dim 1 (it padded dim 0 to
+    the shards, gathering 2 experts over 4 ranks as 4); parity with one process, each
+    rank's states (its own chunks) and every byte over dp, ep and edp as predicted."""
+    doc = documents[layout_id([*MOE, *layout])]
+    assert doc["parity_passed"] and doc["max_loss_diff"] <= 1e-5, doc["max_loss_diff"]
+    for m in doc["memory_per_rank"]:
+        got, want = m["measured"], m["predicted"]
+        assert [got["params"], got["grads"], got["optimizer"]] == [
+            want["weights"], want["gradients"], want["optimizer"]], m
+    for row in doc["comm_bytes_per_step"]:
+        for d in ("dp", "ep", "edp"):
+            if d in row:
+                assert row[d]["measured"] == row[d]["predicted"], (d, row)
 
 
 @pytest.mark.multiprocess

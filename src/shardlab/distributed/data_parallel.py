@@ -19,12 +19,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed._composable.replicate import replicate
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 from shardlab.distributed.activation_checkpoint import named_blocks
 from shardlab.distributed.avg_probe import needs_force_sum, probe_avg_ratio
 from shardlab.distributed.launch import RankContext
 from shardlab.errors import SpecError
+from shardlab.nn.moe import GroupedExperts
 
 DpMode = Literal["ddp", "fsdp", "fsdp-zero2"]
 DP_MODES: tuple[str, ...] = ("ddp", "fsdp", "fsdp-zero2")
@@ -79,7 +80,7 @@ def apply_fsdp(model: nn.Module, dp_mesh: Any, reshard_after_forward: bool = Tru
               "reshard_after_forward": reshard_after_forward}
     blocks = [block for _, block in named_blocks(model)]
     for block in blocks:
-        fully_shard(block, **config)
+        fully_shard(block, **config, shard_placement_fn=_experts_on_dim1(block, dp_mesh.size()))
     units = [*blocks, *_shard_ends(model, config), model]
     # The root keeps FSDP2's own choice (None: not resharded after forward); it holds no
     # parameter of its own once the blocks and the ends are units.
@@ -90,6 +91,19 @@ def apply_fsdp(model: nn.Module, dp_mesh: Any, reshard_after_forward: bool = Tru
         for module in units:
             module.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
     return model
+
+
+def _experts_on_dim1(block: nn.Module, shards: int) -> Any:
+    """A block's ``shard_placement_fn``: its grouped experts (a MoE block without expert
+    parallelism) cut on dim 1 when they are fewer than the ``shards``, as
+    :func:`~shardlab.distributed.expert_parallel.expert_placement` cuts expert-parallel
+    ones (FSDP2 would pad dim 0 to the shards: 8 experts over 64 ranks gathered as 64);
+    None (dim 0 for every parameter) otherwise."""
+    params = {id(p) for m in block.modules() if isinstance(m, GroupedExperts)
+              and m.w_up.shape[0] < shards for p in m.parameters()}
+    if not params:
+        return None
+    return lambda param: Shard(1) if id(param) in params else None
 
 
 def _shard_ends(model: nn.Module, config: dict[str, Any]) -> list[nn.Module]:

@@ -119,7 +119,9 @@ def moe_padded_params(cfg: Any, position: int | None = None,
     pipeline rank: the dense parameters with dim 0 padded to a multiple of dp, the
     routed experts' local [E/ep, ...] shards padded to a multiple of expert_dp
     (:func:`~shardlab.estimate.comm.fsdp2_padded_params`'s rule, per group); without
-    expert parallelism the experts are dense ones (padded over dp). With ``position`` and
+    expert parallelism the experts are dense ones (padded over dp); fewer local experts than
+    their shards are cut on dim 1 (:func:`~shardlab.distributed.expert_parallel.
+    expert_placement`). With ``position`` and
     ``expert_position`` (a rank's places in the dp and expert_dp groups): the elements that
     rank holds instead (:func:`~shardlab.estimate.comm.fsdp2_padded`)."""
     m, dp, edp, tp = cfg.shape, cfg.dp, cfg.dp // cfg.ep, cfg.tp
@@ -141,6 +143,11 @@ def moe_padded_params(cfg: Any, position: int | None = None,
     local, fl = e.experts // cfg.ep, f // cfg.etp  # experts whole, or their width over tp
     experts = [(local, d * fl)] * m.mlp_matrices + ([(local, fl), (local, d)]
                                                      if m.biases else [])
+    if cfg.etp == 1 and local < edp:
+        # Fewer local experts than shards: FSDP2 cuts them on dim 1 (expert_placement):
+        # gate and up [E/ep, d, f] by d, down [E/ep, f, d] by f, biases by their width.
+        experts = ([(d, local * f)] * (m.mlp_matrices - 1) + [(f, local * d)]
+                   + ([(f, local), (d, local)] if m.biases else []))
 
     out = []
     pos, epos = position, expert_position
