@@ -43,9 +43,11 @@ for these models. A mixture of experts' is larger, and can be the peak: with one
 expert data parallel (dp = ep) the expert unit's backward holds about 12 B per local
 expert parameter in bf16 (its gathered weights 2, their gradients 2, FSDP2's reduce-scatter
 input and output 4 + 4 in fp32: ``foreach_reduce`` at torch 2.13; 12.1-12.5 B measured by
-``shardlab dryrun`` at d = 512, f = 2048-4096, dp = ep = 2), and Mixtral 8x7B over
-``dp=8 pp=8 ep=8 recompute=full`` held 7.37 GB of temporaries against 1.53 GB counted
-(docs/guide/dryrun.md).
+``shardlab dryrun`` at d = 512, f = 2048-4096, dp = ep = 2); at longer sequences the
+expert rows' activation gradients (two [R, f] products and a matmul's output at d = 1024,
+f = 4096, seq 2048). Inside a pipeline FSDP's term covers it: Mixtral 8x7B over ``dp=8
+pp=8 ep=8 recompute=full`` holds 7.37 GB of temporaries against 7.29 GB counted
+(docs/guide/dryrun.md; 1.53 GB before :func:`pipeline_fsdp_bytes` counted a MoE stage).
 """
 
 from __future__ import annotations
