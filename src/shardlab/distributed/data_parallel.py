@@ -25,6 +25,7 @@ from shardlab.distributed.activation_checkpoint import named_blocks
 from shardlab.distributed.avg_probe import needs_force_sum, probe_avg_ratio
 from shardlab.distributed.launch import RankContext
 from shardlab.errors import SpecError
+from shardlab.estimate.comm import experts_cut_on_dim1
 from shardlab.nn.moe import GroupedExperts
 
 DpMode = Literal["ddp", "fsdp", "fsdp-zero2"]
@@ -100,7 +101,8 @@ def _experts_on_dim1(block: nn.Module, shards: int) -> Any:
     ones (FSDP2 would pad dim 0 to the shards: 8 experts over 64 ranks gathered as 64);
     None (dim 0 for every parameter) otherwise."""
     params = {id(p) for m in block.modules() if isinstance(m, GroupedExperts)
-              and m.w_up.shape[0] < shards for p in m.parameters()}
+              and experts_cut_on_dim1(m.w_up.shape[0], shards, False)
+              for p in m.parameters()}
     if not params:
         return None
     return lambda param: Shard(1) if id(param) in params else None

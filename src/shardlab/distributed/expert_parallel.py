@@ -65,6 +65,7 @@ from shardlab.distributed.activation_checkpoint import named_blocks
 from shardlab.distributed.measure import comm_label
 from shardlab.distributed.saved import weight_local
 from shardlab.errors import SpecError
+from shardlab.estimate.comm import experts_cut_on_dim1
 from shardlab.nn.moe import GroupedExperts, MoEFeedForward, grouped_mlp
 
 EXPERT_WEIGHTS = ("w_gate", "w_up", "w_down", "b_up", "b_down")
@@ -250,14 +251,10 @@ def shard_experts(model: nn.Module, edp_mesh: Any, dp: int, *,
 
 def expert_placement(local: int, shards: int, width_split: bool) -> Any:
     """FSDP2's ``shard_placement_fn`` for a rank's ``local`` experts over ``shards`` ranks:
-    on dim 1 (an expert's d or f, every expert cut alike) when there are fewer local
-    experts than shards, else None (FSDP2's dim 0). FSDP2 pads dim 0 to a multiple of the
-    shards, so 1 local expert over 8 shards would be gathered as 8: the all-gather
-    buffers and their bytes 8x the weights (a dry run of Mixtral 8x7B over ``dp=64 ep=8
-    zero=2`` held 93 GB gathered). torchtitan's rule (``efsdp * ep > num_experts``:
-    ``Shard(1)``, torchtitan/models/*/infra/parallelize.py). ``width_split``: experts
-    already cut over tp (etp = tp) keep dim 0 here (dim 1 or 2 is tp's)."""
-    if width_split or local >= shards:
+    ``Shard(1)`` where :func:`~shardlab.estimate.comm.experts_cut_on_dim1` says so, else
+    None (FSDP2's dim 0). A dry run of Mixtral 8x7B over ``dp=64 ep=8 zero=2`` held 93 GB
+    gathered a rank with dim 0 (1 local expert padded to 8 shards), 14.5 GB with dim 1."""
+    if not experts_cut_on_dim1(local, shards, width_split):
         return None
     return lambda param: Shard(1)
 

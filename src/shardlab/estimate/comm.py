@@ -317,6 +317,16 @@ def fsdp2_padded(tensors: list[tuple[int, int]], dp: int, position: int | None =
                for rows, width in tensors)
 
 
+def experts_cut_on_dim1(local: int, shards: int, width_split: bool) -> bool:
+    """Whether FSDP2 shards a rank's ``local`` experts (their [E_local, ...] weights) over
+    ``shards`` ranks on dim 1 (an expert's d or f, every expert cut alike) rather than on
+    dim 0, which FSDP2 pads to a multiple of the shards (1 local expert over 8 would be
+    held and gathered as 8): when there are fewer local experts than shards, torchtitan's
+    rule (``efsdp * ep > num_experts``: ``Shard(1)``, torchtitan/models/*/infra/
+    parallelize.py). ``width_split``: experts already cut over tp (etp = tp) keep dim 0."""
+    return not width_split and local < shards
+
+
 def tp_bytes_per_stage(m: ModelShape, layout: Layout, vocab_parallel: bool = True,
                        rank: int | None = None) -> list[float]:
     """Bytes one tensor-parallel rank of each pipeline stage sends per step.

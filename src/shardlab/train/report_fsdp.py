@@ -60,19 +60,20 @@ def pipeline_fsdp_bytes(cfg: Any, pp_rank: int) -> float:
     if (cfg.pp == 1 or cfg.dp_mode == "ddp" or shard_ranks(cfg) == 1
             or cfg.microbatches == 1):
         return 0.0
-    compute = 2 if bf16_compute(cfg) else 4
     if cfg.shape.moe is not None:
         first_moe = cfg.shape.dense_layers
         blocks = sum(layer_params_per_tp_rank(cfg.shape, cfg.tp, i >= first_moe, cfg.ep,
                                               cfg.etp)
                      for i in stage_layer_ids(cfg, pp_rank))
-        dense, experts = rank_params_split(cfg.shape, run_layout(cfg),
-                                           vocab_parallel(cfg))[pp_rank]
-        return float(blocks * compute + (dense + experts) * GRAD_ACCUMULATE_BYTES)
-    blocks = (rank_layers(cfg.shape.layers, cfg.pp, cfg.virtual_stages,
-                          cfg.stage_layers)[pp_rank]
-              * layer_params_per_tp_rank(cfg.shape, cfg.tp, moe_layer=False))
-    return float(blocks * compute + rank_params(cfg, pp_rank) * GRAD_ACCUMULATE_BYTES
+        params = sum(rank_params_split(cfg.shape, run_layout(cfg),
+                                       vocab_parallel(cfg))[pp_rank])
+    else:
+        blocks = (rank_layers(cfg.shape.layers, cfg.pp, cfg.virtual_stages,
+                              cfg.stage_layers)[pp_rank]
+                  * layer_params_per_tp_rank(cfg.shape, cfg.tp, moe_layer=False))
+        params = rank_params(cfg, pp_rank)
+    compute = 2 if bf16_compute(cfg) else 4
+    return float(blocks * compute + params * GRAD_ACCUMULATE_BYTES
                  + whole_embedding_grad_bytes(cfg, pp_rank))
 
 

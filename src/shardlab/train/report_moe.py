@@ -17,7 +17,12 @@ from collections import defaultdict
 from typing import Any
 
 from shardlab.config.layout import Layout, make_layout
-from shardlab.estimate.comm import fsdp2_padded, ring_allreduce_bytes, tensor_rows
+from shardlab.estimate.comm import (
+    experts_cut_on_dim1,
+    fsdp2_padded,
+    ring_allreduce_bytes,
+    tensor_rows,
+)
 from shardlab.estimate.comm_dtensor import fp8_block_bytes
 from shardlab.estimate.expert import (
     dispatch_rows,
@@ -120,8 +125,8 @@ def moe_padded_params(cfg: Any, position: int | None = None,
     routed experts' local [E/ep, ...] shards padded to a multiple of expert_dp
     (:func:`~shardlab.estimate.comm.fsdp2_padded_params`'s rule, per group); without
     expert parallelism the experts are dense ones (padded over dp); fewer local experts than
-    their shards are cut on dim 1 (:func:`~shardlab.distributed.expert_parallel.
-    expert_placement`). With ``position`` and
+    their shards are cut on dim 1 (:func:`~shardlab.estimate.comm.experts_cut_on_dim1`).
+    With ``position`` and
     ``expert_position`` (a rank's places in the dp and expert_dp groups): the elements that
     rank holds instead (:func:`~shardlab.estimate.comm.fsdp2_padded`)."""
     m, dp, edp, tp = cfg.shape, cfg.dp, cfg.dp // cfg.ep, cfg.tp
@@ -143,27 +148,26 @@ def moe_padded_params(cfg: Any, position: int | None = None,
     local, fl = e.experts // cfg.ep, f // cfg.etp  # experts whole, or their width over tp
     experts = [(local, d * fl)] * m.mlp_matrices + ([(local, fl), (local, d)]
                                                      if m.biases else [])
-    if cfg.etp == 1 and local < edp:
-        # Fewer local experts than shards: FSDP2 cuts them on dim 1 (expert_placement):
+    if experts_cut_on_dim1(local, edp, cfg.etp > 1):
+        # Fewer local experts than shards: FSDP2 cuts them on dim 1:
         # gate and up [E/ep, d, f] by d, down [E/ep, f, d] by f, biases by their width.
         experts = ([(d, local * f)] * (m.mlp_matrices - 1) + [(f, local * d)]
                    + ([(f, local), (d, local)] if m.biases else []))
 
     out = []
-    pos, epos = position, expert_position
-    moe_block = fsdp2_padded(attention + shared + router, dp, pos)
+    moe_block = fsdp2_padded(attention + shared + router, dp, position)
     for r in range(cfg.pp):
         ids = stage_layer_ids(cfg, r)
         moe_here = sum(1 for i in ids if i >= e.dense_layers)
-        n = moe_here * moe_block + (len(ids) - moe_here) * fsdp2_padded(block, dp, pos)
+        n = moe_here * moe_block + (len(ids) - moe_here) * fsdp2_padded(block, dp, position)
         if r == 0:
-            n += fsdp2_padded(first, dp, pos)
+            n += fsdp2_padded(first, dp, position)
         if r == cfg.pp - 1:
-            n += fsdp2_padded(last[:-1] if m.tied and cfg.pp == 1 else last, dp, pos)
+            n += fsdp2_padded(last[:-1] if m.tied and cfg.pp == 1 else last, dp, position)
         if cfg.ep == 1:  # no expert parallelism: the experts are FSDP's like the rest
-            out.append((n + moe_here * fsdp2_padded(experts, dp, pos), 0))
+            out.append((n + moe_here * fsdp2_padded(experts, dp, position), 0))
         else:
-            out.append((n, moe_here * fsdp2_padded(experts, edp, epos)))
+            out.append((n, moe_here * fsdp2_padded(experts, edp, expert_position)))
     return out
 
 
