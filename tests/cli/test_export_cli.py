@@ -33,6 +33,9 @@ SHAPES = {
     "qwen2": ModelShape("tiny-qwen", 2, 32, 4, V, 32, kv_heads=2, style="llama", tied=True,
                         qkv_bias=True),
     "gpt2": ModelShape("tiny-gpt", 2, 32, 4, V, 32, style="gpt", tied=True),
+    # Qwen3: query/key norms, and a head width that is not d_model / heads
+    "qwen3": ModelShape("tiny-qwen3", 2, 32, 4, V, 32, kv_heads=2, head_dim=16, style="llama",
+                        tied=False, qk_norm=True),
 }
 # fp32, same math in another order (fused attention kernels, RMSNorm written out):
 LOGITS_ATOL, LOGITS_RTOL = 1e-5, 1e-5

@@ -83,6 +83,27 @@ def test_contiguous_routing_equals_one_device_with_every_expert_equally_loaded(
     assert ep["counted_bytes"] == ep["predicted_bytes"] and all(ep["counted_bytes"])
 
 
+@pytest.mark.parametrize("layout", [
+    ["--tp", "2", "--dp", "2"],
+    ["--tp", "2", "--sp", "--pp", "2", "--zero", "3", "--dp", "2"],
+    ["--tp", "2", "--ep", "2", "--dp", "2", "--experts", "4"],
+], ids=" ".join)
+def test_query_key_norms_equal_one_device(capsys: pytest.CaptureFixture[str],
+                                          layout: list[str]) -> None:
+    """``--qk-norm`` (Qwen3): the norms' weights serve heads the tensor ranks split, so their
+    gradients are summed over tp (with or without sp); the simulated layout equals one
+    device and every tensor-parallel byte is the cost model's. The MoE case (no shared
+    experts, no sp) also checks that its MoE layers send no tensor-parallel bytes."""
+    code, out, _ = run(capsys, "simulate", "--qk-norm", *layout, "--layers", "2",
+                       "--d-model", "32", "--heads", "4", "--kv-heads", "2", "--seq", "16",
+                       "--steps", "1", "--dtype", "float64", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["passed"] and "qk_norm" in doc["model"]
+    assert doc["max_param_diff"] <= 1e-12
+    tp = doc["comm"]["tp"]
+    assert tp["counted_bytes"] == tp["predicted_bytes"] and all(tp["counted_bytes"])
+
+
 def test_context_parallel_uneven_stages_and_hsdp_flags(
         capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "simulate", "--cp", "2", "--pp", "2", "--stage-layers", "2+1",

@@ -34,6 +34,10 @@ LAYOUTS = [
     ["--dp", "2", "--pp", "2", "--micro-batch", "2", "--schedule", "gpipe"],
     ["--tp", "2", "--pp", "2", "--micro-batch", "2", "--sp"],
     ["--dp", "2", "--micro-batch", "2"],                        # FSDP2 + accumulation
+    # Qwen3's query/key norms: their gradients summed over the tensor ranks' heads, with
+    # sequence parallelism under FSDP, and without it in a pipeline
+    ["--qk-norm", "--kv-heads", "2", "--dp", "2", "--tp", "2", "--sp"],
+    ["--qk-norm", "--kv-heads", "2", "--tp", "2", "--pp", "2", "--micro-batch", "2"],
 ]
 BF16 = ["--dp", "2", "--dtype", "bf16", "--steps", "10"]
 # The same run with torchao's fp8 linear layers, on torch's CPU fp8 matmul.

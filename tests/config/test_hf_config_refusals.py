@@ -233,6 +233,7 @@ def test_qwen3_fields_shardlab_cannot_hold_are_refused(tmp_path: Path, changes: 
         shape_from_hf_config(edited(tmp_path, "qwen3-30b-a3b", **changes))
 
 
-def test_a_qwen3_shape_exports_nothing() -> None:
-    with pytest.raises(SpecError, match=r"^qk_norm=True: shardlab's model has no query/key"):
-        hf_family(get_model("qwen3-8b"))
+def test_dense_qwen3_exports_as_qwen3_and_its_mixture_of_experts_is_refused() -> None:
+    assert hf_family(get_model("qwen3-8b")) == "qwen3"
+    with pytest.raises(SpecError, match=r"^qk_norm=True: with experts is a Qwen3-MoE model"):
+        hf_family(get_model("qwen3-30b-a3b"))

@@ -72,6 +72,10 @@ SHAPES = {
                            style="gpt", tied=True),
     "gpt-untied": ModelShape("pz-gpt-u", layers=2, d_model=32, heads=4, vocab=V,
                              context=SEQ, style="gpt", tied=False),
+    # Qwen3's query/key norms: weights shared by heads that tensor parallelism splits
+    "qwen3": ModelShape("pz-qwen3", layers=2, d_model=32, heads=4, vocab=V, context=SEQ,
+                        kv_heads=2, head_dim=16, d_ff=64, style="llama", tied=False,
+                        qk_norm=True),
 }
 
 
@@ -234,6 +238,8 @@ TP_CASES: list[dict[str, Any]] = [
     {"model": "gpt-tied", "tp": 2, "step": True},
     {"model": "gpt-tied", "tp": 2, "sp": True, "ac": "full"},
     {"model": "gpt-untied", "tp": 2, "sp": True, "lp": True},
+    {"model": "qwen3", "tp": 2, "step": True},
+    {"model": "qwen3", "tp": 2, "sp": True, "lp": True, "ac": "selective", "step": True},
 ]
 
 
@@ -264,6 +270,7 @@ DP_CASES: list[dict[str, Any]] = [
     {"model": "gpt-tied", "dp": 2, "dp_mode": "fsdp", "ac": "full", "step": True},
     {"model": "gpt-tied", "dp": 2, "dp_mode": "ddp", "ac": "full"},
     {"model": "llama", "dp": 2, "dp_mode": "fsdp", "bf16": True},
+    {"model": "qwen3", "dp": 2, "dp_mode": "fsdp", "ac": "full", "step": True},
 ]
 
 
@@ -283,7 +290,8 @@ def test_data_parallel_equals_one_process(two_ranks: dict[str, Any]) -> None:
 def test_fsdp_over_tensor_parallel_2x2(cases_module: str, tmp_path: Path) -> None:
     cases = [{"model": "llama", "tp": 2, "dp": 2, "sp": True, "lp": True, "ac": "full",
               "step": True},
-             {"model": "gpt-tied", "tp": 2, "dp": 2, "dp_mode": "fsdp-zero2", "sp": True}]
+             {"model": "gpt-tied", "tp": 2, "dp": 2, "dp_mode": "fsdp-zero2", "sp": True},
+             {"model": "qwen3", "tp": 2, "dp": 2, "step": True}]
     out = launch(f"{cases_module}:run_cases", 4, ((2, 2), cases), timeout_s=180,
                  log_dir=str(tmp_path / "logs"))
     _assert_equal(out)

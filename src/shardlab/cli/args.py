@@ -114,7 +114,7 @@ def param_count(text: str) -> float:
 
 
 SHAPE_FLAGS = ("style", "layers", "d_model", "heads", "kv_heads", "d_ff", "vocab", "experts",
-               "top_k", "expert_d_ff", "shared_experts", "dense_layers")
+               "top_k", "expert_d_ff", "shared_experts", "dense_layers", "qk_norm")
 """The shape flags (:func:`add_shape_args`) that MODEL, or a config.json, replaces."""
 
 
@@ -129,6 +129,8 @@ def add_shape_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--heads", type=positive_int, default=4)
     g.add_argument("--kv-heads", type=positive_int, help="default: heads (no GQA)")
     g.add_argument("--d-ff", type=positive_int, help="default 4 x d-model")
+    g.add_argument("--qk-norm", action="store_true",
+                   help="an RMSNorm over each head's query and key before rotary (Qwen3)")
     g.add_argument("--vocab", type=positive_int,
                    help="default: the garden corpus's vocabulary size")
     g.add_argument("--seq", type=positive_int, default=32, help="tokens per sequence")
@@ -174,4 +176,4 @@ def build_shape(args: argparse.Namespace, corpus_vocab: int) -> Any:
                           d_ff=args.d_ff, vocab=args.vocab, seq=args.seq,
                           experts=args.experts, top_k=args.top_k,
                           expert_d_ff=args.expert_d_ff, shared_experts=args.shared_experts,
-                          dense_layers=args.dense_layers)
+                          dense_layers=args.dense_layers, qk_norm=args.qk_norm)

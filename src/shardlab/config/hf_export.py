@@ -1,5 +1,6 @@
 """A ModelShape as the ``config.json`` transformers builds it from: LlamaForCausalLM
-(Qwen2ForCausalLM with q/k/v biases), GPT2LMHeadModel, MixtralForCausalLM; shapes that
+(Qwen2ForCausalLM with q/k/v biases, Qwen3ForCausalLM with query/key norms),
+GPT2LMHeadModel, MixtralForCausalLM; shapes that
 transformers' classes cannot hold are refused, naming the field (``shardlab export``)."""
 
 from __future__ import annotations
@@ -11,11 +12,18 @@ from shardlab.errors import SpecError
 
 
 def hf_family(shape: ModelShape) -> str:
-    """``llama``, ``qwen2``, ``gpt2`` or ``mixtral``: the family a shape exports to. A
-    shape with query/key norms (Qwen3) is refused: shardlab's model does not build them."""
+    """``llama``, ``qwen2``, ``qwen3``, ``gpt2`` or ``mixtral``: the family a shape exports
+    to. Query/key norms (``qk_norm``) export as Qwen3, dense only: a Qwen3 mixture of
+    experts (Qwen3MoeForCausalLM) is not mapped."""
     if shape.qk_norm:
-        raise SpecError("qk_norm", True, "shardlab's model has no query/key norms (Qwen3): "
-                        "budget and plan price this shape; export and import need one without")
+        if shape.moe is not None:
+            raise SpecError("qk_norm", True, "with experts is a Qwen3-MoE model, whose "
+                            "checkpoint layout (Qwen3MoeForCausalLM) export and import do not "
+                            "map: they take dense Qwen3, Mixtral, Llama, Qwen2 and GPT-2")
+        if shape.qkv_bias or shape.style != "llama":
+            raise SpecError("qk_norm", True, "exports as Qwen3, which is llama style with no "
+                            "q/k/v biases")
+        return "qwen3"
     if shape.mla is not None:
         raise SpecError("mla", "latent attention", "shardlab's model has no multi-head latent "
                         "attention (DeepSeek): budget and plan price this shape; export and "
@@ -62,7 +70,8 @@ def hf_config(shape: ModelShape) -> dict[str, Any]:
                 "layer_norm_epsilon": LN_EPS, "tie_word_embeddings": shape.tied,
                 "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
                 "bos_token_id": None, "eos_token_id": None, "dtype": "float32"}
-    arch = {"qwen2": "Qwen2ForCausalLM", "mixtral": "MixtralForCausalLM"}.get(
+    arch = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+            "mixtral": "MixtralForCausalLM"}.get(
         family, "LlamaForCausalLM")
     d_ff = shape.moe.expert_d_ff if shape.moe is not None else shape.d_ff
     config = {"architectures": [arch], "model_type": family,
@@ -80,6 +89,8 @@ def hf_config(shape: ModelShape) -> dict[str, Any]:
         config |= {"attention_bias": False, "mlp_bias": False}
     elif family == "qwen2":
         config |= {"use_sliding_window": False}
+    elif family == "qwen3":
+        config |= {"attention_bias": False, "use_sliding_window": False}
     else:
         assert shape.moe is not None
         config |= {"num_local_experts": shape.moe.experts,

@@ -199,8 +199,7 @@ class ModelShape:
     qkv_bias: bool = False
     qk_norm: bool = False
     """RMSNorm over each head's query and key before rotary (Qwen3: ``q_norm``/``k_norm``,
-    head_dim weights each). Priced by budget and plan; shardlab's runtime does not build
-    it (train, simulate, dryrun, export and import refuse such a shape)."""
+    head_dim weights each, :class:`shardlab.nn.model.Attention`)."""
     moe: MoE | None = None
     mla: MLA | None = None
     """Multi-head latent attention (module docstring): ``head_dim`` is then its query/key
@@ -393,8 +392,8 @@ def runtime_builds(shape: ModelShape) -> bool:
 
 def require_buildable(shape: ModelShape) -> None:
     """One-line SpecError for a shape shardlab's runtime model does not build: latent
-    attention (DeepSeek, :attr:`ModelShape.mla`) or query/key norms (Qwen3,
-    :attr:`ModelShape.qk_norm`), which budget and plan price."""
+    attention (DeepSeek, :attr:`ModelShape.mla`) or multi-token prediction
+    (:attr:`ModelShape.mtp_layers`), which budget and plan price."""
     if shape.mla is not None:
         raise SpecError("mla", "latent attention", f"{shape.name}: shardlab's model has no "
                         "multi-head latent attention (DeepSeek); budget and plan price this "
@@ -403,7 +402,3 @@ def require_buildable(shape: ModelShape) -> None:
         raise SpecError("mtp_layers", shape.mtp_layers, f"{shape.name}: shardlab's model has "
                         "no multi-token prediction; budget and plan price it, but train, "
                         "simulate and dryrun need a shape without")
-    if shape.qk_norm:
-        raise SpecError("qk_norm", True, f"{shape.name}: shardlab's model has no query/key "
-                        "norms (Qwen3); budget and plan price this shape, but train, simulate "
-                        "and dryrun need one without")

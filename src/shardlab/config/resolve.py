@@ -65,13 +65,14 @@ def model_or_flags(model: str | None, corpus_vocab: int, *, style: str, layers: 
                    d_model: int, heads: int, kv_heads: int | None, d_ff: int | None,
                    vocab: int | None, seq: int, experts: int = 0, top_k: int = 2,
                    expert_d_ff: int | None = None, shared_experts: int = 0,
-                   dense_layers: int = 0) -> ModelShape:
+                   dense_layers: int = 0, qk_norm: bool = False) -> ModelShape:
     """``model`` (catalog or config.json) when given, else the shape the flags describe,
     named :data:`FLAGS_NAME` (kv_heads and d_ff default to the style's, vocab to the corpus's; gpt
     ties its head). Either way the vocabulary must hold the corpus's ``corpus_vocab``
     words. ``experts`` > 0 makes every layer past ``dense_layers`` a mixture-of-experts
     layer: ``top_k`` of ``experts`` routed experts of width ``expert_d_ff`` (default the
-    dense d_ff) and ``shared_experts`` always-on ones."""
+    dense d_ff) and ``shared_experts`` always-on ones; ``qk_norm`` adds Qwen3's per-head
+    query/key norms."""
     if model is not None:
         shape = load_model(model)
         if shape.vocab < corpus_vocab:
@@ -93,4 +94,4 @@ def model_or_flags(model: str | None, corpus_vocab: int, *, style: str, layers: 
                 raise SpecError(name, value, "needs --experts > 0 (a mixture-of-experts model)")
     return ModelShape(FLAGS_NAME, layers, d_model, heads, vocab or corpus_vocab, seq,
                       kv_heads=kv_heads or 0, d_ff=d_ff or 0, style=style,
-                      tied=style == "gpt", moe=moe)
+                      tied=style == "gpt", moe=moe, qk_norm=qk_norm)

@@ -93,6 +93,10 @@ def block_plan(shape: ModelShape, sequence_parallel: bool, moe: bool = False,
     Replicate), so backward all-reduces one gradient per module input, not one per
     column-parallel linear (since 2026-12-07).
 
+    Query/key norms (Qwen3, ``shape.qk_norm``) run on the rank's own heads
+    (``SequenceParallel(sequence_dim=2)``, as torchtitan's qwen3 plan): their gradients are
+    all-reduced over tp, with or without sequence parallelism.
+
     ``moe``: the block's MLP is a mixture of experts. Its shared experts (``mlp.shared``, a
     dense MLP) split as the dense MLP does, their input entering once (``PrepareModuleInput``
     on ``mlp.shared``, since 2026-12-07: each of their column-parallel linears took its
@@ -153,6 +157,13 @@ def block_plan(shape: ModelShape, sequence_parallel: bool, moe: bool = False,
         return PrepareModuleInput(**layouts)
 
     plan["attn"] = module_input("attn", ["attn.q_proj", "attn.k_proj", "attn.v_proj"], 3)
+    if shape.qk_norm:
+        # Qwen3's per-head norms see the rank's own heads, [b, s, heads/t, hd] split on dim
+        # 2: no communication forward; their replicated weights' gradients are partial sums
+        # over the heads, all-reduced (torchtitan's qwen3 plan: SequenceParallel(sequence_dim=2)
+        # on q_norm and k_norm, with or without sequence parallelism).
+        plan |= {f"attn.{p}_norm": SequenceParallel(sequence_dim=2, use_local_output=True)
+                 for p in "qk"}
     if sequence_parallel:
         plan |= {"attn_norm": SequenceParallel(), "mlp_norm": SequenceParallel(),
                  "mlp": PrepareModuleInput(input_layouts=(Shard(1),),

@@ -22,7 +22,8 @@ masks (2·sbh). Inside it (always divided by t): Q, K, V (e·sb(q + 2k)), the
 output projection's input (e·sbq), the MLP's hidden activations (e·sb·2f for
 GELU: fc1 output and fc2 input; e·sb·3f for SwiGLU: gate, up and down input), and
 the attention core a·s²·b·(2e + 1): softmax output, dropout mask and dropout
-output. Selective recompute drops the attention core; full recompute keeps only
+output. Query/key norms (Qwen3, ``qk_norm``) keep their inputs, e·sb(q + k), inside the
+region too. Selective recompute drops the attention core; full recompute keeps only
 the layer input. With kv_heads = heads, f = 4h, e = 2 and dropout, this is exactly
 Table 2 (checked in the tests).
 
@@ -127,10 +128,14 @@ def activation_terms(m: ModelShape, micro_batch: int, seq: int, elem_bytes: int,
     if m.mla is not None:
         lora = m.mla.q_lora_rank + m.mla.kv_lora_rank
         latents = e * (lora + m.mla.qk_rope_head_dim) + li * lora
+    # Qwen3's query/key norms keep their inputs, the projections' outputs, beside the
+    # normed and rotated Q and K the attention keeps (Megatron-Core's q/k layernorms run
+    # outside the checkpointed core attention).
+    head_norms = e * (m.q_dim + m.kv_dim) if m.qk_norm else 0
     return ActivationTerms(
         outside_tp=sb * (m.d_model * (2 * e + li + mlp_in + 2 * mask) + latents),
         inside_tp=sb * (e * (m.q_dim + m.kv_dim + m.v_dim + m.o_dim) + mlp_hidden
-                        + proj_copy),
+                        + proj_copy + head_norms),
         mlp_hidden=sb * mlp_hidden,
         up_proj=sb * e * (m.q_dim + m.kv_dim + m.v_dim) if m.mla is not None else 0.0,
         attention_core=m.heads * seq * sb * (2 * e + mask),

@@ -65,10 +65,12 @@ from shardlab.config.dtypes import DtypePolicy
 from shardlab.config.hardware import Link
 from shardlab.config.layout import V_SCHEDULES, Layout
 from shardlab.config.model import ModelShape
+from shardlab.estimate.params import qk_norm_params
 from shardlab.estimate.partition import (
     chunk_rank,
     layer_replicated_params,
     layout_rank_layers,
+    moe_layers_per_rank,
     rank_layers,
     vocab_rows,
 )
@@ -249,8 +251,8 @@ def tensor_rows(m: ModelShape, tp: int, vocab_parallel: bool
     tensor-parallel rank: one block's, the first stage's extras (embedding, positions),
     the last stage's (final norm, head). Column-parallel weights and their biases keep
     1/tp of their rows, row-parallel weights 1/tp of their columns (Megatron-LM; torch's
-    ``ColwiseParallel`` / ``RowwiseParallel``); norms, row biases and latent attention's
-    down projections stay whole."""
+    ``ColwiseParallel`` / ``RowwiseParallel``); norms (the query/key norms too), row biases
+    and latent attention's down projections stay whole."""
     d, q, kv, f = m.d_model, m.q_dim // tp, m.kv_dim // tp, m.d_ff // tp
     norm = [(d, 1)] * (2 if m.style == "gpt" else 1)  # LayerNorm: scale and shift
     # Each attention linear as torch stores it, [out, in]: column-parallel keeps 1/tp of
@@ -260,6 +262,8 @@ def tensor_rows(m: ModelShape, tp: int, vocab_parallel: bool
             for x in m.attention_linears]
     if m.mla is not None:  # the latents' norms, whole on every rank
         attn += [(n, 1) for n in (m.mla.q_lora_rank, m.mla.kv_lora_rank) if n]
+    if m.qk_norm:  # Qwen3's query and key norms, whole on every rank
+        attn += [(m.head_dim, 1)] * 2
     block = [*norm, *attn, *norm, (f, d), (d, f)]
     if m.biases or m.qkv_bias:
         block += [(q, 1), (kv, 1), (kv, 1)]
@@ -332,14 +336,17 @@ def tp_bytes_per_stage(m: ModelShape, layout: Layout, vocab_parallel: bool = Tru
     """Bytes one tensor-parallel rank of each pipeline stage sends per step.
 
     Per layer and micro-batch 4 all-reduces of b·s·h (6 with full recompute; sequence
-    parallel sends the same bytes as all-gathers and reduce-scatters). Around the
+    parallel sends the same bytes as all-gathers and reduce-scatters); half of them in a
+    MoE layer without shared experts or sequence parallelism, whose experts are whole on
+    every tensor rank. Around the
     layers, per micro-batch: with a vocabulary-parallel embedding and head (Megatron),
     one all-reduce-worth each on the first and the last stage; with both kept whole on
     every rank (``vocab_parallel=False``, the simulator), nothing without sequence
     parallelism, and with it one all-gather on each: the embedding output's scatter
     is gathered back in backward, the last layer's output is gathered for the head.
     With sequence parallelism the gradients of the norms and row-parallel biases are
-    all-reduced once per step.
+    all-reduced once per step; Qwen3's query/key norms (``qk_norm``) see only the rank's
+    heads, so theirs are all-reduced once per step without it too.
 
     Without ``rank`` the mean over the tensor-parallel ranks; with it, what tensor rank
     ``rank`` sends exactly on the ring's chunks (the all-reduces cut the flattened
@@ -369,11 +376,17 @@ def tp_bytes_per_stage(m: ModelShape, layout: Layout, vocab_parallel: bool = Tru
     else:
         per_call = all_reduce(lay.micro_batch * seq * m.d_model, ab)
     per_layer = 6 if lay.recompute == "full" else 4
-    head = chunk_rank(lay.pp * lay.virtual_stages - 1, lay.pp, lay.schedule in V_SCHEDULES)
+    v_shape = lay.schedule in V_SCHEDULES
+    head = chunk_rank(lay.pp * lay.virtual_stages - 1, lay.pp, v_shape)
+    # A MoE layer with no shared experts and no sequence parallelism has no tensor-parallel
+    # MLP: its router and experts are whole on every tensor rank (etp = 1), which route the
+    # same tokens, so only the attention's collectives remain (half of the layer's).
+    moe = (moe_layers_per_rank(m, lay.pp, lay.virtual_stages, lay.stage_layers, v_shape)
+           if m.moe is not None and not m.moe.shared_experts and not lay.sp else [0] * lay.pp)
     out = []
     for r, layers in enumerate(layout_rank_layers(m, lay)):
         ends = (r == 0) + (r == head)
-        nbytes = lay.microbatches * per_layer * layers * per_call
+        nbytes = lay.microbatches * per_layer * (layers - moe[r] / 2) * per_call
         if vocab_parallel:
             nbytes += lay.microbatches * ends * per_call
         elif lay.sp:
@@ -383,6 +396,8 @@ def tp_bytes_per_stage(m: ModelShape, layout: Layout, vocab_parallel: bool = Tru
             nbytes += lay.microbatches * gathers * gather(seq, row)
         if lay.sp:
             nbytes += all_reduce(layers * layer_replicated_params(m), lay.dtype.grad_bytes)
+        elif m.qk_norm:  # partial over each rank's heads, sequence parallel or not
+            nbytes += all_reduce(layers * qk_norm_params(m), lay.dtype.grad_bytes)
         out.append(nbytes)
     return out
 

@@ -36,7 +36,8 @@ Around the blocks (per micro-batch; A = b·s·d activation bytes, V the vocabula
 With SP, the norm weights' partial gradients are all-reduced (the row-parallel biases
 are added before the reduce-scatter, so theirs are whole; Megatron adds them after and
 all-reduces them too): by DTensor in every micro-batch's backward, or, under FSDP, once
-per step when FSDP reduces the accumulated gradients.
+per step when FSDP reduces the accumulated gradients. Qwen3's query/key norms
+(``qk_norm``) see only the rank's heads, so theirs are all-reduced so with or without SP.
 
 **fp8** (``train --dtype fp8``: torchao's float8 linears, each with torchao's float8 style,
 ``shardlab.distributed.tensor_parallel.block_plan``): a float8 linear casts its input to
@@ -64,7 +65,7 @@ from shardlab.config.layout import V_SCHEDULES, Layout
 from shardlab.config.model import ModelShape
 from shardlab.estimate.comm import ring_allreduce_bytes, ring_gather_bytes
 from shardlab.estimate.fp8 import prepared_inputs, row_parallel
-from shardlab.estimate.params import norm_params
+from shardlab.estimate.params import norm_params, qk_norm_params
 from shardlab.estimate.partition import chunk_rank, layout_rank_layers
 
 
@@ -180,8 +181,8 @@ def tp_bytes_dtensor(m: ModelShape, layout: Layout, loss_parallel: bool = False,
         nbytes = lay.microbatches * per_mb
         if fp8 and fp8_gather:  # the step's amaxes of the rank's fp8 weights, fp32 each
             nbytes += ring_allreduce_bytes(4 * layers * len(fp8), t)
-        if lay.sp:
-            norms = layers * 2 + (1 if last and vocab_parallel else 0)
+        if lay.sp or m.qk_norm:
+            norms = layers * 2 + (1 if last and vocab_parallel else 0) if lay.sp else 0
             times = 1 if fsdp else lay.microbatches
             # Under FSDP the reduced gradients are the gathered (unsharded) parameters',
             # in the compute dtype (bf16 under mixed precision: FSDP casts to its fp32
@@ -191,6 +192,8 @@ def tp_bytes_dtensor(m: ModelShape, layout: Layout, loss_parallel: bool = False,
             # reduced in fp32 (the dry run of dp=2 tp=2 pp=2 sp: 512 B per 128-wide norm).
             elem = (lay.dtype.activation_bytes if fsdp and lay.pp == 1
                     else lay.dtype.grad_bytes)
-            nbytes += times * ring_allreduce_bytes(norms * norm_params(m) * elem, t)
+            # Qwen3's query/key norms see the rank's own heads: partial with or without sp.
+            elements = norms * norm_params(m) + layers * qk_norm_params(m)
+            nbytes += times * ring_allreduce_bytes(elements * elem, t)
         out.append(nbytes)
     return out

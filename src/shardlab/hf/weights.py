@@ -1,4 +1,5 @@
-"""shardlab weights <-> Hugging Face ``transformers`` layouts (LLaMA, Qwen2, Mixtral, GPT-2).
+"""shardlab weights <-> Hugging Face ``transformers`` layouts (LLaMA, Qwen2, Qwen3, Mixtral,
+GPT-2).
 
 shardlab's LM (:mod:`shardlab.nn.model`) computes what these transformers classes
 compute, so export and import only rename and reshape tensors:
@@ -6,9 +7,13 @@ compute, so export and import only rename and reshape tensors:
 * **llama style -> ``LlamaForCausalLM``** (``Qwen2ForCausalLM`` when q/k/v carry biases,
   as Qwen2's attention hard-wires them). RMSNorm with eps 1e-6 (``rms_norm_eps``),
   SwiGLU with SiLU (``hidden_act: silu``), grouped-query attention, rotary positions
-  with theta 10 000. The rotary convention is the same on both sides: shardlab rotates
-  the pairs ``(i, i + head_dim/2)`` ("rotate half", :func:`shardlab.nn.model.apply_rope`),
-  which is transformers' ``rotate_half``, so q/k weights are copied unpermuted. (Meta's
+  with theta 10 000 (the shape's ``rope_theta``). ``Qwen3ForCausalLM`` when the shape has
+  query/key norms: ``blocks.i.attn.{q,k}_norm -> ...self_attn.{q,k}_norm``, RMSNorms of
+  ``head_dim`` applied per head before rotary, as shardlab's
+  :func:`~shardlab.nn.model.head_norm`. The rotary convention is the same on both sides:
+  shardlab rotates the pairs ``(i, i + head_dim/2)`` ("rotate half",
+  :func:`shardlab.nn.model.apply_rope`), which is transformers' ``rotate_half``, so q/k
+  weights are copied unpermuted. (Meta's
   original LLaMA weights rotate interleaved pairs ``(2i, 2i+1)``; transformers'
   ``convert_llama_weights_to_hf.py`` permutes q/k once into rotate-half, which is the
   form every Hugging Face LLaMA checkpoint has, and the form import expects.)
@@ -76,7 +81,8 @@ _LLAMA_BLOCK = {"attn_norm.weight": "input_layernorm.weight",
                 **{f"attn.{p}_proj.{t}": f"self_attn.{p}_proj.{t}"
                    for p in "qkvo" for t in ("weight", "bias")},
                 **{f"mlp.{p}_proj.weight": f"mlp.{p}_proj.weight"
-                   for p in ("gate", "up", "down")}}
+                   for p in ("gate", "up", "down")},
+                **{f"attn.{p}_norm.weight": f"self_attn.{p}_norm.weight" for p in "qk"}}
 _GPT_BLOCK = {f"{ours}.{t}": f"{theirs}.{t}" for t in ("weight", "bias")
               for ours, theirs in (("attn_norm", "ln_1"), ("mlp_norm", "ln_2"),
                                    ("attn.o_proj", "attn.c_proj"), ("mlp.up_proj", "mlp.c_fc"),
@@ -155,6 +161,8 @@ def from_hf(tensors: dict[str, torch.Tensor], shape: ModelShape) -> dict[str, to
                 if ours.endswith("bias"):
                     if name in src and shape.qkv_bias and not ours.startswith("attn.o"):
                         out[b + ours] = take(name)
+                    continue
+                if ours.startswith(("attn.q_norm", "attn.k_norm")) and not shape.qk_norm:
                     continue
                 if not (shape.moe and ours.startswith("mlp.")):
                     out[b + ours] = take(name)

@@ -2,15 +2,17 @@
 
 ``gpt`` style: LayerNorm, biases on every linear layer, GELU MLP, learned positions,
 head tied to the embedding. ``llama`` style: RMSNorm, no biases (q/k/v biases with
-``qkv_bias``, as Qwen2), SwiGLU MLP, rotary positions (Su et al. 2021), grouped-query
+``qkv_bias``, as Qwen2; an RMSNorm over each head's query and key before rotary with
+``qk_norm``, as Qwen3), SwiGLU MLP, rotary positions (Su et al. 2021), grouped-query
 attention, untied head. With ``shape.moe``, blocks from ``moe.dense_layers`` on carry a
 mixture-of-experts layer (:class:`shardlab.nn.moe.MoEFeedForward`) as their ``mlp``.
 ``numel`` equals :func:`shardlab.estimate.params.count_params` exactly (tested over many
 shapes, MoE ones included).
 
 The layout suits sharding: blocks in ``blocks`` (a ModuleList), linear layers named
-``attn.{q,k,v,o}_proj`` and ``mlp.{gate,up,down}_proj`` so a tensor-parallel plan can
-address them (column-parallel q/k/v/gate/up, row-parallel o/down), and ``embed``,
+``attn.{q,k,v,o}_proj`` (and ``attn.{q,k}_norm``) and ``mlp.{gate,up,down}_proj`` so a
+tensor-parallel plan can address them (column-parallel q/k/v/gate/up, row-parallel
+o/down), and ``embed``,
 ``pos``, ``final_norm``, ``lm_head`` that pipeline stages can own. A MoE block's ``mlp``
 holds ``router``, ``experts.{w_gate,w_up,w_down}`` (grouped [E, ...] weights, ``b_up``,
 ``b_down`` in gpt style) and ``shared.{gate,up,down}_proj``.
@@ -88,8 +90,25 @@ def make_norm(shape: ModelShape, dtype: torch.dtype) -> nn.Module:
     return nn.RMSNorm(shape.d_model, eps=RMS_EPS, dtype=dtype)
 
 
+def head_norm(x: torch.Tensor, norm: Callable[[torch.Tensor], torch.Tensor],
+              head_dim: int) -> torch.Tensor:
+    """``norm`` over each head of a projected ``x`` [b, s, heads*hd]: applied to the
+    [b, s, heads, hd] view, as Qwen3's ``q_norm``/``k_norm`` (transformers'
+    ``Qwen3Attention``: the projection viewed by head, normed, then rotated), returned
+    [b, s, heads*hd]. Under tensor parallelism the heads are the rank's own and dim 2 is
+    the one they are split on (torchtitan's ``SequenceParallel(sequence_dim=2)``)."""
+    return norm(x.unflatten(-1, (-1, head_dim))).flatten(-2)
+
+
 class Attention(nn.Module):
-    """Multi-head attention with grouped K/V heads; q/k/v/o projections by name."""
+    """Multi-head attention with grouped K/V heads; q/k/v/o projections by name.
+
+    With ``shape.qk_norm`` (Qwen3) ``q_norm`` and ``k_norm``, RMSNorms of ``head_dim``
+    scales shared by every head, normalise each head's query and key before rotary. They
+    run outside selective recomputation's checkpoint, as Megatron-Core's q/k layernorms run
+    outside its core attention: backward keeps their inputs, and the core recomputes from
+    their outputs.
+    """
 
     def __init__(self, shape: ModelShape, dtype: torch.dtype) -> None:
         super().__init__()
@@ -108,12 +127,19 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(d, kv, bias=qkv_bias, dtype=dtype)
         self.v_proj = nn.Linear(d, kv, bias=qkv_bias, dtype=dtype)
         self.o_proj = nn.Linear(q, d, bias=shape.biases, dtype=dtype)
+        self.q_norm = (nn.RMSNorm(shape.head_dim, eps=RMS_EPS, dtype=dtype)
+                       if shape.qk_norm else None)
+        self.k_norm = (nn.RMSNorm(shape.head_dim, eps=RMS_EPS, dtype=dtype)
+                       if shape.qk_norm else None)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor,
                 rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         """x [b, s, d] -> [b, s, d]."""
-        args = (self.q_proj(x), self.k_proj(x), self.v_proj(x), self.head_dim, mask,
-                rope if self.rotary else None)
+        q, k = self.q_proj(x), self.k_proj(x)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = (head_norm(q, self.q_norm, self.head_dim),
+                    head_norm(k, self.k_norm, self.head_dim))
+        args = (q, k, self.v_proj(x), self.head_dim, mask, rope if self.rotary else None)
         if self.kv_gather is not None:
             return self.o_proj(self._attend_gathered(*args))
         if self.recompute_core and torch.is_grad_enabled():

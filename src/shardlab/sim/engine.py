@@ -57,7 +57,13 @@ from shardlab.sim.device import Device, buckets_of
 from shardlab.sim.ledger import Ledger
 from shardlab.sim.moe import CountLog, ExpertGroups
 from shardlab.sim.parallel import DEFAULT_ADAMW, AdamWConfig, Parallel
-from shardlab.sim.shard import is_expert, replicated_under_sp, shard, unshard
+from shardlab.sim.shard import (
+    is_expert,
+    partial_over_heads,
+    replicated_under_sp,
+    shard,
+    unshard,
+)
 from shardlab.sim.stage import Context, Params, Stage, make_context, stage_forward, stages_of
 from shardlab.sim.virtual_group import VirtualGroup
 
@@ -230,10 +236,11 @@ class Simulator:
             for n in dev.names:
                 if n not in dev.grads:
                     dev.grads[n] = torch.zeros(dev.shapes[n], dtype=self.dtype)
-        if par.sp and par.tp > 1:
+        if par.tp > 1:
             for group in self.tp_groups.values():
                 devs = [self.devices[r] for r in group.ranks]
-                names = [n for n in devs[0].names if replicated_under_sp(n)]
+                names = [n for n in devs[0].names
+                         if (par.sp and replicated_under_sp(n)) or partial_over_heads(n)]
                 if names:
                     flats = group.all_reduce([torch.cat([dv.grads[n].reshape(-1)
                                                          for n in names]) for dv in devs])

@@ -62,3 +62,13 @@ def replicated_under_sp(name: str) -> bool:
     row-parallel biases, which see only their rank's part of the sequence)."""
     return name.startswith("blocks.") and ("norm" in name or name.endswith(
         ("o_proj.bias", "down_proj.bias")))
+
+
+HEAD_NORMS = ("attn.q_norm.weight", "attn.k_norm.weight")
+
+
+def partial_over_heads(name: str) -> bool:
+    """Qwen3's query/key norm weights: shared by every head, so under tensor parallelism
+    each rank's gradient sums over its own heads only, with or without sequence
+    parallelism (their sum over the tensor ranks is the gradient)."""
+    return name.endswith(HEAD_NORMS)

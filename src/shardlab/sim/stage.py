@@ -15,6 +15,7 @@ either. The rest of each block is every lane's own.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 from shardlab.config.model import ModelShape
 from shardlab.estimate.partition import chunk_layers
 from shardlab.nn.loss import lm_loss_sum
-from shardlab.nn.model import attend, rope_tables
+from shardlab.nn.model import attend, head_norm, rope_tables
 from shardlab.sim.context_parallel import gathered_attention, lane_mask, lane_positions
 from shardlab.sim.moe import ExpertGroups, routed_experts
 from shardlab.sim.tp_ops import (
@@ -133,10 +134,19 @@ def _leave(c: Context, xs: Tensors) -> Tensors:
 
 def _qkv(c: Context, pre: str, ps: list[Params], xs: Tensors
          ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Q, K and V of every tensor rank's heads, [b, s, heads·hd] each, after the norm and f."""
+    """Q, K and V of every tensor rank's heads, [b, s, heads·hd] each, after the norm and f
+    (and Qwen3's per-head query/key norms on the rank's own heads)."""
     hs = _enter(c, [_norm(c, x, p, pre + "attn_norm") for x, p in zip(xs, ps, strict=True)])
-    return [(_linear(h, p, pre + "attn.q_proj"), _linear(h, p, pre + "attn.k_proj"),
-             _linear(h, p, pre + "attn.v_proj")) for h, p in zip(hs, ps, strict=True)]
+    out = []
+    for h, p in zip(hs, ps, strict=True):
+        q, k = _linear(h, p, pre + "attn.q_proj"), _linear(h, p, pre + "attn.k_proj")
+        if c.shape.qk_norm:
+            hd = c.shape.head_dim
+            q, k = (head_norm(x, functools.partial(F.rms_norm, normalized_shape=(hd,),
+                                                   weight=p[pre + name], eps=1e-6), hd)
+                    for x, name in ((q, "attn.q_norm.weight"), (k, "attn.k_norm.weight")))
+        out.append((q, k, _linear(h, p, pre + "attn.v_proj")))
+    return out
 
 
 def attention_half(cs: list[Context], i: int, pss: list[list[Params]], xss: list[Tensors]

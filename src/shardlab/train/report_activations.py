@@ -182,6 +182,17 @@ def norm_extra_bytes(cfg: Any, tokens: int, e: int) -> float:
     return (8 - e) * tokens * cfg.shape.d_model / (cfg.tp if cfg.sp else 1)
 
 
+def head_norm_extra_bytes(cfg: Any, recompute: str, tokens: int, e: int) -> float:
+    """What Qwen3's query and key norms (``qk_norm``) of one block keep beyond the cost
+    model's inputs at ``e`` bytes: torch's nn.RMSNorm keeps two fp32 tensors of its input's
+    size (as :func:`norm_extra_bytes`), over the rank's (q + k)/t columns of ``tokens``
+    rows; 0 where a checkpoint runs them again (full, per-operator)."""
+    m = cfg.shape
+    if not m.qk_norm or recompute not in ("none", "selective"):
+        return 0.0
+    return (8 - e) * tokens * (m.q_dim + m.kv_dim) / cfg.tp
+
+
 def residual_extra_bytes(cfg: Any, tokens: int, e: int) -> float:
     """One residual-stream tensor over ``tokens`` (its 1/t under sequence parallelism) kept
     as it is, beyond the count's ``e`` bytes an element: fp32 under autocast (the adds and
@@ -199,7 +210,8 @@ def block_extra_bytes(cfg: Any, recompute: str, tokens: int, e: int,
     Megatron keeps the 1/t shard and gathers it again in backward: the dry run of
     Llama-3-8B, docs/agree.md), unless the block is checkpointed; its two RMSNorms'
     fp32 tensors (:func:`norm_extra_bytes`), unless a checkpoint runs them again
-    (full) or per-operator checkpointing keeps its own; and without recompute torch's
+    (full) or per-operator checkpointing keeps its own, and Qwen3's query/key norms'
+    (:func:`head_norm_extra_bytes`); and without recompute torch's
     fused CPU attention's additive [b, 1, s, s] mask in the compute dtype, where the cost
     model counts fp32; in fp8 under tensor parallelism, less :func:`fp8_tp_input_bytes` (of
     a MoE block where ``moe_layer``); a MoE block's router and permutation tensors
@@ -214,6 +226,7 @@ def block_extra_bytes(cfg: Any, recompute: str, tokens: int, e: int,
     wide_input = residual_extra_bytes(cfg, tokens, e) if whole else 0.0
     router = router_extra_bytes(cfg, recompute, e) if moe_layer else 0.0
     return (gathered + norms + mask + wide_input + rope_table_bytes(cfg, recompute, e) + router
+            + head_norm_extra_bytes(cfg, recompute, tokens, e)
             + autocast_input_bytes(cfg, recompute, tokens, e, moe_layer)
             - fp8_tp_input_bytes(cfg, recompute, tokens, e, moe_layer))
 

@@ -137,6 +137,8 @@ def moe_padded_params(cfg: Any, position: int | None = None,
     q, kv = m.q_dim // tp, m.kv_dim // tp
     norm = [(d, 1)] * (2 if m.style == "gpt" else 1)
     attention = [*norm, (q, d), (kv, d), (kv, d), (d, q), *norm]
+    if m.qk_norm:
+        attention += [(m.head_dim, 1)] * 2
     if m.biases or m.qkv_bias:
         attention += [(q, 1), (kv, 1), (kv, 1)]
     if m.biases:
