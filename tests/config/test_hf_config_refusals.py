@@ -21,7 +21,7 @@ from shardlab.config.hf_config import (
     rope_theta_of,
     shape_from_hf_config,
 )
-from shardlab.config.hf_export import hf_family
+from shardlab.config.hf_export import hf_config, hf_family
 from shardlab.config.model import ModelShape, MoE
 from shardlab.errors import SpecError
 
@@ -233,7 +233,10 @@ def test_qwen3_fields_shardlab_cannot_hold_are_refused(tmp_path: Path, changes: 
         shape_from_hf_config(edited(tmp_path, "qwen3-30b-a3b", **changes))
 
 
-def test_dense_qwen3_exports_as_qwen3_and_its_mixture_of_experts_is_refused() -> None:
+def test_qwen3_exports_as_qwen3_and_qwen3_moe() -> None:
     assert hf_family(get_model("qwen3-8b")) == "qwen3"
-    with pytest.raises(SpecError, match=r"^qk_norm=True: with experts is a Qwen3-MoE model"):
-        hf_family(get_model("qwen3-30b-a3b"))
+    assert hf_family(get_model("qwen3-30b-a3b")) == "qwen3_moe"
+    config = hf_config(get_model("qwen3-30b-a3b"))
+    assert config["architectures"] == ["Qwen3MoeForCausalLM"]
+    assert (config["num_experts"], config["num_experts_per_tok"]) == (128, 8)
+    assert config["moe_intermediate_size"] == 768 and config["norm_topk_prob"] is True

@@ -1,6 +1,7 @@
-"""Mixtral: ``shardlab export`` of a mixture-of-experts checkpoint loads in transformers
-as MixtralForCausalLM with the same logits, and ``shardlab import`` reads both layouts of
-Mixtral's expert weights (per expert, and transformers 5's fused tensors) back exactly.
+"""Mixtral and Qwen3-MoE: ``shardlab export`` of a mixture-of-experts checkpoint loads in
+transformers as MixtralForCausalLM (Qwen3MoeForCausalLM with query/key norms) with the same
+logits, and ``shardlab import`` reads both layouts of the expert weights (per expert, and
+transformers 5's fused tensors) back exactly.
 
 The checkpoint is written here with DCP in one process (no training): export reads it as
 it reads any training checkpoint.
@@ -29,12 +30,17 @@ from shardlab.nn.model import TransformerLM, numel
 # sides to it.
 SHAPE = ModelShape("tiny-mixtral", 2, 32, 4, 64, 32, kv_heads=2, style="llama", tied=False,
                    moe=MoE(4, 2, 16), rope_theta=1e6)
+# Qwen3-MoE: the same experts with Qwen3's query/key norms and a head width that is not
+# d_model / heads.
+QWEN3_MOE = ModelShape("tiny-qwen3-moe", 2, 32, 4, 64, 32, kv_heads=2, head_dim=16,
+                       style="llama", tied=False, moe=MoE(4, 2, 16), rope_theta=1e6,
+                       qk_norm=True)
 # fp32, same math in another order (experts summed per expert there, per token here):
 LOGITS_ATOL, LOGITS_RTOL = 1e-5, 1e-5
 
 
-def model() -> TransformerLM:
-    m = TransformerLM(SHAPE, seed=1)
+def model(shape: ModelShape = SHAPE) -> TransformerLM:
+    m = TransformerLM(shape, seed=1)
     with torch.no_grad():  # a decisive router: no near-tie that rounding could flip
         for block in m.blocks:
             block.mlp.router.weight.mul_(50)
@@ -142,3 +148,47 @@ def test_export_refuses_shared_experts(tmp_path: Path,
     assert err.startswith("shardlab export: error: moe.shared_experts=1: must be 0 to "
                           "export: transformers' Mixtral has no shared experts"), err
     assert not (tmp_path / "hf").exists()
+
+
+def test_qwen3_moe_exports_and_imports_with_the_same_logits(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    transformers = pytest.importorskip("transformers")
+    m = model(QWEN3_MOE)
+    with torch.no_grad():  # norms that are not all ones, so a dropped one would show
+        for block in m.blocks:
+            block.attn.q_norm.weight.uniform_(0.5, 1.5)
+            block.attn.k_norm.weight.uniform_(0.5, 1.5)
+    ckpt = write_checkpoint(tmp_path / "ckpt", m)
+    out = tmp_path / "hf"
+    assert main(["export", str(ckpt), str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["family"] == "qwen3_moe"
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3MoeForCausalLM"] and config["norm_topk_prob"]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert type(hf).__name__ == "Qwen3MoeForCausalLM"
+    assert sum(p.numel() for p in hf.parameters()) == numel(m)
+    with torch.no_grad():
+        torch.testing.assert_close(hf(input_ids=ids()).logits, m(ids()),
+                                   atol=LOGITS_ATOL, rtol=LOGITS_RTOL)
+    # ... and back, from the export and from transformers' own fused names
+    fused = tmp_path / "fused"
+    fused.mkdir()
+    save_file({k: v.contiguous() for k, v in hf.state_dict().items()},
+              str(fused / "model.safetensors"))
+    (fused / "config.json").write_text((out / "config.json").read_text())
+    want = m.state_dict()
+    for folder in (out, fused):
+        assert main(["import", str(folder), str(folder) + "-in"]) == 0
+        got = read_weights(str(folder) + "-in")
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_a_qwen3_moe_router_without_renormalised_weights_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps(hf_config(QWEN3_MOE) | {"norm_topk_prob": False}))
+    save_file(to_hf(model(QWEN3_MOE).state_dict(), QWEN3_MOE), str(hf / "model.safetensors"))
+    err = refused(["import", str(hf), str(tmp_path / "out")], capsys)
+    assert err.startswith("shardlab import: error: norm_topk_prob=False: must be true"), err
+    assert not (tmp_path / "out").exists()

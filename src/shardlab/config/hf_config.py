@@ -326,6 +326,9 @@ def check_computable(config: Config, style: str) -> list[str]:
     base, scaled rotary positions, another activation); return notes for what only nudges
     the logits (another norm eps). ``style`` is the shape's (``llama`` or ``gpt``).
 
+    A Qwen3-MoE router that does not renormalise its top-k weights (``norm_topk_prob``
+    false, Qwen3MoeConfig's default) is refused.
+
     Rotary positions are read as both transformers generations do, so a file either one
     would scale is refused: 4.x reads ``rope_theta`` and ``rope_scaling``; 5.x reads
     ``rope_parameters``, replaced wholesale by a non-empty ``rope_scaling``, with the
@@ -333,6 +336,10 @@ def check_computable(config: Config, style: str) -> list[str]:
     finite number > 0 (:func:`rope_theta_of`: the shape's) and every present rope type
     ``default``. SpecError names the field.
     """
+    if config.get("model_type") == "qwen3_moe" and config.get("norm_topk_prob") is not True:
+        # Qwen3MoeConfig's default is false: the top-k softmax weights left as they are.
+        raise SpecError("norm_topk_prob", config.get("norm_topk_prob", False), "must be true: "
+                        "shardlab's router renormalises each token's top-k weights (Mixtral's)")
     if style == "llama":
         rope_theta_of(config)
         for name in ("rope_parameters", "rope_scaling"):

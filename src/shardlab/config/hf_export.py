@@ -12,17 +12,17 @@ from shardlab.errors import SpecError
 
 
 def hf_family(shape: ModelShape) -> str:
-    """``llama``, ``qwen2``, ``qwen3``, ``gpt2`` or ``mixtral``: the family a shape exports
-    to. Query/key norms (``qk_norm``) export as Qwen3, dense only: a Qwen3 mixture of
-    experts (Qwen3MoeForCausalLM) is not mapped."""
+    """``llama``, ``qwen2``, ``qwen3``, ``gpt2``, ``mixtral`` or ``qwen3_moe``: the family a
+    shape exports to. Query/key norms (``qk_norm``) export as Qwen3, with experts as
+    Qwen3-MoE (each held to Mixtral's limits: every layer MoE, no shared experts, no router
+    bias)."""
     if shape.qk_norm:
-        if shape.moe is not None:
-            raise SpecError("qk_norm", True, "with experts is a Qwen3-MoE model, whose "
-                            "checkpoint layout (Qwen3MoeForCausalLM) export and import do not "
-                            "map: they take dense Qwen3, Mixtral, Llama, Qwen2 and GPT-2")
         if shape.qkv_bias or shape.style != "llama":
             raise SpecError("qk_norm", True, "exports as Qwen3, which is llama style with no "
                             "q/k/v biases")
+        if shape.moe is not None:
+            _check_mixtral(shape, "Qwen3-MoE")
+            return "qwen3_moe"
         return "qwen3"
     if shape.mla is not None:
         raise SpecError("mla", "latent attention", "shardlab's model has no multi-head latent "
@@ -39,7 +39,7 @@ def hf_family(shape: ModelShape) -> str:
     return "gpt2"
 
 
-def _check_mixtral(shape: ModelShape) -> None:
+def _check_mixtral(shape: ModelShape, family: str = "Mixtral") -> None:
     """Refuse a MoE shape that transformers' MixtralForCausalLM cannot hold: every layer
     a MoE of ``num_local_experts`` SwiGLU experts, a bias-free router, no shared experts
     (DeepSeek-style shared experts and leading dense layers have no export target)."""
@@ -47,7 +47,7 @@ def _check_mixtral(shape: ModelShape) -> None:
     assert moe is not None
     if shape.style != "llama":
         raise SpecError("style", shape.style, "must be llama to export a mixture-of-experts "
-                        "model: Mixtral is RMSNorm, SwiGLU experts, rotary positions")
+                        f"model: {family} is RMSNorm, SwiGLU experts, rotary positions")
     refusals = (("qkv_bias", shape.qkv_bias, "no attention biases"),
                 ("moe.shared_experts", moe.shared_experts, "no shared experts"),
                 ("moe.dense_layers", moe.dense_layers, "a MoE layer in every block"),
@@ -56,7 +56,7 @@ def _check_mixtral(shape: ModelShape) -> None:
         if value:
             allowed = "false" if isinstance(value, bool) else "0"
             raise SpecError(field, value, f"must be {allowed} to export: transformers' "
-                            f"Mixtral has {mixtral_has}")
+                            f"{family} has {mixtral_has}")
 
 
 def hf_config(shape: ModelShape) -> dict[str, Any]:
@@ -71,7 +71,7 @@ def hf_config(shape: ModelShape) -> dict[str, Any]:
                 "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
                 "bos_token_id": None, "eos_token_id": None, "dtype": "float32"}
     arch = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-            "mixtral": "MixtralForCausalLM"}.get(
+            "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}.get(
         family, "LlamaForCausalLM")
     d_ff = shape.moe.expert_d_ff if shape.moe is not None else shape.d_ff
     config = {"architectures": [arch], "model_type": family,
@@ -91,6 +91,15 @@ def hf_config(shape: ModelShape) -> dict[str, Any]:
         config |= {"use_sliding_window": False}
     elif family == "qwen3":
         config |= {"attention_bias": False, "use_sliding_window": False}
+    elif family == "qwen3_moe":
+        assert shape.moe is not None
+        # norm_topk_prob: the top-k weights renormalised, as shardlab's router does.
+        config |= {"attention_bias": False, "use_sliding_window": False,
+                   "num_experts": shape.moe.experts,
+                   "num_experts_per_tok": shape.moe.experts_per_token,
+                   "moe_intermediate_size": shape.moe.expert_d_ff, "norm_topk_prob": True,
+                   "decoder_sparse_step": 1, "mlp_only_layers": [],
+                   "output_router_logits": False}
     else:
         assert shape.moe is not None
         config |= {"num_local_experts": shape.moe.experts,

@@ -1,4 +1,5 @@
-"""Mixtral's mixture-of-experts weights <-> shardlab's router and grouped experts.
+"""Mixtral's and Qwen3-MoE's mixture-of-experts weights <-> shardlab's router and grouped
+experts.
 
 shardlab (:class:`shardlab.nn.moe.MoEFeedForward`, block i): ``blocks.i.mlp.router.weight``
 [E, d] and ``blocks.i.mlp.experts.{w_gate, w_up}`` [E, d, f], ``w_down`` [E, f, d] (x @ W).
@@ -16,6 +17,12 @@ Hugging Face checkpoints come in two layouts, both read:
   and ``...mlp.experts.down_proj`` [E, d, f].
 
 Both store ``out x in`` per expert, the transpose of shardlab's ``in x out``.
+
+Qwen3-MoE (``Qwen3MoeForCausalLM``) names the same tensors ``mlp.gate.weight`` and
+``mlp.experts.e.{gate_proj, up_proj, down_proj}.weight`` per expert (its published
+checkpoints), and transformers 5.x's fused modules as Mixtral's; its router is Mixtral's
+(softmax, top-k, renormalised) when ``norm_topk_prob`` is true, which import requires
+(:func:`shardlab.config.hf_config.check_computable`).
 """
 
 from __future__ import annotations
@@ -26,14 +33,20 @@ import torch
 
 from shardlab.errors import SpecError
 
-_PER_EXPERT = (("w1", "w_gate"), ("w3", "w_up"), ("w2", "w_down"))
+_PER_EXPERT = {"mixtral": ("block_sparse_moe.", (("w1", "w_gate"), ("w3", "w_up"),
+                                                  ("w2", "w_down"))),
+               "qwen3_moe": ("mlp.", (("gate_proj", "w_gate"), ("up_proj", "w_up"),
+                                      ("down_proj", "w_down")))}
+"""Per family: the MoE module's name in a block, and each expert matrix's name."""
 
 
-def moe_to_hf(state: dict[str, torch.Tensor], layer: int) -> dict[str, torch.Tensor]:
-    """Block ``layer``'s router and experts in the per-expert Mixtral names."""
-    ours, theirs = f"blocks.{layer}.mlp.", f"model.layers.{layer}.block_sparse_moe."
+def moe_to_hf(state: dict[str, torch.Tensor], layer: int, family: str = "mixtral"
+              ) -> dict[str, torch.Tensor]:
+    """Block ``layer``'s router and experts in ``family``'s per-expert names."""
+    module, names = _PER_EXPERT[family]
+    ours, theirs = f"blocks.{layer}.mlp.", f"model.layers.{layer}.{module}"
     out = {theirs + "gate.weight": state[ours + "router.weight"].clone()}
-    for name, mine in _PER_EXPERT:
+    for name, mine in names:
         grouped = state[ours + "experts." + mine]  # [E, in, out]
         for e in range(grouped.shape[0]):
             out[f"{theirs}experts.{e}.{name}.weight"] = grouped[e].t().contiguous()
@@ -41,7 +54,7 @@ def moe_to_hf(state: dict[str, torch.Tensor], layer: int) -> dict[str, torch.Ten
 
 
 def moe_from_hf(take: Callable[[str], torch.Tensor], present: Callable[[str], bool],
-                layer: int, experts: int) -> dict[str, torch.Tensor]:
+                layer: int, experts: int, family: str = "mixtral") -> dict[str, torch.Tensor]:
     """Block ``layer``'s router and experts in shardlab's names, from either layout.
 
     ``take(name)`` returns a checkpoint tensor (or raises SpecError naming it),
@@ -54,10 +67,11 @@ def moe_from_hf(take: Callable[[str], torch.Tensor], present: Callable[[str], bo
         down = take(h + "mlp.experts.down_proj")  # [E, d, f]
         grouped = {"w_gate": gate, "w_up": up, "w_down": down}
     else:
-        router = take(h + "block_sparse_moe.gate.weight")
-        grouped = {mine: _stack([f"{h}block_sparse_moe.experts.{e}.{name}.weight"
+        module, names = _PER_EXPERT[family]
+        router = take(h + module + "gate.weight")
+        grouped = {mine: _stack([f"{h}{module}experts.{e}.{name}.weight"
                                  for e in range(experts)], take)
-                   for name, mine in _PER_EXPERT}
+                   for name, mine in names}
     out = {ours + "router.weight": router}
     for mine, w in grouped.items():
         out[ours + "experts." + mine] = w.transpose(1, 2).contiguous()

@@ -21,9 +21,10 @@ compute, so export and import only rename and reshape tensors:
   input_layernorm``, ``blocks.i.attn.{q,k,v,o}_proj -> ...self_attn.{q,k,v,o}_proj``,
   ``blocks.i.mlp_norm -> ...post_attention_layernorm``, ``blocks.i.mlp.{gate,up,down}_proj
   -> ...mlp.*``, ``final_norm -> model.norm``, ``lm_head -> lm_head`` (omitted when tied).
-* **llama style with experts -> ``MixtralForCausalLM``**: the llama names for attention
-  and norms, the router and experts as :mod:`shardlab.hf.mixtral` maps them (every layer
-  MoE, no shared experts, no router bias: :func:`shardlab.config.hf_export.hf_family`).
+* **llama style with experts -> ``MixtralForCausalLM``** (``Qwen3MoeForCausalLM`` with
+  query/key norms): the llama names for attention and norms, the router and experts as
+  :mod:`shardlab.hf.mixtral` maps them (every layer MoE, no shared experts, no router
+  bias: :func:`shardlab.config.hf_export.hf_family`).
 * **gpt style -> ``GPT2LMHeadModel``**: LayerNorm eps 1e-5, GELU tanh approximation
   (``activation_function: gelu_pytorch_tanh``, the same ``F.gelu(approximate="tanh")``
   kernel shardlab calls), learned positions (``wte``, ``wpe``). GPT-2's ``Conv1D``
@@ -108,8 +109,8 @@ def to_hf(state: dict[str, torch.Tensor], shape: ModelShape) -> dict[str, torch.
             for ours, theirs in _LLAMA_BLOCK.items():
                 if b + ours in state:
                     out[f"model.layers.{i}.{theirs}"] = state[b + ours].clone()
-            if family == "mixtral":
-                out |= moe_to_hf(state, i)
+            if shape.moe is not None:
+                out |= moe_to_hf(state, i, family)
     if family == "gpt2":
         out |= {"transformer.wte.weight": state["embed.weight"].clone(),
                 "transformer.wpe.weight": state["pos.weight"].clone(),
@@ -167,7 +168,7 @@ def from_hf(tensors: dict[str, torch.Tensor], shape: ModelShape) -> dict[str, to
                 if not (shape.moe and ours.startswith("mlp.")):
                     out[b + ours] = take(name)
             if shape.moe is not None:
-                out |= moe_from_hf(take, src.__contains__, i, shape.moe.experts)
+                out |= moe_from_hf(take, src.__contains__, i, shape.moe.experts, family)
     if family == "gpt2":
         out |= {"embed.weight": take("transformer.wte.weight"),
                 "pos.weight": take("transformer.wpe.weight"),
