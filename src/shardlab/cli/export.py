@@ -13,10 +13,11 @@ def register(sub: Any) -> None:
     p = sub.add_parser("export", help="a checkpoint as Hugging Face weights + config.json",
                        description="Consolidate a `shardlab train` checkpoint (any layout, "
                        "no process group) into a folder transformers loads: LLaMA-style "
-                       "shapes as LlamaForCausalLM (Qwen2ForCausalLM with q/k/v biases), "
-                       "GPT-style as GPT2LMHeadModel, mixture-of-experts shapes as "
-                       "MixtralForCausalLM (every layer MoE, no shared experts, no router "
-                       "bias).")
+                       "shapes as LlamaForCausalLM (Qwen2ForCausalLM with q/k/v biases, "
+                       "Qwen3ForCausalLM with query/key norms), GPT-style as "
+                       "GPT2LMHeadModel, mixture-of-experts shapes as MixtralForCausalLM "
+                       "(Qwen3MoeForCausalLM with query/key norms; every layer MoE, no "
+                       "shared experts, no router bias).")
     p.add_argument("checkpoint", help="a step-N folder, or a --checkpoint-dir (its latest)")
     p.add_argument("out_dir", help="a new or empty folder in an existing one; written all "
                    "at once (a failure leaves nothing there)")

@@ -12,12 +12,14 @@ def register(sub: Any) -> None:
     """Add the ``import`` sub-command."""
     p = sub.add_parser("import", help="Hugging Face weights as initial weights for train",
                        description="Read a Hugging Face folder (config.json and safetensors: "
-                       "llama, mistral, mixtral, qwen2, gpt2 families, or what `shardlab "
-                       "export` wrote) and write it in shardlab's parameter names, for "
-                       "`shardlab train --init-from OUT_DIR`. Refused: what shardlab's model "
+                       "llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gpt2 families, or "
+                       "what `shardlab export` wrote) and write it in shardlab's parameter "
+                       "names, for `shardlab train --init-from OUT_DIR`. Refused: what "
+                       "shardlab's model "
                        "would compute differently (a rotary base other than 10000, rope "
                        "scaling, another activation, a Mixtral sliding window or router "
-                       "jitter) and NaN or infinite weights.")
+                       "jitter, a Qwen3-MoE router that does not renormalise its top-k "
+                       "weights) and NaN or infinite weights.")
     p.add_argument("hf_dir", help="folder with config.json and *.safetensors")
     p.add_argument("out_dir", help="a new or empty folder in an existing one; written all "
                    "at once (a failure leaves nothing there)")

@@ -229,6 +229,9 @@ class ModelShape:
             raise SpecError("style", self.style, f"must be one of {', '.join(STYLES)}")
         if self.mla is not None:
             self._check_mla(self.mla)
+        if self.qk_norm and self.style != "llama":
+            raise SpecError("qk_norm", True, f"needs style llama, not {self.style}: Qwen3's "
+                            "query/key norms are RMSNorms before rotary")
         if self.kv_heads == 0:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.head_dim == 0:

@@ -337,8 +337,8 @@ def tp_bytes_per_stage(m: ModelShape, layout: Layout, vocab_parallel: bool = Tru
 
     Per layer and micro-batch 4 all-reduces of b·s·h (6 with full recompute; sequence
     parallel sends the same bytes as all-gathers and reduce-scatters); half of them in a
-    MoE layer without shared experts or sequence parallelism, whose experts are whole on
-    every tensor rank. Around the
+    MoE layer without shared experts or sequence parallelism whose experts are whole on
+    every tensor rank (etp = 1). Around the
     layers, per micro-batch: with a vocabulary-parallel embedding and head (Megatron),
     one all-reduce-worth each on the first and the last stage; with both kept whole on
     every rank (``vocab_parallel=False``, the simulator), nothing without sequence
@@ -378,11 +378,13 @@ def tp_bytes_per_stage(m: ModelShape, layout: Layout, vocab_parallel: bool = Tru
     per_layer = 6 if lay.recompute == "full" else 4
     v_shape = lay.schedule in V_SCHEDULES
     head = chunk_rank(lay.pp * lay.virtual_stages - 1, lay.pp, v_shape)
-    # A MoE layer with no shared experts and no sequence parallelism has no tensor-parallel
-    # MLP: its router and experts are whole on every tensor rank (etp = 1), which route the
-    # same tokens, so only the attention's collectives remain (half of the layer's).
+    # A MoE layer with no shared experts, its experts whole on every tensor rank (etp = 1)
+    # and no sequence parallelism has no tensor-parallel MLP: the tensor ranks route the
+    # same tokens, so only the attention's collectives remain (half of the layer's). With
+    # etp = tp the experts' partial outputs are still reduced, as a dense MLP's.
+    whole = m.moe is not None and not m.moe.shared_experts and lay.etp == 1 and not lay.sp
     moe = (moe_layers_per_rank(m, lay.pp, lay.virtual_stages, lay.stage_layers, v_shape)
-           if m.moe is not None and not m.moe.shared_experts and not lay.sp else [0] * lay.pp)
+           if whole else [0] * lay.pp)
     out = []
     for r, layers in enumerate(layout_rank_layers(m, lay)):
         ends = (r == 0) + (r == head)

@@ -14,8 +14,9 @@ sharded, over its own group (kind ``dp``):
   position of every replica, which all-reduce the gradient shard each has after the
   reduce-scatter (FSDP2's ``HSDP``: reduce-scatter inside a shard group, all-reduce
   across replicas), so every replica applies the same update to the same shard;
-* routed experts (ep > 1, cp = 1, no HSDP): the expert_dp = dp/ep replicas
-  d ≡ j (mod ep) holding the same experts, the device at position d // ep.
+* routed experts (cp = 1): the expert_dp = dp/ep replicas d ≡ j (mod ep) holding the
+  same experts, the device at position d // ep (every replica when ep = 1; under HSDP
+  too, where the cost model counts the same: no replica group for experts).
 
 ZeRO 0 all-reduces each bucket; ZeRO 1-3 reduce-scatter it, so each device keeps chunk
 ``position`` of the flat bucket (``torch.tensor_split`` of it, the cost model's
@@ -52,7 +53,8 @@ class Slot:
 class DataParallel:
     """The data-parallel groups of every device (module docstring) and what runs over them."""
 
-    def __init__(self, par: Parallel, devices: dict[int, Device], group: GroupMaker) -> None:
+    def __init__(self, par: Parallel, devices: dict[int, Device], group: GroupMaker,
+                 moe: bool = False) -> None:
         self.par, self.devices = par, devices
         cp, k_max, ep = par.cp, par.dp_shard, par.ep
 
@@ -67,7 +69,9 @@ class DataParallel:
             (k, c, s, t): group([par.rank(lane(rep * k_max + k, c), s, t)
                                  for rep in range(par.dp_replicate)], "dp")
             for k in range(k_max) for c in range(cp) for s, t in pairs}
-        self.experts = {} if ep == 1 else {
+        # A MoE model's routed experts reduce over expert_dp, all of dp when ep = 1 (they
+        # were left out of every reduction then, until 2026-12-07).
+        self.experts = {} if not moe else {
             (j, s, t): group([par.rank(lane(j + ep * g), s, t) for g in range(par.expert_dp)],
                              "dp")
             for j in range(ep) for s, t in pairs}

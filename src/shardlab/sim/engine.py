@@ -95,7 +95,7 @@ class Simulator:
                           for g in range(par.expert_dp) for s, t in pairs}
         self.routed: dict[tuple[int, int, int], CountLog] = {}
         self.devices: dict[int, Device] = {}
-        self.data = DataParallel(par, self.devices, self.group)
+        self.data = DataParallel(par, self.devices, self.group, moe=shape.moe is not None)
         for lane in range(par.lanes):
             for st in self.stages:
                 local = st.param_names(shape, names, pp)
