@@ -153,8 +153,9 @@ def predicted_state_bytes(cfg: Any, pp_rank: int,
     if cfg.grad_ranks > 1 and cfg.dp_mode != "ddp" and n > 1:
         pos = shard_position(cfg, rank) if rank is not None else 0
         if cfg.shape.moe is not None:
-            # Experts shard over expert_dp: the edp index, ep innermost in dp.
-            epos = rank["dp_rank"] // cfg.ep if rank is not None else 0
+            # Experts shard over expert_dp: the edp index, ep innermost in dp; without ep
+            # they sit in the block's unit, at the rank's place in its shard group.
+            epos = (pos if cfg.ep == 1 else rank["dp_rank"] // cfg.ep) if rank is not None else 0
             local = sum(moe_padded_params(cfg, pos, epos)[pp_rank])
         else:
             local = fsdp2_padded_params(cfg.shape, cfg.tp, cfg.pp, n, cfg.virtual_stages,

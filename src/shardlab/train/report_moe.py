@@ -129,7 +129,9 @@ def moe_padded_params(cfg: Any, position: int | None = None,
     With ``position`` and
     ``expert_position`` (a rank's places in the dp and expert_dp groups): the elements that
     rank holds instead (:func:`~shardlab.estimate.comm.fsdp2_padded`)."""
-    m, dp, edp, tp = cfg.shape, cfg.dp, cfg.dp // cfg.ep, cfg.tp
+    # FSDP's shard group: dp, or one HSDP replica's dp/R (a MoE's HSDP runs with ep = 1).
+    dp = cfg.dp // cfg.dp_replicate
+    m, edp, tp = cfg.shape, dp // cfg.ep, cfg.tp
     assert m.moe is not None
     e = m.moe
     block, first, last = tensor_rows(m, tp, not m.tied and tp > 1)
