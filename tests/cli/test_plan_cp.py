@@ -69,3 +69,39 @@ def test_this_machine_hands_train_its_cp(capsys: pytest.CaptureFixture[str],
     assert command.endswith("--cp 2")
     cfg = check(build_parser().parse_args(command.split()[1:]))[0]
     assert cfg.cp == 2 and cfg.world == 2
+
+
+@pytest.mark.parametrize("layout", ["dp=4 dp_replicate=2 zero=3", "dp=2 cp=2 zero=3"])
+def test_a_given_layout_for_this_machine_hands_train_its_hsdp_or_cp(
+        capsys: pytest.CaptureFixture[str], cpu_home: Path, layout: str) -> None:
+    """`--layout` with HSDP or cp on this machine (refused until 2026-12-07, though the
+    search itself kept them): the command names them, and train's checks accept it."""
+    from shardlab.cli import build_parser
+    from shardlab.cli.train import check
+
+    code, out, err = run(capsys, "--gpu", "cpu", "--gpus", "4", "--global-batch", "8",
+                         "--layout", layout, "--json")
+    assert code == 0, err
+    command = json.loads(out)["best"][0]["train_command"]
+    cfg = check(build_parser().parse_args(command.split()[1:]))[0]
+    assert (cfg.dp_replicate, cfg.cp) == ((2, 1) if "replicate" in layout else (1, 2))
+
+
+def test_a_moe_plan_hands_train_the_model_it_priced(capsys: pytest.CaptureFixture[str],
+                                                    cpu_home: Path) -> None:
+    """A MoE (and query/key norms) from the shape flags: the command trains that model, with
+    its experts (the flags were left out until 2026-12-07, so it trained a dense model), over
+    HSDP at ep 1; with ep > 1 HSDP is not train's, and cp is not train's for a MoE."""
+    from shardlab.cli import build_parser
+    from shardlab.cli.train import check
+
+    moe = ["--experts", "4", "--top-k", "2", "--shared-experts", "1", "--dense-layers", "1",
+           "--qk-norm", "--kv-heads", "2", "--gpu", "cpu", "--gpus", "4", "--global-batch", "8"]
+    code, out, err = run(capsys, *moe, "--layout", "dp=4 dp_replicate=2 zero=3", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    cfg = check(build_parser().parse_args(doc["best"][0]["train_command"].split()[1:]))[0]
+    assert cfg.shape.describe() == doc["model_shape"] and cfg.dp_replicate == 2
+    for layout in ("dp=4 dp_replicate=2 zero=3 ep=2", "dp=2 cp=2 zero=3"):
+        code, out, err = run(capsys, *moe, "--layout", layout)
+        assert code == 2 and "not supported by shardlab train" in err, err

@@ -79,6 +79,16 @@ def model_from_args(args: argparse.Namespace) -> tuple[Any, str]:
                         ("--vocab", args.vocab)):
         if value is not None:
             flags.append(f"{flag} {value}")
+    if shape.qk_norm:
+        flags.append("--qk-norm")
+    if shape.moe is not None:  # the experts the plan priced (they were left out until
+        # 2026-12-07: the command trained a dense model of the same shape)
+        e = shape.moe
+        flags += [f"--experts {e.experts}", f"--top-k {e.experts_per_token}",
+                  f"--expert-d-ff {e.expert_d_ff}"]
+        flags += [f"{flag} {value}" for flag, value in (
+            ("--shared-experts", e.shared_experts), ("--dense-layers", e.dense_layers))
+            if value]
     return shape, " ".join(flags)
 
 
