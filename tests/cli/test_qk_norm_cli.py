@@ -14,8 +14,10 @@ from shardlab.cli import main
 def test_dryrun_runs_a_qwen3_block_over_tensor_parallel_ranks(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """Qwen3-8B's blocks (query/key norms, head_dim 128 where d_model / heads is too; 2 of
-    its 36 layers, from a config.json) dry-run over dp 2 x tp 8 with sequence parallelism:
-    states, saved activations and every byte sent over dp and tp as the cost model says."""
+    its 36 layers, from a config.json) dry-run over dp 2 x tp 8 without sequence
+    parallelism (the norms' gradients all-reduced over tp all the same; train's tests run
+    it with sp): states, saved activations and every byte sent over dp and tp as the cost
+    model says."""
     config = {"model_type": "qwen3", "hidden_size": 4096, "num_hidden_layers": 2,
               "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
               "intermediate_size": 12288, "vocab_size": 151936,
@@ -24,7 +26,7 @@ def test_dryrun_runs_a_qwen3_block_over_tensor_parallel_ranks(
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     assert main(["dryrun", str(path), "--gpus", "16", "--seq", "1024", "--layout",
-                 "dp=2 tp=8 sp=1 micro_batch=1", "--json"]) == 0
+                 "dp=2 tp=8 micro_batch=1", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert "qk_norm" in doc["model"]
     role = doc["roles"][0]
