@@ -15,6 +15,9 @@
 #   6. A mixture of experts, dry run vs the device: the model of 2 at 8 layers with 8
 #      experts of width 5632, top 2, trained with contiguous routing (the routing the dry
 #      run runs), and its dry run: the dry-run peak beside torch.cuda.max_memory_allocated.
+#   7. Qwen3's query/key norms, dry run vs the device: the model of 2 with --qk-norm and 4
+#      kv heads (the count's 8 B an element for the norms' saved tensors is torch's CPU
+#      RMSNorm; CUDA's fused kernel may keep less), its peak beside the device's.
 # The device's image has its own python3 and torch (2.11 when last read, not the 2.13
 # pinned here) and no torchao, tensorboardX or shardlab: shardlab runs from src/, and
 # wheels carried in .whl/ (the device tool's README: `pip download --no-deps
@@ -59,6 +62,13 @@ echo "train moe rc=$?"
 timeout 240 $sl dryrun "${moe[@]}" --gpus 1 --layout "micro_batch=2" --global-batch 4 \
     --dtype bf16 --gpu $gpu --json > "$out/dryrun_moe.json" 2> "$out/dryrun_moe.err"
 echo "dryrun moe rc=$?"
+qk=("${shape[@]}" --qk-norm --kv-heads 4)
+timeout 240 $sl train "${qk[@]}" --global-batch 8 --micro-batch 4 --steps 8 --dtype bf16 \
+    --gpu $gpu --json > "$out/train_qk.json" 2> "$out/train_qk.err"
+echo "train qk_norm rc=$?"
+timeout 240 $sl dryrun "${qk[@]}" --gpus 1 --layout "micro_batch=4" --global-batch 8 \
+    --dtype bf16 --gpu $gpu --json > "$out/dryrun_qk.json" 2> "$out/dryrun_qk.err"
+echo "dryrun qk_norm rc=$?"
 $py - "$out" <<'EOF'
 import json, sys
 from pathlib import Path
@@ -79,7 +89,8 @@ if train:
 if dry:
     print(f"dryrun: peak {dry['peak_bytes']:,} bytes (predicted {dry['predicted']['peak_bytes']:,.0f})")
 for name, run, dr in (("dense", train, dry),
-                      ("moe", load("train_moe.json"), load("dryrun_moe.json"))):
+                      ("moe", load("train_moe.json"), load("dryrun_moe.json")),
+                      ("qk_norm", load("train_qk.json"), load("dryrun_qk.json"))):
     if run and dr and run["memory_per_rank"][0].get("cuda_peak_allocated"):
         got = run["memory_per_rank"][0]["cuda_peak_allocated"]
         print(f"{name}: dry-run peak / cuda max allocated: {dr['peak_bytes'] / got:.3f} "
