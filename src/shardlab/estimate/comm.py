@@ -245,18 +245,18 @@ def layout_dp_bytes(dense: float, experts: float, layout: Layout, zero: int | No
     return inside, across
 
 
-def tensor_rows(m: ModelShape, tp: int, vocab_parallel: bool
-                 ) -> tuple[list[tuple[int, int]], list[tuple[int, int]], list[tuple[int, int]]]:
-    """(dim 0, elements per dim-0 row) of every parameter tensor shardlab's LM holds on one
-    tensor-parallel rank: one block's, the first stage's extras (embedding, positions),
-    the last stage's (final norm, head). Column-parallel weights and their biases keep
-    1/tp of their rows, row-parallel weights 1/tp of their columns (Megatron-LM; torch's
-    ``ColwiseParallel`` / ``RowwiseParallel``); norms (the query/key norms too), row biases
-    and latent attention's down projections stay whole."""
-    d, q, kv, f = m.d_model, m.q_dim // tp, m.kv_dim // tp, m.d_ff // tp
+def attention_rows(m: ModelShape, tp: int) -> list[tuple[int, int]]:
+    """(dim 0, elements per dim-0 row) of one block's tensors other than its MLP on one
+    tensor-parallel rank: the two norms, the attention linears (column-parallel ones keep
+    1/tp of their rows, row-parallel ones 1/tp of their columns, as torch's
+    ``ColwiseParallel`` / ``RowwiseParallel``; latent attention's down projections whole),
+    latent attention's and Qwen3's query/key norms (whole), and the attention's biases
+    (q/k/v split, the output projection's whole). A dense block adds its MLP
+    (:func:`tensor_rows`); a MoE block its router and experts
+    (:func:`shardlab.train.report_moe.moe_padded_params`)."""
+    d, q, kv = m.d_model, m.q_dim // tp, m.kv_dim // tp
     norm = [(d, 1)] * (2 if m.style == "gpt" else 1)  # LayerNorm: scale and shift
-    # Each attention linear as torch stores it, [out, in]: column-parallel keeps 1/tp of
-    # its rows, row-parallel 1/tp of its columns, a duplicated one stays whole.
+    # Each attention linear as torch stores it, [out, in].
     attn = [(x.d_out // tp, x.d_in) if x.split == "column"
             else (x.d_out, x.d_in // tp) if x.split == "row" else (x.d_out, x.d_in)
             for x in m.attention_linears]
@@ -264,13 +264,27 @@ def tensor_rows(m: ModelShape, tp: int, vocab_parallel: bool
         attn += [(n, 1) for n in (m.mla.q_lora_rank, m.mla.kv_lora_rank) if n]
     if m.qk_norm:  # Qwen3's query and key norms, whole on every rank
         attn += [(m.head_dim, 1)] * 2
-    block = [*norm, *attn, *norm, (f, d), (d, f)]
+    rows = [*norm, *attn, *norm]
     if m.biases or m.qkv_bias:
-        block += [(q, 1), (kv, 1), (kv, 1)]
+        rows += [(q, 1), (kv, 1), (kv, 1)]
     if m.biases:
-        block += [(d, 1), (f, 1), (d, 1)]  # o_proj, up_proj, down_proj
+        rows.append((d, 1))  # o_proj's
+    return rows
+
+
+def tensor_rows(m: ModelShape, tp: int, vocab_parallel: bool
+                ) -> tuple[list[tuple[int, int]], list[tuple[int, int]], list[tuple[int, int]]]:
+    """(dim 0, elements per dim-0 row) of every parameter tensor shardlab's LM holds on one
+    tensor-parallel rank: one block's (:func:`attention_rows` and the MLP: column-parallel
+    up and gate, row-parallel down, Megatron-LM's split), the first stage's extras
+    (embedding, positions), the last stage's (final norm, head)."""
+    d, f = m.d_model, m.d_ff // tp
+    block = [*attention_rows(m, tp), (f, d), (d, f)]
+    if m.biases:
+        block += [(f, 1), (d, 1)]  # up_proj, down_proj
     if m.mlp_matrices == 3:
         block.append((f, d))  # gate_proj
+    norm = [(d, 1)] * (2 if m.style == "gpt" else 1)
     vocab = vocab_rows(m, tp, vocab_parallel)
     first = [(vocab, d)] + ([(m.context, d)] if m.style == "gpt" else [])
     return block, first, [*norm, (vocab, d)]

@@ -182,7 +182,7 @@ def tp_bytes_dtensor(m: ModelShape, layout: Layout, loss_parallel: bool = False,
         if fp8 and fp8_gather:  # the step's amaxes of the rank's fp8 weights, fp32 each
             nbytes += ring_allreduce_bytes(4 * layers * len(fp8), t)
         if lay.sp or m.qk_norm:
-            norms = layers * 2 + (1 if last and vocab_parallel else 0) if lay.sp else 0
+            norms = (layers * 2 + (1 if last and vocab_parallel else 0)) if lay.sp else 0
             times = 1 if fsdp else lay.microbatches
             # Under FSDP the reduced gradients are the gathered (unsharded) parameters',
             # in the compute dtype (bf16 under mixed precision: FSDP casts to its fp32

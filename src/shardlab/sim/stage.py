@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from shardlab.config.model import ModelShape
+from shardlab.config.model import RMS_EPS, ModelShape
 from shardlab.estimate.partition import chunk_layers
 from shardlab.nn.loss import lm_loss_sum
 from shardlab.nn.model import attend, head_norm, rope_tables
@@ -143,7 +143,7 @@ def _qkv(c: Context, pre: str, ps: list[Params], xs: Tensors
         if c.shape.qk_norm:
             hd = c.shape.head_dim
             q, k = (head_norm(x, functools.partial(F.rms_norm, normalized_shape=(hd,),
-                                                   weight=p[pre + name], eps=1e-6), hd)
+                                                   weight=p[pre + name], eps=RMS_EPS), hd)
                     for x, name in ((q, "attn.q_norm.weight"), (k, "attn.k_norm.weight")))
         out.append((q, k, _linear(h, p, pre + "attn.v_proj")))
     return out

@@ -18,6 +18,7 @@ from typing import Any
 
 from shardlab.config.layout import Layout, make_layout
 from shardlab.estimate.comm import (
+    attention_rows,
     experts_cut_on_dim1,
     fsdp2_padded,
     ring_allreduce_bytes,
@@ -136,15 +137,7 @@ def moe_padded_params(cfg: Any, position: int | None = None,
     e = m.moe
     block, first, last = tensor_rows(m, tp, not m.tied and tp > 1)
     f, d, fs = e.expert_d_ff, m.d_model, e.shared_experts * e.shared_d_ff // tp
-    q, kv = m.q_dim // tp, m.kv_dim // tp
-    norm = [(d, 1)] * (2 if m.style == "gpt" else 1)
-    attention = [*norm, (q, d), (kv, d), (kv, d), (d, q), *norm]
-    if m.qk_norm:
-        attention += [(m.head_dim, 1)] * 2
-    if m.biases or m.qkv_bias:
-        attention += [(q, 1), (kv, 1), (kv, 1)]
-    if m.biases:
-        attention.append((d, 1))  # o_proj's
+    attention = attention_rows(m, tp)
     shared = [(fs, d)] * (m.mlp_matrices - 1) + [(d, fs)] if fs else []
     if fs and m.biases:
         shared += [(fs, 1), (d, 1)]
