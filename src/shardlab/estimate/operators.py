@@ -8,7 +8,8 @@ context, K and V read from the cache). Matmul FLOPs are exact (2mnk); those of
 element-wise and reduction operators are approximate counts per element, marked
 ``~`` in the kind: LayerNorm 8, RMSNorm 4, softmax with scale and mask 5, GELU 8,
 SiLU-and-multiply 6, rotary embedding 3, residual add 1 (the seed calculator's
-counts where it has them). A mixture-of-experts MLP counts its top-k experts'
+counts where it has them; Qwen3's query/key norms and latent attention's latent norms
+are RMSNorms of their own vectors). A mixture-of-experts MLP counts its top-k experts'
 FLOPs and the weights of every expert the batch touches. Latent attention (``mla``)
 lists its down and up projections one by one and runs in its training form, K and V
 decompressed for every key (a decode engine that absorbs the up projections into the
@@ -67,6 +68,13 @@ def layer_operators(m: ModelShape, acc: Accelerator, batch: int, q_len: int, kv_
     v_read = batch * kv_len * v
     ops: list[tuple[str, str, float, float]] = [
         (f"{norm[0]} 1", norm[1], norm[2] * n * d, 2 * n * d * bp), *proj]
+    # Norms inside attention, each over its own vectors: Qwen3's of every query and key
+    # head (after the projection), latent attention's of its two latents.
+    inner = (q + k if m.qk_norm else 0) if m.mla is None else (
+        m.mla.q_lora_rank + m.mla.kv_lora_rank)
+    if inner:
+        name = "query/key RMSNorm" if m.mla is None else "latent RMSNorms"
+        ops.append((name, "reduce~", 4 * n * inner, 2 * n * inner * bp))
     if llama:
         ops.append(("rotary embedding", "elementwise~", 3 * n * rotated, 2 * n * rotated * bp))
     ops += [

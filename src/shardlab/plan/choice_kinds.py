@@ -59,7 +59,7 @@ def kind_of(changes: dict[str, tuple[str, str]]) -> str:
 
 CHOOSER: dict[str, tuple[int, float, int, int]] = {
     "precision": (23, 0.061, 23, 23),
-    "overlap": (8, 0.056, 8, 8),
+    "overlap": (8, 0.055, 8, 8),
     "kernels": (2, 0.065, 2, 2),
     "mixed": (7, 0.03, 7, 7),
     "layout": (7, 0.239, 6, 3),

@@ -29,7 +29,10 @@ def layer_elementwise_elements(model: ModelShape, seq: int, tp: np.ndarray, mb: 
     norms 2·T·h each (RMSNorm in eager torch: :data:`EAGER_NORM_PASSES` x that) and two
     residual adds 3·T·h each (divided by t with sequence parallelism, else replicated),
     rotary 2·T·(q + kv)/t (llama style; latent attention 2·T·(heads·rope/t + rope)),
-    softmax 2·b·heads·s²/t (none with a fused attention kernel), activation 3·T·f/t
+    softmax 2·b·heads·s²/t (none with a fused attention kernel), Qwen3's query/key norms
+    2·T·(q + kv)/t (``qk_norm``), latent attention's two latent norms
+    2·T·(q_lora + kv_lora) (/t with sequence parallelism, as its down projections),
+    activation 3·T·f/t
     (SwiGLU) or 2·T·f/t (GELU), f the MLP width (a MoE layer: its top-k experts' and shared
     widths). A context-parallel rank runs them on
     its T = b·s/cp tokens, the softmax on its s/cp queries against all s keys."""
@@ -46,7 +49,13 @@ def layer_elementwise_elements(model: ModelShape, seq: int, tp: np.ndarray, mb: 
     else:
         rotary = 2.0 * tokens * (m.q_dim + m.kv_dim) / t if llama else 0.0
     act = (3.0 if llama else 2.0) * tokens * f / t
-    norms = 4.0 * rep * (EAGER_NORM_PASSES if llama and not fused_norm else 1)
+    passes = EAGER_NORM_PASSES if llama and not fused_norm else 1
+    norms = 4.0 * rep * passes
+    if m.qk_norm:  # Qwen3: one RMSNorm per head vector of q and k, on the rank's heads
+        norms = norms + 2.0 * tokens * (m.q_dim + m.kv_dim) / t * passes
+    elif m.mla is not None:  # the latents' norms run where the down projections do
+        latents = m.mla.q_lora_rank + m.mla.kv_lora_rank
+        norms = norms + 2.0 * tokens * latents / np.where(sp, t, 1.0) * passes
     total = norms + 6.0 * rep + rotary + soft + act
     return np.asarray(total, float), np.asarray(soft + 0.0 * t, float)
 
