@@ -151,6 +151,24 @@ def test_a_mixture_of_experts_dry_runs_expert_parallel() -> None:
     assert doc["host_peak_rss_bytes"] < 2e9
 
 
+def test_a_mixture_of_experts_dry_runs_under_hsdp_and_cp() -> None:
+    """A MoE over HSDP 2 x 2 with ep 2 inside each replica and cp 2, on 8 fake ranks
+    (contiguous routing): its states are the cost model's (the experts sharded over the
+    (dp/R)/ep x cp = 2 ranks of ``edp``, hybrid across the replicas) and every mesh dim
+    sends the bytes predicted, the experts' replica all-reduce in ``dp_replicate``."""
+    r = shardlab("dryrun", "--experts", "4", "--top-k", "2", "--gpus", "8", "--seq", "64",
+                 "--layout", "dp=4 dp_replicate=2 cp=2 ep=2 micro_batch=1", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    role = doc["roles"][0]
+    for key in ("params", "grads", "optimizer"):
+        assert role["measured"][key] == role["predicted"][key], key
+    assert set(doc["by_dim"]) == {"dp", "dp_replicate", "cp", "ep", "edp"}
+    for dim, got in doc["by_dim"].items():
+        assert got["measured"] == got["predicted"] > 0, dim
+    assert 0.99 <= doc["ratio"]["activations"] <= 1.01, doc["ratio"]
+
+
 def test_a_rank_holds_its_own_chunk_where_a_dim_does_not_divide_the_group() -> None:
     """The default model's vocabulary (156 rows) over FSDP 8: rank 0 holds torch.chunk's
     20 rows of the embedding and of the head, not the mean 19.5, and the cost model says

@@ -102,6 +102,14 @@ def test_a_moe_plan_hands_train_the_model_it_priced(capsys: pytest.CaptureFixtur
     doc = json.loads(out)
     cfg = check(build_parser().parse_args(doc["best"][0]["train_command"].split()[1:]))[0]
     assert cfg.shape.describe() == doc["model_shape"] and cfg.dp_replicate == 2
+    # HSDP with experts over ep, and cp of a MoE (each trains: tests/cli/test_train_cli.py)
     for layout in ("dp=4 dp_replicate=2 zero=3 ep=2", "dp=2 cp=2 zero=3"):
-        code, out, err = run(capsys, *moe, "--layout", layout)
-        assert code == 2 and "not supported by shardlab train" in err, err
+        code, out, err = run(capsys, *moe, "--layout", layout, "--json")
+        assert code == 0, err
+        command = json.loads(out)["best"][0]["train_command"]
+        cfg = check(build_parser().parse_args(command.split()[1:]))[0]
+        assert (cfg.dp_replicate, cfg.ep, cfg.cp) == ((2, 2, 1) if "ep" in layout
+                                                      else (1, 1, 2))
+    # but not an ep group across HSDP's replicas
+    code, out, err = run(capsys, *moe, "--layout", "dp=4 dp_replicate=2 zero=3 ep=4")
+    assert code == 2 and "not supported by shardlab train" in err, err

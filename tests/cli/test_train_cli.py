@@ -88,9 +88,14 @@ MOE_FP8_TP = ["--dp", "2", "--tp", "2", "--ep", "2", "--dtype", "fp8", "--fp8-on
 # expert's in a MoE block, the dense MLP's in the dense one) over dp 2 x ep 2, 6 steps.
 MOE_FP8_GATHER = ["--dp", "2", "--ep", "2", "--dtype", "fp8", "--fp8-on-cpu",
                   "--fp8-all-gather"]
-# HSDP of a MoE without expert parallelism (every replica holds every expert, in the
-# block's FSDP unit): 2 replicas of FSDP 2, 6 steps.
-MOE_HSDP = ["--dp", "4", "--dp-replicate", "2"]
+# HSDP and context parallelism of a MoE, 6 steps each: 2 replicas of FSDP 2 without expert
+# parallelism (every replica holds every expert, in the block's FSDP unit) and with ep 2
+# (the experts' shards all-reduced across the replicas); cp 2 x dp 2 x ep 2 with a large
+# load-balancing weight (its counts summed over the cp ranks: without that sum the loss
+# parts from one process by 2.3e-4).
+MOE_REPLICAS = [["--dp", "4", "--dp-replicate", "2"],
+                ["--dp", "4", "--dp-replicate", "2", "--ep", "2"],
+                ["--cp", "2", "--dp", "2", "--ep", "2", "--aux-loss-coef", "0.1"]]
 # Issue 17: context parallel alone (cp=2 over 20 steps; cp=4), with FSDP over dp x cp,
 # with TP and with PP; uneven pipeline stages under 1F1B and interleaved 1F1B; HSDP 2 x 2.
 CP_LAYOUTS = [
@@ -139,7 +144,7 @@ def documents(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
     for argv in [*LAYOUTS, BF16, FP8, FP8_GATHER, FP8_TP, FP8_TP_GATHER, OP,
                  *[[*MOE, *a] for a in [*MOE_LAYOUTS, CAPACITY, ETP, *CONTIGUOUS,
                                          *FEW_EXPERTS, MOE_FP8_TP, MOE_FP8_GATHER,
-                                         MOE_HSDP]],
+                                         *MOE_REPLICAS]],
                  *CP_LAYOUTS]:
         name = layout_id(argv)
         args = build_parser().parse_args(["train", "--steps", str(STEPS), *argv,
@@ -379,23 +384,32 @@ def test_cp_uneven_hsdp_parity_and_bytes(documents: dict[str, dict[str, Any]],
 
 
 @pytest.mark.multiprocess
-def test_moe_hsdp_parity_and_bytes(documents: dict[str, dict[str, Any]]) -> None:
-    """A MoE over HSDP (2 replicas of FSDP 2, ep = 1): fp32 parity with one process, each
-    rank's states as the cost model shards them over its replica (dp/R), activations within
-    2% (1.005 on 2026-12-07) and the bytes inside a replica and across replicas equal to
-    the cost model's."""
-    doc = documents[layout_id([*MOE, *MOE_HSDP])]
-    assert doc["parity_passed"] and doc["max_loss_diff"] <= 1e-5, doc["max_loss_diff"]
-    assert "dp_replicate=2" in doc["layout"]
+@pytest.mark.parametrize("layout", MOE_REPLICAS, ids=layout_id)
+def test_moe_hsdp_and_cp_parity_and_bytes(documents: dict[str, dict[str, Any]],
+                                          layout: list[str]) -> None:
+    """A MoE over HSDP (2 replicas of FSDP 2, ep 1 and 2) and over cp 2 x dp 2 x ep 2: fp32
+    parity with one process within 1e-6 (each 3e-8 to 8e-8 on 2026-12-08; HSDP's experts
+    with their gradients divided twice read 8.5e-6, inside the report's 1e-5), each rank's
+    states as the cost model shards them (dense over dp/R x cp, experts over (dp/R)/ep x
+    cp), activations within 2% (1.002-1.005) and the bytes of every mesh dim equal to the
+    cost model's."""
+    doc = documents[layout_id([*MOE, *layout])]
+    assert doc["parity_passed"] and doc["max_loss_diff"] <= 1e-6, doc["max_loss_diff"]
+    assert ("dp_replicate=2" in doc["layout"]) == ("--dp-replicate" in layout)
     for m in doc["memory_per_rank"]:
         got, want = m["measured"], m["predicted"]
         assert [got["params"], got["grads"], got["optimizer"]] == [
             want["weights"], want["gradients"], want["optimizer"]]
     for row in doc["predicted_vs_measured"]["activation_bytes_per_microbatch"]["per_rank"]:
         assert 0.99 <= row["ratio"] <= 1.02, row
+    want = {"dp", "dp_replicate"} if "--dp-replicate" in layout else {"dp", "cp", "edp"}
     for row in doc["comm_bytes_per_step"]:
-        for d in ("dp", "dp_replicate"):
+        dims = {d for d in ("dp", "dp_replicate", "cp", "ep", "edp", "tp") if d in row}
+        assert dims == want | ({"ep"} if "--ep" in layout else set()), row
+        for d in dims:
             assert row[d]["measured"] == row[d]["predicted"] > 0, (d, row)
+        # (the load-balancing counts summed over cp, filed apart from cp's K/V gathers)
+        assert ("moe_counts" in row["measured"]["by_dim"]) == ("--cp" in layout)
 
 
 @pytest.mark.multiprocess

@@ -120,6 +120,8 @@ def check(args: argparse.Namespace) -> tuple[TrainConfig, float | None, list[str
                       async_save=args.async_save,
                       init_from=str(init) if init is not None else "", docs=docs)
     check_config(cfg)
+    if args.check_parity and cfg.cp > 1 and cfg.shape.moe is not None:
+        _check_cp_parity(cfg)
     if args.fp8_on_cpu and cfg.dtype != "fp8":
         raise SpecError("fp8_on_cpu", True, f"needs --dtype fp8, not {cfg.dtype}")
     if cfg.fp8_all_gather and args.checkpoint_dir and args.async_save:
@@ -158,6 +160,22 @@ def check(args: argparse.Namespace) -> tuple[TrainConfig, float | None, list[str
             cfg = dataclasses.replace(cfg, data_id=data_fingerprint(docs))
         cfg = dataclasses.replace(cfg, resume_from=resume_folder(cfg, args.resume))
     return cfg, peak, notes
+
+
+def _check_cp_parity(cfg: TrainConfig) -> None:
+    """A MoE under cp routes each cp rank's s/cp tokens of every sequence (the load-balancing
+    loss sums its counts over the cp ranks, so learned dropless routing is one process's). A
+    capacity drops among one call's tokens, and contiguous routing cycles through them, in
+    their order: one process running whole sequences would route otherwise, so no parity
+    with it is claimed for those."""
+    if cfg.capacity_factor:
+        raise SpecError("capacity_factor", cfg.capacity_factor, "with --cp drops among each "
+                        "cp rank's own s/cp tokens, which one process does not reproduce: "
+                        "leave out --check-parity or --capacity-factor")
+    if cfg.routing != "learned":
+        raise SpecError("routing", cfg.routing, "with --cp cycles through each cp rank's own "
+                        "tokens, which one process does not reproduce: leave out "
+                        "--check-parity or use learned routing")
 
 
 def prepare(args: argparse.Namespace) -> tuple[Any, float | None]:

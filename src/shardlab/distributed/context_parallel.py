@@ -41,9 +41,11 @@ import torch
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 
+from shardlab.distributed.measure import comm_label
 from shardlab.estimate.context import chunk_tokens, zigzag_chunks
 from shardlab.nn.data import Batch
 from shardlab.nn.model import Attention
+from shardlab.nn.moe import MoEFeedForward
 
 KvGather = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -108,17 +110,36 @@ def kv_all_gather(group: Any, cp: int) -> KvGather:
     return gather
 
 
+@dataclass
+class CountSum:
+    """A MoE layer's expert counts summed over the cp group (its load-balancing loss's f
+    over the whole sequences: :func:`shardlab.nn.moe.load_balance_loss`), an all-reduce
+    of E int64 the comm meter files as ``moe_counts`` (the cost model leaves these bytes
+    out, as it does the ep count exchange)."""
+
+    group: Any
+    ranks: int
+
+    def __call__(self, counts: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad(), comm_label("moe_counts"):
+            return funcol.all_reduce(counts, "sum", self.group)
+
+
 def apply_cp(model: nn.Module, cp_mesh: Any, group: Any = None) -> nn.Module:
     """Give every attention layer of ``model`` (a TransformerLM or pipeline stage) the
     all-gather of K and V over the 1-D ``cp_mesh`` (on ``group``, its ranks' own process
-    group, when given); in place. A TransformerLM is fed :func:`shard_sequence`'s shares
+    group, when given), and every MoE layer the sum of its load-balancing counts over the
+    same group (:class:`CountSum`); in place. A TransformerLM is fed :func:`shard_sequence`'s shares
     by its caller (:meth:`CpShard.model_inputs`); a pipeline stage (which has a
     ``context``) is told its cp rank and builds the positions itself."""
     cp = cp_mesh.size()
-    gather = kv_all_gather(cp_mesh.get_group() if group is None else group, cp)
+    group = cp_mesh.get_group() if group is None else group
+    gather = kv_all_gather(group, cp)
     for module in model.modules():
         if isinstance(module, Attention):
             module.kv_gather = gather
+        elif isinstance(module, MoEFeedForward):
+            module.count_reducer = CountSum(group, cp)
     if hasattr(model, "context"):
         model.context = (cp, cp_mesh.get_local_rank())
     return model

@@ -219,19 +219,25 @@ def apply_ep(model: nn.Module, mesh: Any) -> nn.Module:
     return model
 
 
-def shard_experts(model: nn.Module, edp_mesh: Any, dp: int, *,
+def shard_experts(model: nn.Module, edp_mesh: Any, dp: int, *, shards: int | None = None,
                   reshard_after_forward: bool = True,
                   param_dtype: torch.dtype | None = None,
                   reduce_dtype: torch.dtype = torch.float32) -> nn.Module:
     """FSDP2 (``fully_shard``) of every expert-parallel layer over ``edp_mesh`` (the
-    expert-data-parallel dim, dp / ep ranks), before the blocks' own ``fully_shard`` over
-    dp (which then leaves the experts alone), with gradients divided by ``dp`` (module
-    docstring). The weights become 2-D (edp, ep) DTensors.
+    expert-data-parallel dim, dp / ep ranks; beside context parallelism (dp_shard/ep)·cp,
+    and under HSDP the 2-D ``(dp_replicate, edp)`` mesh, ``shards`` its shard dim's
+    ranks), before the blocks' own ``fully_shard`` (which then leaves the experts alone),
+    with gradients divided by ``dp`` (the ranks the dense gradients are averaged over,
+    dp·cp beside context parallelism; module docstring). The weights become 2-D
+    (edp, ep) DTensors.
 
     The reduction is a SUM then a division by dp (``set_force_sum_reduction_for_comms``)
-    whenever edp > 1: an average over edp would need a pre-multiplied sum, which gloo does
-    not have. On one edp rank FSDP2 divides by the factor itself, without a collective.
+    whenever the shard dim has more than one rank: an average over edp would need a
+    pre-multiplied sum, which gloo does not have. On one shard rank FSDP2 divides by the
+    factor itself, without a reduce-scatter (and all-reduces the result across HSDP's
+    replicas with a SUM).
     """
+    shards = edp_mesh.size() if shards is None else shards
     policy = (MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
               if param_dtype is not None else MixedPrecisionPolicy())
     for _, moe in moe_layers(model):
@@ -241,10 +247,14 @@ def shard_experts(model: nn.Module, edp_mesh: Any, dp: int, *,
         fully_shard(experts, mesh=edp_mesh, mp_policy=policy,
                     reshard_after_forward=reshard_after_forward,
                     shard_placement_fn=expert_placement(
-                        experts.num_experts // experts.ep, edp_mesh.size(),
+                        experts.num_experts // experts.ep, shards,
                         experts.tp_group is not None))
         experts.set_gradient_divide_factor(float(dp))  # type: ignore[operator]
-        if edp_mesh.size() > 1:
+        if shards > 1:
+            # Not with one shard rank: there torch 2.13's foreach_reduce divides the copy it
+            # makes in place of the reduce-scatter by the factor, and a forced sum divides
+            # by it again after HSDP's all-reduce (1/dp² of the gradient). Unforced, that
+            # all-reduce is a plain SUM, which gloo has.
             experts.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]
     return model
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
@@ -63,19 +64,43 @@ class RunMesh:
 def make_mesh(device_type: str, pp: int, dp: int, tp: int, ep: int = 1,
               experts: bool = False, cp: int = 1, dp_replicate: int = 1) -> RunMesh:
     """The run's mesh (module docstring); the default process group must have
-    ``pp * dp * cp * tp`` ranks, ``ep`` divide ``dp`` and ``dp_replicate`` divide dp.
-    ``experts``: the ``(pp, edp, ep, tp)`` form even with ep = 1 (experts split over tp
-    need the ``(ep, tp)`` dims); not with cp or HSDP."""
+    ``pp * dp * cp * tp`` ranks, ``ep`` divide ``dp`` (``dp / dp_replicate`` under HSDP)
+    and ``dp_replicate`` divide dp. ``experts``: the expert dims even with ep = 1 (experts
+    split over tp need the ``(ep, tp)`` dims): ``(pp, edp, ep, tp)``, or with cp or HSDP
+    the views of :func:`_expert_views`."""
     if cp > 1 or dp_replicate > 1:
+        run = _cp_mesh(device_type, pp, dp_replicate, dp // dp_replicate, cp, tp)
         if ep > 1 or experts:
-            raise ValueError("expert parallelism has no context-parallel or HSDP mesh")
-        return _cp_mesh(device_type, pp, dp_replicate, dp // dp_replicate, cp, tp)
+            run.flattened |= _expert_views(device_type, pp, dp_replicate,
+                                           dp // dp_replicate, ep, cp, tp)
+        return run
     if ep == 1 and not experts:
         return RunMesh(init_device_mesh(device_type, (pp, dp, tp),
                                         mesh_dim_names=("pp", "dp", "tp")))
     root = init_device_mesh(device_type, (pp, dp // ep, ep, tp),
                             mesh_dim_names=("pp", "edp", "ep", "tp"))
     return RunMesh(root, {"dp": root["edp", "ep"]._flatten("dp")})
+
+
+def _expert_views(device_type: str, pp: int, replicas: int, shard: int, ep: int, cp: int,
+                  tp: int) -> dict[str, DeviceMesh]:
+    """The experts' dims beside a context-parallel or HSDP mesh: the ep ranks are
+    consecutive ``dp_shard`` ranks (shard = edp·ep + e, ep innermost, as without cp), so
+    one expert-parallel group holds the same cp rank and tp rank; an expert is replicated
+    over the other dp_shard ranks and the cp ranks (``edp``: (dp_shard/ep)·cp ranks,
+    the group FSDP shards the experts over; Megatron-Core's expert data parallel without
+    parallel folding) and, under HSDP, over the replicas. Built as one more mesh of the
+    same ranks in another order, ``(pp, dp_replicate, edp, ep, tp)``: ``experts_fsdp`` is
+    its ``edp`` dim, or the 2-D ``(dp_replicate, edp)`` under HSDP (``fully_shard``'s hybrid
+    form), ``ep`` and ``ep_tp`` the expert-parallel (and expert tensor-parallel) dims."""
+    ranks = torch.arange(pp * replicas * shard * cp * tp).view(
+        pp, replicas, shard // ep, ep, cp, tp)
+    order = ranks.permute(0, 1, 2, 4, 3, 5).reshape(pp, replicas, shard // ep * cp, ep, tp)
+    names = ("pp", "dp_replicate", "edp", "ep", "tp")
+    experts = DeviceMesh(device_type, order, mesh_dim_names=names)
+    fsdp = experts["dp_replicate", "edp"] if replicas > 1 else experts["edp"]
+    return {"ep": experts["ep"], "edp": experts["edp"], "experts_fsdp": fsdp,
+            "ep_tp": experts["ep", "tp"]}
 
 
 def _cp_mesh(device_type: str, pp: int, replicas: int, shard: int, cp: int,

@@ -19,7 +19,9 @@ With ``ep > 1`` or ``etp = tp > 1`` (a mixture-of-experts model) the routed expe
 split over the mesh's ``ep`` dim (and their width over ``tp``) right after tensor
 parallelism (:mod:`shardlab.distributed.expert_parallel`, torchtitan's ``apply_moe_ep_tp``
 at the same place), and FSDP shards them over ``edp`` (dp / ep) before the blocks over
-``dp``.
+``dp``. Beside context parallelism or HSDP the ep ranks are still consecutive dp
+ranks, and the experts are sharded over the (dp_shard/ep)·cp ranks that hold the same
+ones, hybrid across the replicas (:func:`shardlab.distributed.mesh.make_mesh`).
 
 Context parallelism (``cp > 1``, :mod:`shardlab.distributed.context_parallel`) changes no
 parameter: every attention layer gets the all-gather of K and V over the mesh's ``cp``
@@ -70,7 +72,8 @@ def parallelize(model: nn.Module, mesh: Any, *, tp: int = 1, dp: int = 1,
     ``dp_mode``: ``ddp``, ``fsdp`` or ``fsdp-zero2`` (``reshard_after_forward=False``).
     ``param_dtype`` (FSDP only): bf16 compute with fp32 gradient reduction. ``force_sum``:
     FSDP2's AVG-as-sum workaround (None: probe the backend, see ``apply_fsdp``). ``ep``:
-    expert-parallel ranks (dividing dp; the mesh's ``ep`` and ``edp`` dims); ``etp``: 1
+    expert-parallel ranks (dividing dp, or dp/dp_replicate; the mesh's ``ep`` and ``edp``
+    dims); ``etp``: 1
     (experts whole on every tensor-parallel rank) or tp (each expert's width split over
     the ``tp`` dim as the dense MLP's). ``cp``: context-parallel ranks (the mesh's ``cp``
     dim; data parallelism then runs over its ``fsdp`` dim, dp x cp ranks); ``dp_replicate``:
@@ -85,11 +88,9 @@ def parallelize(model: nn.Module, mesh: Any, *, tp: int = 1, dp: int = 1,
     if dp % dp_replicate or (dp_replicate > 1 and dp_mode == "ddp"):
         raise SpecError("dp_replicate", dp_replicate, f"needs FSDP over a dp ({dp}) it "
                         "divides")
-    if (cp > 1 or dp_replicate > 1) and (ep > 1 or etp > 1):
-        raise SpecError("cp" if cp > 1 else "dp_replicate", max(cp, dp_replicate),
-                        "is not built with expert parallelism")
-    if ep > 1 and (dp % ep or dp_mode == "ddp"):
-        raise SpecError("ep", ep, f"needs FSDP over a dp ({dp}) it divides")
+    if ep > 1 and ((dp // dp_replicate) % ep or dp_mode == "ddp"):
+        within = f"dp/dp_replicate ({dp // dp_replicate})" if dp_replicate > 1 else f"dp ({dp})"
+        raise SpecError("ep", ep, f"needs FSDP over a {within} it divides")
     if etp not in (1, tp):
         raise SpecError("etp", etp, f"must be 1 or tp ({tp})")
     if dp_mode not in DP_MODES:
@@ -112,13 +113,19 @@ def parallelize(model: nn.Module, mesh: Any, *, tp: int = 1, dp: int = 1,
         dp_mesh = _sub_mesh(mesh, "dp", dp) if dp > 1 else None
     cp_mesh = _sub_mesh(mesh, "cp", cp) if cp > 1 else None
     experts = ep > 1 or etp > 1  # the experts laid out apart from the dense parameters
-    edp_mesh = _sub_mesh(mesh, "edp", dp // ep) if experts else None
+    # The experts' shard group: dp/ep ranks, or (dp_shard/ep)·cp beside cp or HSDP, whose
+    # FSDP mesh adds the replicas as a second dim (mesh.py's _expert_views).
+    edp = dp // dp_replicate // ep * cp
+    edp_mesh = _sub_mesh(mesh, "edp", edp) if experts else None
+    if experts and folded:
+        edp_mesh = mesh["experts_fsdp"]
     if experts:
         _sub_mesh(mesh, "ep", ep)  # checks the dim's size, as the others
     if tp_mesh is not None:  # validates (check_tp, the plan) before it changes anything
         apply_tp(model, tp_mesh, sequence_parallel=sp, loss_parallel=loss_parallel)
     if experts:
-        apply_ep(model, mesh["ep", "tp"] if etp > 1 else mesh["ep"])
+        ep_tp = mesh["ep_tp"] if folded else mesh["ep", "tp"]
+        apply_ep(model, ep_tp if etp > 1 else mesh["ep"])
     if cp_mesh is not None:
         apply_cp(model, cp_mesh, getattr(mesh, "cp_group", None))
     apply_ac(model, ac)
@@ -127,7 +134,8 @@ def parallelize(model: nn.Module, mesh: Any, *, tp: int = 1, dp: int = 1,
             apply_ddp(model, dp_mesh)
         else:
             if edp_mesh is not None:  # before the blocks' own fully_shard
-                shard_experts(model, edp_mesh, dp, reshard_after_forward=dp_mode == "fsdp",
+                shard_experts(model, edp_mesh, dp * cp, shards=edp,
+                              reshard_after_forward=dp_mode == "fsdp",
                               param_dtype=param_dtype)
             apply_fsdp(model, dp_mesh, reshard_after_forward=dp_mode == "fsdp",
                        param_dtype=param_dtype, force_sum=force_sum)

@@ -173,12 +173,15 @@ def gathered_kv_bytes(m: ModelShape, lay: Layout) -> int:
 
 def cp_layer_activation_bytes(m: ModelShape, lay: Layout, *, dropout: bool = True,
                               moe_layer: bool = False, flash: bool = False,
-                              eager: bool = False, modules: tuple[str, ...] = ()) -> float:
+                              eager: bool = False, modules: tuple[str, ...] = (),
+                              rows: tuple[float, float] | None = None) -> float:
     """Bytes one layer saves for backward per micro-batch on one rank of a cp layout:
     :func:`~shardlab.estimate.activations.layer_activation_bytes` on the rank's s/cp
     tokens, with the attention-score terms (queries x keys) of s/cp queries against all s
     keys, plus the gathered K and V (:func:`gathered_kv_bytes`); full recompute keeps
-    only the layer input, of s/cp tokens. Equal to the one-rank figure when cp = 1."""
+    only the layer input, of s/cp tokens. Equal to the one-rank figure when cp = 1.
+    ``rows``: a MoE layer's measured rows, as
+    :func:`~shardlab.estimate.activations.layer_activation_bytes` takes them."""
     s, cp, b = lay.seq, lay.cp, lay.micro_batch
     local = s // cp
     e = lay.dtype.activation_bytes
@@ -186,7 +189,7 @@ def cp_layer_activation_bytes(m: ModelShape, lay: Layout, *, dropout: bool = Tru
                                  dropout=dropout, moe_layer=moe_layer, flash=flash, eager=eager,
                                  ep=lay.ep, etp=lay.etp, capacity_factor=lay.capacity_factor,
                                  input_bytes=lay.dtype.input_bytes, modules=modules,
-                                 combine_bytes=lay.dtype.combine_bytes)
+                                 combine_bytes=lay.dtype.combine_bytes, rows=rows)
     if cp == 1 or lay.recompute == "full":
         return out
     # The score terms above counted s/cp keys per query; a query meets all s of them.

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +43,7 @@ from torch import nn
 from shardlab.config.model import MOE_ROUTINGS, ModelShape
 from shardlab.errors import SpecError
 from shardlab.nn.mlp import MLP
+from shardlab.nn.moe_capacity import capacity_keep, expert_capacity
 from shardlab.nn.moe_contiguous import (
     capped,
     contiguous_counts,
@@ -53,6 +54,14 @@ from shardlab.nn.moe_contiguous import (
 
 INIT_STD = 0.02
 """GPT-2's init (Radford et al. 2019), as :meth:`TransformerLM.reset_parameters`."""
+
+
+class CountReducer(Protocol):
+    """Sums a LongTensor [E] of expert counts over ``ranks`` ranks (no gradient)."""
+
+    ranks: int
+
+    def __call__(self, counts: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -111,7 +120,8 @@ def expert_counts(ids: torch.Tensor, experts: int) -> torch.Tensor:
 
 
 def load_balance_loss(probs: torch.Tensor, ids: torch.Tensor, experts: int,
-                      counts: tuple[int, ...] | None = None) -> torch.Tensor:
+                      counts: tuple[int, ...] | None = None,
+                      reduce: CountReducer | None = None) -> torch.Tensor:
     """Switch Transformer's load-balancing loss (Fedus et al. 2021, eq. 4), top-k form:
     ``E * sum_e f_e * P_e``, f_e the share of the T*k assignments that go to expert e,
     P_e the mean router probability of e over the T tokens. 1 when routing is uniform.
@@ -119,11 +129,19 @@ def load_balance_loss(probs: torch.Tensor, ids: torch.Tensor, experts: int,
     probs [T, E] (softmax of all logits), ids [T, k] -> scalar; the gradient flows
     through P only. (transformers' Mixtral ``load_balancing_loss_func`` sums f over the k
     slots, so its value is k times this one.) ``counts``: the assignments per expert when
-    known without reading ``ids`` (contiguous routing).
+    known without reading ``ids`` (contiguous routing). ``reduce``: these tokens are one
+    share of the call's, the others on ``reduce.ranks`` ranks (context parallelism: each
+    rank routes s/cp tokens of every sequence): f over all of them (``reduce`` sums the
+    counts), P over this rank's, so the ranks' losses sum to cp times the whole call's,
+    which the gradients' average over the cp ranks brings back to one (Megatron-Core's
+    load-balancing loss reduces its token counts over its sequence-partition group).
     """
     tokens, k = ids.shape
     load = (expert_counts(ids, experts) if counts is None
             else torch.tensor(counts, device=probs.device))
+    if reduce is not None:
+        load = reduce(load)
+        tokens *= reduce.ranks
     share = load.to(probs.dtype) / (tokens * k)
     return experts * (share * probs.mean(dim=0)).sum()
 
@@ -132,31 +150,6 @@ def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
     """ST-MoE's router z-loss (Zoph et al. 2022, eq. 5): mean over tokens of
     logsumexp(logits)^2; keeps the router's logits small. logits [T, E] -> scalar."""
     return torch.logsumexp(logits.to(router_dtype(logits.dtype)), dim=-1).square().mean()
-
-
-# --- capacity (token dropping) ----------------------------------------------------------
-
-def expert_capacity(tokens: int, top_k: int, experts: int, capacity_factor: float) -> int:
-    """Most assignments one expert takes from ``tokens`` tokens of one forward on one
-    rank: ceil(capacity_factor * tokens * top_k / experts) (GShard; Switch eq. 3)."""
-    return math.ceil(capacity_factor * tokens * top_k / experts)
-
-
-def capacity_keep(ids: torch.Tensor, experts: int, capacity: int) -> torch.Tensor:
-    """Which assignments their expert keeps: the first ``capacity`` of each expert in
-    token order (token t's slot j is assignment t*k + j). ids [T, k] -> bool [T, k].
-
-    A dropped assignment gets weight 0 and never reaches its expert; the residual carries
-    the token on (Switch, Fedus et al. 2021, sec. 2.2).
-    """
-    flat = ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    counts = expert_counts(ids, experts)
-    starts = counts.cumsum(0) - counts
-    rank_sorted = torch.arange(flat.numel(), device=ids.device) - starts[flat[order]]
-    rank = torch.empty_like(rank_sorted)
-    rank[order] = rank_sorted  # each assignment's place in its expert's queue, from 0
-    return (rank < capacity).view_as(ids)
 
 
 # --- dispatch ---------------------------------------------------------------------------
@@ -204,12 +197,13 @@ class Routing:
 
 
 def dispatch(tokens: torch.Tensor, logits: torch.Tensor, top_k: int,
-             options: MoEOptions) -> Routing:
+             options: MoEOptions, reduce: CountReducer | None = None) -> Routing:
     """Route ``tokens`` [T, d] by the router's ``logits`` [T, E]: top-k (or the forced
     contiguous cycle, ``options.routing``), optional capacity dropping (a dropped
     assignment gets weight 0 and sorts after every expert's rows, so it is never sent),
-    the rows grouped by expert, and ``aux_coef`` * load balance + ``z_coef`` * z-loss. The
-    one routing of the model, the simulator and the expert-parallel runtime."""
+    the rows grouped by expert, and ``aux_coef`` * load balance + ``z_coef`` * z-loss
+    (``reduce``: :func:`load_balance_loss`'s). The one routing of the model, the simulator
+    and the expert-parallel runtime."""
     experts, n_tokens = logits.shape[-1], tokens.shape[0]
     static: tuple[int, ...] | None = None
     if options.routing == "contiguous":
@@ -235,7 +229,7 @@ def dispatch(tokens: torch.Tensor, logits: torch.Tensor, top_k: int,
     aux = None
     if options.aux_coef:
         probs = F.softmax(logits.to(router_dtype(logits.dtype)), dim=-1)
-        aux = options.aux_coef * load_balance_loss(probs, ids, experts, static)
+        aux = options.aux_coef * load_balance_loss(probs, ids, experts, static, reduce)
     if options.z_coef:
         z = options.z_coef * router_z_loss(logits)
         aux = z if aux is None else aux + z
@@ -367,12 +361,16 @@ class MoEFeedForward(nn.Module):
         self.last_static_counts: tuple[int, ...] | None = None
         self.last_dropped = 0
         self.last_aux = torch.zeros(())
+        # Set by context parallelism (shardlab.distributed.context_parallel.apply_cp): the
+        # load-balancing loss's counts summed over the ranks sharing each sequence.
+        self.count_reducer: CountReducer | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [b, s, d] -> [b, s, d]."""
         b, s, d = x.shape
         tokens = x.reshape(-1, d)  # [T, d]
-        r = dispatch(tokens, self.router(tokens), self.top_k, self.options)
+        r = dispatch(tokens, self.router(tokens), self.top_k, self.options,
+                     self.count_reducer)
         self.last_counts, self.last_static_counts = r.counts.detach(), r.static_counts
         self.last_dropped = r.order.numel() - r.rows.shape[0]
         kept = r.static_kept if r.static_kept is not None else r.kept

@@ -13,7 +13,7 @@ token t's slot j goes to expert
 so the T·k assignments cycle through the E experts in order, each token's k experts are
 distinct (k consecutive experts, k <= E), and expert e takes ``T·k // E`` assignments,
 one more for the first ``T·k mod E`` experts. Its place in that expert's queue (token
-order, as :func:`shardlab.nn.moe.capacity_keep` counts it) is ``(t·k + j) // E``, so a
+order, as :func:`shardlab.nn.moe_capacity.capacity_keep` counts it) is ``(t·k + j) // E``, so a
 capacity keeps the same assignments it would keep by counting. The weights are still the
 router's (its float32 softmax at the forced experts, renormalised over the k, as
 :func:`shardlab.nn.moe.route`), so the router is trained and its memory and FLOPs are

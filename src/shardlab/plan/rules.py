@@ -62,8 +62,8 @@ def check_rules(model: ModelShape, sp: Space, c: Candidates) -> None:
         bad |= (c.pp > 1) & (c.schedule == SCHEDULES.index("1f1b")) & (c.microbatches < c.pp)
         if model.moe is not None:
             bad |= c.etp != 1  # train builds whole experts on every tp rank (etp = 1)
-        if model.moe is not None:  # train: cp of dense models only, a MoE's HSDP at ep 1
-            bad |= (c.cp > 1) | ((c.dp_replicate > 1) & (c.ep > 1))
+        if model.moe is not None:  # train: an ep group inside one HSDP replica
+            bad |= (c.dp // c.dp_replicate) % c.ep != 0
         bad |= (c.dp_replicate > 1) & (c.zero == 0)  # HSDP is FSDP2's: not with DDP
         _mark(c, bad, R_TRAIN)
     if sp.pipeline_max_zero is not None:

@@ -311,12 +311,10 @@ def check_moe(cfg: TrainConfig) -> None:
         if cfg.routing != "learned":
             raise SpecError("routing", cfg.routing, "needs a mixture-of-experts model")
         return  # make_layout refuses ep > 1 or a capacity factor for a dense model
-    if cfg.cp > 1:
-        raise SpecError("cp", cfg.cp, "is not built for mixture-of-experts models in real "
-                        "runs yet")
-    if cfg.dp_replicate > 1 and cfg.ep > 1:
-        raise SpecError("dp_replicate", cfg.dp_replicate, "is not built with expert "
-                        "parallelism in real runs yet (HSDP of a MoE needs --ep 1)")
+    if cfg.ep > 1 and cfg.dp_replicate > 1 and (cfg.dp // cfg.dp_replicate) % cfg.ep:
+        raise SpecError("ep", cfg.ep, f"must divide dp/dp_replicate "
+                        f"({cfg.dp // cfg.dp_replicate}): an expert-parallel group lies "
+                        "inside one HSDP replica")
     if cfg.ep > 1 and cfg.dp_mode == "ddp":
         raise SpecError("dp_mode", "ddp", "cannot hold expert-parallel experts (DDP would "
                         "average different experts over dp); use fsdp with --ep")

@@ -114,6 +114,8 @@ class RankProgram:
         else:
             named = {"dp": mesh["dp_shard_cp"], "dp_replicate": mesh["dp_replicate"],
                      "cp": mesh["cp"], "tp": mesh["tp"], "pp": mesh["pp"]}
+            if cfg.ep > 1:  # the experts' shard group: (dp_shard/ep)·cp ranks (mesh.py)
+                named |= {"ep": mesh["ep"], "edp": mesh["edp"]}
         groups = {name: m.get_group() for name, m in named.items() if m.size() > 1}
         if "cp" in groups:  # the K/V gathers' own group (mesh.py)
             groups["cp"] = mesh.cp_group
@@ -132,7 +134,9 @@ class RankProgram:
         groups = self.groups()
         if self.cfg.cp == 1:
             return {}
-        return {groups[name].group_name: name for name in ("dp", "cp") if name in groups}
+        # (the experts' shard group too: its ranks are the cp group's where dp_shard = ep)
+        return {groups[name].group_name: name for name in ("dp", "cp", "edp")
+                if name in groups}
 
 
 def moe_options(cfg: TrainConfig, groups: int) -> MoEOptions:

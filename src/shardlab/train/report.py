@@ -35,6 +35,8 @@ from shardlab.train.report_cp import (
 from shardlab.train.report_fsdp import rank_params, vocab_parallel
 from shardlab.train.report_moe import (
     ep_groups,
+    expert_shard_position,
+    expert_shard_ranks,
     expert_tp_bytes,
     has_aux,
     moe_flops_correction,
@@ -155,7 +157,8 @@ def predicted_state_bytes(cfg: Any, pp_rank: int,
         if cfg.shape.moe is not None:
             # Experts shard over expert_dp: the edp index, ep innermost in dp; without ep
             # they sit in the block's unit, at the rank's place in its shard group.
-            epos = (pos if cfg.ep == 1 else rank["dp_rank"] // cfg.ep) if rank is not None else 0
+            epos = ((pos if cfg.ep == 1 else expert_shard_position(cfg, rank))
+                    if rank is not None else 0)
             local = sum(moe_padded_params(cfg, pos, epos)[pp_rank])
         else:
             local = fsdp2_padded_params(cfg.shape, cfg.tp, cfg.pp, n, cfg.virtual_stages,
@@ -232,6 +235,7 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     else:  # FSDP shards the dense parameters over dp, the experts over expert_dp
         padded, expert_padded = map(list, zip(*moe_padded_params(cfg), strict=True))
     groups = ep_groups(cfg, ranks) if cfg.shape.moe is not None else {}
+    edp = expert_shard_ranks(cfg) if cfg.ep > 1 else 1
     fp8_gathers = fp8_gathered(cfg, n)
     kept = kept_padded(cfg, n, vocab_parallel(cfg))
     # Each activation travels with its micro-batch's int64 padding mask (b x s x 8 bytes).
@@ -283,8 +287,11 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                                 fp8_gathers[r["pp_rank"]], kept),
                          "measured": sent("dp")}
         if cfg.dp_replicate > 1:
+            # (the routed experts' shards are all-reduced across the replicas as well)
+            experts = (replica_bytes(cfg, expert_padded[r["pp_rank"]], edp, policy.grad_bytes)
+                       if cfg.ep > 1 else 0.0)
             row["dp_replicate"] = {"predicted": replica_bytes(cfg, padded[r["pp_rank"]], n,
-                                                              policy.grad_bytes),
+                                                              policy.grad_bytes) + experts,
                                    "measured": sent("dp_replicate")}
         if cfg.cp > 1:
             row["cp"] = {"predicted": float(cp_pred[r["pp_rank"]]), "measured": sent("cp")}
@@ -292,9 +299,9 @@ def comm_table(cfg: Any, ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["ep"] = {"predicted": predicted_ep_bytes(cfg, run_layout(cfg), r,
                                                          groups[r["rank"]]),
                          "measured": sent("ep")}
-        if cfg.ep > 1 and cfg.dp > cfg.ep:
+        if cfg.ep > 1 and edp > 1:
             row["edp"] = {"predicted": dp_bytes(0, expert_padded[r["pp_rank"]], policy, zero,
-                                                 cfg, cfg.dp // cfg.ep),
+                                                 cfg, edp),
                           "measured": sent("edp")}
         if cfg.tp > 1:
             experts_tp = (expert_tp_bytes(cfg, run_layout(cfg), r, groups[r["rank"]])

@@ -158,6 +158,10 @@ def block_bytes(cfg: Any, recompute: str, moe_layer: bool = False,
         view = (rows[1] - rows[0]) * cfg.shape.d_model * e if (
             rows is not None and moe_layer and lay.ep == 1
             and recompute in ("none", "selective")) else 0.0
+        if cfg.cp > 1:  # the rank's s/cp tokens, its queries over all s keys
+            lay = run_layout(dataclasses.replace(cfg, recompute=recompute))
+            return view + cp_layer_activation_bytes(cfg.shape, lay, dropout=False, flash=True,
+                                                    eager=True, moe_layer=moe_layer, rows=rows)
         return view + layer_activation_bytes(cfg.shape, mb, cfg.seq, e, moe_layer=moe_layer,
                                              rows=rows, ep=lay.ep, etp=lay.etp,
                                              capacity_factor=lay.capacity_factor,

@@ -80,9 +80,10 @@ def routing_summary(cfg: Any, ranks: list[dict[str, Any]]) -> dict[str, Any] | N
 
 def ep_groups(cfg: Any, ranks: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
     """Each rank's expert-parallel group, by global rank: its ep ranks in ep order."""
-    groups: dict[tuple[int, int, int], list[dict[str, Any]]] = defaultdict(list)
-    for r in ranks:
-        groups[r["pp_rank"], r["tp_rank"], r["dp_rank"] // cfg.ep].append(r)
+    groups: dict[tuple[int, int, int, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in ranks:  # ep innermost in dp; one group per cp rank (mesh.py)
+        groups[r["pp_rank"], r["tp_rank"], r.get("cp_rank", 0), r["dp_rank"] // cfg.ep
+               ].append(r)
     out = {}
     for members in groups.values():
         members.sort(key=lambda r: r["ep_rank"])
@@ -130,9 +131,10 @@ def moe_padded_params(cfg: Any, position: int | None = None,
     With ``position`` and
     ``expert_position`` (a rank's places in the dp and expert_dp groups): the elements that
     rank holds instead (:func:`~shardlab.estimate.comm.fsdp2_padded`)."""
-    # FSDP's shard group: dp, or one HSDP replica's dp/R (a MoE's HSDP runs with ep = 1).
-    dp = cfg.dp // cfg.dp_replicate
-    m, edp, tp = cfg.shape, dp // cfg.ep, cfg.tp
+    # FSDP's shard group: dp, or one HSDP replica's dp/R, times cp; the experts' (dp/R)/ep
+    # times cp (the ranks holding the same experts: mesh.py's _expert_views).
+    dp = cfg.dp // cfg.dp_replicate * cfg.cp
+    m, edp, tp = cfg.shape, expert_shard_ranks(cfg), cfg.tp
     assert m.moe is not None
     e = m.moe
     block, first, last = tensor_rows(m, tp, not m.tied and tp > 1)
@@ -166,6 +168,20 @@ def moe_padded_params(cfg: Any, position: int | None = None,
         else:
             out.append((n, moe_here * fsdp2_padded(experts, edp, expert_position)))
     return out
+
+
+def expert_shard_ranks(cfg: Any) -> int:
+    """Ranks FSDP shards the routed experts over with expert parallelism: the (dp/R)/ep
+    ranks of one HSDP replica holding the same experts, times cp (every cp rank holds
+    them too)."""
+    return cfg.dp // cfg.dp_replicate // cfg.ep * cfg.cp
+
+
+def expert_shard_position(cfg: Any, rank: dict[str, Any]) -> int:
+    """``rank``'s place in the experts' shard group (:func:`expert_shard_ranks`; the
+    expert mesh's ``edp`` dim: dp_shard // ep major, cp inside)."""
+    shard = rank["dp_rank"] % (cfg.dp // cfg.dp_replicate)
+    return shard // cfg.ep * cfg.cp + rank.get("cp_rank", 0)
 
 
 def stage_layer_ids(cfg: Any, pp_rank: int) -> list[int]:
@@ -245,14 +261,14 @@ def moe_tp_bytes(cfg: Any, layout: Layout) -> list[float]:
       ``--fp8-all-gather`` their weights' casts reduce no amax and the step's amax
       all-reduce holds the MoE block's fp8 weights, not the dense block's.
 
-    Per micro-batch and MoE layer of the rank, ring all-reduces of b·s·d: the output
+    Per micro-batch and MoE layer of the rank, ring all-reduces of b·(s/cp)·d: the output
     projection's at the activations' bytes, the column-parallel inputs' gradients at fp32
     under autocast (bf16 without FSDP's mixed precision: the norm before them is fp32, as
     ``tp_bytes_dtensor(autocast=True)`` counts them)."""
     m = cfg.shape
     if m.moe is None or cfg.tp == 1:
         return [0.0] * cfg.pp
-    elements = layout.micro_batch * layout.seq * m.d_model
+    elements = layout.micro_batch * (layout.seq // layout.cp) * m.d_model  # a cp rank's
     ar = ring_allreduce_bytes(elements * layout.dtype.activation_bytes, cfg.tp)
     autocast = under_autocast(cfg)
     ar_wide = ring_allreduce_bytes(elements * 4, cfg.tp) if autocast else ar
